@@ -1,0 +1,219 @@
+//! Wiring: [`Application::build`] opens the store, starts the hash pool, binds the
+//! listener (port 0 works) and assembles the tonic server; [`Application::run_until_stopped`]
+//! serves until the shutdown future resolves, then drains and flushes.
+//!
+//! `main.rs` and every integration test start authd through this same code.
+
+use crate::{
+    accounts::Accounts,
+    admission::{Admission, AdmissionLayer},
+    config::{Config, DatabaseUrl},
+    grpc::{AuthApi, MAX_MESSAGE_BYTES},
+    health,
+    password::{HashPool, Hasher, PoolSnapshot},
+    pb::{self, auth_service_server::AuthServiceServer},
+    store::{SqliteSettings, Store, WriterSnapshot},
+    token::{KeyRing, Tokens},
+};
+use anyhow::Context as _;
+use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
+use tokio::net::TcpListener;
+use tonic::transport::{Server, server::TcpIncoming};
+
+/// How long, after the drain, the server may take to close its connections.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A built, bound, not yet serving authd.
+pub struct Application {
+    listener: TcpListener,
+    local_addr: SocketAddr,
+    accounts: Arc<Accounts>,
+    admission: Arc<Admission>,
+    config: Config,
+}
+
+/// A cheap handle on a running application's internals, for tests and tools.
+#[derive(Clone)]
+pub struct AppHandle {
+    accounts: Arc<Accounts>,
+    admission: Arc<Admission>,
+}
+
+impl AppHandle {
+    /// Counters of the password hashing pool.
+    pub fn hash_stats(&self) -> PoolSnapshot {
+        self.accounts.hasher().pool().stats()
+    }
+
+    /// Counters of the SQLite writer (`None` on other backends).
+    pub fn writer_stats(&self) -> Option<WriterSnapshot> {
+        self.accounts.store().writer_stats()
+    }
+
+    /// AuthService requests admitted and not yet answered.
+    pub fn in_flight(&self) -> usize {
+        self.admission.in_flight()
+    }
+}
+
+/// Opens the configured store (migrating it) without serving: `authd migrate`.
+pub async fn migrate(config: &Config) -> anyhow::Result<()> {
+    match &config.database_url {
+        DatabaseUrl::Sqlite(_) => Store::migrate_sqlite(&sqlite_settings(config)?).await,
+    }
+}
+
+fn sqlite_settings(config: &Config) -> anyhow::Result<SqliteSettings> {
+    let DatabaseUrl::Sqlite(path) = &config.database_url;
+    Ok(SqliteSettings {
+        path: path.clone(),
+        readers: config.db_max_connections,
+        acquire_timeout: config.db_acquire_timeout,
+        max_batch: config.sqlite_max_batch as usize,
+    })
+}
+
+impl Application {
+    pub async fn build(config: Config) -> anyhow::Result<Self> {
+        let keys = match config.key_ring()? {
+            Some(keys) => keys,
+            None => {
+                tracing::warn!(
+                    "no token keys configured (AUTHD_TOKEN_KEYS): using a random key; tokens will \
+                     not survive a restart and will not be accepted by other replicas"
+                );
+                KeyRing::random()
+            }
+        };
+        let store = match &config.database_url {
+            DatabaseUrl::Sqlite(_) => Store::open_sqlite(sqlite_settings(&config)?).await?,
+        };
+        let pool = HashPool::new(config.hash_threads(), config.hash_queue())
+            .context("starting the password hashing threads")?;
+        let hasher = Hasher::new(config.pbkdf2_iterations, pool)?;
+        let tokens = Tokens::new(keys, config.token_ttl);
+        let accounts = Arc::new(Accounts::new(Arc::new(store), hasher, tokens));
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", config.listen))?;
+        let local_addr = listener.local_addr()?;
+        Ok(Self {
+            listener,
+            local_addr,
+            accounts,
+            admission: Admission::new(config.max_in_flight),
+            config,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub fn port(&self) -> u16 {
+        self.local_addr.port()
+    }
+
+    pub fn handle(&self) -> AppHandle {
+        AppHandle {
+            accounts: self.accounts.clone(),
+            admission: self.admission.clone(),
+        }
+    }
+
+    /// Serves until `shutdown` resolves, then: reports NOT_SERVING, refuses new work
+    /// while the work in flight finishes (at most the drain timeout), closes the
+    /// connections and commits everything the store has queued.
+    pub async fn run_until_stopped(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let Self {
+            listener,
+            local_addr,
+            accounts,
+            admission,
+            config,
+        } = self;
+        let store = accounts.store().clone();
+
+        let (reporter, health_service) = tonic_health::server::health_reporter();
+        let first = health::probe(&store, Duration::from_secs(2)).await;
+        if let Err(why) = &first {
+            tracing::error!(error = %why, "the database does not answer: NOT_SERVING");
+        }
+        health::report(&reporter, first.is_ok()).await;
+        let checker = health::spawn_checker(
+            reporter.clone(),
+            store.clone(),
+            config.health_interval,
+            first.is_ok(),
+        );
+
+        let reflection = || {
+            tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        };
+        // grpcurl 1.8 speaks only v1alpha; newer clients use v1.
+        let reflection_v1 = reflection().build_v1()?;
+        let reflection_v1alpha = reflection().build_v1alpha()?;
+        let auth = AuthServiceServer::new(AuthApi::new(accounts.clone()))
+            .max_decoding_message_size(MAX_MESSAGE_BYTES);
+
+        let (stop_serving, serving_stopped) = tokio::sync::oneshot::channel::<()>();
+        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+        let server = Server::builder()
+            .layer(AdmissionLayer::new(admission.clone()))
+            .add_service(health_service)
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha)
+            .add_service(auth)
+            .serve_with_incoming_shutdown(incoming, async {
+                let _ = serving_stopped.await;
+            });
+        let mut server = tokio::spawn(server);
+        tracing::info!(
+            listen = %local_addr,
+            database = %config.database_url,
+            pbkdf2_iterations = config.pbkdf2_iterations,
+            hash_threads = config.hash_threads(),
+            hash_queue = config.hash_queue(),
+            "authd is serving"
+        );
+
+        let served = tokio::select! {
+            () = shutdown => None,
+            result = &mut server => Some(result),
+        };
+        if let Some(result) = served {
+            // The server stopped on its own: that is an error, not a shutdown.
+            checker.abort();
+            store.close().await;
+            result.context("the gRPC server task failed")??;
+            anyhow::bail!("the gRPC server stopped unexpectedly");
+        }
+
+        tracing::info!(in_flight = admission.in_flight(), "shutting down: draining requests in flight");
+        health::report(&reporter, false).await;
+        checker.abort();
+        if !admission.drain(config.drain_timeout).await {
+            tracing::warn!(
+                in_flight = admission.in_flight(),
+                drain_timeout = ?config.drain_timeout,
+                "the drain timed out; abandoning the requests still in flight"
+            );
+        }
+        let _ = stop_serving.send(());
+        match tokio::time::timeout(CLOSE_TIMEOUT, &mut server).await {
+            Ok(result) => result.context("the gRPC server task failed")??,
+            Err(_) => {
+                tracing::warn!("connections did not close in time; closing them");
+                server.abort();
+            }
+        }
+        store.close().await;
+        tracing::info!("authd stopped");
+        Ok(())
+    }
+}

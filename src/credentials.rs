@@ -1,0 +1,141 @@
+//! `Username` and `Password`: parsed and normalized once, at the edge.
+//!
+//! Both wrap a private field and are built only through `parse`, so code past the
+//! gRPC layer never re-checks them. A password is never logged or echoed: its
+//! `Debug` is redacted and its errors describe the rule, not the value.
+
+use std::fmt;
+use unicode_normalization::UnicodeNormalization;
+
+/// A validated username: 3 to 64 characters of `A-Z a-z 0-9 . _ -`, lowercased.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Username(String);
+
+impl Username {
+    pub const MIN_CHARS: usize = 3;
+    pub const MAX_CHARS: usize = 64;
+
+    /// Validates and normalizes (lowercases) a username. The error is safe to show.
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        if raw.is_empty() {
+            return Err("must not be empty".into());
+        }
+        if let Some(bad) = raw
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+        {
+            return Err(format!(
+                "may contain only letters A-Z, digits, '.', '_' and '-' (found {bad:?})"
+            ));
+        }
+        // All characters are ASCII from here on, so bytes are characters.
+        if !(Self::MIN_CHARS..=Self::MAX_CHARS).contains(&raw.len()) {
+            return Err(format!(
+                "must be {} to {} characters long (got {})",
+                Self::MIN_CHARS,
+                Self::MAX_CHARS,
+                raw.len()
+            ));
+        }
+        Ok(Self(raw.to_ascii_lowercase()))
+    }
+
+    /// Wraps a username read back from the store, where it was saved already parsed.
+    pub(crate) fn from_store(stored: String) -> Self {
+        Self(stored)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Username {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A validated password: NFKC-normalized, at least 8 code points, at most 1024 bytes.
+#[derive(Clone)]
+pub struct Password(String);
+
+impl Password {
+    pub const MIN_CHARS: usize = 8;
+    pub const MAX_BYTES: usize = 1024;
+
+    /// Validates and NFKC-normalizes a password. The error never contains the password.
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        // Refuse oversized input before normalizing it: NFKC can expand a string.
+        if raw.len() > Self::MAX_BYTES {
+            return Err(format!("must be at most {} bytes", Self::MAX_BYTES));
+        }
+        let normalized: String = raw.nfkc().collect();
+        if normalized.len() > Self::MAX_BYTES {
+            return Err(format!(
+                "must be at most {} bytes after NFKC normalization",
+                Self::MAX_BYTES
+            ));
+        }
+        if normalized.chars().count() < Self::MIN_CHARS {
+            return Err(format!("must be at least {} characters", Self::MIN_CHARS));
+        }
+        Ok(Self(normalized))
+    }
+
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
+impl fmt::Debug for Password {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Password(<redacted>)")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usernames_are_lowercased() {
+        assert_eq!(Username::parse("Alice.B_2-x").unwrap().as_str(), "alice.b_2-x");
+    }
+
+    #[test]
+    fn usernames_outside_the_rules_are_refused() {
+        for bad in ["", "ab", &"a".repeat(65), "al ice", "alice!", "ålice", "a\0b"] {
+            assert!(Username::parse(bad).is_err(), "{bad:?} should be refused");
+        }
+        assert!(Username::parse("abc").is_ok());
+        assert!(Username::parse(&"a".repeat(64)).is_ok());
+    }
+
+    #[test]
+    fn passwords_are_nfkc_normalized() {
+        // U+FB01 (the "fi" ligature) normalizes to "fi"; full-width digits to ASCII.
+        let a = Password::parse("\u{FB01}sh-１２３４５").unwrap();
+        let b = Password::parse("fish-12345").unwrap();
+        assert_eq!(a.as_bytes(), b.as_bytes());
+    }
+
+    #[test]
+    fn password_length_counts_code_points_and_bytes() {
+        assert!(Password::parse("1234567").is_err());
+        assert!(Password::parse("12345678").is_ok());
+        // Eight 4-byte code points: 8 characters, 32 bytes.
+        assert!(Password::parse(&"😀".repeat(8)).is_ok());
+        assert!(Password::parse(&"😀".repeat(7)).is_err());
+        assert!(Password::parse(&"x".repeat(1024)).is_ok());
+        assert!(Password::parse(&"x".repeat(1025)).is_err());
+    }
+
+    #[test]
+    fn password_debug_and_errors_never_show_the_password() {
+        let p = Password::parse("hunter2hunter2").unwrap();
+        assert!(!format!("{p:?}").contains("hunter2"));
+        let err = Password::parse("hunter2").unwrap_err();
+        assert!(!err.contains("hunter2"));
+    }
+}

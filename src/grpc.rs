@@ -1,0 +1,178 @@
+//! The gRPC face of [`Accounts`]: proto messages in, domain types through, and the
+//! one place where an [`Error`] becomes a `Status` ([`status`]).
+//!
+//! Handlers parse their request into domain types (reporting every bad field in a
+//! `google.rpc.BadRequest`), call the use case, and map the outcome. Internal causes
+//! go to the log; the client only ever sees a generic message for them.
+
+use crate::{
+    accounts::Accounts,
+    admission::Deadline,
+    credentials::{Password, Username},
+    error::{Error, FieldViolation},
+    pb::{
+        LoginRequest, LoginResponse, RegisterRequest, RegisterResponse, ValidateTokenRequest,
+        ValidateTokenResponse, auth_service_server::AuthService,
+    },
+};
+use std::{
+    future::Future,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+use tonic::{Code, Request, Response, Status, metadata::MetadataValue};
+use tonic_types::{ErrorDetails, StatusExt};
+
+/// Requests larger than this are refused by the decoder (a login is well under 2 KiB).
+pub const MAX_MESSAGE_BYTES: usize = 4 * 1024;
+
+/// Maps an error to the status the client sees. The single table of the service.
+pub fn status(err: &Error) -> Status {
+    match err {
+        Error::InvalidArgument(violations) => {
+            let mut details = ErrorDetails::new();
+            for v in violations {
+                details.add_bad_request_violation(v.field, v.description.clone());
+            }
+            Status::with_error_details(Code::InvalidArgument, err.to_string(), details)
+        }
+        Error::AlreadyExists => Status::already_exists(err.to_string()),
+        Error::InvalidCredentials | Error::InvalidToken(_) => Status::unauthenticated(err.to_string()),
+        Error::Overloaded { retry_after, .. } => {
+            let mut status = Status::with_error_details(
+                Code::ResourceExhausted,
+                format!("{err}; retry later"),
+                ErrorDetails::with_retry_info(Some(*retry_after)),
+            );
+            let secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
+            status
+                .metadata_mut()
+                .insert("retry-after", MetadataValue::from(secs));
+            status
+        }
+        Error::DeadlineExceeded => Status::deadline_exceeded(err.to_string()),
+        Error::Unavailable(_) => Status::unavailable(err.to_string()),
+        Error::Internal(_) => Status::internal("internal error"),
+    }
+}
+
+/// `auth.v1.AuthService` backed by [`Accounts`].
+pub struct AuthApi {
+    accounts: Arc<Accounts>,
+}
+
+impl AuthApi {
+    pub fn new(accounts: Arc<Accounts>) -> Self {
+        Self { accounts }
+    }
+}
+
+fn credentials(username: &str, password: &str) -> Result<(Username, Password), Error> {
+    let username = Username::parse(username);
+    let password = Password::parse(password);
+    let mut violations = Vec::new();
+    if let Err(description) = &username {
+        violations.push(FieldViolation {
+            field: "username",
+            description: description.clone(),
+        });
+    }
+    if let Err(description) = &password {
+        violations.push(FieldViolation {
+            field: "password",
+            description: description.clone(),
+        });
+    }
+    match (username, password) {
+        (Ok(u), Ok(p)) => Ok((u, p)),
+        _ => Err(Error::InvalidArgument(violations)),
+    }
+}
+
+fn deadline<T>(request: &Request<T>) -> Option<Instant> {
+    request.extensions().get::<Deadline>().map(|d| d.0)
+}
+
+/// Runs a handler body, logs how it ended and maps its error.
+async fn respond<T>(
+    method: &'static str,
+    work: impl Future<Output = Result<T, Error>>,
+) -> Result<Response<T>, Status> {
+    let started = Instant::now();
+    let result = work.await;
+    let elapsed: Duration = started.elapsed();
+    match result {
+        Ok(body) => {
+            tracing::debug!(method, code = "OK", latency_ms = elapsed.as_secs_f64() * 1e3, "request served");
+            Ok(Response::new(body))
+        }
+        Err(err) => {
+            let status = status(&err);
+            let code = format!("{:?}", status.code());
+            let latency_ms = elapsed.as_secs_f64() * 1e3;
+            match &err {
+                Error::Internal(cause) => {
+                    tracing::error!(method, code, latency_ms, error = format!("{cause:#}"), "request failed")
+                }
+                Error::Unavailable(_) => tracing::warn!(method, code, latency_ms, error = %err, "request failed"),
+                _ => tracing::debug!(method, code, latency_ms, error = %err, "request refused"),
+            }
+            Err(status)
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl AuthService for AuthApi {
+    async fn register(
+        &self,
+        request: Request<RegisterRequest>,
+    ) -> Result<Response<RegisterResponse>, Status> {
+        let deadline = deadline(&request);
+        let req = request.into_inner();
+        respond("Register", async {
+            let (username, password) = credentials(&req.username, &req.password)?;
+            let user_id = self.accounts.register(username, password, deadline).await?;
+            Ok(RegisterResponse { user_id })
+        })
+        .await
+    }
+
+    async fn login(&self, request: Request<LoginRequest>) -> Result<Response<LoginResponse>, Status> {
+        let deadline = deadline(&request);
+        let req = request.into_inner();
+        respond("Login", async {
+            let (username, password) = credentials(&req.username, &req.password)?;
+            let session = self.accounts.login(username, password, deadline).await?;
+            Ok(LoginResponse {
+                access_token: session.access_token,
+                token_type: "Bearer".into(),
+                expires_at: Some(session.expires_at.into()),
+                user_id: session.user_id,
+            })
+        })
+        .await
+    }
+
+    async fn validate_token(
+        &self,
+        request: Request<ValidateTokenRequest>,
+    ) -> Result<Response<ValidateTokenResponse>, Status> {
+        let req = request.into_inner();
+        respond("ValidateToken", async {
+            if req.access_token.is_empty() {
+                return Err(Error::InvalidArgument(vec![FieldViolation {
+                    field: "access_token",
+                    description: "must not be empty".into(),
+                }]));
+            }
+            let token = self.accounts.validate(&req.access_token)?;
+            Ok(ValidateTokenResponse {
+                user_id: token.user_id,
+                username: token.username,
+                expires_at: Some(token.expires_at.into()),
+            })
+        })
+        .await
+    }
+}

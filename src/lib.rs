@@ -1,0 +1,49 @@
+//! authd: a gRPC authentication service.
+//!
+//! It serves `auth.v1.AuthService` (Register, Login, ValidateToken), the standard
+//! `grpc.health.v1.Health` service and server reflection. Passwords are stored as
+//! PBKDF2-SHA256 PHC strings; tokens are stateless JWTs signed with HMAC-SHA256.
+//!
+//! # Layout
+//!
+//! A request passes each box once, top to bottom; nothing calls back up the stack.
+//!
+//! ```text
+//! tonic Server
+//!   admission::AdmissionLayer   deadline, concurrency cap and drain (reject, never queue)
+//!   grpc::AuthService           proto <-> domain; the one place errors become a Status
+//!   accounts::Accounts          the register / login / validate use cases
+//!     store::Store              SQLite: a reader pool and one batching writer task
+//!     password::Hasher          PBKDF2 on a bounded thread pool, off the async runtime
+//!     token::Tokens             JWT HS256 with a key ring (kid -> key)
+//! ```
+//!
+//! - [`config`]: the one `Config` (flags and `AUTHD_*` environment variables).
+//! - [`app`]: [`app::Application`] binds, wires everything and runs until shut down;
+//!   `main.rs` and the integration tests start the service through it.
+//! - [`credentials`]: `Username` and `Password`, parsed and normalized at the edge.
+//! - [`health`]: drives the `grpc.health.v1` status from periodic store checks.
+//! - [`telemetry`]: the `tracing` subscriber (text or JSON lines).
+#![forbid(unsafe_code)]
+
+pub mod accounts;
+pub mod admission;
+pub mod app;
+pub mod config;
+pub mod credentials;
+pub mod error;
+pub mod grpc;
+pub mod health;
+pub mod password;
+pub mod store;
+pub mod telemetry;
+pub mod token;
+
+/// Code generated from `proto/auth/v1/auth.proto`.
+pub mod pb {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("auth.v1");
+
+    /// The encoded descriptor set of `auth.v1`, served by reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("auth_descriptor");
+}

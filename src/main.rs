@@ -1,0 +1,72 @@
+//! The `authd` binary: parse the configuration, start logging, run the command.
+
+use authd::{
+    app::{self, Application},
+    config::{Cli, Command},
+    telemetry,
+};
+use clap::Parser;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(e) = telemetry::init(&cli.config.log, cli.config.log_format) {
+        eprintln!("authd: error: {e:#}");
+        return ExitCode::FAILURE;
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("authd: error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line, with the chain of causes: "opening …: permission denied".
+            eprintln!("authd: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let config = cli.config;
+    match cli.command.unwrap_or(Command::Serve) {
+        Command::Migrate => {
+            app::migrate(&config).await?;
+            tracing::info!(database = %config.database_url, "migrations applied");
+            Ok(())
+        }
+        Command::Serve => {
+            let app = Application::build(config).await?;
+            app.run_until_stopped(shutdown_signal()).await
+        }
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT. Kubernetes stops a pod with SIGTERM; a person at
+/// a terminal presses Ctrl-C: both start the same graceful shutdown.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => tracing::info!("SIGTERM received"),
+                    _ = int.recv() => tracing::info!("SIGINT received"),
+                }
+            }
+            _ => {
+                tracing::warn!("cannot install signal handlers; stopping only on Ctrl-C");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

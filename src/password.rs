@@ -1,0 +1,402 @@
+//! Password hashing: PBKDF2-SHA256 PHC strings computed on a bounded thread pool.
+//!
+//! Hashing is the most expensive thing authd does (hundreds of milliseconds at the
+//! OWASP cost), so it never runs on the async workers: [`HashPool`] owns a fixed set
+//! of OS threads behind a bounded queue. A full queue refuses at once (the caller
+//! gets RESOURCE_EXHAUSTED with a retry hint) instead of letting latency grow, and a
+//! job whose deadline passed, or whose caller went away, is dropped before it runs.
+//!
+//! [`Hasher`] holds the current parameters, verifies unknown users against a dummy
+//! hash of the same cost (so timing does not reveal which usernames exist), and says
+//! when a stored hash was made with other parameters and should be replaced.
+
+use crate::{credentials::Password, error::Error};
+use anyhow::Context as _;
+use pbkdf2::{
+    Algorithm, Params, Pbkdf2,
+    password_hash::{
+        PasswordHasher, PasswordVerifier,
+        phc::{Output, PasswordHash, Salt},
+    },
+};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+use tokio::sync::oneshot;
+
+/// Counters of what the pool did, for tests and operators.
+#[derive(Debug, Default)]
+pub struct PoolStats {
+    completed: AtomicU64,
+    rejected_full: AtomicU64,
+    dropped_expired: AtomicU64,
+    dropped_cancelled: AtomicU64,
+    /// Exponentially weighted mean of a job's run time, in nanoseconds.
+    mean_run_nanos: AtomicU64,
+}
+
+/// A point-in-time copy of [`PoolStats`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolSnapshot {
+    /// Jobs that ran.
+    pub completed: u64,
+    /// Jobs refused because the queue was full.
+    pub rejected_full: u64,
+    /// Jobs dropped unrun because their deadline had passed when a thread took them.
+    pub dropped_expired: u64,
+    /// Jobs dropped unrun because their caller had gone away.
+    pub dropped_cancelled: u64,
+}
+
+impl PoolStats {
+    pub fn snapshot(&self) -> PoolSnapshot {
+        PoolSnapshot {
+            completed: self.completed.load(Ordering::Relaxed),
+            rejected_full: self.rejected_full.load(Ordering::Relaxed),
+            dropped_expired: self.dropped_expired.load(Ordering::Relaxed),
+            dropped_cancelled: self.dropped_cancelled.load(Ordering::Relaxed),
+        }
+    }
+
+    fn record_run(&self, took: Duration) {
+        self.completed.fetch_add(1, Ordering::Relaxed);
+        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        let old = self.mean_run_nanos.load(Ordering::Relaxed);
+        // A racy read-modify-write is fine: this is an estimate for retry hints.
+        let new = if old == 0 { nanos } else { old - old / 8 + nanos / 8 };
+        self.mean_run_nanos.store(new, Ordering::Relaxed);
+    }
+}
+
+/// Why a job did not run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PoolError {
+    #[error("the hashing queue is full")]
+    Full { retry_after: Duration },
+    #[error("the deadline passed while the job was queued")]
+    Expired,
+    #[error("the hashing pool has shut down")]
+    Closed,
+}
+
+impl From<PoolError> for Error {
+    fn from(err: PoolError) -> Self {
+        match err {
+            PoolError::Full { retry_after } => Error::Overloaded {
+                what: "the password hashing queue is full",
+                retry_after,
+            },
+            PoolError::Expired => Error::DeadlineExceeded,
+            PoolError::Closed => Error::Unavailable("the server is shutting down".into()),
+        }
+    }
+}
+
+struct Job {
+    deadline: Option<Instant>,
+    /// Runs the work, or (with `true`) reports that the deadline passed. It counts
+    /// what it did in the stats before answering, so a caller sees its own job counted.
+    task: Box<dyn FnOnce(bool, &PoolStats) + Send>,
+}
+
+/// A fixed set of threads behind a bounded queue. Cloning shares the pool; the
+/// threads finish the queued jobs and exit when the last clone is dropped.
+#[derive(Clone)]
+pub struct HashPool {
+    queue: crossbeam_channel::Sender<Job>,
+    threads: usize,
+    capacity: usize,
+    stats: Arc<PoolStats>,
+}
+
+impl HashPool {
+    /// Starts `threads` worker threads sharing a queue of at most `capacity` jobs.
+    pub fn new(threads: usize, capacity: usize) -> std::io::Result<Self> {
+        let threads = threads.max(1);
+        let (tx, rx) = crossbeam_channel::bounded::<Job>(capacity);
+        let stats = Arc::new(PoolStats::default());
+        for i in 0..threads {
+            let rx = rx.clone();
+            let stats = stats.clone();
+            thread::Builder::new()
+                .name(format!("authd-hash-{i}"))
+                .spawn(move || {
+                    for job in rx {
+                        let expired = job.deadline.is_some_and(|d| Instant::now() >= d);
+                        (job.task)(expired, &stats);
+                    }
+                })?;
+        }
+        Ok(Self {
+            queue: tx,
+            threads,
+            capacity,
+            stats,
+        })
+    }
+
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    pub fn stats(&self) -> PoolSnapshot {
+        self.stats.snapshot()
+    }
+
+    /// Jobs waiting for a thread.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Runs `work` on a pool thread and waits for its result without blocking the
+    /// async runtime. Refuses at once when the queue is full.
+    pub async fn run<T, F>(&self, deadline: Option<Instant>, work: F) -> Result<T, PoolError>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> T + Send + 'static,
+    {
+        let (reply, result) = oneshot::channel();
+        let task = Box::new(move |expired: bool, stats: &PoolStats| {
+            // The caller's future was dropped (client cancelled, server deadline): skip.
+            if reply.is_closed() {
+                stats.dropped_cancelled.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            if expired {
+                stats.dropped_expired.fetch_add(1, Ordering::Relaxed);
+                let _ = reply.send(Err(PoolError::Expired));
+                return;
+            }
+            let start = Instant::now();
+            let value = work();
+            stats.record_run(start.elapsed());
+            let _ = reply.send(Ok(value));
+        });
+        match self.queue.try_send(Job { deadline, task }) {
+            Ok(()) => {}
+            Err(crossbeam_channel::TrySendError::Full(_)) => {
+                self.stats.rejected_full.fetch_add(1, Ordering::Relaxed);
+                return Err(PoolError::Full {
+                    retry_after: self.retry_hint(),
+                });
+            }
+            Err(crossbeam_channel::TrySendError::Disconnected(_)) => {
+                return Err(PoolError::Closed);
+            }
+        }
+        result.await.unwrap_or(Err(PoolError::Closed))
+    }
+
+    /// Roughly how long until the queue has room again: the time to work through it.
+    fn retry_hint(&self) -> Duration {
+        let mean = Duration::from_nanos(self.stats.mean_run_nanos.load(Ordering::Relaxed));
+        let backlog = u32::try_from(self.capacity.div_ceil(self.threads)).unwrap_or(u32::MAX);
+        (mean * backlog).clamp(Duration::from_millis(50), Duration::from_secs(30))
+    }
+}
+
+/// The outcome of checking a password against a stored hash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verification {
+    pub matches: bool,
+    /// The stored hash uses other parameters than the current ones: replace it.
+    pub needs_rehash: bool,
+}
+
+/// Hashes and verifies passwords with the configured PBKDF2 cost on a [`HashPool`].
+pub struct Hasher {
+    pool: HashPool,
+    params: Params,
+    /// A hash of nothing, at the current cost, for users that do not exist.
+    dummy: String,
+}
+
+impl Hasher {
+    pub fn new(iterations: u32, pool: HashPool) -> anyhow::Result<Self> {
+        let params = Params::new(iterations)
+            .map_err(|e| anyhow::anyhow!("invalid PBKDF2 iteration count {iterations}: {e}"))?;
+        Ok(Self {
+            dummy: dummy_hash(params)?,
+            pool,
+            params,
+        })
+    }
+
+    pub fn iterations(&self) -> u32 {
+        self.params.rounds()
+    }
+
+    pub fn pool(&self) -> &HashPool {
+        &self.pool
+    }
+
+    /// Hashes a password into a PHC string with a fresh random salt.
+    pub async fn hash(&self, password: Password, deadline: Option<Instant>) -> Result<String, Error> {
+        let params = self.params;
+        self.pool
+            .run(deadline, move || hash_now(&password, params))
+            .await?
+            .map_err(Error::Internal)
+    }
+
+    /// Verifies a password against a stored PHC string, or against the dummy hash
+    /// when there is none, so that both cases cost the same.
+    pub async fn verify(
+        &self,
+        password: Password,
+        stored: Option<String>,
+        deadline: Option<Instant>,
+    ) -> Result<Verification, Error> {
+        let exists = stored.is_some();
+        let phc = stored.unwrap_or_else(|| self.dummy.clone());
+        let params = self.params;
+        let outcome = self
+            .pool
+            .run(deadline, move || verify_now(&password, &phc, params))
+            .await??;
+        Ok(Verification {
+            matches: exists && outcome.matches,
+            needs_rehash: exists && outcome.matches && outcome.needs_rehash,
+        })
+    }
+}
+
+/// Hashes on the calling thread: for the pool's workers and for `hash-bench`.
+pub fn hash_now(password: &Password, params: Params) -> anyhow::Result<String> {
+    let hash = Pbkdf2::new(Algorithm::Pbkdf2Sha256, params)
+        .hash_password(password.as_bytes())
+        .map_err(|e| anyhow::anyhow!("hashing a password failed: {e}"))?;
+    Ok(hash.to_string())
+}
+
+fn verify_now(password: &Password, phc: &str, current: Params) -> Result<Verification, Error> {
+    let hash: PasswordHash = phc
+        .parse()
+        .map_err(|e| anyhow::anyhow!("a stored password hash does not parse: {e}"))?;
+    let stored_params = Params::try_from(&hash)
+        .map_err(|e| anyhow::anyhow!("a stored password hash has invalid parameters: {e}"))?;
+    let same_algorithm = hash.algorithm.as_str() == Algorithm::PBKDF2_SHA256_ID;
+    let matches = match Pbkdf2::SHA256.verify_password(password.as_bytes(), &hash) {
+        Ok(()) => true,
+        Err(pbkdf2::password_hash::Error::PasswordInvalid) => false,
+        Err(e) => {
+            return Err(Error::Internal(anyhow::anyhow!(
+                "verifying against a stored password hash failed: {e}"
+            )));
+        }
+    };
+    Ok(Verification {
+        matches,
+        needs_rehash: !same_algorithm || stored_params != current,
+    })
+}
+
+/// A well-formed hash at the current cost that no password matches: random salt and
+/// random output. Verifying against it costs exactly what a real verification costs.
+fn dummy_hash(params: Params) -> anyhow::Result<String> {
+    let mut salt = [0u8; 16];
+    let mut output = vec![0u8; params.output_len()];
+    rand::fill(&mut salt);
+    rand::fill(output.as_mut_slice());
+    let hash = PasswordHash {
+        algorithm: Algorithm::Pbkdf2Sha256.into(),
+        version: None,
+        params: params
+            .try_into()
+            .map_err(|e| anyhow::anyhow!("encoding PBKDF2 parameters: {e}"))?,
+        salt: Some(Salt::new(&salt).map_err(|e| anyhow::anyhow!("dummy salt: {e}"))?),
+        hash: Some(Output::new(&output).map_err(|e| anyhow::anyhow!("dummy output: {e}"))?),
+    };
+    let phc = hash.to_string();
+    // Make sure the verifier accepts it as a hash of the current cost.
+    let parsed: PasswordHash = phc.parse().map_err(|e| anyhow::anyhow!("dummy hash: {e}"))?;
+    Params::try_from(&parsed)
+        .map_err(|e| anyhow::anyhow!("dummy hash parameters: {e}"))
+        .context("building the dummy hash")?;
+    Ok(phc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pw(s: &str) -> Password {
+        Password::parse(s).unwrap()
+    }
+
+    #[tokio::test]
+    async fn hashes_are_phc_strings_that_verify() {
+        let hasher = Hasher::new(1000, HashPool::new(1, 4).unwrap()).unwrap();
+        let phc = hasher.hash(pw("correct horse"), None).await.unwrap();
+        assert!(phc.starts_with("$pbkdf2-sha256$i=1000,l=32$"), "{phc}");
+        let ok = hasher.verify(pw("correct horse"), Some(phc.clone()), None).await.unwrap();
+        assert_eq!(ok, Verification { matches: true, needs_rehash: false });
+        let bad = hasher.verify(pw("wrong horse"), Some(phc), None).await.unwrap();
+        assert!(!bad.matches);
+    }
+
+    #[tokio::test]
+    async fn unknown_users_never_match() {
+        let hasher = Hasher::new(1000, HashPool::new(1, 4).unwrap()).unwrap();
+        assert!(hasher.dummy.starts_with("$pbkdf2-sha256$i=1000,l=32$"));
+        let v = hasher.verify(pw("anything at all"), None, None).await.unwrap();
+        assert_eq!(v, Verification { matches: false, needs_rehash: false });
+    }
+
+    #[tokio::test]
+    async fn other_parameters_ask_for_a_rehash() {
+        let old = Hasher::new(1000, HashPool::new(1, 4).unwrap()).unwrap();
+        let new = Hasher::new(2000, HashPool::new(1, 4).unwrap()).unwrap();
+        let phc = old.hash(pw("correct horse"), None).await.unwrap();
+        let v = new.verify(pw("correct horse"), Some(phc), None).await.unwrap();
+        assert_eq!(v, Verification { matches: true, needs_rehash: true });
+    }
+
+    #[tokio::test]
+    async fn expired_jobs_are_dropped_before_running() {
+        let pool = HashPool::new(1, 4).unwrap();
+        let past = Instant::now() - Duration::from_millis(1);
+        let err = pool.run(Some(past), || 42).await.unwrap_err();
+        assert_eq!(err, PoolError::Expired);
+        assert_eq!(pool.stats().dropped_expired, 1);
+        assert_eq!(pool.stats().completed, 0);
+        assert_eq!(pool.run(None, || 42).await.unwrap(), 42);
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_refuses_at_once() {
+        let pool = HashPool::new(1, 1).unwrap();
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let busy = tokio::spawn({
+            let pool = pool.clone();
+            async move {
+                pool.run(None, move || {
+                    started_tx.send(()).unwrap();
+                    release_rx.recv().unwrap();
+                })
+                .await
+            }
+        });
+        tokio::task::spawn_blocking(move || started_rx.recv().unwrap()).await.unwrap();
+        // The thread is busy; one job fits in the queue, the next is refused.
+        let queued = tokio::spawn({
+            let pool = pool.clone();
+            async move { pool.run(None, || 1).await }
+        });
+        while pool.queued() == 0 {
+            tokio::task::yield_now().await;
+        }
+        let refused = pool.run(None, || 2).await;
+        assert!(matches!(refused, Err(PoolError::Full { .. })), "{refused:?}");
+        release_tx.send(()).unwrap();
+        busy.await.unwrap().unwrap();
+        assert_eq!(queued.await.unwrap().unwrap(), 1);
+        assert_eq!(pool.stats().rejected_full, 1);
+    }
+}

@@ -1,0 +1,333 @@
+//! SQLite: WAL, `synchronous=FULL`, a pool of read-only connections, and one writer
+//! task that owns the only write connection.
+//!
+//! SQLite allows one writer at a time, and every commit costs an fsync. Instead of
+//! letting requests contend for the write lock (and wait in `busy_timeout`), writes
+//! go through a channel to the writer task, which takes everything queued and commits
+//! it in one transaction: one fsync for many registrations (group commit). A write is
+//! acknowledged only after its transaction commits, so an acknowledged registration
+//! survives a crash or a power loss. Readers never wait for the writer (WAL).
+
+use super::{NewUser, StoreError, User, unix_millis};
+use crate::credentials::Username;
+use anyhow::Context as _;
+use sqlx::{
+    Connection, Row, SqliteConnection, SqlitePool,
+    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
+};
+use std::{
+    path::PathBuf,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+use tokio::{
+    sync::{mpsc, oneshot},
+    task::JoinHandle,
+};
+
+/// How to open the SQLite database.
+#[derive(Debug, Clone)]
+pub struct SqliteSettings {
+    pub path: PathBuf,
+    /// Read-only connections in the reader pool.
+    pub readers: u32,
+    /// How long a read waits for a free connection before giving up (UNAVAILABLE).
+    pub acquire_timeout: Duration,
+    /// The most writes committed in one transaction.
+    pub max_batch: usize,
+}
+
+/// Counters of the writer task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriterSnapshot {
+    /// Transactions committed.
+    pub transactions: u64,
+    /// Writes (inserts and updates) acknowledged by those transactions.
+    pub writes: u64,
+    /// The largest number of writes in one transaction.
+    pub largest_batch: u64,
+}
+
+#[derive(Default)]
+struct WriterStats {
+    transactions: AtomicU64,
+    writes: AtomicU64,
+    largest_batch: AtomicU64,
+}
+
+enum Write {
+    Insert(NewUser),
+    UpdateHash { id: String, hash: String },
+}
+
+enum Command {
+    Write {
+        write: Write,
+        reply: oneshot::Sender<Result<(), StoreError>>,
+    },
+    /// Answered by the writer once it has committed what came before.
+    Ping(oneshot::Sender<Result<(), StoreError>>),
+    /// Commit what came before, close the connection, stop.
+    Close(oneshot::Sender<()>),
+}
+
+pub struct SqliteStore {
+    readers: SqlitePool,
+    writer: mpsc::Sender<Command>,
+    writer_task: Mutex<Option<JoinHandle<()>>>,
+    stats: Arc<WriterStats>,
+}
+
+fn connect_options(settings: &SqliteSettings) -> SqliteConnectOptions {
+    SqliteConnectOptions::new()
+        .filename(&settings.path)
+        .journal_mode(SqliteJournalMode::Wal)
+        // FULL: the WAL is synced at every commit, so a commit that returned is durable.
+        .synchronous(SqliteSynchronous::Full)
+        .busy_timeout(Duration::from_secs(5))
+        .foreign_keys(true)
+}
+
+async fn open_writer(settings: &SqliteSettings) -> anyhow::Result<SqliteConnection> {
+    let mut conn = SqliteConnection::connect_with(&connect_options(settings).create_if_missing(true))
+        .await
+        .with_context(|| format!("opening SQLite database {}", settings.path.display()))?;
+    sqlx::migrate!("migrations/sqlite")
+        .run(&mut conn)
+        .await
+        .with_context(|| format!("migrating SQLite database {}", settings.path.display()))?;
+    Ok(conn)
+}
+
+pub(crate) async fn migrate_only(settings: &SqliteSettings) -> anyhow::Result<()> {
+    let conn = open_writer(settings).await?;
+    conn.close().await.context("closing the SQLite database")?;
+    Ok(())
+}
+
+impl SqliteStore {
+    pub(crate) async fn open(settings: SqliteSettings) -> anyhow::Result<Self> {
+        // The writer connection comes first: it creates the file and migrates it.
+        let conn = open_writer(&settings).await?;
+        let readers = SqlitePoolOptions::new()
+            .max_connections(settings.readers.max(1))
+            .min_connections(1)
+            .acquire_timeout(settings.acquire_timeout)
+            .connect_with(connect_options(&settings).read_only(true))
+            .await
+            .with_context(|| format!("opening SQLite readers on {}", settings.path.display()))?;
+        let (tx, rx) = mpsc::channel(4096);
+        let stats = Arc::new(WriterStats::default());
+        let task = tokio::spawn(run_writer(conn, rx, settings.max_batch.max(1), stats.clone()));
+        Ok(Self {
+            readers,
+            writer: tx,
+            writer_task: Mutex::new(Some(task)),
+            stats,
+        })
+    }
+
+    async fn write(&self, write: Write) -> Result<(), StoreError> {
+        let (reply, result) = oneshot::channel();
+        self.writer
+            .send(Command::Write { write, reply })
+            .await
+            .map_err(|_| closed())?;
+        result.await.unwrap_or_else(|_| Err(closed()))
+    }
+
+    pub(crate) async fn insert_user(&self, user: NewUser) -> Result<(), StoreError> {
+        self.write(Write::Insert(user)).await
+    }
+
+    pub(crate) async fn update_password_hash(&self, id: &str, hash: String) -> Result<(), StoreError> {
+        self.write(Write::UpdateHash {
+            id: id.to_owned(),
+            hash,
+        })
+        .await
+    }
+
+    pub(crate) async fn find_user(&self, username: &Username) -> Result<Option<User>, StoreError> {
+        let row = sqlx::query("SELECT id, username, password_hash FROM users WHERE username = ?")
+            .bind(username.as_str())
+            .fetch_optional(&self.readers)
+            .await?;
+        row.map(|row| -> Result<User, StoreError> {
+            Ok(User {
+                id: row.try_get("id")?,
+                username: Username::from_store(row.try_get("username")?),
+                password_hash: row.try_get("password_hash")?,
+            })
+        })
+        .transpose()
+    }
+
+    pub(crate) async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.readers).await?;
+        let (reply, result) = oneshot::channel();
+        self.writer
+            .send(Command::Ping(reply))
+            .await
+            .map_err(|_| closed())?;
+        result.await.unwrap_or_else(|_| Err(closed()))
+    }
+
+    pub(crate) async fn close(&self) {
+        let task = self.writer_task.lock().expect("writer task lock").take();
+        let Some(task) = task else { return };
+        let (reply, done) = oneshot::channel();
+        if self.writer.send(Command::Close(reply)).await.is_ok() {
+            let _ = done.await;
+        }
+        if let Err(e) = task.await {
+            tracing::error!(error = %e, "the SQLite writer task failed");
+        }
+        self.readers.close().await;
+    }
+
+    pub(crate) fn writer_stats(&self) -> WriterSnapshot {
+        WriterSnapshot {
+            transactions: self.stats.transactions.load(Ordering::Relaxed),
+            writes: self.stats.writes.load(Ordering::Relaxed),
+            largest_batch: self.stats.largest_batch.load(Ordering::Relaxed),
+        }
+    }
+}
+
+fn closed() -> StoreError {
+    StoreError::Unavailable("the database is closed (shutting down)".into())
+}
+
+async fn run_writer(
+    mut conn: SqliteConnection,
+    mut commands: mpsc::Receiver<Command>,
+    max_batch: usize,
+    stats: Arc<WriterStats>,
+) {
+    let mut received = Vec::with_capacity(max_batch);
+    let mut batch = Vec::with_capacity(max_batch);
+    let mut close_reply = None;
+    while close_reply.is_none() {
+        if commands.recv_many(&mut received, max_batch).await == 0 {
+            break; // every sender is gone
+        }
+        let mut pings = Vec::new();
+        for command in received.drain(..) {
+            match command {
+                Command::Write { write, reply } => batch.push((write, reply)),
+                Command::Ping(reply) => pings.push(reply),
+                Command::Close(reply) => {
+                    close_reply = Some(reply);
+                    break;
+                }
+            }
+        }
+        if !batch.is_empty() {
+            commit(&mut conn, &mut batch, &stats).await;
+        }
+        for ping in pings {
+            let result = sqlx::query("SELECT 1")
+                .execute(&mut conn)
+                .await
+                .map(|_| ())
+                .map_err(StoreError::from);
+            let _ = ping.send(result);
+        }
+    }
+    // Refuse what arrived after Close, so no caller waits forever.
+    commands.close();
+    while let Ok(command) = commands.try_recv() {
+        if let Command::Write { reply, .. } = command {
+            let _ = reply.send(Err(closed()));
+        }
+    }
+    if let Err(e) = conn.close().await {
+        tracing::warn!(error = %e, "closing the SQLite write connection failed");
+    }
+    if let Some(reply) = close_reply {
+        let _ = reply.send(());
+    }
+}
+
+type Pending = (Write, oneshot::Sender<Result<(), StoreError>>);
+
+/// Commits a batch in one transaction and answers every write in it.
+async fn commit(conn: &mut SqliteConnection, batch: &mut Vec<Pending>, stats: &WriterStats) {
+    let size = batch.len() as u64;
+    match apply(conn, batch).await {
+        Ok(outcomes) => {
+            stats.transactions.fetch_add(1, Ordering::Relaxed);
+            stats.writes.fetch_add(size, Ordering::Relaxed);
+            stats.largest_batch.fetch_max(size, Ordering::Relaxed);
+            for ((_, reply), outcome) in batch.drain(..).zip(outcomes) {
+                let _ = reply.send(outcome);
+            }
+        }
+        Err(e) => {
+            let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+            tracing::error!(error = %e, writes = size, "an SQLite write transaction failed");
+            // Every write of the batch fails the same way; StoreError is not Clone.
+            let why = match StoreError::from(e) {
+                StoreError::Unavailable(why) => Some(why),
+                _ => None,
+            };
+            for (_, reply) in batch.drain(..) {
+                let err = match &why {
+                    Some(why) => StoreError::Unavailable(why.clone()),
+                    None => StoreError::Other(anyhow::anyhow!("an SQLite write transaction failed")),
+                };
+                let _ = reply.send(Err(err));
+            }
+        }
+    }
+}
+
+/// Runs every write of the batch inside one transaction. A duplicate username is an
+/// outcome of that write alone (the insert does nothing), not a failure of the batch,
+/// so two registrations of one name in the same batch give exactly one winner.
+async fn apply(
+    conn: &mut SqliteConnection,
+    batch: &[Pending],
+) -> Result<Vec<Result<(), StoreError>>, sqlx::Error> {
+    sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await?;
+    let now = unix_millis();
+    let mut outcomes = Vec::with_capacity(batch.len());
+    for (write, _) in batch {
+        let outcome = match write {
+            Write::Insert(user) => {
+                let inserted = sqlx::query(
+                    "INSERT INTO users (id, username, password_hash, created_at, updated_at) \
+                     VALUES (?, ?, ?, ?, ?) ON CONFLICT (username) DO NOTHING",
+                )
+                .bind(&user.id)
+                .bind(user.username.as_str())
+                .bind(&user.password_hash)
+                .bind(now)
+                .bind(now)
+                .execute(&mut *conn)
+                .await?;
+                if inserted.rows_affected() == 1 {
+                    Ok(())
+                } else {
+                    Err(StoreError::Duplicate)
+                }
+            }
+            Write::UpdateHash { id, hash } => {
+                sqlx::query("UPDATE users SET password_hash = ?, updated_at = ? WHERE id = ?")
+                    .bind(hash)
+                    .bind(now)
+                    .bind(id)
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(())
+            }
+        };
+        outcomes.push(outcome);
+    }
+    sqlx::query("COMMIT").execute(&mut *conn).await?;
+    Ok(outcomes)
+}

@@ -1,0 +1,332 @@
+//! Stateless access tokens: JWT (RFC 7519) signed with HMAC-SHA256.
+//!
+//! A [`KeyRing`] holds named keys (`kid`); the first signs, all verify, so keys can
+//! be rotated without downtime: add the new key second, roll it out, move it first,
+//! and drop the old one once its tokens have expired. Verification is constant-time
+//! (`Mac::verify_slice`) and accepts `alg: HS256` only. Keys never appear in `Debug`.
+
+use crate::credentials::Username;
+use base64::{
+    Engine as _,
+    engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD},
+};
+use hmac::{Hmac, KeyInit, Mac};
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+use std::{
+    fmt,
+    str::FromStr,
+    sync::Arc,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// The `iss` claim of every token authd issues.
+pub const ISSUER: &str = "authd";
+/// Keys shorter than this are refused.
+pub const MIN_KEY_BYTES: usize = 32;
+
+/// Why a token was refused. The messages are safe to send to the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    #[error("malformed token")]
+    Malformed,
+    #[error("unsupported signing algorithm (only HS256 is accepted)")]
+    UnsupportedAlgorithm,
+    #[error("token signed by an unknown key")]
+    UnknownKey,
+    #[error("bad signature")]
+    BadSignature,
+    #[error("token expired")]
+    Expired,
+    #[error("token issued by someone else")]
+    WrongIssuer,
+}
+
+struct Key {
+    kid: String,
+    secret: Vec<u8>,
+}
+
+/// Named HMAC keys: the first signs, every one verifies.
+#[derive(Clone)]
+pub struct KeyRing {
+    keys: Arc<[Key]>,
+    generated: bool,
+}
+
+impl KeyRing {
+    /// A single random key, for a server started without configured keys.
+    pub fn random() -> Self {
+        let mut secret = vec![0u8; 32];
+        rand::fill(secret.as_mut_slice());
+        let kid = format!("ephemeral-{:08x}", rand::random::<u32>());
+        Self {
+            keys: Arc::from(vec![Key { kid, secret }]),
+            generated: true,
+        }
+    }
+
+    /// Whether this ring was generated at start rather than configured.
+    pub fn is_generated(&self) -> bool {
+        self.generated
+    }
+
+    /// The kid of the key that signs new tokens.
+    pub fn signing_kid(&self) -> &str {
+        &self.keys[0].kid
+    }
+
+    pub fn kids(&self) -> impl Iterator<Item = &str> {
+        self.keys.iter().map(|k| k.kid.as_str())
+    }
+
+    fn signer(&self) -> &Key {
+        // A ring is never empty: `from_str` refuses an empty list.
+        &self.keys[0]
+    }
+
+    fn find(&self, kid: &str) -> Option<&Key> {
+        self.keys.iter().find(|k| k.kid == kid)
+    }
+}
+
+impl FromStr for KeyRing {
+    type Err = String;
+
+    /// Parses `kid:base64key,kid:base64key,…` (standard or URL-safe base64).
+    fn from_str(spec: &str) -> Result<Self, Self::Err> {
+        let mut keys: Vec<Key> = Vec::new();
+        for (i, entry) in spec.split(',').map(str::trim).enumerate() {
+            if entry.is_empty() {
+                continue;
+            }
+            let n = i + 1;
+            let (kid, encoded) = entry
+                .split_once(':')
+                .ok_or_else(|| format!("key #{n} is not of the form KID:BASE64KEY"))?;
+            let kid = kid.trim();
+            if kid.is_empty()
+                || kid.len() > 64
+                || !kid
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+            {
+                return Err(format!(
+                    "key #{n}: the kid must be 1 to 64 characters of A-Z a-z 0-9 . _ -"
+                ));
+            }
+            let encoded = encoded.trim();
+            let secret = [STANDARD, URL_SAFE, STANDARD_NO_PAD, URL_SAFE_NO_PAD]
+                .iter()
+                .find_map(|engine| engine.decode(encoded).ok())
+                .ok_or_else(|| format!("key {kid:?} is not valid base64"))?;
+            if secret.len() < MIN_KEY_BYTES {
+                return Err(format!(
+                    "key {kid:?} is {} bytes long; keys must be at least {MIN_KEY_BYTES} bytes",
+                    secret.len()
+                ));
+            }
+            if keys.iter().any(|k| k.kid == kid) {
+                return Err(format!("kid {kid:?} appears twice"));
+            }
+            keys.push(Key {
+                kid: kid.to_owned(),
+                secret,
+            });
+        }
+        if keys.is_empty() {
+            return Err("no keys given (expected KID:BASE64KEY,…)".into());
+        }
+        Ok(Self {
+            keys: Arc::from(keys),
+            generated: false,
+        })
+    }
+}
+
+impl fmt::Debug for KeyRing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyRing")
+            .field("kids", &self.kids().collect::<Vec<_>>())
+            .field("secrets", &"<redacted>")
+            .finish()
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct Header {
+    alg: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    typ: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    kid: Option<String>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Claims {
+    sub: String,
+    name: String,
+    iat: u64,
+    exp: u64,
+    iss: String,
+}
+
+/// A token just issued.
+#[derive(Debug, Clone)]
+pub struct IssuedToken {
+    pub token: String,
+    pub expires_at: SystemTime,
+}
+
+/// What a valid token says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifiedToken {
+    pub user_id: String,
+    pub username: String,
+    pub expires_at: SystemTime,
+}
+
+/// Issues and verifies tokens with a key ring and a lifetime.
+pub struct Tokens {
+    keys: KeyRing,
+    ttl: Duration,
+}
+
+impl Tokens {
+    pub fn new(keys: KeyRing, ttl: Duration) -> Self {
+        Self { keys, ttl }
+    }
+
+    pub fn issue(&self, user_id: &str, username: &Username) -> anyhow::Result<IssuedToken> {
+        let now = unix_now();
+        let exp = now.saturating_add(self.ttl.as_secs().max(1));
+        let key = self.keys.signer();
+        let header = Header {
+            alg: "HS256".into(),
+            typ: Some("JWT".into()),
+            kid: Some(key.kid.clone()),
+        };
+        let claims = Claims {
+            sub: user_id.to_owned(),
+            name: username.as_str().to_owned(),
+            iat: now,
+            exp,
+            iss: ISSUER.into(),
+        };
+        let mut token = format!(
+            "{}.{}",
+            URL_SAFE_NO_PAD.encode(serde_json::to_vec(&header)?),
+            URL_SAFE_NO_PAD.encode(serde_json::to_vec(&claims)?)
+        );
+        let signature = mac(&key.secret, token.as_bytes()).finalize().into_bytes();
+        token.push('.');
+        token.push_str(&URL_SAFE_NO_PAD.encode(signature));
+        Ok(IssuedToken {
+            token,
+            expires_at: UNIX_EPOCH + Duration::from_secs(exp),
+        })
+    }
+
+    pub fn verify(&self, token: &str) -> Result<VerifiedToken, TokenError> {
+        let mut parts = token.split('.');
+        let (Some(header_b64), Some(claims_b64), Some(signature_b64), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(TokenError::Malformed);
+        };
+        let header: Header = decode_json(header_b64)?;
+        if header.alg != "HS256" {
+            return Err(TokenError::UnsupportedAlgorithm);
+        }
+        let key = header
+            .kid
+            .as_deref()
+            .and_then(|kid| self.keys.find(kid))
+            .ok_or(TokenError::UnknownKey)?;
+        let signature = URL_SAFE_NO_PAD
+            .decode(signature_b64)
+            .map_err(|_| TokenError::Malformed)?;
+        let signed_len = header_b64.len() + 1 + claims_b64.len();
+        mac(&key.secret, &token.as_bytes()[..signed_len])
+            .verify_slice(&signature)
+            .map_err(|_| TokenError::BadSignature)?;
+        // Only a correctly signed payload is parsed further.
+        let claims: Claims = decode_json(claims_b64)?;
+        if claims.iss != ISSUER {
+            return Err(TokenError::WrongIssuer);
+        }
+        if claims.exp <= unix_now() {
+            return Err(TokenError::Expired);
+        }
+        Ok(VerifiedToken {
+            user_id: claims.sub,
+            username: claims.name,
+            expires_at: UNIX_EPOCH + Duration::from_secs(claims.exp),
+        })
+    }
+}
+
+fn mac(secret: &[u8], data: &[u8]) -> HmacSha256 {
+    // HMAC takes keys of any length, so this cannot fail.
+    let mut mac = <HmacSha256 as KeyInit>::new_from_slice(secret).expect("HMAC accepts any key length");
+    mac.update(data);
+    mac
+}
+
+fn decode_json<T: for<'de> Deserialize<'de>>(part: &str) -> Result<T, TokenError> {
+    let bytes = URL_SAFE_NO_PAD
+        .decode(part)
+        .map_err(|_| TokenError::Malformed)?;
+    serde_json::from_slice(&bytes).map_err(|_| TokenError::Malformed)
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY_A: &str = "a:MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+
+    fn tokens(spec: &str) -> Tokens {
+        Tokens::new(spec.parse().unwrap(), Duration::from_secs(60))
+    }
+
+    #[test]
+    fn issued_tokens_verify() {
+        let t = tokens(KEY_A);
+        let issued = t.issue("id-1", &Username::parse("Alice").unwrap()).unwrap();
+        let v = t.verify(&issued.token).unwrap();
+        assert_eq!(v.user_id, "id-1");
+        assert_eq!(v.username, "alice");
+        assert_eq!(v.expires_at, issued.expires_at);
+    }
+
+    #[test]
+    fn key_ring_parsing() {
+        assert!("".parse::<KeyRing>().is_err());
+        assert!("nokid".parse::<KeyRing>().unwrap_err().contains("KID:BASE64KEY"));
+        assert!("a:c2hvcnQ=".parse::<KeyRing>().unwrap_err().contains("at least 32 bytes"));
+        assert!("a:!!!".parse::<KeyRing>().unwrap_err().contains("base64"));
+        let dup = format!("{KEY_A},{KEY_A}");
+        assert!(dup.parse::<KeyRing>().unwrap_err().contains("twice"));
+        let ring: KeyRing = format!("{KEY_A}, b:{}", &KEY_A[2..]).parse().unwrap();
+        assert_eq!(ring.kids().collect::<Vec<_>>(), ["a", "b"]);
+        assert!(!format!("{ring:?}").contains(&KEY_A[2..]));
+    }
+
+    #[test]
+    fn garbage_is_malformed() {
+        let t = tokens(KEY_A);
+        for bad in ["", "a.b", "a.b.c.d", "!.!.!", "e30.e30.AA"] {
+            assert!(t.verify(bad).is_err(), "{bad:?}");
+        }
+    }
+}
