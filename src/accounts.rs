@@ -115,7 +115,9 @@ impl Accounts {
                 iterations = self.hasher.iterations(),
                 "password rehashed with the current parameters"
             ),
-            Err(e) => tracing::warn!(user_id, error = %e, "rehashing a password failed; will retry at the next login"),
+            Err(e) => {
+                tracing::warn!(user_id, error = %e, "rehashing a password failed; will retry at the next login")
+            }
         }
     }
 

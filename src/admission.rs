@@ -129,27 +129,24 @@ where
                 retry_after: Duration::from_millis(100),
             });
         };
-        let deadline = match grpc_timeout(req.headers()) {
-            Some(timeout) if timeout.is_zero() => return refuse(Error::DeadlineExceeded),
-            Some(timeout) => {
-                let deadline = arrived + timeout;
-                req.extensions_mut().insert(Deadline(deadline));
-                Some(deadline)
-            }
-            None => None,
-        };
+        let timeout = grpc_timeout(req.headers());
+        if timeout.is_some_and(|t| t.is_zero()) {
+            return refuse(Error::DeadlineExceeded);
+        }
+        let deadline = timeout.map(|timeout| {
+            let deadline = arrived + timeout;
+            req.extensions_mut().insert(Deadline(deadline));
+            // Answer a little before the deadline: the client's own timer started
+            // before ours (the request had to travel), and a client that times out by
+            // itself reports a bare CANCELLED or DEADLINE_EXCEEDED with no server status.
+            deadline - (timeout / 20).min(Duration::from_millis(20))
+        });
         Box::pin(async move {
             let _permit = permit;
-            let Some(deadline) = deadline else {
+            let Some(answer_by) = deadline else {
                 return inner.call(req).await;
             };
-            // tonic also enforces grpc-timeout, outside this layer, but answers
-            // CANCELLED; firing a millisecond earlier makes the client see the
-            // standard DEADLINE_EXCEEDED.
-            let at = deadline
-                .checked_sub(Duration::from_millis(1))
-                .unwrap_or(deadline);
-            match tokio::time::timeout_at(at.into(), inner.call(req)).await {
+            match tokio::time::timeout_at(answer_by.into(), inner.call(req)).await {
                 Ok(result) => result,
                 Err(_) => Ok(status(&Error::DeadlineExceeded).into_http()),
             }
@@ -184,6 +181,76 @@ mod tests {
         let mut h = http::HeaderMap::new();
         h.insert("grpc-timeout", v.parse().unwrap());
         grpc_timeout(&h)
+    }
+
+    use std::{convert::Infallible, sync::atomic::AtomicUsize};
+
+    /// An admission service around an inner service that counts its calls.
+    fn service(
+        state: Arc<Admission>,
+    ) -> (
+        impl Service<http::Request<()>, Response = http::Response<String>, Error = Infallible> + Clone,
+        Arc<AtomicUsize>,
+    ) {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let inner = tower::service_fn({
+            let calls = calls.clone();
+            move |_req: http::Request<()>| {
+                calls.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, Infallible>(http::Response::new(String::from("served"))) }
+            }
+        });
+        (AdmissionLayer::new(state).layer(inner), calls)
+    }
+
+    fn request(path: &str, timeout: Option<&str>) -> http::Request<()> {
+        let mut builder = http::Request::builder().uri(path);
+        if let Some(t) = timeout {
+            builder = builder.header("grpc-timeout", t);
+        }
+        builder.body(()).unwrap()
+    }
+
+    fn grpc_status(response: &http::Response<String>) -> Option<&str> {
+        response
+            .headers()
+            .get("grpc-status")
+            .map(|v| v.to_str().unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_deadline_already_passed_is_refused_without_calling_the_service() {
+        use tower::ServiceExt as _;
+        let (svc, calls) = service(Admission::new(10));
+        let response = svc
+            .oneshot(request("/auth.v1.AuthService/Login", Some("0n")))
+            .await
+            .unwrap();
+        assert_eq!(grpc_status(&response), Some("4")); // DEADLINE_EXCEEDED
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn draining_refuses_auth_calls_but_not_health() {
+        use tower::ServiceExt as _;
+        let state = Admission::new(10);
+        assert!(
+            state.drain(Duration::from_millis(10)).await,
+            "nothing in flight"
+        );
+        let (svc, calls) = service(state);
+        let refused = svc
+            .clone()
+            .oneshot(request("/auth.v1.AuthService/Register", None))
+            .await
+            .unwrap();
+        assert_eq!(grpc_status(&refused), Some("14")); // UNAVAILABLE
+        let health = svc
+            .oneshot(request("/grpc.health.v1.Health/Check", None))
+            .await
+            .unwrap();
+        assert_eq!(health.body(), "served");
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
 
     #[test]

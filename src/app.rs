@@ -154,6 +154,8 @@ impl Application {
             tonic_reflection::server::Builder::configure()
                 .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
                 .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+                // google.rpc error details, so clients can decode BadRequest and RetryInfo.
+                .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
         };
         // grpcurl 1.8 speaks only v1alpha; newer clients use v1.
         let reflection_v1 = reflection().build_v1()?;
@@ -194,7 +196,10 @@ impl Application {
             anyhow::bail!("the gRPC server stopped unexpectedly");
         }
 
-        tracing::info!(in_flight = admission.in_flight(), "shutting down: draining requests in flight");
+        tracing::info!(
+            in_flight = admission.in_flight(),
+            "shutting down: draining requests in flight"
+        );
         health::report(&reporter, false).await;
         checker.abort();
         if !admission.drain(config.drain_timeout).await {

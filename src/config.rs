@@ -34,11 +34,21 @@ pub enum Command {
 #[derive(Debug, Clone, Parser)]
 pub struct Config {
     /// Address the gRPC server listens on.
-    #[arg(long, env = "AUTHD_LISTEN", default_value = "0.0.0.0:50051", global = true)]
+    #[arg(
+        long,
+        env = "AUTHD_LISTEN",
+        default_value = "0.0.0.0:50051",
+        global = true
+    )]
     pub listen: SocketAddr,
 
     /// Database URL: sqlite://PATH (created if missing).
-    #[arg(long, env = "AUTHD_DATABASE_URL", default_value = "sqlite://authd.db", global = true)]
+    #[arg(
+        long,
+        env = "AUTHD_DATABASE_URL",
+        default_value = "sqlite://authd.db",
+        global = true
+    )]
     pub database_url: DatabaseUrl,
 
     /// Connections in the database read pool.
@@ -79,8 +89,13 @@ pub struct Config {
 
     /// Token keys, KID:BASE64KEY,… (each key at least 32 bytes); the first signs, all
     /// verify [default: a random key, with a warning].
-    #[arg(long, env = "AUTHD_TOKEN_KEYS", hide_env_values = true,
-          conflicts_with = "token_keys_file", global = true)]
+    #[arg(
+        long,
+        env = "AUTHD_TOKEN_KEYS",
+        hide_env_values = true,
+        conflicts_with = "token_keys_file",
+        global = true
+    )]
     pub token_keys: Option<KeyRing>,
 
     /// File holding the token keys in the AUTHD_TOKEN_KEYS format.
@@ -108,7 +123,13 @@ pub struct Config {
     pub log: String,
 
     /// Log format.
-    #[arg(long, env = "AUTHD_LOG_FORMAT", default_value = "text", value_enum, global = true)]
+    #[arg(
+        long,
+        env = "AUTHD_LOG_FORMAT",
+        default_value = "text",
+        value_enum,
+        global = true
+    )]
     pub log_format: LogFormat,
 }
 
@@ -211,9 +232,9 @@ impl FromStr for DatabaseUrl {
                 }
                 Ok(DatabaseUrl::Sqlite(PathBuf::from(path)))
             }
-            "postgres" | "postgresql" => {
-                Err("PostgreSQL is not supported by this version of authd; use sqlite://PATH".into())
-            }
+            "postgres" | "postgresql" => Err(
+                "PostgreSQL is not supported by this version of authd; use sqlite://PATH".into(),
+            ),
             other => Err(format!(
                 "unsupported database URL scheme {other:?} (expected sqlite://PATH)"
             )),
@@ -273,14 +294,22 @@ mod tests {
     #[test]
     fn database_urls() {
         assert_eq!(
-            "sqlite:///var/lib/authd/users.db".parse::<DatabaseUrl>().unwrap(),
+            "sqlite:///var/lib/authd/users.db"
+                .parse::<DatabaseUrl>()
+                .unwrap(),
             DatabaseUrl::Sqlite("/var/lib/authd/users.db".into())
         );
         assert_eq!(
             "sqlite:data.db".parse::<DatabaseUrl>().unwrap(),
             DatabaseUrl::Sqlite("data.db".into())
         );
-        for bad in ["authd.db", "sqlite://", "sqlite::memory:", "mysql://x/y", "sqlite://a.db?mode=ro"] {
+        for bad in [
+            "authd.db",
+            "sqlite://",
+            "sqlite::memory:",
+            "mysql://x/y",
+            "sqlite://a.db?mode=ro",
+        ] {
             assert!(bad.parse::<DatabaseUrl>().is_err(), "{bad:?}");
         }
     }
@@ -294,11 +323,27 @@ mod tests {
                 .map(|_| ())
                 .map_err(|e| e.to_string())
         };
-        assert!(parse(&["--pbkdf2-iterations", "999"]).unwrap_err().contains("999"));
-        assert!(parse(&["--token-keys", "k:c2hvcnQ="]).unwrap_err().contains("at least 32 bytes"));
+        assert!(
+            parse(&["--pbkdf2-iterations", "999"])
+                .unwrap_err()
+                .contains("999")
+        );
+        assert!(
+            parse(&["--token-keys", "k:c2hvcnQ="])
+                .unwrap_err()
+                .contains("at least 32 bytes")
+        );
         assert!(parse(&["--log-format", "xml"]).unwrap_err().contains("xml"));
-        assert!(parse(&["--database-url", "ftp://x"]).unwrap_err().contains("ftp"));
-        assert!(parse(&["--token-ttl", "0s"]).unwrap_err().contains("greater than zero"));
+        assert!(
+            parse(&["--database-url", "ftp://x"])
+                .unwrap_err()
+                .contains("ftp")
+        );
+        assert!(
+            parse(&["--token-ttl", "0s"])
+                .unwrap_err()
+                .contains("greater than zero")
+        );
         assert!(parse(&["--listen", "nowhere"]).is_err());
         assert!(parse(&["--pbkdf2-iterations", "1000", "migrate"]).is_ok());
     }

@@ -100,12 +100,23 @@ mod tests {
 
     #[test]
     fn usernames_are_lowercased() {
-        assert_eq!(Username::parse("Alice.B_2-x").unwrap().as_str(), "alice.b_2-x");
+        assert_eq!(
+            Username::parse("Alice.B_2-x").unwrap().as_str(),
+            "alice.b_2-x"
+        );
     }
 
     #[test]
     fn usernames_outside_the_rules_are_refused() {
-        for bad in ["", "ab", &"a".repeat(65), "al ice", "alice!", "ålice", "a\0b"] {
+        for bad in [
+            "",
+            "ab",
+            &"a".repeat(65),
+            "al ice",
+            "alice!",
+            "ålice",
+            "a\0b",
+        ] {
             assert!(Username::parse(bad).is_err(), "{bad:?} should be refused");
         }
         assert!(Username::parse("abc").is_ok());

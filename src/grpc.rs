@@ -37,7 +37,9 @@ pub fn status(err: &Error) -> Status {
             Status::with_error_details(Code::InvalidArgument, err.to_string(), details)
         }
         Error::AlreadyExists => Status::already_exists(err.to_string()),
-        Error::InvalidCredentials | Error::InvalidToken(_) => Status::unauthenticated(err.to_string()),
+        Error::InvalidCredentials | Error::InvalidToken(_) => {
+            Status::unauthenticated(err.to_string())
+        }
         Error::Overloaded { retry_after, .. } => {
             let mut status = Status::with_error_details(
                 Code::ResourceExhausted,
@@ -103,7 +105,12 @@ async fn respond<T>(
     let elapsed: Duration = started.elapsed();
     match result {
         Ok(body) => {
-            tracing::debug!(method, code = "OK", latency_ms = elapsed.as_secs_f64() * 1e3, "request served");
+            tracing::debug!(
+                method,
+                code = "OK",
+                latency_ms = elapsed.as_secs_f64() * 1e3,
+                "request served"
+            );
             Ok(Response::new(body))
         }
         Err(err) => {
@@ -112,9 +119,17 @@ async fn respond<T>(
             let latency_ms = elapsed.as_secs_f64() * 1e3;
             match &err {
                 Error::Internal(cause) => {
-                    tracing::error!(method, code, latency_ms, error = format!("{cause:#}"), "request failed")
+                    tracing::error!(
+                        method,
+                        code,
+                        latency_ms,
+                        error = format!("{cause:#}"),
+                        "request failed"
+                    )
                 }
-                Error::Unavailable(_) => tracing::warn!(method, code, latency_ms, error = %err, "request failed"),
+                Error::Unavailable(_) => {
+                    tracing::warn!(method, code, latency_ms, error = %err, "request failed")
+                }
                 _ => tracing::debug!(method, code, latency_ms, error = %err, "request refused"),
             }
             Err(status)
@@ -138,7 +153,10 @@ impl AuthService for AuthApi {
         .await
     }
 
-    async fn login(&self, request: Request<LoginRequest>) -> Result<Response<LoginResponse>, Status> {
+    async fn login(
+        &self,
+        request: Request<LoginRequest>,
+    ) -> Result<Response<LoginResponse>, Status> {
         let deadline = deadline(&request);
         let req = request.into_inner();
         respond("Login", async {

@@ -48,7 +48,9 @@ pub fn spawn_checker(
             let result = probe(&store, interval.min(Duration::from_secs(2))).await;
             match (&result, serving) {
                 (Ok(()), false) => tracing::info!("the database answers again: SERVING"),
-                (Err(why), true) => tracing::error!(error = %why, "the database does not answer: NOT_SERVING"),
+                (Err(why), true) => {
+                    tracing::error!(error = %why, "the database does not answer: NOT_SERVING")
+                }
                 _ => {}
             }
             if result.is_ok() != serving {

@@ -36,6 +36,7 @@ pub struct PoolStats {
     rejected_full: AtomicU64,
     dropped_expired: AtomicU64,
     dropped_cancelled: AtomicU64,
+    running: AtomicU64,
     /// Exponentially weighted mean of a job's run time, in nanoseconds.
     mean_run_nanos: AtomicU64,
 }
@@ -51,6 +52,8 @@ pub struct PoolSnapshot {
     pub dropped_expired: u64,
     /// Jobs dropped unrun because their caller had gone away.
     pub dropped_cancelled: u64,
+    /// Jobs running on a thread right now.
+    pub running: u64,
 }
 
 impl PoolStats {
@@ -60,6 +63,7 @@ impl PoolStats {
             rejected_full: self.rejected_full.load(Ordering::Relaxed),
             dropped_expired: self.dropped_expired.load(Ordering::Relaxed),
             dropped_cancelled: self.dropped_cancelled.load(Ordering::Relaxed),
+            running: self.running.load(Ordering::Relaxed),
         }
     }
 
@@ -68,7 +72,11 @@ impl PoolStats {
         let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
         let old = self.mean_run_nanos.load(Ordering::Relaxed);
         // A racy read-modify-write is fine: this is an estimate for retry hints.
-        let new = if old == 0 { nanos } else { old - old / 8 + nanos / 8 };
+        let new = if old == 0 {
+            nanos
+        } else {
+            old - old / 8 + nanos / 8
+        };
         self.mean_run_nanos.store(new, Ordering::Relaxed);
     }
 }
@@ -97,11 +105,14 @@ impl From<PoolError> for Error {
     }
 }
 
+/// A queued job's body: runs the work, or (with `true`) reports that the deadline passed.
+type Task = Box<dyn FnOnce(bool, &PoolStats) + Send>;
+
 struct Job {
     deadline: Option<Instant>,
-    /// Runs the work, or (with `true`) reports that the deadline passed. It counts
-    /// what it did in the stats before answering, so a caller sees its own job counted.
-    task: Box<dyn FnOnce(bool, &PoolStats) + Send>,
+    /// Counts what it did in the stats before answering, so a caller sees its own
+    /// job counted.
+    task: Task,
 }
 
 /// A fixed set of threads behind a bounded queue. Cloning shares the pool; the
@@ -172,9 +183,11 @@ impl HashPool {
                 let _ = reply.send(Err(PoolError::Expired));
                 return;
             }
+            stats.running.fetch_add(1, Ordering::Relaxed);
             let start = Instant::now();
             let value = work();
             stats.record_run(start.elapsed());
+            stats.running.fetch_sub(1, Ordering::Relaxed);
             let _ = reply.send(Ok(value));
         });
         match self.queue.try_send(Job { deadline, task }) {
@@ -236,7 +249,11 @@ impl Hasher {
     }
 
     /// Hashes a password into a PHC string with a fresh random salt.
-    pub async fn hash(&self, password: Password, deadline: Option<Instant>) -> Result<String, Error> {
+    pub async fn hash(
+        &self,
+        password: Password,
+        deadline: Option<Instant>,
+    ) -> Result<String, Error> {
         let params = self.params;
         self.pool
             .run(deadline, move || hash_now(&password, params))
@@ -314,7 +331,9 @@ fn dummy_hash(params: Params) -> anyhow::Result<String> {
     };
     let phc = hash.to_string();
     // Make sure the verifier accepts it as a hash of the current cost.
-    let parsed: PasswordHash = phc.parse().map_err(|e| anyhow::anyhow!("dummy hash: {e}"))?;
+    let parsed: PasswordHash = phc
+        .parse()
+        .map_err(|e| anyhow::anyhow!("dummy hash: {e}"))?;
     Params::try_from(&parsed)
         .map_err(|e| anyhow::anyhow!("dummy hash parameters: {e}"))
         .context("building the dummy hash")?;
@@ -334,9 +353,21 @@ mod tests {
         let hasher = Hasher::new(1000, HashPool::new(1, 4).unwrap()).unwrap();
         let phc = hasher.hash(pw("correct horse"), None).await.unwrap();
         assert!(phc.starts_with("$pbkdf2-sha256$i=1000,l=32$"), "{phc}");
-        let ok = hasher.verify(pw("correct horse"), Some(phc.clone()), None).await.unwrap();
-        assert_eq!(ok, Verification { matches: true, needs_rehash: false });
-        let bad = hasher.verify(pw("wrong horse"), Some(phc), None).await.unwrap();
+        let ok = hasher
+            .verify(pw("correct horse"), Some(phc.clone()), None)
+            .await
+            .unwrap();
+        assert_eq!(
+            ok,
+            Verification {
+                matches: true,
+                needs_rehash: false
+            }
+        );
+        let bad = hasher
+            .verify(pw("wrong horse"), Some(phc), None)
+            .await
+            .unwrap();
         assert!(!bad.matches);
     }
 
@@ -344,8 +375,17 @@ mod tests {
     async fn unknown_users_never_match() {
         let hasher = Hasher::new(1000, HashPool::new(1, 4).unwrap()).unwrap();
         assert!(hasher.dummy.starts_with("$pbkdf2-sha256$i=1000,l=32$"));
-        let v = hasher.verify(pw("anything at all"), None, None).await.unwrap();
-        assert_eq!(v, Verification { matches: false, needs_rehash: false });
+        let v = hasher
+            .verify(pw("anything at all"), None, None)
+            .await
+            .unwrap();
+        assert_eq!(
+            v,
+            Verification {
+                matches: false,
+                needs_rehash: false
+            }
+        );
     }
 
     #[tokio::test]
@@ -353,8 +393,17 @@ mod tests {
         let old = Hasher::new(1000, HashPool::new(1, 4).unwrap()).unwrap();
         let new = Hasher::new(2000, HashPool::new(1, 4).unwrap()).unwrap();
         let phc = old.hash(pw("correct horse"), None).await.unwrap();
-        let v = new.verify(pw("correct horse"), Some(phc), None).await.unwrap();
-        assert_eq!(v, Verification { matches: true, needs_rehash: true });
+        let v = new
+            .verify(pw("correct horse"), Some(phc), None)
+            .await
+            .unwrap();
+        assert_eq!(
+            v,
+            Verification {
+                matches: true,
+                needs_rehash: true
+            }
+        );
     }
 
     #[tokio::test]
@@ -383,7 +432,9 @@ mod tests {
                 .await
             }
         });
-        tokio::task::spawn_blocking(move || started_rx.recv().unwrap()).await.unwrap();
+        tokio::task::spawn_blocking(move || started_rx.recv().unwrap())
+            .await
+            .unwrap();
         // The thread is busy; one job fits in the queue, the next is refused.
         let queued = tokio::spawn({
             let pool = pool.clone();
@@ -393,7 +444,10 @@ mod tests {
             tokio::task::yield_now().await;
         }
         let refused = pool.run(None, || 2).await;
-        assert!(matches!(refused, Err(PoolError::Full { .. })), "{refused:?}");
+        assert!(
+            matches!(refused, Err(PoolError::Full { .. })),
+            "{refused:?}"
+        );
         release_tx.send(()).unwrap();
         busy.await.unwrap().unwrap();
         assert_eq!(queued.await.unwrap().unwrap(), 1);

@@ -270,7 +270,8 @@ impl Tokens {
 
 fn mac(secret: &[u8], data: &[u8]) -> HmacSha256 {
     // HMAC takes keys of any length, so this cannot fail.
-    let mut mac = <HmacSha256 as KeyInit>::new_from_slice(secret).expect("HMAC accepts any key length");
+    let mut mac =
+        <HmacSha256 as KeyInit>::new_from_slice(secret).expect("HMAC accepts any key length");
     mac.update(data);
     mac
 }
@@ -312,14 +313,49 @@ mod tests {
     #[test]
     fn key_ring_parsing() {
         assert!("".parse::<KeyRing>().is_err());
-        assert!("nokid".parse::<KeyRing>().unwrap_err().contains("KID:BASE64KEY"));
-        assert!("a:c2hvcnQ=".parse::<KeyRing>().unwrap_err().contains("at least 32 bytes"));
+        assert!(
+            "nokid"
+                .parse::<KeyRing>()
+                .unwrap_err()
+                .contains("KID:BASE64KEY")
+        );
+        assert!(
+            "a:c2hvcnQ="
+                .parse::<KeyRing>()
+                .unwrap_err()
+                .contains("at least 32 bytes")
+        );
         assert!("a:!!!".parse::<KeyRing>().unwrap_err().contains("base64"));
         let dup = format!("{KEY_A},{KEY_A}");
         assert!(dup.parse::<KeyRing>().unwrap_err().contains("twice"));
         let ring: KeyRing = format!("{KEY_A}, b:{}", &KEY_A[2..]).parse().unwrap();
         assert_eq!(ring.kids().collect::<Vec<_>>(), ["a", "b"]);
         assert!(!format!("{ring:?}").contains(&KEY_A[2..]));
+    }
+
+    #[test]
+    fn random_input_never_panics_and_never_verifies() {
+        let t = tokens(KEY_A);
+        let genuine = t.issue("id", &Username::parse("alice").unwrap()).unwrap().token;
+        let alphabet = b"AZaz09-_.=+/ \0\xff{}\":,";
+        for round in 0..20_000 {
+            let len = rand::random_range(0..200);
+            let mut bytes: Vec<u8> = (0..len)
+                .map(|_| alphabet[rand::random_range(0..alphabet.len())])
+                .collect();
+            if round % 2 == 0 {
+                // Mutations of a genuine token: one byte changed.
+                bytes = genuine.clone().into_bytes();
+                let i = rand::random_range(0..bytes.len());
+                let replacement = alphabet[rand::random_range(0..alphabet.len())];
+                if bytes[i] == replacement {
+                    continue;
+                }
+                bytes[i] = replacement;
+            }
+            let input = String::from_utf8_lossy(&bytes);
+            assert!(t.verify(&input).is_err(), "{input:?} verified");
+        }
     }
 
     #[test]

@@ -92,9 +92,10 @@ fn connect_options(settings: &SqliteSettings) -> SqliteConnectOptions {
 }
 
 async fn open_writer(settings: &SqliteSettings) -> anyhow::Result<SqliteConnection> {
-    let mut conn = SqliteConnection::connect_with(&connect_options(settings).create_if_missing(true))
-        .await
-        .with_context(|| format!("opening SQLite database {}", settings.path.display()))?;
+    let mut conn =
+        SqliteConnection::connect_with(&connect_options(settings).create_if_missing(true))
+            .await
+            .with_context(|| format!("opening SQLite database {}", settings.path.display()))?;
     sqlx::migrate!("migrations/sqlite")
         .run(&mut conn)
         .await
@@ -121,7 +122,12 @@ impl SqliteStore {
             .with_context(|| format!("opening SQLite readers on {}", settings.path.display()))?;
         let (tx, rx) = mpsc::channel(4096);
         let stats = Arc::new(WriterStats::default());
-        let task = tokio::spawn(run_writer(conn, rx, settings.max_batch.max(1), stats.clone()));
+        let task = tokio::spawn(run_writer(
+            conn,
+            rx,
+            settings.max_batch.max(1),
+            stats.clone(),
+        ));
         Ok(Self {
             readers,
             writer: tx,
@@ -143,7 +149,11 @@ impl SqliteStore {
         self.write(Write::Insert(user)).await
     }
 
-    pub(crate) async fn update_password_hash(&self, id: &str, hash: String) -> Result<(), StoreError> {
+    pub(crate) async fn update_password_hash(
+        &self,
+        id: &str,
+        hash: String,
+    ) -> Result<(), StoreError> {
         self.write(Write::UpdateHash {
             id: id.to_owned(),
             hash,
@@ -278,7 +288,9 @@ async fn commit(conn: &mut SqliteConnection, batch: &mut Vec<Pending>, stats: &W
             for (_, reply) in batch.drain(..) {
                 let err = match &why {
                     Some(why) => StoreError::Unavailable(why.clone()),
-                    None => StoreError::Other(anyhow::anyhow!("an SQLite write transaction failed")),
+                    None => {
+                        StoreError::Other(anyhow::anyhow!("an SQLite write transaction failed"))
+                    }
                 };
                 let _ = reply.send(Err(err));
             }
@@ -330,4 +342,81 @@ async fn apply(
     }
     sqlx::query("COMMIT").execute(&mut *conn).await?;
     Ok(outcomes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::future::join_all;
+
+    async fn open(dir: &tempfile::TempDir) -> SqliteStore {
+        SqliteStore::open(SqliteSettings {
+            path: dir.path().join("t.db"),
+            readers: 2,
+            acquire_timeout: Duration::from_secs(5),
+            max_batch: 64,
+        })
+        .await
+        .unwrap()
+    }
+
+    fn user(i: usize, name: &str) -> NewUser {
+        NewUser {
+            id: format!("id-{i}"),
+            username: Username::parse(name).unwrap(),
+            password_hash: format!("hash-{i}"),
+        }
+    }
+
+    // On a current-thread runtime every insert is queued before the writer runs,
+    // so they all land in one batch.
+    #[tokio::test(flavor = "current_thread")]
+    async fn duplicates_within_one_batch_have_exactly_one_winner() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(&dir).await;
+        let results = join_all((0..10).map(|i| store.insert_user(user(i, "Same")))).await;
+        let winners = results.iter().filter(|r| r.is_ok()).count();
+        let duplicates = results
+            .iter()
+            .filter(|r| matches!(r, Err(StoreError::Duplicate)))
+            .count();
+        assert_eq!((winners, duplicates), (1, 9), "{results:?}");
+        let stats = store.writer_stats();
+        assert_eq!(stats.transactions, 1);
+        assert_eq!(stats.largest_batch, 10);
+        let found = store
+            .find_user(&Username::parse("SAME").unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        let winner = results.iter().position(|r| r.is_ok()).unwrap();
+        assert_eq!(found.id, format!("id-{winner}"));
+        store.close().await;
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_batch_commits_many_writes_in_one_transaction() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(&dir).await;
+        let results =
+            join_all((0..100).map(|i| store.insert_user(user(i, &format!("user{i}"))))).await;
+        assert!(results.iter().all(Result::is_ok));
+        let stats = store.writer_stats();
+        assert_eq!(stats.writes, 100);
+        // At most 64 per batch: two transactions.
+        assert_eq!(stats.transactions, 2);
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn writes_after_close_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(&dir).await;
+        store.insert_user(user(1, "before")).await.unwrap();
+        store.close().await;
+        assert!(matches!(
+            store.insert_user(user(2, "after")).await,
+            Err(StoreError::Unavailable(_))
+        ));
+    }
 }

@@ -1,0 +1,272 @@
+//! The `authd` binary itself: `--help`, refusing bad configuration with one line,
+//! `authd migrate`, and a SIGTERM that drains and exits 0 without logging secrets.
+
+use crate::helpers::{TEST_KEY, TEST_KID, key_spec, login, register};
+use authd::pb::auth_service_client::AuthServiceClient;
+use std::{
+    io::{BufRead, BufReader},
+    process::{Command, Stdio},
+    sync::mpsc,
+    time::Duration,
+};
+
+fn authd() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_authd"));
+    // Only what a test sets: nothing from the environment running the tests.
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("AUTHD_") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd
+}
+
+#[test]
+fn help_documents_every_option_with_its_variable_and_default() {
+    let out = authd().arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout).unwrap();
+    for var in [
+        "AUTHD_LISTEN",
+        "AUTHD_DATABASE_URL",
+        "AUTHD_DB_MAX_CONNECTIONS",
+        "AUTHD_DB_ACQUIRE_TIMEOUT",
+        "AUTHD_SQLITE_MAX_BATCH",
+        "AUTHD_PBKDF2_ITERATIONS",
+        "AUTHD_HASH_THREADS",
+        "AUTHD_HASH_QUEUE",
+        "AUTHD_MAX_IN_FLIGHT",
+        "AUTHD_TOKEN_KEYS",
+        "AUTHD_TOKEN_KEYS_FILE",
+        "AUTHD_TOKEN_TTL",
+        "AUTHD_HEALTH_INTERVAL",
+        "AUTHD_DRAIN_TIMEOUT",
+        "AUTHD_LOG",
+        "AUTHD_LOG_FORMAT",
+    ] {
+        assert!(
+            help.contains(&format!("env: {var}")),
+            "--help lacks {var}:\n{help}"
+        );
+    }
+    for default in ["0.0.0.0:50051", "sqlite://authd.db", "600000", "1h", "text"] {
+        assert!(
+            help.contains(&format!("[default: {default}]")),
+            "--help lacks default {default}"
+        );
+    }
+    assert!(help.contains("migrate"));
+}
+
+#[test]
+fn bad_configuration_stops_the_start_with_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&[&str], &str); 5] = [
+        (&["--pbkdf2-iterations", "999"], "--pbkdf2-iterations"),
+        (&["--token-keys", "k:c2hvcnQ="], "at least 32 bytes"),
+        (&["--log-format", "xml"], "--log-format"),
+        (
+            &["--database-url", "ftp://somewhere"],
+            "unsupported database URL scheme",
+        ),
+        (&["--token-ttl", "soon"], "--token-ttl"),
+    ];
+    for (args, expected) in cases {
+        let out = authd().args(args).current_dir(dir.path()).output().unwrap();
+        assert!(!out.status.success(), "{args:?} was accepted");
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        let first = stderr.lines().next().unwrap_or_default();
+        assert!(first.starts_with("error:"), "{args:?}: {stderr}");
+        assert!(first.contains(expected), "{args:?}: {first}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+
+    // A problem found at start, not by the parser: also one line, exit 1.
+    let out = authd()
+        .args([
+            "--database-url",
+            "sqlite:///nonexistent-dir/x/authd.db",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .env("AUTHD_TOKEN_KEYS", key_spec(TEST_KID, TEST_KEY))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("authd: error: opening SQLite database"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[tokio::test]
+async fn migrate_creates_the_schema_and_exits() {
+    use sqlx::{Connection, SqliteConnection, sqlite::SqliteConnectOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("m.db");
+    let out = authd()
+        .args([
+            "migrate",
+            "--database-url",
+            &format!("sqlite://{}", db.display()),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut conn = SqliteConnection::connect_with(&SqliteConnectOptions::new().filename(&db))
+        .await
+        .expect("migrate created the database file");
+    let users: i64 = sqlx::query_scalar("SELECT count(*) FROM users")
+        .fetch_one(&mut conn)
+        .await
+        .expect("the users table exists");
+    assert_eq!(users, 0);
+}
+
+/// A running `authd` binary with its stderr lines.
+struct Running {
+    child: std::process::Child,
+    lines: mpsc::Receiver<String>,
+    /// Lines read so far.
+    log: Vec<String>,
+    addr: String,
+}
+
+/// Starts the binary on 127.0.0.1:0 with JSON logs and waits until it serves.
+fn spawn_authd(dir: &std::path::Path, envs: &[(&str, String)]) -> Running {
+    let mut child = authd()
+        .env("AUTHD_LISTEN", "127.0.0.1:0")
+        .env(
+            "AUTHD_DATABASE_URL",
+            format!("sqlite://{}", dir.join("s.db").display()),
+        )
+        .env("AUTHD_PBKDF2_ITERATIONS", "1000")
+        .env("AUTHD_LOG_FORMAT", "json")
+        .envs(envs.iter().map(|(k, v)| (k, v)))
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (lines_tx, lines) = mpsc::channel::<String>();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = lines_tx.send(line);
+        }
+    });
+    let mut log = Vec::new();
+    let addr = loop {
+        let line = lines
+            .recv_timeout(Duration::from_secs(30))
+            .expect("authd logs that it is serving");
+        let event: serde_json::Value = serde_json::from_str(&line).expect("JSON log lines");
+        log.push(line);
+        if event["message"] == "authd is serving" {
+            break event["listen"].as_str().unwrap().to_owned();
+        }
+    };
+    Running {
+        child,
+        lines,
+        log,
+        addr,
+    }
+}
+
+impl Running {
+    /// Sends SIGTERM and waits for the exit; returns the whole log.
+    async fn terminate(mut self) -> (std::process::ExitStatus, Vec<String>) {
+        let killed = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let mut child = self.child;
+        let status = tokio::task::spawn_blocking(move || child.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        // The reader thread ends at EOF, after the exit.
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
+            self.log.push(line);
+        }
+        (status, self.log)
+    }
+}
+
+#[tokio::test]
+async fn without_configured_keys_a_random_key_is_used_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = spawn_authd(dir.path(), &[]);
+    let mut client = AuthServiceClient::connect(format!("http://{}", running.addr))
+        .await
+        .unwrap();
+    register(&mut client, "walter", "a fine password")
+        .await
+        .unwrap();
+    let token = login(&mut client, "walter", "a fine password")
+        .await
+        .unwrap()
+        .access_token;
+    let header = jsonwebtoken::decode_header(&token).unwrap();
+    assert!(header.kid.unwrap().starts_with("ephemeral-"));
+    let (status, log) = running.terminate().await;
+    assert!(status.success());
+    let warning = log
+        .iter()
+        .find(|l| l.contains("no token keys configured"))
+        .expect("a warning about the random key");
+    let event: serde_json::Value = serde_json::from_str(warning).unwrap();
+    assert_eq!(event["level"], "WARN");
+}
+
+#[tokio::test]
+async fn sigterm_drains_and_exits_zero_without_logging_secrets() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = spawn_authd(
+        dir.path(),
+        &[
+            ("AUTHD_TOKEN_KEYS", key_spec(TEST_KID, TEST_KEY)),
+            ("AUTHD_LOG", "debug".into()),
+        ],
+    );
+    let mut client = AuthServiceClient::connect(format!("http://{}", running.addr))
+        .await
+        .unwrap();
+    let password = "sup3r-secret-passw0rd";
+    register(&mut client, "oscar", password).await.unwrap();
+    let token = login(&mut client, "oscar", password)
+        .await
+        .unwrap()
+        .access_token;
+    assert!(
+        login(&mut client, "oscar", "wrong-passw0rd-guess")
+            .await
+            .is_err()
+    );
+
+    let (status, log) = running.terminate().await;
+    assert!(status.success(), "authd exited with {status}");
+    let all = log.join("\n");
+    for line in &log {
+        serde_json::from_str::<serde_json::Value>(line).expect("every log line is JSON");
+    }
+    assert!(all.contains("SIGTERM received"), "{all}");
+    assert!(all.contains("authd stopped"), "{all}");
+    let key = key_spec(TEST_KID, TEST_KEY);
+    for secret in [
+        password,
+        "wrong-passw0rd-guess",
+        token.as_str(),
+        &key[TEST_KID.len() + 1..],
+    ] {
+        assert!(!all.contains(secret), "a secret was logged:\n{all}");
+    }
+}

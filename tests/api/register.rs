@@ -1,0 +1,60 @@
+//! Registration under concurrency: uniqueness, group commit, and the results.
+
+use crate::helpers::{login, register, spawn_app_with};
+use futures::future::join_all;
+use tonic::Code;
+
+#[tokio::test]
+async fn concurrent_registrations_of_one_name_have_exactly_one_winner() {
+    let app = spawn_app_with(|c| c.hash_queue = Some(100)).await;
+    let attempts = (0..50).map(|i| {
+        let mut client = app.client.clone();
+        async move { register(&mut client, "Popular", &format!("password number {i}")).await }
+    });
+    let results = join_all(attempts).await;
+    let ok = results.iter().filter(|r| r.is_ok()).count();
+    let taken = results
+        .iter()
+        .filter(|r| matches!(r, Err(s) if s.code() == Code::AlreadyExists))
+        .count();
+    assert_eq!((ok, taken), (1, 49), "{results:?}");
+}
+
+#[tokio::test]
+async fn many_concurrent_registrations_all_commit_in_fewer_transactions() {
+    let app = spawn_app_with(|c| c.hash_queue = Some(1000)).await;
+    let before = app.handle.writer_stats().unwrap();
+    let n = 500;
+    let results = join_all((0..n).map(|i| {
+        let mut client = app.client.clone();
+        async move { register(&mut client, &format!("user-{i}"), "a fine password").await }
+    }))
+    .await;
+    let ids: std::collections::HashSet<_> = results
+        .into_iter()
+        .map(|r| r.expect("every registration succeeds"))
+        .collect();
+    assert_eq!(ids.len(), n, "every user gets a distinct id");
+    for id in &ids {
+        let uuid = uuid::Uuid::parse_str(id).expect("a UUID");
+        assert_eq!(uuid.get_version_num(), 7, "{id}");
+    }
+
+    let after = app.handle.writer_stats().unwrap();
+    let writes = after.writes - before.writes;
+    let transactions = after.transactions - before.transactions;
+    assert_eq!(writes, n as u64);
+    assert!(
+        transactions < writes,
+        "{writes} registrations took {transactions} transactions: no group commit"
+    );
+
+    let logins = join_all((0..n).map(|i| {
+        let mut client = app.client.clone();
+        async move { login(&mut client, &format!("USER-{i}"), "a fine password").await }
+    }))
+    .await;
+    for (i, result) in logins.into_iter().enumerate() {
+        assert!(result.is_ok(), "user-{i} cannot log in: {result:?}");
+    }
+}

@@ -1,0 +1,214 @@
+//! Tokens are standard JWTs: an independent library (jsonwebtoken) verifies what
+//! authd issues, and authd refuses everything that is not a valid token of its own.
+
+use crate::helpers::{TEST_KEY, TEST_KID, expect_code, key_spec, spawn_app, spawn_app_with};
+use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD};
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use serde::{Deserialize, Serialize};
+use std::time::{SystemTime, UNIX_EPOCH};
+use tonic::Code;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Claims {
+    sub: String,
+    name: String,
+    iat: u64,
+    exp: u64,
+    iss: String,
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+fn validation() -> Validation {
+    let mut v = Validation::new(Algorithm::HS256);
+    v.set_issuer(&["authd"]);
+    v.set_required_spec_claims(&["exp", "iss", "sub"]);
+    v.leeway = 0;
+    v
+}
+
+fn sign(claims: &Claims, kid: Option<&str>, key: &[u8]) -> String {
+    let mut header = Header::new(Algorithm::HS256);
+    header.kid = kid.map(str::to_owned);
+    jsonwebtoken::encode(&header, claims, &EncodingKey::from_secret(key)).unwrap()
+}
+
+#[tokio::test]
+async fn issued_tokens_verify_with_an_independent_jwt_library() {
+    let mut app = spawn_app().await;
+    let user_id = app.register("Frank", "a fine password").await.unwrap();
+    let session = app.login("frank", "a fine password").await.unwrap();
+    assert_eq!(session.token_type, "Bearer");
+    assert_eq!(session.user_id, user_id);
+
+    let decoded = jsonwebtoken::decode::<Claims>(
+        &session.access_token,
+        &DecodingKey::from_secret(TEST_KEY),
+        &validation(),
+    )
+    .expect("jsonwebtoken accepts authd's token");
+    assert_eq!(decoded.header.alg, Algorithm::HS256);
+    assert_eq!(decoded.header.kid.as_deref(), Some(TEST_KID));
+    assert_eq!(decoded.header.typ.as_deref(), Some("JWT"));
+    assert_eq!(decoded.claims.sub, user_id);
+    assert_eq!(decoded.claims.name, "frank");
+    assert_eq!(decoded.claims.iss, "authd");
+    assert_eq!(
+        decoded.claims.exp - decoded.claims.iat,
+        3600,
+        "the default lifetime is 1h"
+    );
+    let expires_at = session.expires_at.expect("expires_at is set");
+    assert_eq!(expires_at.seconds as u64, decoded.claims.exp);
+
+    let validated = app.validate(&session.access_token).await.unwrap();
+    assert_eq!(validated.user_id, user_id);
+    assert_eq!(validated.username, "frank");
+    assert_eq!(validated.expires_at, Some(expires_at));
+}
+
+#[tokio::test]
+async fn tokens_from_an_independent_library_with_the_shared_key_validate() {
+    let mut app = spawn_app().await;
+    let claims = Claims {
+        sub: "some-user-id".into(),
+        name: "grace".into(),
+        iat: now(),
+        exp: now() + 600,
+        iss: "authd".into(),
+    };
+    let token = sign(&claims, Some(TEST_KID), TEST_KEY);
+    let validated = app.validate(&token).await.unwrap();
+    assert_eq!(validated.user_id, "some-user-id");
+    assert_eq!(validated.username, "grace");
+}
+
+#[tokio::test]
+async fn forged_expired_and_foreign_tokens_are_unauthenticated() {
+    let mut app = spawn_app().await;
+    app.register("heidi", "a fine password").await.unwrap();
+    let token = app
+        .login("heidi", "a fine password")
+        .await
+        .unwrap()
+        .access_token;
+    let parts: Vec<&str> = token.split('.').collect();
+
+    // Tampered payload: another subject, the original signature.
+    let mut claims: serde_json::Value =
+        serde_json::from_slice(&URL_SAFE_NO_PAD.decode(parts[1]).unwrap()).unwrap();
+    claims["sub"] = "someone-else".into();
+    let forged_payload = format!(
+        "{}.{}.{}",
+        parts[0],
+        URL_SAFE_NO_PAD.encode(serde_json::to_vec(&claims).unwrap()),
+        parts[2]
+    );
+    // Tampered signature: one bit flipped.
+    let mut signature = URL_SAFE_NO_PAD.decode(parts[2]).unwrap();
+    signature[0] ^= 1;
+    let forged_signature = format!(
+        "{}.{}.{}",
+        parts[0],
+        parts[1],
+        URL_SAFE_NO_PAD.encode(signature)
+    );
+    // alg "none", no signature.
+    let none_header = URL_SAFE_NO_PAD.encode(br#"{"alg":"none","typ":"JWT","kid":"test"}"#);
+    let alg_none = format!("{none_header}.{}.", parts[1]);
+    // HS512 with the right key: only HS256 is accepted.
+    let mut hs512 = Header::new(Algorithm::HS512);
+    hs512.kid = Some(TEST_KID.into());
+    let valid_claims = Claims {
+        sub: "x".into(),
+        name: "heidi".into(),
+        iat: now(),
+        exp: now() + 600,
+        iss: "authd".into(),
+    };
+    let wrong_alg =
+        jsonwebtoken::encode(&hs512, &valid_claims, &EncodingKey::from_secret(TEST_KEY)).unwrap();
+    // The right key under a kid authd does not know; a known kid with another key.
+    let unknown_kid = sign(&valid_claims, Some("retired"), TEST_KEY);
+    let no_kid = sign(&valid_claims, None, TEST_KEY);
+    let wrong_key = sign(
+        &valid_claims,
+        Some(TEST_KID),
+        b"another key, 32 bytes long......",
+    );
+    // Expired, otherwise perfect.
+    let expired = sign(
+        &Claims {
+            iat: now() - 7200,
+            exp: now() - 3600,
+            ..valid_claims
+        },
+        Some(TEST_KID),
+        TEST_KEY,
+    );
+
+    for (what, bad) in [
+        ("tampered payload", forged_payload.as_str()),
+        ("tampered signature", &forged_signature),
+        ("alg none", &alg_none),
+        ("alg HS512", &wrong_alg),
+        ("unknown kid", &unknown_kid),
+        ("no kid", &no_kid),
+        ("wrong key", &wrong_key),
+        ("expired", &expired),
+        ("garbage", "not.a.token"),
+        ("two parts", "abc.def"),
+    ] {
+        let status = expect_code(app.validate(bad).await, Code::Unauthenticated);
+        assert!(
+            status.message().starts_with("invalid token"),
+            "{what}: {status:?}"
+        );
+    }
+    // The genuine token still passes.
+    app.validate(&token).await.unwrap();
+}
+
+#[tokio::test]
+async fn tokens_signed_by_a_rotated_out_key_still_verify_while_it_is_listed() {
+    let old_key = b"the old key, thirty-two bytes ok";
+    let new_key = b"the new key, thirty-two bytes ok";
+    let mut before =
+        spawn_app_with(|c| c.token_keys = Some(key_spec("old", old_key).parse().unwrap())).await;
+    before.register("ivan", "a fine password").await.unwrap();
+    let old_token = before
+        .login("ivan", "a fine password")
+        .await
+        .unwrap()
+        .access_token;
+
+    // The next deployment signs with "new" and still lists "old".
+    let ring = format!("{},{}", key_spec("new", new_key), key_spec("old", old_key));
+    let dir = before.dir.clone();
+    before.stop().await.unwrap();
+    let mut after =
+        crate::helpers::spawn_app_in(dir, |c| c.token_keys = Some(ring.parse().unwrap())).await;
+    assert_eq!(after.validate(&old_token).await.unwrap().username, "ivan");
+    let new_token = after
+        .login("ivan", "a fine password")
+        .await
+        .unwrap()
+        .access_token;
+    let header = jsonwebtoken::decode_header(&new_token).unwrap();
+    assert_eq!(header.kid.as_deref(), Some("new"));
+
+    // Once "old" is dropped from the ring, its tokens stop verifying.
+    let dir = after.dir.clone();
+    after.stop().await.unwrap();
+    let mut last = crate::helpers::spawn_app_in(dir, |c| {
+        c.token_keys = Some(key_spec("new", new_key).parse().unwrap())
+    })
+    .await;
+    expect_code(last.validate(&old_token).await, Code::Unauthenticated);
+    last.validate(&new_token).await.unwrap();
+}
