@@ -249,3 +249,36 @@ pub async fn stored_hash(db_path: &Path, username: &str) -> Option<String> {
     conn.close().await.ok();
     hash
 }
+
+/// The URL of an external test service from `var`, or `None` when it is not set:
+/// the test then prints one line and passes, unless `AUTHD_TEST_REQUIRE_SERVICES=1`
+/// (as in CI), when a missing service fails the run.
+pub fn service_url(var: &str, test: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            let required = std::env::var("AUTHD_TEST_REQUIRE_SERVICES").is_ok_and(|v| v == "1");
+            assert!(
+                !required,
+                "{var} is not set and AUTHD_TEST_REQUIRE_SERVICES=1: cannot run {test}"
+            );
+            eprintln!("skipped {test}: {var} is not set");
+            None
+        }
+    }
+}
+
+/// `AUTHD_TEST_REDIS_URL`, e.g. `redis://127.0.0.1:6379`.
+pub fn redis_url(test: &str) -> Option<String> {
+    service_url("AUTHD_TEST_REDIS_URL", test)
+}
+
+/// `AUTHD_TEST_POSTGRES_URL`, e.g. `postgres://postgres@127.0.0.1:5432/test`.
+pub fn postgres_url(test: &str) -> Option<String> {
+    service_url("AUTHD_TEST_POSTGRES_URL", test)
+}
+
+/// A name no other test (or test run) uses: for key prefixes and schemas.
+pub fn unique_name(prefix: &str) -> String {
+    format!("{prefix}_{}", uuid::Uuid::now_v7().simple())
+}
