@@ -54,12 +54,15 @@ impl Accounts {
         password: Password,
         deadline: Option<Instant>,
     ) -> Result<String, Error> {
+        // The place in the hashing pool comes first: when the pool is full, the
+        // request is refused before it costs a database query.
+        let slot = self.hasher.reserve()?;
         // A taken name is refused before paying for a hash; the insert still decides
         // races between concurrent registrations of one name.
         if self.store.find_user(&username).await?.is_some() {
             return Err(Error::AlreadyExists);
         }
-        let password_hash = self.hasher.hash(password, deadline).await?;
+        let password_hash = self.hasher.hash(slot, password, deadline).await?;
         let id = uuid::Uuid::now_v7().to_string();
         self.store
             .insert_user(NewUser {
@@ -79,11 +82,12 @@ impl Accounts {
         password: Password,
         deadline: Option<Instant>,
     ) -> Result<Session, Error> {
+        let slot = self.hasher.reserve()?;
         let user = self.store.find_user(&username).await?;
         let stored = user.as_ref().map(|u| u.password_hash.clone());
         let verification = self
             .hasher
-            .verify(password.clone(), stored, deadline)
+            .verify(slot, password.clone(), stored, deadline)
             .await?;
         let user = match user {
             Some(user) if verification.matches => user,
@@ -104,7 +108,8 @@ impl Accounts {
     /// already succeeded, so a full queue or a failed write only postpones it.
     async fn rehash(&self, user_id: &str, password: Password, deadline: Option<Instant>) {
         let result = async {
-            let hash = self.hasher.hash(password, deadline).await?;
+            let slot = self.hasher.reserve()?;
+            let hash = self.hasher.hash(slot, password, deadline).await?;
             self.store.update_password_hash(user_id, hash).await?;
             Ok::<_, Error>(())
         }

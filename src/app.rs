@@ -12,7 +12,8 @@ use crate::{
     health,
     password::{HashPool, Hasher, PoolSnapshot},
     pb::{self, auth_service_server::AuthServiceServer},
-    store::{SqliteSettings, Store, WriterSnapshot},
+    ratelimit::{RateLimitLayer, RateLimitStats, RateLimiter, Settings as RateLimitSettings},
+    store::{PostgresSettings, SqliteSettings, Store, StoreSettings, WriterSnapshot},
     token::{KeyRing, Tokens},
 };
 use anyhow::Context as _;
@@ -29,6 +30,7 @@ pub struct Application {
     local_addr: SocketAddr,
     accounts: Arc<Accounts>,
     admission: Arc<Admission>,
+    rate_limiter: Arc<RateLimiter>,
     config: Config,
 }
 
@@ -37,6 +39,7 @@ pub struct Application {
 pub struct AppHandle {
     accounts: Arc<Accounts>,
     admission: Arc<Admission>,
+    rate_limiter: Arc<RateLimiter>,
 }
 
 impl AppHandle {
@@ -54,23 +57,32 @@ impl AppHandle {
     pub fn in_flight(&self) -> usize {
         self.admission.in_flight()
     }
+
+    /// Counters of the rate limiter, and which backend decides now.
+    pub fn rate_limit_stats(&self) -> RateLimitStats {
+        self.rate_limiter.stats()
+    }
 }
 
 /// Opens the configured store (migrating it) without serving: `authd migrate`.
 pub async fn migrate(config: &Config) -> anyhow::Result<()> {
-    match &config.database_url {
-        DatabaseUrl::Sqlite(_) => Store::migrate_sqlite(&sqlite_settings(config)?).await,
-    }
+    Store::migrate(&store_settings(config)).await
 }
 
-fn sqlite_settings(config: &Config) -> anyhow::Result<SqliteSettings> {
-    let DatabaseUrl::Sqlite(path) = &config.database_url;
-    Ok(SqliteSettings {
-        path: path.clone(),
-        readers: config.db_max_connections,
-        acquire_timeout: config.db_acquire_timeout,
-        max_batch: config.sqlite_max_batch as usize,
-    })
+fn store_settings(config: &Config) -> StoreSettings {
+    match &config.database_url {
+        DatabaseUrl::Sqlite(path) => StoreSettings::Sqlite(SqliteSettings {
+            path: path.clone(),
+            readers: config.db_max_connections,
+            acquire_timeout: config.db_acquire_timeout,
+            max_batch: config.sqlite_max_batch as usize,
+        }),
+        DatabaseUrl::Postgres(url) => StoreSettings::Postgres(PostgresSettings {
+            url: url.clone(),
+            max_connections: config.db_max_connections,
+            acquire_timeout: config.db_acquire_timeout,
+        }),
+    }
 }
 
 impl Application {
@@ -85,9 +97,7 @@ impl Application {
                 KeyRing::random()
             }
         };
-        let store = match &config.database_url {
-            DatabaseUrl::Sqlite(_) => Store::open_sqlite(sqlite_settings(&config)?).await?,
-        };
+        let store = Store::open(store_settings(&config)).await?;
         let pool = HashPool::new(config.hash_threads(), config.hash_queue())
             .context("starting the password hashing threads")?;
         let hasher = Hasher::new(config.pbkdf2_iterations, pool)?;
@@ -97,11 +107,14 @@ impl Application {
             .await
             .with_context(|| format!("cannot listen on {}", config.listen))?;
         let local_addr = listener.local_addr()?;
+        // Never fails on a Redis outage: the limiter starts degraded and keeps trying.
+        let rate_limiter = RateLimiter::start(RateLimitSettings::from(&config)).await?;
         Ok(Self {
             listener,
             local_addr,
             accounts,
             admission: Admission::new(config.max_in_flight),
+            rate_limiter,
             config,
         })
     }
@@ -118,6 +131,7 @@ impl Application {
         AppHandle {
             accounts: self.accounts.clone(),
             admission: self.admission.clone(),
+            rate_limiter: self.rate_limiter.clone(),
         }
     }
 
@@ -133,6 +147,7 @@ impl Application {
             local_addr,
             accounts,
             admission,
+            rate_limiter,
             config,
         } = self;
         let store = accounts.store().clone();
@@ -166,6 +181,8 @@ impl Application {
         let (stop_serving, serving_stopped) = tokio::sync::oneshot::channel::<()>();
         let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
         let server = Server::builder()
+            // Outermost: a request refused by a rate limit never takes an admission slot.
+            .layer(RateLimitLayer::new(rate_limiter))
             .layer(AdmissionLayer::new(admission.clone()))
             .add_service(health_service)
             .add_service(reflection_v1)

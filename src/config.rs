@@ -5,6 +5,7 @@
 //! clear line. Secrets (token keys) are never printed: `--help` hides their
 //! environment values and their `Debug` is redacted.
 
+use crate::ratelimit::{FailureMode, RateLimits, RedisUrl};
 use crate::token::KeyRing;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::{fmt, net::SocketAddr, path::PathBuf, str::FromStr, time::Duration};
@@ -29,6 +30,22 @@ pub enum Command {
     Serve,
     /// Create or upgrade the database schema, then exit.
     Migrate,
+    /// Measure this machine's PBKDF2 rate with the server's hashing code, then exit:
+    /// hashes/s per thread and in total, the hash-bound limit of logins and registrations.
+    HashBench {
+        /// PBKDF2 iterations per hash [default: --pbkdf2-iterations].
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1000..))]
+        iterations: Option<u32>,
+        /// Threads hashing at once [default: --hash-threads].
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+        threads: Option<u32>,
+        /// How long each thread hashes (e.g. 3s, 10s).
+        #[arg(long, default_value = "3s", value_parser = positive_duration)]
+        duration: Duration,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Clone, Parser)]
@@ -42,7 +59,8 @@ pub struct Config {
     )]
     pub listen: SocketAddr,
 
-    /// Database URL: sqlite://PATH (created if missing).
+    /// Database URL: sqlite://PATH (created if missing) or
+    /// postgres://USER:PASSWORD@HOST:PORT/DB[?sslmode=require] (shared by replicas).
     #[arg(
         long,
         env = "AUTHD_DATABASE_URL",
@@ -116,6 +134,51 @@ pub struct Config {
     #[arg(long, env = "AUTHD_DRAIN_TIMEOUT", default_value = "20s",
           value_parser = positive_duration, global = true)]
     pub drain_timeout: Duration,
+
+    /// Redis for rate limits shared by every replica: redis://[:PASSWORD@]HOST:PORT[/DB]
+    /// [default: none; the rules are enforced per replica, in process].
+    #[arg(long, env = "AUTHD_REDIS_URL", hide_env_values = true,
+          value_parser = RedisUrl::value_parser(), global = true)]
+    pub redis_url: Option<RedisUrl>,
+
+    /// Rate-limit rules, METHOD:KEY=LIMIT/WINDOW,… where METHOD is an RPC name or *, and
+    /// KEY is peer, global or header:NAME; e.g. Login:peer=20/1s,*:global=2000/1s
+    /// [default: none; nothing is limited].
+    #[arg(long, env = "AUTHD_RATE_LIMITS", global = true)]
+    pub rate_limits: Option<RateLimits>,
+
+    /// Prefix of every Redis key of the rate limiter (replicas sharing limits use the same).
+    #[arg(
+        long,
+        env = "AUTHD_RATE_LIMIT_PREFIX",
+        default_value = "authd:rl",
+        global = true
+    )]
+    pub rate_limit_prefix: String,
+
+    /// Longest a request waits for Redis before the limiter falls back.
+    #[arg(long, env = "AUTHD_REDIS_TIMEOUT", default_value = "50ms",
+          value_parser = positive_duration, global = true)]
+    pub redis_timeout: Duration,
+
+    /// While Redis fails: open enforces the rules per replica in process; closed refuses
+    /// rate-limited requests with UNAVAILABLE.
+    #[arg(
+        long,
+        env = "AUTHD_RATE_LIMIT_FAILURE",
+        default_value = "open",
+        value_enum,
+        global = true
+    )]
+    pub rate_limit_failure: FailureMode,
+
+    /// Count `peer` rules by the first x-forwarded-for hop instead of the connection's
+    /// address: only behind a proxy that sets that header (clients can forge it).
+    #[arg(long, env = "AUTHD_TRUST_FORWARDED_FOR", default_value_t = false,
+          num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new(),
+          global = true)]
+    pub trust_forwarded_for: bool,
 
     /// Log filter, in tracing's EnvFilter syntax (e.g. info, authd=debug).
     #[arg(long, env = "AUTHD_LOG", default_value = "info",
@@ -205,6 +268,9 @@ impl Cli {
 #[derive(Clone, PartialEq, Eq)]
 pub enum DatabaseUrl {
     Sqlite(PathBuf),
+    /// A `postgres://` URL, kept whole for sqlx (which reads `sslmode` and the
+    /// other parameters from it); printed with its password hidden.
+    Postgres(String),
 }
 
 impl FromStr for DatabaseUrl {
@@ -232,11 +298,13 @@ impl FromStr for DatabaseUrl {
                 }
                 Ok(DatabaseUrl::Sqlite(PathBuf::from(path)))
             }
-            "postgres" | "postgresql" => Err(
-                "PostgreSQL is not supported by this version of authd; use sqlite://PATH".into(),
-            ),
+            "postgres" | "postgresql" => {
+                sqlx::postgres::PgConnectOptions::from_str(url)
+                    .map_err(|e| format!("invalid PostgreSQL URL: {e}"))?;
+                Ok(DatabaseUrl::Postgres(url.to_owned()))
+            }
             other => Err(format!(
-                "unsupported database URL scheme {other:?} (expected sqlite://PATH)"
+                "unsupported database URL scheme {other:?} (expected sqlite://PATH or postgres://…)"
             )),
         }
     }
@@ -246,6 +314,7 @@ impl fmt::Display for DatabaseUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             DatabaseUrl::Sqlite(path) => write!(f, "sqlite://{}", path.display()),
+            DatabaseUrl::Postgres(url) => f.write_str(&redact_password(url)),
         }
     }
 }
@@ -253,6 +322,22 @@ impl fmt::Display for DatabaseUrl {
 impl fmt::Debug for DatabaseUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(self, f)
+    }
+}
+
+/// `scheme://user:secret@host/…` → `scheme://user:***@host/…`.
+fn redact_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) if userinfo.contains(':') => {
+            let user = userinfo.split(':').next().unwrap_or_default();
+            format!("{scheme}://{user}:***@{host}{tail}")
+        }
+        _ => url.to_owned(),
     }
 }
 
@@ -302,6 +387,21 @@ mod tests {
         assert_eq!(
             "sqlite:data.db".parse::<DatabaseUrl>().unwrap(),
             DatabaseUrl::Sqlite("data.db".into())
+        );
+        let pg: DatabaseUrl = "postgres://authd:s3cret@db:5432/authd?sslmode=require"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            pg.to_string(),
+            "postgres://authd:***@db:5432/authd?sslmode=require"
+        );
+        assert!(!format!("{pg:?}").contains("s3cret"));
+        let no_password: DatabaseUrl = "postgresql://authd@db/authd".parse().unwrap();
+        assert_eq!(no_password.to_string(), "postgresql://authd@db/authd");
+        assert!(
+            "postgres://db/x?sslmode=sometimes"
+                .parse::<DatabaseUrl>()
+                .is_err()
         );
         for bad in [
             "authd.db",

@@ -16,6 +16,15 @@ pub struct FieldViolation {
     pub description: String,
 }
 
+/// One rate-limit rule that refused a request (a `google.rpc.QuotaFailure` violation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuotaViolation {
+    /// The rule as configured, e.g. `Login:peer=20/1s`.
+    pub subject: String,
+    /// What it allows, in words.
+    pub description: String,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The request is malformed; one entry per bad field.
@@ -34,6 +43,16 @@ pub enum Error {
         what: &'static str,
         retry_after: Duration,
     },
+    /// A rate-limit rule refused the request; retry after the hint.
+    #[error("rate limit exceeded: {}", subjects(violations))]
+    RateLimited {
+        /// Every rule that refused (all must have room for a retry to pass).
+        violations: Vec<QuotaViolation>,
+        /// The limit of the rule that frees last.
+        limit: u32,
+        /// Until every refusing rule has a free slot.
+        retry_after: Duration,
+    },
     #[error("deadline exceeded before the work could be done")]
     DeadlineExceeded,
     /// The database cannot be reached, or the server is shutting down.
@@ -41,6 +60,14 @@ pub enum Error {
     Unavailable(String),
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
+}
+
+fn subjects(violations: &[QuotaViolation]) -> String {
+    violations
+        .iter()
+        .map(|v| v.subject.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn describe(violations: &[FieldViolation]) -> String {

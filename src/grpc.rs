@@ -52,6 +52,26 @@ pub fn status(err: &Error) -> Status {
                 .insert("retry-after", MetadataValue::from(secs));
             status
         }
+        Error::RateLimited {
+            violations,
+            limit,
+            retry_after,
+        } => {
+            let mut details = ErrorDetails::with_retry_info(Some(*retry_after));
+            for v in violations {
+                details.add_quota_failure_violation(v.subject.clone(), v.description.clone());
+            }
+            let mut status =
+                Status::with_error_details(Code::ResourceExhausted, err.to_string(), details);
+            // Whole seconds, rounded up: waiting that long finds a slot free.
+            let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+            let metadata = status.metadata_mut();
+            metadata.insert("retry-after", MetadataValue::from(secs.max(1)));
+            metadata.insert("ratelimit-limit", MetadataValue::from(*limit));
+            metadata.insert("ratelimit-remaining", MetadataValue::from(0u32));
+            metadata.insert("ratelimit-reset", MetadataValue::from(secs));
+            status
+        }
         Error::DeadlineExceeded => Status::deadline_exceeded(err.to_string()),
         Error::Unavailable(_) => Status::unavailable(err.to_string()),
         Error::Internal(_) => Status::internal("internal error"),

@@ -10,10 +10,11 @@
 //!
 //! ```text
 //! tonic Server
+//!   ratelimit::RateLimitLayer   per-rule sliding windows, on Redis or in process (reject)
 //!   admission::AdmissionLayer   deadline, concurrency cap and drain (reject, never queue)
 //!   grpc::AuthService           proto <-> domain; the one place errors become a Status
 //!   accounts::Accounts          the register / login / validate use cases
-//!     store::Store              SQLite: a reader pool and one batching writer task
+//!     store::Store              SQLite (reader pool + one batching writer) or PostgreSQL (pool)
 //!     password::Hasher          PBKDF2 on a bounded thread pool, off the async runtime
 //!     token::Tokens             JWT HS256 with a key ring (kid -> key)
 //! ```
@@ -21,20 +22,25 @@
 //! - [`config`]: the one `Config` (flags and `AUTHD_*` environment variables).
 //! - [`app`]: [`app::Application`] binds, wires everything and runs until shut down;
 //!   `main.rs` and the integration tests start the service through it.
+//! - [`bench`]: the `authbench` load generator and `authd hash-bench`; measures the
+//!   service from outside and is used by nothing in it.
 //! - [`credentials`]: `Username` and `Password`, parsed and normalized at the edge.
 //! - [`health`]: drives the `grpc.health.v1` status from periodic store checks.
+//! - [`ratelimit`]: the rules of `AUTHD_RATE_LIMITS`, the Redis script and the local fallback.
 //! - [`telemetry`]: the `tracing` subscriber (text or JSON lines).
 #![forbid(unsafe_code)]
 
 pub mod accounts;
 pub mod admission;
 pub mod app;
+pub mod bench;
 pub mod config;
 pub mod credentials;
 pub mod error;
 pub mod grpc;
 pub mod health;
 pub mod password;
+pub mod ratelimit;
 pub mod store;
 pub mod telemetry;
 pub mod token;

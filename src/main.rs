@@ -42,6 +42,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             tracing::info!(database = %config.database_url, "migrations applied");
             Ok(())
         }
+        Command::HashBench {
+            iterations,
+            threads,
+            duration,
+            json,
+        } => authd::bench::hashbench::run_command(&config, iterations, threads, duration, json),
         Command::Serve => {
             let app = Application::build(config).await?;
             app.run_until_stopped(shutdown_signal()).await

@@ -27,7 +27,7 @@ use std::{
     thread,
     time::{Duration, Instant},
 };
-use tokio::sync::oneshot;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 /// Counters of what the pool did, for tests and operators.
 #[derive(Debug, Default)]
@@ -39,6 +39,62 @@ pub struct PoolStats {
     running: AtomicU64,
     /// Exponentially weighted mean of a job's run time, in nanoseconds.
     mean_run_nanos: AtomicU64,
+    pressure: Pressure,
+}
+
+/// Places granted and refused over the last second or two: how crowded the pool is.
+#[derive(Debug)]
+struct Pressure {
+    origin: Instant,
+    /// The second (since `origin`) that the slot `second % 2` counts.
+    second: AtomicU64,
+    granted: [AtomicU64; 2],
+    refused: [AtomicU64; 2],
+}
+
+impl Default for Pressure {
+    fn default() -> Self {
+        Self {
+            origin: Instant::now(),
+            second: AtomicU64::new(0),
+            granted: Default::default(),
+            refused: Default::default(),
+        }
+    }
+}
+
+impl Pressure {
+    fn note(&self, refused: bool) {
+        let now = self.origin.elapsed().as_secs();
+        let seen = self.second.load(Ordering::Relaxed);
+        if now != seen
+            && self
+                .second
+                .compare_exchange(seen, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            // A new second: its slot starts from zero; after a gap, both do.
+            for slot in [now % 2, (now + 1) % 2]
+                .into_iter()
+                .take(if now == seen + 1 { 1 } else { 2 })
+            {
+                self.granted[slot as usize].store(0, Ordering::Relaxed);
+                self.refused[slot as usize].store(0, Ordering::Relaxed);
+            }
+        }
+        let counter = if refused {
+            &self.refused
+        } else {
+            &self.granted
+        };
+        counter[(now % 2) as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Refusals per granted place, recently.
+    fn ratio(&self) -> f64 {
+        let sum = |c: &[AtomicU64; 2]| c.iter().map(|a| a.load(Ordering::Relaxed)).sum::<u64>();
+        sum(&self.refused) as f64 / sum(&self.granted).max(1) as f64
+    }
 }
 
 /// A point-in-time copy of [`PoolStats`].
@@ -113,6 +169,14 @@ struct Job {
     /// Counts what it did in the stats before answering, so a caller sees its own
     /// job counted.
     task: Task,
+    /// Freed when the job is done (or dropped), making room for another.
+    _slot: HashSlot,
+}
+
+/// A place in the pool (running or queued), taken before any other work is done
+/// for a request, so that a request the pool cannot take is refused cheaply.
+pub struct HashSlot {
+    _permit: OwnedSemaphorePermit,
 }
 
 /// A fixed set of threads behind a bounded queue. Cloning shares the pool; the
@@ -120,6 +184,8 @@ struct Job {
 #[derive(Clone)]
 pub struct HashPool {
     queue: crossbeam_channel::Sender<Job>,
+    /// `capacity` queued plus `threads` running: the bound of the queue.
+    slots: Arc<Semaphore>,
     threads: usize,
     capacity: usize,
     stats: Arc<PoolStats>,
@@ -129,7 +195,8 @@ impl HashPool {
     /// Starts `threads` worker threads sharing a queue of at most `capacity` jobs.
     pub fn new(threads: usize, capacity: usize) -> std::io::Result<Self> {
         let threads = threads.max(1);
-        let (tx, rx) = crossbeam_channel::bounded::<Job>(capacity);
+        // Unbounded here because the slots bound it.
+        let (tx, rx) = crossbeam_channel::unbounded::<Job>();
         let stats = Arc::new(PoolStats::default());
         for i in 0..threads {
             let rx = rx.clone();
@@ -145,6 +212,7 @@ impl HashPool {
         }
         Ok(Self {
             queue: tx,
+            slots: Arc::new(Semaphore::new(capacity + threads)),
             threads,
             capacity,
             stats,
@@ -164,9 +232,41 @@ impl HashPool {
         self.queue.len()
     }
 
-    /// Runs `work` on a pool thread and waits for its result without blocking the
-    /// async runtime. Refuses at once when the queue is full.
+    /// Takes a place in the pool, or refuses at once when it is full.
+    pub fn reserve(&self) -> Result<HashSlot, PoolError> {
+        match self.slots.clone().try_acquire_owned() {
+            Ok(permit) => {
+                self.stats.pressure.note(false);
+                Ok(HashSlot { _permit: permit })
+            }
+            Err(_) => {
+                self.stats.pressure.note(true);
+                self.stats.rejected_full.fetch_add(1, Ordering::Relaxed);
+                Err(PoolError::Full {
+                    retry_after: self.retry_hint(),
+                })
+            }
+        }
+    }
+
+    /// Reserves a place and runs `work` there: [`HashPool::run_in`].
     pub async fn run<T, F>(&self, deadline: Option<Instant>, work: F) -> Result<T, PoolError>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> T + Send + 'static,
+    {
+        let slot = self.reserve()?;
+        self.run_in(slot, deadline, work).await
+    }
+
+    /// Runs `work` on a pool thread, in a place reserved before, and waits for its
+    /// result without blocking the async runtime.
+    pub async fn run_in<T, F>(
+        &self,
+        slot: HashSlot,
+        deadline: Option<Instant>,
+        work: F,
+    ) -> Result<T, PoolError>
     where
         T: Send + 'static,
         F: FnOnce() -> T + Send + 'static,
@@ -190,26 +290,30 @@ impl HashPool {
             stats.running.fetch_sub(1, Ordering::Relaxed);
             let _ = reply.send(Ok(value));
         });
-        match self.queue.try_send(Job { deadline, task }) {
-            Ok(()) => {}
-            Err(crossbeam_channel::TrySendError::Full(_)) => {
-                self.stats.rejected_full.fetch_add(1, Ordering::Relaxed);
-                return Err(PoolError::Full {
-                    retry_after: self.retry_hint(),
-                });
-            }
-            Err(crossbeam_channel::TrySendError::Disconnected(_)) => {
-                return Err(PoolError::Closed);
-            }
+        let job = Job {
+            deadline,
+            task,
+            _slot: slot,
+        };
+        if self.queue.send(job).is_err() {
+            return Err(PoolError::Closed);
         }
         result.await.unwrap_or(Err(PoolError::Closed))
     }
 
     /// Roughly how long until the queue has room again: the time to work through it.
+    ///
+    /// The time to work through a full queue, stretched by how many requests are
+    /// being refused per one admitted: when a crowd is waiting, each of its members
+    /// is told to come back later, so that refused clients that honour the hint do
+    /// not return all at once and spend the CPU the hashing needs on more refusals.
     fn retry_hint(&self) -> Duration {
         let mean = Duration::from_nanos(self.stats.mean_run_nanos.load(Ordering::Relaxed));
         let backlog = u32::try_from(self.capacity.div_ceil(self.threads)).unwrap_or(u32::MAX);
-        (mean * backlog).clamp(Duration::from_millis(50), Duration::from_secs(30))
+        let crowd = (1.0 + self.stats.pressure.ratio()).min(20.0);
+        (mean * backlog)
+            .mul_f64(crowd)
+            .clamp(Duration::from_millis(50), Duration::from_secs(30))
     }
 }
 
@@ -248,15 +352,23 @@ impl Hasher {
         &self.pool
     }
 
+    /// Takes a place in the hashing pool for one hash or verification, or refuses
+    /// at once (RESOURCE_EXHAUSTED) when the pool is full. Take it before any other
+    /// work for the request, so that refusing costs next to nothing.
+    pub fn reserve(&self) -> Result<HashSlot, Error> {
+        Ok(self.pool.reserve()?)
+    }
+
     /// Hashes a password into a PHC string with a fresh random salt.
     pub async fn hash(
         &self,
+        slot: HashSlot,
         password: Password,
         deadline: Option<Instant>,
     ) -> Result<String, Error> {
         let params = self.params;
         self.pool
-            .run(deadline, move || hash_now(&password, params))
+            .run_in(slot, deadline, move || hash_now(&password, params))
             .await?
             .map_err(Error::Internal)
     }
@@ -265,6 +377,7 @@ impl Hasher {
     /// when there is none, so that both cases cost the same.
     pub async fn verify(
         &self,
+        slot: HashSlot,
         password: Password,
         stored: Option<String>,
         deadline: Option<Instant>,
@@ -274,7 +387,7 @@ impl Hasher {
         let params = self.params;
         let outcome = self
             .pool
-            .run(deadline, move || verify_now(&password, &phc, params))
+            .run_in(slot, deadline, move || verify_now(&password, &phc, params))
             .await??;
         Ok(Verification {
             matches: exists && outcome.matches,
@@ -351,10 +464,18 @@ mod tests {
     #[tokio::test]
     async fn hashes_are_phc_strings_that_verify() {
         let hasher = Hasher::new(1000, HashPool::new(1, 4).unwrap()).unwrap();
-        let phc = hasher.hash(pw("correct horse"), None).await.unwrap();
+        let phc = hasher
+            .hash(hasher.reserve().unwrap(), pw("correct horse"), None)
+            .await
+            .unwrap();
         assert!(phc.starts_with("$pbkdf2-sha256$i=1000,l=32$"), "{phc}");
         let ok = hasher
-            .verify(pw("correct horse"), Some(phc.clone()), None)
+            .verify(
+                hasher.reserve().unwrap(),
+                pw("correct horse"),
+                Some(phc.clone()),
+                None,
+            )
             .await
             .unwrap();
         assert_eq!(
@@ -365,7 +486,12 @@ mod tests {
             }
         );
         let bad = hasher
-            .verify(pw("wrong horse"), Some(phc), None)
+            .verify(
+                hasher.reserve().unwrap(),
+                pw("wrong horse"),
+                Some(phc),
+                None,
+            )
             .await
             .unwrap();
         assert!(!bad.matches);
@@ -376,7 +502,7 @@ mod tests {
         let hasher = Hasher::new(1000, HashPool::new(1, 4).unwrap()).unwrap();
         assert!(hasher.dummy.starts_with("$pbkdf2-sha256$i=1000,l=32$"));
         let v = hasher
-            .verify(pw("anything at all"), None, None)
+            .verify(hasher.reserve().unwrap(), pw("anything at all"), None, None)
             .await
             .unwrap();
         assert_eq!(
@@ -392,9 +518,12 @@ mod tests {
     async fn other_parameters_ask_for_a_rehash() {
         let old = Hasher::new(1000, HashPool::new(1, 4).unwrap()).unwrap();
         let new = Hasher::new(2000, HashPool::new(1, 4).unwrap()).unwrap();
-        let phc = old.hash(pw("correct horse"), None).await.unwrap();
+        let phc = old
+            .hash(old.reserve().unwrap(), pw("correct horse"), None)
+            .await
+            .unwrap();
         let v = new
-            .verify(pw("correct horse"), Some(phc), None)
+            .verify(new.reserve().unwrap(), pw("correct horse"), Some(phc), None)
             .await
             .unwrap();
         assert_eq!(

@@ -8,11 +8,14 @@
 //! acknowledged only after its transaction commits, so an acknowledged registration
 //! survives a crash or a power loss. Readers never wait for the writer (WAL).
 
-use super::{NewUser, StoreError, User, unix_millis};
+use super::{
+    NewUser, StoreError, User, find_user_query, insert_user_query, sql, unix_millis,
+    update_password_hash_query, user_from_row,
+};
 use crate::credentials::Username;
 use anyhow::Context as _;
 use sqlx::{
-    Connection, Row, SqliteConnection, SqlitePool,
+    Connection, SqliteConnection, SqlitePool,
     sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
 };
 use std::{
@@ -162,22 +165,14 @@ impl SqliteStore {
     }
 
     pub(crate) async fn find_user(&self, username: &Username) -> Result<Option<User>, StoreError> {
-        let row = sqlx::query("SELECT id, username, password_hash FROM users WHERE username = ?")
-            .bind(username.as_str())
+        let row = find_user_query(username)
             .fetch_optional(&self.readers)
             .await?;
-        row.map(|row| -> Result<User, StoreError> {
-            Ok(User {
-                id: row.try_get("id")?,
-                username: Username::from_store(row.try_get("username")?),
-                password_hash: row.try_get("password_hash")?,
-            })
-        })
-        .transpose()
+        Ok(row.as_ref().map(user_from_row).transpose()?)
     }
 
     pub(crate) async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(&self.readers).await?;
+        sqlx::query(sql::PING).execute(&self.readers).await?;
         let (reply, result) = oneshot::channel();
         self.writer
             .send(Command::Ping(reply))
@@ -240,7 +235,7 @@ async fn run_writer(
             commit(&mut conn, &mut batch, &stats).await;
         }
         for ping in pings {
-            let result = sqlx::query("SELECT 1")
+            let result = sqlx::query(sql::PING)
                 .execute(&mut conn)
                 .await
                 .map(|_| ())
@@ -311,17 +306,7 @@ async fn apply(
     for (write, _) in batch {
         let outcome = match write {
             Write::Insert(user) => {
-                let inserted = sqlx::query(
-                    "INSERT INTO users (id, username, password_hash, created_at, updated_at) \
-                     VALUES (?, ?, ?, ?, ?) ON CONFLICT (username) DO NOTHING",
-                )
-                .bind(&user.id)
-                .bind(user.username.as_str())
-                .bind(&user.password_hash)
-                .bind(now)
-                .bind(now)
-                .execute(&mut *conn)
-                .await?;
+                let inserted = insert_user_query(user, now).execute(&mut *conn).await?;
                 if inserted.rows_affected() == 1 {
                     Ok(())
                 } else {
@@ -329,10 +314,7 @@ async fn apply(
                 }
             }
             Write::UpdateHash { id, hash } => {
-                sqlx::query("UPDATE users SET password_hash = ?, updated_at = ? WHERE id = ?")
-                    .bind(hash)
-                    .bind(now)
-                    .bind(id)
+                update_password_hash_query(id, hash, now)
                     .execute(&mut *conn)
                     .await?;
                 Ok(())

@@ -1,7 +1,7 @@
 //! Every row of the error table a client can reach without load: the code, the
 //! message, and the machine-readable details.
 
-use crate::helpers::{expect_code, spawn_app, stored_hash};
+use crate::helpers::{TestDb, expect_code, spawn_app_on};
 use tonic::Code;
 use tonic_types::StatusExt;
 
@@ -17,9 +17,8 @@ fn violated_fields(status: &tonic::Status) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test]
-async fn malformed_usernames_are_invalid_arguments_naming_the_field() {
-    let mut app = spawn_app().await;
+async fn malformed_usernames_are_invalid_arguments_naming_the_field(db: TestDb) {
+    let mut app = spawn_app_on(&db, |_| {}).await;
     for bad in ["", "ab", "has space", "emoji😀", &"x".repeat(65)] {
         let status = expect_code(
             app.register(bad, "a fine password").await,
@@ -34,9 +33,8 @@ async fn malformed_usernames_are_invalid_arguments_naming_the_field() {
     }
 }
 
-#[tokio::test]
-async fn malformed_passwords_are_invalid_arguments_that_never_echo_the_password() {
-    let mut app = spawn_app().await;
+async fn malformed_passwords_are_invalid_arguments_that_never_echo_the_password(db: TestDb) {
+    let mut app = spawn_app_on(&db, |_| {}).await;
     let too_long = "p".repeat(1025);
     for bad in ["", "seven77", too_long.as_str()] {
         let status = expect_code(app.register("alice", bad).await, Code::InvalidArgument);
@@ -50,16 +48,14 @@ async fn malformed_passwords_are_invalid_arguments_that_never_echo_the_password(
     assert_eq!(violated_fields(&status), ["username", "password"]);
 }
 
-#[tokio::test]
-async fn an_empty_token_is_an_invalid_argument() {
-    let mut app = spawn_app().await;
+async fn an_empty_token_is_an_invalid_argument(db: TestDb) {
+    let mut app = spawn_app_on(&db, |_| {}).await;
     let status = expect_code(app.validate("").await, Code::InvalidArgument);
     assert_eq!(violated_fields(&status), ["access_token"]);
 }
 
-#[tokio::test]
-async fn taken_usernames_are_already_exists_whatever_the_case() {
-    let mut app = spawn_app().await;
+async fn taken_usernames_are_already_exists_whatever_the_case(db: TestDb) {
+    let mut app = spawn_app_on(&db, |_| {}).await;
     app.register("Bob", "a fine password").await.unwrap();
     expect_code(
         app.register("bob", "another password").await,
@@ -77,9 +73,8 @@ async fn taken_usernames_are_already_exists_whatever_the_case() {
     );
 }
 
-#[tokio::test]
-async fn unknown_user_and_wrong_password_are_indistinguishable() {
-    let mut app = spawn_app().await;
+async fn unknown_user_and_wrong_password_are_indistinguishable(db: TestDb) {
+    let mut app = spawn_app_on(&db, |_| {}).await;
     app.register("carol", "a fine password").await.unwrap();
     let unknown = expect_code(
         app.login("nobody", "a fine password").await,
@@ -97,36 +92,31 @@ async fn unknown_user_and_wrong_password_are_indistinguishable() {
     assert_eq!(app.handle.hash_stats().completed, before + 1);
 }
 
-#[tokio::test]
-async fn oversized_requests_are_refused_and_the_server_carries_on() {
-    let mut app = spawn_app().await;
+async fn oversized_requests_are_refused_and_the_server_carries_on(db: TestDb) {
+    let mut app = spawn_app_on(&db, |_| {}).await;
     let huge = "u".repeat(8 * 1024);
     let status = app.register(&huge, "a fine password").await.unwrap_err();
     assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
     app.register("dave", "a fine password").await.unwrap();
 }
 
-#[tokio::test]
-async fn unexpected_failures_are_internal_with_a_generic_message() {
-    let mut app = spawn_app().await;
+async fn unexpected_failures_are_internal_with_a_generic_message(db: TestDb) {
+    let mut app = spawn_app_on(&db, |_| {}).await;
     app.register("erin", "a fine password").await.unwrap();
     // Corrupt the stored hash behind authd's back.
-    {
-        use sqlx::{Connection, SqliteConnection, sqlite::SqliteConnectOptions};
-        let mut conn =
-            SqliteConnection::connect_with(&SqliteConnectOptions::new().filename(&app.db_path))
-                .await
-                .unwrap();
-        sqlx::query("UPDATE users SET password_hash = 'not a PHC string' WHERE username = 'erin'")
-            .execute(&mut conn)
-            .await
-            .unwrap();
-        conn.close().await.unwrap();
-    }
-    assert_eq!(
-        stored_hash(&app.db_path, "erin").await.unwrap(),
-        "not a PHC string"
-    );
+    db.execute("UPDATE users SET password_hash = 'not a PHC string' WHERE username = 'erin'")
+        .await;
+    assert_eq!(db.stored_hash("erin").await.unwrap(), "not a PHC string");
     let status = expect_code(app.login("erin", "a fine password").await, Code::Internal);
     assert_eq!(status.message(), "internal error");
 }
+
+crate::backend_tests!(
+    malformed_usernames_are_invalid_arguments_naming_the_field,
+    malformed_passwords_are_invalid_arguments_that_never_echo_the_password,
+    an_empty_token_is_an_invalid_argument,
+    taken_usernames_are_already_exists_whatever_the_case,
+    unknown_user_and_wrong_password_are_indistinguishable,
+    oversized_requests_are_refused_and_the_server_carries_on,
+    unexpected_failures_are_internal_with_a_generic_message,
+);

@@ -1,4 +1,5 @@
-//! Spawns authd on 127.0.0.1:0 with its own SQLite file and gives typed clients.
+//! Spawns authd on 127.0.0.1:0 with a database of its own (a SQLite file, or a
+//! PostgreSQL schema) and gives typed clients.
 //!
 //! Logs stay quiet unless `TEST_LOG` is set (`TEST_LOG=1 cargo test`).
 
@@ -7,8 +8,8 @@ use authd::{
     config::{Config, DatabaseUrl},
     pb::auth_service_client::AuthServiceClient,
 };
+use sqlx::{Connection, PgConnection, SqliteConnection, sqlite::SqliteConnectOptions};
 use std::{
-    path::{Path, PathBuf},
     sync::{Arc, Once},
     time::Duration,
 };
@@ -44,11 +45,194 @@ fn init_logs() {
     });
 }
 
-/// The configuration every test starts from: port 0, a database in `dir`, fast hashes.
-pub fn test_config(dir: &Path) -> Config {
+/// The database a test runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// A database of one test's own: a SQLite file in a temporary directory, or a
+/// PostgreSQL schema, dropped when the last clone goes. Clones share it, so an app
+/// restarted on the same `TestDb` sees the data of the one before.
+#[derive(Clone)]
+pub struct TestDb {
+    pub url: DatabaseUrl,
+    _dir: Arc<tempfile::TempDir>,
+    _schema: Option<Arc<PgSchema>>,
+}
+
+impl TestDb {
+    /// A fresh database, or `None` when `backend` is PostgreSQL and no test server
+    /// is configured (the test is then skipped; see [`service_url`]).
+    pub async fn new(backend: Backend, test: &str) -> Option<Self> {
+        let dir = Arc::new(tempfile::tempdir().expect("temp dir"));
+        match backend {
+            Backend::Sqlite => Some(Self {
+                url: DatabaseUrl::Sqlite(dir.path().join("authd.db")),
+                _dir: dir,
+                _schema: None,
+            }),
+            Backend::Postgres => {
+                let base = postgres_url(test)?;
+                let schema = PgSchema::create(&base).await;
+                let separator = if base.contains('?') { '&' } else { '?' };
+                let url = format!("{base}{separator}options[search_path]={}", schema.name);
+                Some(Self {
+                    url: url.parse().expect("a valid PostgreSQL URL"),
+                    _dir: dir,
+                    _schema: Some(Arc::new(schema)),
+                })
+            }
+        }
+    }
+
+    /// Runs one statement against the database, behind authd's back.
+    pub async fn execute(&self, statement: &'static str) {
+        match &self.url {
+            DatabaseUrl::Sqlite(path) => {
+                let mut conn =
+                    SqliteConnection::connect_with(&SqliteConnectOptions::new().filename(path))
+                        .await
+                        .expect("open the database file");
+                sqlx::query(statement)
+                    .execute(&mut conn)
+                    .await
+                    .expect("run the statement");
+                conn.close().await.ok();
+            }
+            DatabaseUrl::Postgres(url) => {
+                let mut conn = PgConnection::connect(url)
+                    .await
+                    .expect("connect to PostgreSQL");
+                sqlx::query(statement)
+                    .execute(&mut conn)
+                    .await
+                    .expect("run the statement");
+                conn.close().await.ok();
+            }
+        }
+    }
+
+    /// A user's stored password hash, read straight from the database.
+    pub async fn stored_hash(&self, username: &str) -> Option<String> {
+        const SQL: &str = "SELECT password_hash FROM users WHERE username = $1";
+        match &self.url {
+            DatabaseUrl::Sqlite(path) => {
+                let options = SqliteConnectOptions::new().filename(path).read_only(true);
+                let mut conn = SqliteConnection::connect_with(&options)
+                    .await
+                    .expect("open the database file");
+                let hash = sqlx::query_scalar::<_, String>(SQL)
+                    .bind(username)
+                    .fetch_optional(&mut conn)
+                    .await
+                    .expect("query the database");
+                conn.close().await.ok();
+                hash
+            }
+            DatabaseUrl::Postgres(url) => {
+                let mut conn = PgConnection::connect(url)
+                    .await
+                    .expect("connect to PostgreSQL");
+                let hash = sqlx::query_scalar::<_, String>(SQL)
+                    .bind(username)
+                    .fetch_optional(&mut conn)
+                    .await
+                    .expect("query the database");
+                conn.close().await.ok();
+                hash
+            }
+        }
+    }
+}
+
+/// A PostgreSQL schema for one test, dropped (with everything in it) on drop.
+pub struct PgSchema {
+    admin_url: String,
+    pub name: String,
+}
+
+impl PgSchema {
+    pub async fn create(admin_url: &str) -> Self {
+        let name = unique_name("authd_test");
+        let mut conn = PgConnection::connect(admin_url)
+            .await
+            .expect("connect to the test PostgreSQL");
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {name}")))
+            .execute(&mut conn)
+            .await
+            .expect("create the test schema");
+        conn.close().await.ok();
+        Self {
+            admin_url: admin_url.to_owned(),
+            name,
+        }
+    }
+}
+
+impl Drop for PgSchema {
+    fn drop(&mut self) {
+        let (url, name) = (self.admin_url.clone(), self.name.clone());
+        // Drop runs inside the test's runtime, which cannot be blocked on: use a
+        // thread with a runtime of its own.
+        let dropped = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let mut conn = PgConnection::connect(&url).await?;
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "DROP SCHEMA IF EXISTS {name} CASCADE"
+                )))
+                .execute(&mut conn)
+                .await?;
+                conn.close().await
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Ok(()))) {
+            eprintln!("could not drop test schema {}: {dropped:?}", self.name);
+        }
+    }
+}
+
+/// Declares each listed `async fn NAME(db: TestDb)` as two tests, `sqlite::NAME`
+/// and `postgres::NAME`: one body, both backends.
+#[macro_export]
+macro_rules! backend_tests {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    use $crate::helpers::{Backend, TestDb};
+                    if let Some(db) = TestDb::new(Backend::Sqlite, stringify!($name)).await {
+                        super::$name(db).await;
+                    }
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    use $crate::helpers::{Backend, TestDb};
+                    if let Some(db) = TestDb::new(Backend::Postgres, stringify!($name)).await {
+                        super::$name(db).await;
+                    }
+                }
+            )*
+        }
+    };
+}
+
+/// The configuration every test starts from: port 0, the given database, fast hashes.
+pub fn test_config(url: DatabaseUrl) -> Config {
     let mut config = Config::defaults();
     config.listen = "127.0.0.1:0".parse().unwrap();
-    config.database_url = DatabaseUrl::Sqlite(dir.join("authd.db"));
+    config.database_url = url;
     config.pbkdf2_iterations = FAST_ITERATIONS;
     config.token_keys = Some(key_spec(TEST_KID, TEST_KEY).parse().unwrap());
     config.health_interval = Duration::from_millis(200);
@@ -61,35 +245,30 @@ pub struct TestApp {
     pub client: AuthServiceClient<Channel>,
     pub health: HealthClient<Channel>,
     pub handle: AppHandle,
-    pub db_path: PathBuf,
-    /// Kept so a restarted app can use the same directory.
-    pub dir: Arc<tempfile::TempDir>,
+    /// Keeps the database (its directory, or its schema) alive as long as the app.
+    _db: TestDb,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<anyhow::Result<()>>>,
 }
 
-/// A fresh app with default test settings.
+/// A fresh app on a new SQLite database with default test settings.
 pub async fn spawn_app() -> TestApp {
     spawn_app_with(|_| {}).await
 }
 
-/// A fresh app in a new directory, with settings adjusted by `adjust`.
+/// A fresh app on a new SQLite database, with settings adjusted by `adjust`.
 pub async fn spawn_app_with(adjust: impl FnOnce(&mut Config)) -> TestApp {
-    let dir = Arc::new(tempfile::tempdir().expect("temp dir"));
-    spawn_app_in(dir, adjust).await
+    let db = TestDb::new(Backend::Sqlite, "")
+        .await
+        .expect("SQLite is always there");
+    spawn_app_on(&db, adjust).await
 }
 
-/// An app on the database in `dir` (which a previous app may have used).
-pub async fn spawn_app_in(
-    dir: Arc<tempfile::TempDir>,
-    adjust: impl FnOnce(&mut Config),
-) -> TestApp {
+/// An app on `db` (which another app may have used), adjusted by `adjust`.
+pub async fn spawn_app_on(db: &TestDb, adjust: impl FnOnce(&mut Config)) -> TestApp {
     init_logs();
-    let mut config = test_config(dir.path());
+    let mut config = test_config(db.url.clone());
     adjust(&mut config);
-    let db_path = match &config.database_url {
-        DatabaseUrl::Sqlite(p) => p.clone(),
-    };
     let app = Application::build(config).await.expect("the app builds");
     let addr = app.local_addr();
     let handle = app.handle();
@@ -107,8 +286,7 @@ pub async fn spawn_app_in(
         client: AuthServiceClient::new(channel.clone()),
         health: HealthClient::new(channel),
         handle,
-        db_path,
-        dir,
+        _db: db.clone(),
         shutdown: Some(tx),
         task: Some(task),
     }
@@ -230,26 +408,6 @@ pub async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
     }
 }
 
-/// Reads a user's stored password hash straight from the SQLite file.
-pub async fn stored_hash(db_path: &Path, username: &str) -> Option<String> {
-    use sqlx::{Connection, SqliteConnection, sqlite::SqliteConnectOptions};
-    let mut conn = SqliteConnection::connect_with(
-        &SqliteConnectOptions::new()
-            .filename(db_path)
-            .read_only(true),
-    )
-    .await
-    .expect("open the database file");
-    let hash =
-        sqlx::query_scalar::<_, String>("SELECT password_hash FROM users WHERE username = ?")
-            .bind(username)
-            .fetch_optional(&mut conn)
-            .await
-            .expect("query the database file");
-    conn.close().await.ok();
-    hash
-}
-
 /// The URL of an external test service from `var`, or `None` when it is not set:
 /// the test then prints one line and passes, unless `AUTHD_TEST_REQUIRE_SERVICES=1`
 /// (as in CI), when a missing service fails the run.
@@ -281,4 +439,91 @@ pub fn postgres_url(test: &str) -> Option<String> {
 /// A name no other test (or test run) uses: for key prefixes and schemas.
 pub fn unique_name(prefix: &str) -> String {
     format!("{prefix}_{}", uuid::Uuid::now_v7().simple())
+}
+
+/// A TCP proxy in front of a server, which a test can cut (every connection
+/// dropped, new ones refused) and restore: a database that stops answering.
+pub struct TcpProxy {
+    pub addr: std::net::SocketAddr,
+    open: Arc<std::sync::atomic::AtomicBool>,
+    connections: Arc<std::sync::Mutex<Vec<JoinHandle<()>>>>,
+    accept: JoinHandle<()>,
+}
+
+impl TcpProxy {
+    pub async fn start(upstream: String) -> Self {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let open = Arc::new(AtomicBool::new(true));
+        let connections = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let accept = tokio::spawn({
+            let (open, connections) = (open.clone(), connections.clone());
+            async move {
+                while let Ok((mut inbound, _)) = listener.accept().await {
+                    if !open.load(Ordering::SeqCst) {
+                        continue; // dropped: the client sees the connection closed
+                    }
+                    let upstream = upstream.clone();
+                    let task = tokio::spawn(async move {
+                        if let Ok(mut outbound) = tokio::net::TcpStream::connect(&upstream).await {
+                            let _ =
+                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        }
+                    });
+                    connections.lock().unwrap().push(task);
+                }
+            }
+        });
+        Self {
+            addr,
+            open,
+            connections,
+            accept,
+        }
+    }
+
+    /// Drops every connection and refuses new ones.
+    pub fn cut(&self) {
+        self.open.store(false, std::sync::atomic::Ordering::SeqCst);
+        for task in self.connections.lock().unwrap().drain(..) {
+            task.abort();
+        }
+    }
+
+    /// Lets connections through again.
+    pub fn restore(&self) {
+        self.open.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.cut();
+    }
+}
+
+/// `postgres://user@host:port/db?…` with `host:port` replaced by `addr`.
+pub fn with_host(url: &str, addr: std::net::SocketAddr) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a URL");
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let userinfo = authority
+        .rsplit_once('@')
+        .map(|(u, _)| format!("{u}@"))
+        .unwrap_or_default();
+    format!("{scheme}://{userinfo}{addr}{tail}")
+}
+
+/// The `host:port` of a URL.
+pub fn host_of(url: &str) -> String {
+    let rest = url.split_once("://").expect("a URL").1;
+    let authority = &rest[..rest.find(['/', '?']).unwrap_or(rest.len())];
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    if host.contains(':') {
+        host.to_owned()
+    } else {
+        format!("{host}:5432")
+    }
 }

@@ -1,36 +1,28 @@
 //! What happens across restarts and shutdowns: durability, rehashing, draining.
 
-use crate::helpers::{
-    SLOW_ITERATIONS, expect_code, register, spawn_app, spawn_app_in, spawn_app_with, stored_hash,
-    wait_until,
-};
+use crate::helpers::{SLOW_ITERATIONS, TestDb, expect_code, register, spawn_app_on, wait_until};
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 
-#[tokio::test]
-async fn an_acknowledged_registration_is_already_in_the_database_file() {
-    let mut app = spawn_app().await;
+async fn an_acknowledged_registration_is_already_in_the_database(db: TestDb) {
+    let mut app = spawn_app_on(&db, |_| {}).await;
     app.register("judy", "a fine password").await.unwrap();
     // No shutdown, no flush: the acknowledgement came after the commit.
-    let hash = stored_hash(&app.db_path, "judy")
-        .await
-        .expect("the row is on disk");
+    let hash = db.stored_hash("judy").await.expect("the row is on disk");
     assert!(hash.starts_with("$pbkdf2-sha256$i=1000,l=32$"), "{hash}");
 }
 
-#[tokio::test]
-async fn data_survives_a_restart_on_the_same_file() {
-    let mut first = spawn_app().await;
+async fn data_survives_a_restart_on_the_same_database(db: TestDb) {
+    let mut first = spawn_app_on(&db, |_| {}).await;
     let id = first.register("Kim", "a fine password").await.unwrap();
     let token = first
         .login("kim", "a fine password")
         .await
         .unwrap()
         .access_token;
-    let dir = first.dir.clone();
     first.stop().await.expect("a clean stop");
 
-    let mut second = spawn_app_in(dir, |_| {}).await;
+    let mut second = spawn_app_on(&db, |_| {}).await;
     let session = second.login("KIM", "a fine password").await.unwrap();
     assert_eq!(session.user_id, id);
     // Same key ring: the token from before the restart is still valid.
@@ -41,35 +33,32 @@ async fn data_survives_a_restart_on_the_same_file() {
     );
 }
 
-#[tokio::test]
-async fn a_login_rehashes_a_password_stored_with_other_parameters() {
-    let mut first = spawn_app_with(|c| c.pbkdf2_iterations = 1000).await;
+async fn a_login_rehashes_a_password_stored_with_other_parameters(db: TestDb) {
+    let mut first = spawn_app_on(&db, |c| c.pbkdf2_iterations = 1000).await;
     first.register("leo", "a fine password").await.unwrap();
-    let before = stored_hash(&first.db_path, "leo").await.unwrap();
+    let before = db.stored_hash("leo").await.unwrap();
     assert!(before.starts_with("$pbkdf2-sha256$i=1000,"), "{before}");
-    let dir = first.dir.clone();
     first.stop().await.unwrap();
 
-    let mut second = spawn_app_in(dir, |c| c.pbkdf2_iterations = 2000).await;
+    let mut second = spawn_app_on(&db, |c| c.pbkdf2_iterations = 2000).await;
     // A failed login changes nothing.
     expect_code(
         second.login("leo", "not the password").await,
         Code::Unauthenticated,
     );
-    assert_eq!(stored_hash(&second.db_path, "leo").await.unwrap(), before);
+    assert_eq!(db.stored_hash("leo").await.unwrap(), before);
 
     second.login("leo", "a fine password").await.unwrap();
-    let after = stored_hash(&second.db_path, "leo").await.unwrap();
+    let after = db.stored_hash("leo").await.unwrap();
     assert!(after.starts_with("$pbkdf2-sha256$i=2000,l=32$"), "{after}");
     assert_ne!(after, before);
     // The new hash verifies, and is not replaced again.
     second.login("leo", "a fine password").await.unwrap();
-    assert_eq!(stored_hash(&second.db_path, "leo").await.unwrap(), after);
+    assert_eq!(db.stored_hash("leo").await.unwrap(), after);
 }
 
-#[tokio::test]
-async fn shutdown_reports_not_serving_refuses_new_work_and_finishes_work_in_flight() {
-    let mut app = spawn_app_with(|c| {
+async fn shutdown_reports_not_serving_refuses_new_work_and_finishes_work_in_flight(db: TestDb) {
+    let mut app = spawn_app_on(&db, |c| {
         c.hash_threads = Some(1);
         c.pbkdf2_iterations = SLOW_ITERATIONS;
     })
@@ -123,10 +112,16 @@ async fn shutdown_reports_not_serving_refuses_new_work_and_finishes_work_in_flig
         .await
         .unwrap()
         .expect("the request in flight when shutdown began completes");
-    let (db_path, _dir) = (app.db_path.clone(), app.dir.clone());
     app.stop().await.expect("a clean stop");
     assert!(
-        stored_hash(&db_path, "mallory").await.is_some(),
+        db.stored_hash("mallory").await.is_some(),
         "the write was flushed"
     );
 }
+
+crate::backend_tests!(
+    an_acknowledged_registration_is_already_in_the_database,
+    data_survives_a_restart_on_the_same_database,
+    a_login_rehashes_a_password_stored_with_other_parameters,
+    shutdown_reports_not_serving_refuses_new_work_and_finishes_work_in_flight,
+);

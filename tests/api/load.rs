@@ -1,7 +1,7 @@
 //! Behaviour when the service is full: refuse at once, keep probes answering, and
 //! never spend a hash on a request nobody waits for.
 
-use crate::helpers::{SLOW_ITERATIONS, expect_code, register, spawn_app_with, wait_until};
+use crate::helpers::{SLOW_ITERATIONS, TestDb, expect_code, register, spawn_app_on, wait_until};
 use futures::future::join_all;
 use std::time::Duration;
 use tonic::Code;
@@ -16,9 +16,8 @@ fn retry_delay(status: &tonic::Status) -> Duration {
         .expect("a RetryInfo with a delay")
 }
 
-#[tokio::test]
-async fn a_burst_beyond_the_hash_queue_is_refused_at_once() {
-    let app = spawn_app_with(|c| {
+async fn a_burst_beyond_the_hash_queue_is_refused_at_once(db: TestDb) {
+    let app = spawn_app_on(&db, |c| {
         c.hash_threads = Some(1);
         c.hash_queue = Some(1);
         c.pbkdf2_iterations = SLOW_ITERATIONS;
@@ -58,9 +57,8 @@ async fn a_burst_beyond_the_hash_queue_is_refused_at_once() {
     assert!(handle.hash_stats().rejected_full >= 8);
 }
 
-#[tokio::test]
-async fn health_answers_while_every_hash_thread_is_busy() {
-    let mut app = spawn_app_with(|c| {
+async fn health_answers_while_every_hash_thread_is_busy(db: TestDb) {
+    let mut app = spawn_app_on(&db, |c| {
         c.hash_threads = Some(1);
         c.pbkdf2_iterations = SLOW_ITERATIONS;
     })
@@ -86,9 +84,8 @@ async fn health_answers_while_every_hash_thread_is_busy() {
     busy.await.unwrap().unwrap();
 }
 
-#[tokio::test]
-async fn a_request_whose_deadline_passes_in_the_queue_is_never_hashed() {
-    let mut app = spawn_app_with(|c| {
+async fn a_request_whose_deadline_passes_in_the_queue_is_never_hashed(db: TestDb) {
+    let mut app = spawn_app_on(&db, |c| {
         c.hash_threads = Some(1);
         c.pbkdf2_iterations = SLOW_ITERATIONS;
     })
@@ -137,9 +134,8 @@ async fn a_request_whose_deadline_passes_in_the_queue_is_never_hashed() {
     );
 }
 
-#[tokio::test]
-async fn requests_beyond_the_admission_cap_are_refused_but_probes_pass() {
-    let mut app = spawn_app_with(|c| {
+async fn requests_beyond_the_admission_cap_are_refused_but_probes_pass(db: TestDb) {
+    let mut app = spawn_app_on(&db, |c| {
         c.hash_threads = Some(1);
         c.max_in_flight = 1;
         c.pbkdf2_iterations = SLOW_ITERATIONS;
@@ -161,3 +157,10 @@ async fn requests_beyond_the_admission_cap_are_refused_but_probes_pass() {
     assert_eq!(app.health_status("").await, ServingStatus::Serving);
     first.await.unwrap().unwrap();
 }
+
+crate::backend_tests!(
+    a_burst_beyond_the_hash_queue_is_refused_at_once,
+    health_answers_while_every_hash_thread_is_busy,
+    a_request_whose_deadline_passes_in_the_queue_is_never_hashed,
+    requests_beyond_the_admission_cap_are_refused_but_probes_pass,
+);

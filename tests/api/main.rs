@@ -1,10 +1,13 @@
 //! Integration tests: authd on 127.0.0.1:0, a real SQLite file, a real tonic client.
 
+mod bench;
 mod cli;
 mod errors;
 mod helpers;
 mod lifecycle;
 mod load;
+mod ratelimit;
 mod reflection;
 mod register;
+mod replicas;
 mod tokens;

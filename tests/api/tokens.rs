@@ -1,7 +1,7 @@
 //! Tokens are standard JWTs: an independent library (jsonwebtoken) verifies what
 //! authd issues, and authd refuses everything that is not a valid token of its own.
 
-use crate::helpers::{TEST_KEY, TEST_KID, expect_code, key_spec, spawn_app, spawn_app_with};
+use crate::helpers::{TEST_KEY, TEST_KID, TestDb, expect_code, key_spec, spawn_app_on};
 use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD};
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
@@ -38,9 +38,8 @@ fn sign(claims: &Claims, kid: Option<&str>, key: &[u8]) -> String {
     jsonwebtoken::encode(&header, claims, &EncodingKey::from_secret(key)).unwrap()
 }
 
-#[tokio::test]
-async fn issued_tokens_verify_with_an_independent_jwt_library() {
-    let mut app = spawn_app().await;
+async fn issued_tokens_verify_with_an_independent_jwt_library(db: TestDb) {
+    let mut app = spawn_app_on(&db, |_| {}).await;
     let user_id = app.register("Frank", "a fine password").await.unwrap();
     let session = app.login("frank", "a fine password").await.unwrap();
     assert_eq!(session.token_type, "Bearer");
@@ -72,9 +71,8 @@ async fn issued_tokens_verify_with_an_independent_jwt_library() {
     assert_eq!(validated.expires_at, Some(expires_at));
 }
 
-#[tokio::test]
-async fn tokens_from_an_independent_library_with_the_shared_key_validate() {
-    let mut app = spawn_app().await;
+async fn tokens_from_an_independent_library_with_the_shared_key_validate(db: TestDb) {
+    let mut app = spawn_app_on(&db, |_| {}).await;
     let claims = Claims {
         sub: "some-user-id".into(),
         name: "grace".into(),
@@ -88,9 +86,8 @@ async fn tokens_from_an_independent_library_with_the_shared_key_validate() {
     assert_eq!(validated.username, "grace");
 }
 
-#[tokio::test]
-async fn forged_expired_and_foreign_tokens_are_unauthenticated() {
-    let mut app = spawn_app().await;
+async fn forged_expired_and_foreign_tokens_are_unauthenticated(db: TestDb) {
+    let mut app = spawn_app_on(&db, |_| {}).await;
     app.register("heidi", "a fine password").await.unwrap();
     let token = app
         .login("heidi", "a fine password")
@@ -174,12 +171,13 @@ async fn forged_expired_and_foreign_tokens_are_unauthenticated() {
     app.validate(&token).await.unwrap();
 }
 
-#[tokio::test]
-async fn tokens_signed_by_a_rotated_out_key_still_verify_while_it_is_listed() {
+async fn tokens_signed_by_a_rotated_out_key_still_verify_while_it_is_listed(db: TestDb) {
     let old_key = b"the old key, thirty-two bytes ok";
     let new_key = b"the new key, thirty-two bytes ok";
-    let mut before =
-        spawn_app_with(|c| c.token_keys = Some(key_spec("old", old_key).parse().unwrap())).await;
+    let mut before = spawn_app_on(&db, |c| {
+        c.token_keys = Some(key_spec("old", old_key).parse().unwrap())
+    })
+    .await;
     before.register("ivan", "a fine password").await.unwrap();
     let old_token = before
         .login("ivan", "a fine password")
@@ -189,10 +187,8 @@ async fn tokens_signed_by_a_rotated_out_key_still_verify_while_it_is_listed() {
 
     // The next deployment signs with "new" and still lists "old".
     let ring = format!("{},{}", key_spec("new", new_key), key_spec("old", old_key));
-    let dir = before.dir.clone();
     before.stop().await.unwrap();
-    let mut after =
-        crate::helpers::spawn_app_in(dir, |c| c.token_keys = Some(ring.parse().unwrap())).await;
+    let mut after = spawn_app_on(&db, |c| c.token_keys = Some(ring.parse().unwrap())).await;
     assert_eq!(after.validate(&old_token).await.unwrap().username, "ivan");
     let new_token = after
         .login("ivan", "a fine password")
@@ -203,12 +199,18 @@ async fn tokens_signed_by_a_rotated_out_key_still_verify_while_it_is_listed() {
     assert_eq!(header.kid.as_deref(), Some("new"));
 
     // Once "old" is dropped from the ring, its tokens stop verifying.
-    let dir = after.dir.clone();
     after.stop().await.unwrap();
-    let mut last = crate::helpers::spawn_app_in(dir, |c| {
+    let mut last = spawn_app_on(&db, |c| {
         c.token_keys = Some(key_spec("new", new_key).parse().unwrap())
     })
     .await;
     expect_code(last.validate(&old_token).await, Code::Unauthenticated);
     last.validate(&new_token).await.unwrap();
 }
+
+crate::backend_tests!(
+    issued_tokens_verify_with_an_independent_jwt_library,
+    tokens_from_an_independent_library_with_the_shared_key_validate,
+    forged_expired_and_foreign_tokens_are_unauthenticated,
+    tokens_signed_by_a_rotated_out_key_still_verify_while_it_is_listed,
+);

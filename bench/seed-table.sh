@@ -1,0 +1,315 @@
+#!/usr/bin/env bash
+# bench/seed-table.sh: the benchmark suite. Reproduces the original load test's table
+# against authd on this machine and writes it, with a description of the machine and
+# the command, to bench/RESULTS.md (or --out FILE).
+#
+# For each scenario it starts a fresh release authd on a fresh SQLite file in a temp
+# dir, pinned with taskset to half of the cores (on a 2-core machine: the server on
+# core 0 with one hash thread, authbench on core 1), waits until it is SERVING, runs
+# authbench --json with a warm-up, reads the server's peak RSS (VmHWM) and stops it.
+# A fresh server per scenario gives each row its own peak RSS and an empty database.
+# Before that it measures the hash-bound limit (`authd hash-bench`) at each PBKDF2
+# cost on the server's cores: no login or registration can go faster than it.
+#
+# Usage: bench/seed-table.sh [--out FILE] [--quick]
+#   --out FILE   where to write the results (default bench/RESULTS.md)
+#   --quick      1 s warm-up and 2 s per scenario: checks the script, not authd
+# Environment (defaults in brackets):
+#   BENCH_DURATION    measured seconds per scenario [15]
+#   BENCH_WARMUP      warm-up seconds per scenario [5]
+#   BENCH_HASH_QUEUE  the server's AUTHD_HASH_QUEUE [200]: a full queue waits about
+#                     2x the 100-concurrency run, within the overload target of 3x its
+#                     p99; "default" leaves authd's own (64 per hash thread)
+#   BENCH_PORT        the server's port on 127.0.0.1 [a free one]
+# Needs: cargo, taskset (util-linux), python3. The whole suite takes about 4 minutes
+# after the build.
+set -euo pipefail
+
+die() {
+    echo "seed-table.sh: error: $*" >&2
+    exit 1
+}
+
+usage() {
+    sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+}
+
+COMMAND="bench/seed-table.sh${*:+ $*}"
+OUT=bench/RESULTS.md
+QUICK=0
+while (($#)); do
+    case $1 in
+        --out) (($# >= 2)) || die "--out needs a file name"; OUT=$2; shift 2 ;;
+        --out=*) OUT=${1#--out=}; shift ;;
+        --quick) QUICK=1; shift ;;
+        -h | --help) usage; exit 0 ;;
+        *) die "unknown argument '$1' (see --help)" ;;
+    esac
+done
+
+if ((QUICK)); then
+    DURATION=${BENCH_DURATION:-2}
+    WARMUP=${BENCH_WARMUP:-1}
+else
+    DURATION=${BENCH_DURATION:-15}
+    WARMUP=${BENCH_WARMUP:-5}
+fi
+HASH_QUEUE=${BENCH_HASH_QUEUE:-200}
+[[ $DURATION =~ ^[0-9]+$ && $DURATION -ge 1 ]] || die "BENCH_DURATION must be whole seconds ≥ 1"
+[[ $WARMUP =~ ^[0-9]+$ ]] || die "BENCH_WARMUP must be whole seconds"
+[[ $HASH_QUEUE == default || $HASH_QUEUE =~ ^[1-9][0-9]*$ ]] ||
+    die "BENCH_HASH_QUEUE must be a positive number or 'default'"
+for tool in cargo taskset python3; do
+    command -v "$tool" >/dev/null || die "$tool is required"
+done
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+case $OUT in /*) ;; *) OUT=$ROOT/$OUT ;; esac
+
+# Half the cores for the server, the rest for authbench.
+NPROC=$(nproc)
+cpu_range() { if (($1 == $2)); then echo "$1"; else echo "$1-$2"; fi; }
+if ((NPROC >= 2)); then
+    HALF=$((NPROC / 2))
+    SERVER_CPUS=$(cpu_range 0 $((HALF - 1)))
+    CLIENT_CPUS=$(cpu_range "$HALF" $((NPROC - 1)))
+    HASH_THREADS=$HALF
+    CLIENT_THREADS=$((NPROC - HALF))
+else
+    echo "seed-table.sh: warning: one core: server and authbench share it" >&2
+    SERVER_CPUS=0 CLIENT_CPUS=0 HASH_THREADS=1 CLIENT_THREADS=1
+fi
+
+echo "== building release binaries" >&2
+cargo build --release --locked --bins >&2
+AUTHD=$ROOT/target/release/authd
+AUTHBENCH=$ROOT/target/release/authbench
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/authd-bench.XXXXXX")
+SERVER_PID=
+stop_server() {
+    if [[ -n $SERVER_PID ]]; then
+        # SIGTERM: authd drains and exits 0; a server stuck past 30 s is killed.
+        kill -TERM "$SERVER_PID" 2>/dev/null || true
+        for _ in $(seq 300); do
+            kill -0 "$SERVER_PID" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -KILL "$SERVER_PID" 2>/dev/null || true
+        wait "$SERVER_PID" 2>/dev/null || true
+        SERVER_PID=
+    fi
+}
+BG_PID=
+cleanup() {
+    [[ -n $BG_PID ]] && kill -TERM "$BG_PID" 2>/dev/null || true
+    stop_server
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+PORT=${BENCH_PORT:-$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
+TARGET=http://127.0.0.1:$PORT
+TOKEN_KEY="bench:$(head -c 32 /dev/urandom | base64 | tr -d '\n')"
+
+# start_server ITERATIONS: a fresh authd on a fresh database, SERVING when it returns.
+start_server() {
+    stop_server
+    rm -f "$WORK"/authd.db*
+    local queue_env=()
+    [[ $HASH_QUEUE != default ]] && queue_env=("AUTHD_HASH_QUEUE=$HASH_QUEUE")
+    env AUTHD_LISTEN="127.0.0.1:$PORT" \
+        AUTHD_DATABASE_URL="sqlite://$WORK/authd.db" \
+        AUTHD_PBKDF2_ITERATIONS="$1" \
+        AUTHD_HASH_THREADS="$HASH_THREADS" \
+        "${queue_env[@]}" \
+        AUTHD_TOKEN_KEYS="$TOKEN_KEY" \
+        AUTHD_METRICS_LISTEN= \
+        AUTHD_LOG=warn \
+        taskset -c "$SERVER_CPUS" "$AUTHD" >>"$WORK/server.log" 2>&1 &
+    SERVER_PID=$!
+    if ! "$AUTHBENCH" health --target "$TARGET" --requests 1 --concurrency 1 \
+        --wait 30s --json >/dev/null; then
+        tail -n 20 "$WORK/server.log" >&2
+        die "authd did not become SERVING on $TARGET"
+    fi
+}
+
+# peak_rss_kb: the server's VmHWM, the most resident memory it has had.
+peak_rss_kb() {
+    awk '/^VmHWM:/ { print $2 }' "/proc/$SERVER_PID/status"
+}
+
+# bench OUTFILE ARGS...: authbench pinned to the client cores, JSON to OUTFILE.
+bench() {
+    local out=$1
+    shift
+    taskset -c "$CLIENT_CPUS" "$AUTHBENCH" "$@" --target "$TARGET" \
+        --threads "$CLIENT_THREADS" --json >"$out" ||
+        die "authbench $* failed (server log: $(tail -n 3 "$WORK/server.log" | tr '\n' ' '))"
+    kill -0 "$SERVER_PID" 2>/dev/null || die "authd exited during authbench $*"
+}
+
+# hash_bench WHEN: the hash-bound limit at each cost, on the server's cores. It runs
+# before and after the scenarios; the table uses the higher of the two, so a burst of
+# other work on the machine cannot lower the limit and flatter QPS / limit.
+hash_bench() {
+    echo "== hash-bound limit, $1 (authd hash-bench on CPU $SERVER_CPUS," \
+        "$HASH_THREADS thread(s))" >&2
+    for iterations in 100000 10000; do
+        taskset -c "$SERVER_CPUS" "$AUTHD" hash-bench --iterations "$iterations" \
+            --threads "$HASH_THREADS" --duration 5s --json >"$WORK/hash-$iterations-$1.json"
+    done
+}
+hash_bench before
+
+# name | iterations | scenario | concurrency | note | authbench flags
+# Overload runs twice: with clients that ask again at once when refused (the closed
+# loop of the original report), and with clients that wait out the RetryInfo hint.
+SCENARIOS=(
+    "login|100000|login|100||"
+    "login|10000|login|100||"
+    "login|10000|login|200||"
+    "register|10000|register|300||"
+    "register|10000|register|3000||"
+    "health under register load|10000|health|100|register 3000 on its own connections|"
+    "login overload|10000|login|2000||"
+    "login overload, clients back off|10000|login|2000||--backoff"
+    "register overload|10000|register|5000||"
+    "register overload, clients back off|10000|register|5000||--backoff"
+)
+MANIFEST=$WORK/manifest.tsv
+: >"$MANIFEST"
+i=0
+for row in "${SCENARIOS[@]}"; do
+    IFS='|' read -r name iterations scenario concurrency note flags <<<"$row"
+    i=$((i + 1))
+    echo "== [$i/${#SCENARIOS[@]}] $name: PBKDF2 $iterations, concurrency $concurrency" >&2
+    start_server "$iterations"
+    json=$WORK/run-$i.json
+    background=
+    if [[ -n $note ]]; then
+        # The register load starts first and outlasts the health run's warm-up and
+        # measurement, on a separate authbench process and so separate connections.
+        background=$WORK/run-$i-background.json
+        taskset -c "$CLIENT_CPUS" "$AUTHBENCH" register --concurrency 3000 \
+            --duration "$((WARMUP + DURATION + 3))s" --warmup 1s --target "$TARGET" \
+            --threads "$CLIENT_THREADS" --json >"$background" &
+        BG_PID=$!
+        sleep 2
+    fi
+    # shellcheck disable=SC2086 # flags is a list of words
+    bench "$json" "$scenario" --concurrency "$concurrency" \
+        --warmup "${WARMUP}s" --duration "${DURATION}s" $flags
+    if [[ -n $BG_PID ]]; then
+        wait "$BG_PID" || die "the background register load failed"
+        BG_PID=
+    fi
+    rss=$(peak_rss_kb)
+    stop_server
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$iterations" "$concurrency" \
+        "$json" "$rss" "$background" "$note" >>"$MANIFEST"
+done
+
+hash_bench after
+
+CPU_MODEL=$(awk -F': *' '/^model name/ { print $2; exit }' /proc/cpuinfo)
+MEMORY=$(awk '/^MemTotal:/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
+REVISION=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+if [[ -n $(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null) ]]; then
+    REVISION+=" (with uncommitted changes)"
+fi
+
+mkdir -p "$(dirname "$OUT")"
+python3 - "$MANIFEST" "$WORK" >"$WORK/table.md" <<'PY'
+import json, sys
+
+manifest, work = sys.argv[1], sys.argv[2]
+limits, measured = {}, {}
+for it in (100000, 10000):
+    runs = [json.load(open(f"{work}/hash-{it}-{when}.json")) for when in ("before", "after")]
+    measured[it] = runs
+    limits[it] = max(runs, key=lambda h: h["hashes_per_second"])
+
+def ms(x):
+    return "—" if x is None else f"{x:.1f}"
+
+def short(it):
+    return f"{it // 1000}k"
+
+print("| scenario | config | concurrency | QPS | avg (ms) | p99 (ms) | success rate "
+      "| hash-bound limit (/s) | QPS / limit | RESOURCE_EXHAUSTED | p99 all (ms) "
+      "| other errors | server peak RSS (MB) |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+notes = []
+for line in open(manifest):
+    name, it, conc, path, rss, background, note = line.rstrip("\n").split("\t")
+    it = int(it)
+    r = json.load(open(path))
+    ok = r.get("ok_latency_ms") or {}
+    every = r.get("latency_ms") or {}
+    requests = r["requests"] or 1
+    codes = r["codes"]
+    refused = codes.get("RESOURCE_EXHAUSTED", 0)
+    other = sum(n for c, n in codes.items() if c not in ("OK", "RESOURCE_EXHAUSTED"))
+    other += r["client_errors"]["connection"] + r["client_errors"]["timeout"]
+    other_detail = ", ".join(f"{c} {n}" for c, n in codes.items()
+                             if c not in ("OK", "RESOURCE_EXHAUSTED"))
+    hashes = r["scenario"] in ("login", "register")
+    limit = limits[it]["hashes_per_second"] if hashes else None
+    rate = r["ok_qps"]
+    print(f"| {name} | PBKDF2 {short(it)} | {conc} | {rate:.0f} | {ms(ok.get('avg'))} "
+          f"| {ms(ok.get('p99'))} | {100 * r['ok'] / requests:.1f} % "
+          f"| {'—' if limit is None else f'{limit:.0f}'} "
+          f"| {'—' if limit is None else f'{rate / limit:.2f}'} "
+          f"| {100 * refused / requests:.1f} % | {ms(every.get('p99'))} "
+          f"| {other}{f' ({other_detail})' if other_detail else ''} "
+          f"| {int(rss) / 1024:.0f} |")
+    if background:
+        b = json.load(open(background))
+        bref = b["codes"].get("RESOURCE_EXHAUSTED", 0)
+        notes.append(f"- {name}: the {note} ran at {b['ok_qps']:.0f} successful req/s, "
+                     f"{100 * bref / max(b['requests'], 1):.1f} % RESOURCE_EXHAUSTED, "
+                     f"p99 of its successes {ms((b.get('ok_latency_ms') or {}).get('p99'))} ms.")
+print()
+for it, h in limits.items():
+    before, after = (m["hashes_per_second"] for m in measured[it])
+    print(f"- Hash-bound limit at PBKDF2 {short(it)}: {h['hashes_per_second']:.1f} hashes/s "
+          f"on {h['threads']} thread(s) ({h['ms_per_hash']:.2f} ms per hash): the higher of "
+          f"{before:.1f} before and {after:.1f} after the scenarios, from "
+          f"`authd hash-bench --iterations {it} --threads {h['threads']} --duration 5s`.")
+for n in notes:
+    print(n)
+PY
+
+{
+    echo "# authd benchmark: the seed table"
+    echo
+    echo "- Machine: $NPROC cores ($CPU_MODEL), $MEMORY of memory, $(uname -sr)"
+    echo "- Date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "- Command: \`$COMMAND\`" \
+        "(BENCH_DURATION=$DURATION BENCH_WARMUP=$WARMUP BENCH_HASH_QUEUE=$HASH_QUEUE)"
+    echo "- authd revision: $REVISION"
+    echo "- Layout: authd on CPU $SERVER_CPUS (AUTHD_HASH_THREADS=$HASH_THREADS," \
+        "AUTHD_HASH_QUEUE=$HASH_QUEUE), authbench on CPU $CLIENT_CPUS ($CLIENT_THREADS" \
+        "runtime thread(s)); each scenario on a freshly started authd with a new SQLite" \
+        "file; closed loop, ${WARMUP} s warm-up (not counted), then ${DURATION} s measured."
+    echo
+    cat "$WORK/table.md"
+    echo
+    echo "QPS counts successful answers per second; avg and p99 are over the successful"
+    echo "requests (the ones authd accepted), p99 all over every answer including refusals."
+    echo "Refused requests are retried at once by the closed loop, so under overload the"
+    echo "client keeps the server busy refusing; in the rows marked \"clients back off\""
+    echo "(authbench --backoff) a refused client first waits the RetryInfo delay (jittered"
+    echo "between half and one and a half times it), as a well-behaved gRPC client does."
+    echo "Other errors are every status but OK and"
+    echo "RESOURCE_EXHAUSTED, plus client-side connection errors and timeouts. QPS / limit"
+    echo "compares with the hash-bound limit measured in the same run on the server's cores."
+    echo "Peak RSS is the server's VmHWM at the end of the scenario (one server per row)."
+} >"$OUT"
+
+cat "$OUT"
+echo "== written to ${OUT#"$ROOT"/}" >&2

@@ -1,0 +1,299 @@
+//! The `authbench` command line: clap parses it, [`Args::plan`] checks what clap
+//! cannot (combinations, the target URL) and turns it into a [`Plan`].
+//!
+//! Every mistake is reported as one line naming the option, before anything is
+//! sent; `src/bin/authbench.rs` prints it and exits non-zero.
+
+use super::{
+    runner::{Load, Plan, Stop, default_connections},
+    scenario::{Mix, Scenario},
+};
+use clap::Parser;
+use std::time::Duration;
+
+/// authbench: a gRPC load generator for authd.
+///
+/// Sends health checks, registrations, logins, token validations or a weighted mix
+/// of them to an authd server, and reports throughput, latency percentiles (from an
+/// HdrHistogram) and the count of every gRPC status code and client-side error.
+///
+/// Closed loop (--concurrency): that many requests are always in flight. Open loop
+/// (--rate): requests go out on a fixed schedule whatever the answers, and latency
+/// is measured from each request's intended send time, so a stalled server cannot
+/// hide its queue. Requests sent during --warmup are left out of the report.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "authbench", version, max_term_width = 100)]
+pub struct Args {
+    /// What to send.
+    #[arg(value_enum)]
+    pub scenario: Scenario,
+
+    /// The server: http://HOST:PORT (the scheme may be left out).
+    #[arg(long, visible_alias = "addr", default_value = "http://127.0.0.1:50051")]
+    pub target: String,
+
+    /// Closed loop: keep this many requests in flight [default: 50].
+    #[arg(short, long, conflicts_with = "rate")]
+    pub concurrency: Option<usize>,
+
+    /// Open loop: send this many requests per second on a fixed schedule.
+    #[arg(short, long, allow_negative_numbers = true)]
+    pub rate: Option<f64>,
+
+    /// HTTP/2 connections to spread the load over [default: one per 100 requests
+    /// in flight, or per 200 req/s of --rate, at most 64].
+    #[arg(long)]
+    pub connections: Option<usize>,
+
+    /// Stop after this many measured requests (after the warm-up).
+    #[arg(short = 'n', long, conflicts_with = "duration")]
+    pub requests: Option<u64>,
+
+    /// Stop after this long, not counting the warm-up (e.g. 30s, 2m) [default: 10s].
+    #[arg(short, long, value_parser = humantime::parse_duration)]
+    pub duration: Option<Duration>,
+
+    /// Send load this long first without recording it (e.g. 5s).
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    pub warmup: Duration,
+
+    /// Per-request deadline, sent to the server as the gRPC timeout.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+
+    /// Users registered before the run, for login and validate.
+    #[arg(long, default_value_t = 100)]
+    pub users: usize,
+
+    /// Weights of the mixed scenario: OPERATION=WEIGHT,… with operations health,
+    /// register, login and validate.
+    #[arg(long)]
+    pub mix: Option<Mix>,
+
+    /// Threads of the client's runtime; 1 runs everything on one thread, the
+    /// cheapest way to drive a server from a single core.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+
+    /// Timeout of each connection attempt and of the first health check.
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    pub connect_timeout: Duration,
+
+    /// Keep trying to connect until the server is SERVING, for at most this long
+    /// (for scripts that have just started it).
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    pub wait: Duration,
+
+    /// Closed loop: after a RESOURCE_EXHAUSTED that carries a RetryInfo, a client
+    /// waits the hinted delay (jittered between half and one and a half times it)
+    /// before its next request, as a well-behaved gRPC client does. Without it, a
+    /// refused client asks again at once.
+    #[arg(long, conflicts_with = "rate")]
+    pub backoff: bool,
+
+    /// Print the report as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Closed-loop concurrency when neither --concurrency nor --rate is given.
+pub const DEFAULT_CONCURRENCY: usize = 50;
+/// Measured duration when neither --requests nor --duration is given.
+pub const DEFAULT_DURATION: Duration = Duration::from_secs(10);
+
+impl Args {
+    /// Checks the options together and builds the plan. `progress` says whether to
+    /// draw a progress bar (the binary passes "stderr is a terminal").
+    pub fn plan(&self, progress: bool) -> Result<Plan, String> {
+        let target = normalize_target(&self.target)?;
+        let load = match (self.rate, self.concurrency) {
+            (Some(rate), _) => Load::Open { rate },
+            (None, concurrency) => Load::Closed {
+                concurrency: concurrency.unwrap_or(DEFAULT_CONCURRENCY),
+            },
+        };
+        let stop = match (self.requests, self.duration) {
+            (Some(n), _) => Stop::Requests(n),
+            (None, d) => Stop::Duration(d.unwrap_or(DEFAULT_DURATION)),
+        };
+        if self.mix.is_some() && self.scenario != Scenario::Mixed {
+            return Err(format!(
+                "--mix applies only to the mixed scenario, not to {}",
+                self.scenario
+            ));
+        }
+        if self.threads == 0 {
+            return Err("--threads must be at least 1".into());
+        }
+        let mut plan = Plan::new(target, self.scenario, load, stop);
+        if let Some(mix) = &self.mix {
+            plan.mix = mix.clone();
+        }
+        plan.connections = self
+            .connections
+            .unwrap_or_else(|| default_connections(load));
+        plan.warmup = self.warmup;
+        plan.timeout = self.timeout;
+        plan.users = self.users;
+        plan.connect_timeout = self.connect_timeout;
+        plan.wait = self.wait;
+        plan.backoff = self.backoff;
+        plan.progress = progress;
+        plan.check()?;
+        Ok(plan)
+    }
+}
+
+/// `host:port` becomes `http://host:port`; anything but a plain-text `http://` URL
+/// with a host and port-or-default is refused.
+pub fn normalize_target(raw: &str) -> Result<String, String> {
+    let raw = raw.trim();
+    let url = if raw.contains("://") {
+        raw.to_string()
+    } else {
+        format!("http://{raw}")
+    };
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| format!("--target {raw:?} is not a URL: {e}"))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => {
+            return Err(format!(
+                "--target {raw:?}: TLS is not supported; use an http:// target (authd \
+                 serves plain HTTP/2 behind a TLS-terminating proxy)"
+            ));
+        }
+        other => {
+            return Err(format!(
+                "--target {raw:?}: unsupported scheme {:?} (expected http://HOST:PORT)",
+                other.unwrap_or("")
+            ));
+        }
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(format!(
+            "--target {raw:?} has no host (expected http://HOST:PORT)"
+        ));
+    }
+    if uri
+        .path_and_query()
+        .is_some_and(|p| p.as_str() != "/" && !p.as_str().is_empty())
+    {
+        return Err(format!(
+            "--target {raw:?} must not have a path (expected http://HOST:PORT)"
+        ));
+    }
+    Ok(url.trim_end_matches('/').to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(args: &[&str]) -> Result<Plan, String> {
+        let args = Args::try_parse_from(std::iter::once("authbench").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        args.plan(false)
+    }
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Args::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults() {
+        let plan = parse(&["login"]).unwrap();
+        assert_eq!(plan.target, "http://127.0.0.1:50051");
+        assert_eq!(plan.scenario, Scenario::Login);
+        assert_eq!(
+            plan.load,
+            Load::Closed {
+                concurrency: DEFAULT_CONCURRENCY
+            }
+        );
+        assert_eq!(plan.stop, Stop::Duration(DEFAULT_DURATION));
+        assert_eq!(plan.connections, 1);
+        assert_eq!(plan.warmup, Duration::ZERO);
+        assert_eq!(plan.users, 100);
+    }
+
+    #[test]
+    fn load_shapes_and_limits() {
+        let plan = parse(&["register", "-c", "3000", "-n", "500", "--warmup", "5s"]).unwrap();
+        assert_eq!(plan.load, Load::Closed { concurrency: 3000 });
+        assert_eq!(plan.connections, 30);
+        assert_eq!(plan.stop, Stop::Requests(500));
+        assert_eq!(plan.warmup, Duration::from_secs(5));
+        let plan = parse(&[
+            "health",
+            "--rate",
+            "1000",
+            "--duration",
+            "30s",
+            "--connections",
+            "3",
+        ])
+        .unwrap();
+        assert_eq!(plan.load, Load::Open { rate: 1000.0 });
+        assert_eq!(plan.connections, 3);
+        assert_eq!(plan.stop, Stop::Duration(Duration::from_secs(30)));
+        let plan = parse(&[
+            "mixed",
+            "--mix",
+            "login=1,health=3",
+            "--addr",
+            "localhost:9",
+        ])
+        .unwrap();
+        assert_eq!(plan.mix.to_string(), "health=3,login=1");
+        assert_eq!(plan.target, "http://localhost:9");
+    }
+
+    #[test]
+    fn bad_arguments_are_refused_with_a_reason() {
+        for (args, why) in [
+            (
+                &["login", "-c", "10", "--rate", "5"][..],
+                "cannot be used with",
+            ),
+            (
+                &["login", "-n", "10", "-d", "5s"][..],
+                "cannot be used with",
+            ),
+            (&["login", "-c", "0"][..], "--concurrency"),
+            (&["login", "--rate", "0"][..], "--rate"),
+            (&["login", "--rate", "-3"][..], "--rate"),
+            (&["login", "-n", "0"][..], "--requests"),
+            (&["login", "-d", "0s"][..], "--duration"),
+            (&["login", "-d", "ten"][..], "ten"),
+            (&["login", "--connections", "0"][..], "--connections"),
+            (&["login", "--users", "0"][..], "--users"),
+            (&["login", "--mix", "login=1"][..], "only to the mixed"),
+            (&["mixed", "--mix", "logout=1"][..], "unknown operation"),
+            (&["login", "--target", "https://x:1"][..], "TLS"),
+            (&["login", "--target", "ftp://x:1"][..], "scheme"),
+            (&["login", "--target", "http://x:1/api"][..], "path"),
+            (&["login", "--threads", "0"][..], "--threads"),
+            (&["dance"][..], "dance"),
+        ] {
+            let err = parse(args).unwrap_err();
+            assert!(err.contains(why), "{args:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn targets_are_normalized() {
+        assert_eq!(
+            normalize_target("127.0.0.1:50051").unwrap(),
+            "http://127.0.0.1:50051"
+        );
+        assert_eq!(
+            normalize_target("http://[::1]:7/").unwrap(),
+            "http://[::1]:7"
+        );
+        assert!(normalize_target("http://").is_err());
+    }
+}

@@ -1,0 +1,776 @@
+//! What a run measured: the [`Recorder`] that workers feed, the arithmetic that turns
+//! it into numbers (QPS, percentiles, success rate), and the [`Report`] printed as a
+//! table or as JSON.
+//!
+//! Latencies go into HdrHistograms (microseconds, 3 significant digits), so memory
+//! stays constant however many requests a run sends and every percentile is within
+//! 0.1 % of the exact value. The functions that do arithmetic are pure and unit-tested
+//! here; nothing in this file reads a clock.
+
+use super::scenario::{Mix, Operation, Scenario};
+use hdrhistogram::Histogram;
+use serde::{Serialize, Serializer, ser::SerializeMap};
+use std::{
+    fmt::Write as _,
+    time::{Duration, Instant},
+};
+use tonic::Code;
+
+/// gRPC defines codes 0 (OK) to 16 (UNAUTHENTICATED).
+const CODES: usize = 17;
+
+/// How one request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The server answered with this gRPC status (OK included).
+    Status(Code),
+    /// The client could not get an answer: connection refused or reset, stream reset,
+    /// protocol error. No status came from the server.
+    Connection,
+    /// No answer at all by the deadline (plus a grace period): the client gave up.
+    Timeout,
+}
+
+/// Latency of one operation, all outcomes and successes apart.
+struct OpRecorder {
+    all: Histogram<u64>,
+    ok: Histogram<u64>,
+    codes: [u64; CODES],
+    connection: u64,
+    timeout: u64,
+}
+
+impl OpRecorder {
+    fn new(highest_micros: u64) -> Self {
+        let histogram = || {
+            Histogram::new_with_bounds(1, highest_micros.max(2), 3)
+                .expect("1 µs to a positive bound at 3 digits is a valid histogram")
+        };
+        Self {
+            all: histogram(),
+            ok: histogram(),
+            codes: [0; CODES],
+            connection: 0,
+            timeout: 0,
+        }
+    }
+
+    /// An empty recorder with the same histogram bounds as `other`.
+    fn empty_like(other: &OpRecorder) -> Self {
+        Self {
+            all: Histogram::new_from(&other.all),
+            ok: Histogram::new_from(&other.ok),
+            codes: [0; CODES],
+            connection: 0,
+            timeout: 0,
+        }
+    }
+
+    fn merge(&mut self, other: &OpRecorder) {
+        // Both histograms were built with the same bounds, so adding cannot fail.
+        self.all
+            .add(&other.all)
+            .expect("histograms with equal bounds");
+        self.ok
+            .add(&other.ok)
+            .expect("histograms with equal bounds");
+        for (a, b) in self.codes.iter_mut().zip(other.codes) {
+            *a += b;
+        }
+        self.connection += other.connection;
+        self.timeout += other.timeout;
+    }
+
+    fn requests(&self) -> u64 {
+        self.codes.iter().sum::<u64>() + self.connection + self.timeout
+    }
+}
+
+/// Collects the outcome and latency of every measured request.
+///
+/// One recorder holds a histogram pair per operation of the mix; workers share a
+/// few recorders (behind uncontended locks) rather than owning one each, because a
+/// histogram is ~100 KiB and a closed loop may have thousands of workers.
+pub struct Recorder {
+    ops: [Option<OpRecorder>; 4],
+    first_send: Option<Instant>,
+    first_done: Option<Instant>,
+    last_done: Option<Instant>,
+    first_client_error: Option<String>,
+}
+
+impl Recorder {
+    /// A recorder for the operations of `mix`, clamping latencies above `highest`.
+    pub fn new(mix: &Mix, highest: Duration) -> Self {
+        let highest_micros = u64::try_from(highest.as_micros()).unwrap_or(u64::MAX);
+        let ops = Operation::ALL.map(|op| mix.uses(op).then(|| OpRecorder::new(highest_micros)));
+        Self {
+            ops,
+            first_send: None,
+            first_done: None,
+            last_done: None,
+            first_client_error: None,
+        }
+    }
+
+    /// Records a request of `op`, sent (or meant to be sent) at `sent`, answered at `done`.
+    pub fn record(&mut self, op: Operation, outcome: Outcome, sent: Instant, done: Instant) {
+        let Some(stats) = self.ops[op.index()].as_mut() else {
+            debug_assert!(false, "{op} is not in the mix this recorder was made for");
+            return;
+        };
+        let micros =
+            u64::try_from(done.saturating_duration_since(sent).as_micros()).unwrap_or(u64::MAX);
+        // Below 1 µs is below the histogram's floor; it rounds up to it.
+        let micros = micros.max(1);
+        stats.all.saturating_record(micros);
+        match outcome {
+            Outcome::Status(code) => {
+                stats.codes[code_index(code)] += 1;
+                if code == Code::Ok {
+                    stats.ok.saturating_record(micros);
+                }
+            }
+            Outcome::Connection => stats.connection += 1,
+            Outcome::Timeout => stats.timeout += 1,
+        }
+        self.first_send = Some(self.first_send.map_or(sent, |t| t.min(sent)));
+        self.first_done = Some(self.first_done.map_or(done, |t| t.min(done)));
+        self.last_done = Some(self.last_done.map_or(done, |t| t.max(done)));
+    }
+
+    /// Keeps the message of the first client-side error, to show what went wrong.
+    /// `message` is only called when none was kept yet.
+    pub fn note_client_error(&mut self, message: impl FnOnce() -> String) {
+        if self.first_client_error.is_none() {
+            self.first_client_error = Some(message());
+        }
+    }
+
+    /// Adds everything `other` recorded (made for the same mix and bound) to this one.
+    pub fn merge(&mut self, other: &Recorder) {
+        for (mine, theirs) in self.ops.iter_mut().zip(&other.ops) {
+            match (mine.as_mut(), theirs) {
+                (Some(m), Some(t)) => m.merge(t),
+                (None, Some(_)) => panic!("merging recorders made for different mixes"),
+                _ => {}
+            }
+        }
+        let earliest = |a: Option<Instant>, b: Option<Instant>| a.into_iter().chain(b).min();
+        self.first_send = earliest(self.first_send, other.first_send);
+        self.first_done = earliest(self.first_done, other.first_done);
+        self.last_done = self.last_done.into_iter().chain(other.last_done).max();
+        if self.first_client_error.is_none() {
+            self.first_client_error
+                .clone_from(&other.first_client_error);
+        }
+    }
+
+    /// Requests recorded so far, whatever their outcome.
+    pub fn requests(&self) -> u64 {
+        self.ops.iter().flatten().map(OpRecorder::requests).sum()
+    }
+}
+
+/// Everything about a run that is not a measurement, for the report's header.
+#[derive(Debug, Clone)]
+pub struct RunInfo {
+    pub scenario: Scenario,
+    pub mix: Mix,
+    pub target: String,
+    pub load: LoadInfo,
+    pub connections: usize,
+    pub warmup: Duration,
+    pub warmup_requests: u64,
+}
+
+/// The load shape, as reported.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(tag = "mode", rename_all = "lowercase")]
+pub enum LoadInfo {
+    /// `concurrency` requests always in flight.
+    Closed { concurrency: usize },
+    /// Sends at a fixed `rate` per second, whatever the answers.
+    Open { rate: f64 },
+}
+
+/// Latency statistics in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Latency {
+    pub avg: f64,
+    pub min: f64,
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub max: f64,
+}
+
+/// Counts of each status code seen, serialized as `{"OK": n, "RESOURCE_EXHAUSTED": m}`
+/// in code order, leaving out codes never seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CodeCounts([u64; CODES]);
+
+impl CodeCounts {
+    pub fn get(&self, code: Code) -> u64 {
+        self.0[code_index(code)]
+    }
+
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+
+    /// `(code, count)` of every code seen, in code order.
+    pub fn seen(&self) -> impl Iterator<Item = (Code, u64)> + '_ {
+        self.0
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+            .map(|(i, n)| (Code::from_i32(i as i32), *n))
+    }
+}
+
+impl Serialize for CodeCounts {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(None)?;
+        for (code, n) in self.seen() {
+            map.serialize_entry(code_name(code), &n)?;
+        }
+        map.end()
+    }
+}
+
+/// Requests that got no status from the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct ClientErrors {
+    /// Connection refused or reset, stream reset, protocol errors.
+    pub connection: u64,
+    /// No answer by the deadline plus a grace period.
+    pub timeout: u64,
+}
+
+impl ClientErrors {
+    pub fn total(&self) -> u64 {
+        self.connection + self.timeout
+    }
+}
+
+/// The measurements of one operation of the mix.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OperationReport {
+    pub requests: u64,
+    pub ok: u64,
+    pub success_rate: Option<f64>,
+    pub latency_ms: Option<Latency>,
+    pub ok_latency_ms: Option<Latency>,
+    pub codes: CodeCounts,
+    pub client_errors: ClientErrors,
+}
+
+/// The result of a run: what `authbench` prints.
+///
+/// Only requests sent after the warm-up are in it, and each of them is in it exactly
+/// once: `requests` = the sum of `codes` + `client_errors`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    pub scenario: Scenario,
+    /// The weights, for the mixed scenario.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mix: Option<String>,
+    pub target: String,
+    pub load: LoadInfo,
+    pub connections: usize,
+    pub warmup_s: f64,
+    /// Requests sent during the warm-up, left out of everything below.
+    pub warmup_requests: u64,
+    /// From the first measured send to the last measured answer.
+    pub elapsed_s: f64,
+    /// Measured requests: each ended with a status code or a client error.
+    pub requests: u64,
+    pub ok: u64,
+    /// `ok / requests`; null when nothing was measured.
+    pub success_rate: Option<f64>,
+    /// Answers (of any status) per second; see [`throughput`].
+    pub qps: f64,
+    /// Successful answers per second.
+    pub ok_qps: f64,
+    /// Latency of every measured request, whatever its outcome.
+    pub latency_ms: Option<Latency>,
+    /// Latency of the successful requests only.
+    pub ok_latency_ms: Option<Latency>,
+    pub codes: CodeCounts,
+    pub client_errors: ClientErrors,
+    /// The first client-side error's message, to tell what went wrong.
+    pub first_client_error: Option<String>,
+    /// Per operation, for a mix of more than one.
+    #[serde(
+        skip_serializing_if = "Vec::is_empty",
+        serialize_with = "serialize_operations"
+    )]
+    pub operations: Vec<(Operation, OperationReport)>,
+}
+
+impl Report {
+    /// Builds the report of a run from everything its workers recorded.
+    pub fn new(info: &RunInfo, recorder: &Recorder) -> Self {
+        let present: Vec<(Operation, &OpRecorder)> = Operation::ALL
+            .iter()
+            .zip(&recorder.ops)
+            .filter_map(|(op, stats)| stats.as_ref().map(|s| (*op, s)))
+            .collect();
+        let mut total = match present.first() {
+            Some((_, stats)) => OpRecorder::empty_like(stats),
+            None => OpRecorder::new(2),
+        };
+        let mut operations = Vec::new();
+        for (op, stats) in present {
+            total.merge(stats);
+            operations.push((op, operation_report(stats)));
+        }
+        if operations.len() < 2 {
+            operations.clear();
+        }
+        let whole = operation_report(&total);
+        let elapsed = span(recorder.first_send, recorder.last_done);
+        let responses = span(recorder.first_done, recorder.last_done);
+        Report {
+            scenario: info.scenario,
+            mix: (info.scenario == Scenario::Mixed).then(|| info.mix.to_string()),
+            target: info.target.clone(),
+            load: info.load,
+            connections: info.connections,
+            warmup_s: info.warmup.as_secs_f64(),
+            warmup_requests: info.warmup_requests,
+            elapsed_s: elapsed.as_secs_f64(),
+            requests: whole.requests,
+            ok: whole.ok,
+            success_rate: whole.success_rate,
+            qps: throughput(whole.requests, responses, elapsed),
+            // Successes arrive spread like all answers: same time base.
+            ok_qps: throughput(whole.requests, responses, elapsed)
+                * ratio(whole.ok, whole.requests),
+            latency_ms: whole.latency_ms,
+            ok_latency_ms: whole.ok_latency_ms,
+            codes: whole.codes,
+            client_errors: whole.client_errors,
+            first_client_error: recorder.first_client_error.clone(),
+            operations,
+        }
+    }
+
+    /// The share of measured requests that ended with `code` (0 when none were measured).
+    pub fn share(&self, code: Code) -> f64 {
+        ratio(self.codes.get(code), self.requests)
+    }
+
+    /// The report as pretty JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a report always serializes")
+    }
+
+    /// The report as a human-readable table.
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        let load = match self.load {
+            LoadInfo::Closed { concurrency } => format!("closed loop, {concurrency} in flight"),
+            LoadInfo::Open { rate } => format!("open loop, {} req/s scheduled", trim_float(rate)),
+        };
+        let scenario = match &self.mix {
+            Some(mix) => format!("{} ({mix})", self.scenario),
+            None => self.scenario.to_string(),
+        };
+        let _ = writeln!(out, "authbench: {scenario} against {}", self.target);
+        let _ = writeln!(
+            out,
+            "load:        {load}, over {} connection{}",
+            self.connections,
+            plural(self.connections)
+        );
+        let _ = writeln!(
+            out,
+            "measured:    {} requests in {:.2} s (after a {} warm-up of {} requests)",
+            self.requests,
+            self.elapsed_s,
+            humantime::format_duration(Duration::from_secs_f64(self.warmup_s)),
+            self.warmup_requests
+        );
+        let _ = writeln!(
+            out,
+            "throughput:  {:.1} req/s ({:.1} req/s successful)",
+            self.qps, self.ok_qps
+        );
+        let _ = writeln!(out, "success:     {}", percent(self.success_rate));
+        out.push('\n');
+
+        let _ = writeln!(
+            out,
+            "{:<18} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "latency (ms)", "avg", "min", "p50", "p90", "p99", "p99.9", "max"
+        );
+        let mut row = |name: &str, latency: &Option<Latency>| {
+            let _ = match latency {
+                Some(l) => writeln!(
+                    out,
+                    "{name:<18} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
+                    l.avg, l.min, l.p50, l.p90, l.p99, l.p999, l.max
+                ),
+                None => writeln!(out, "{name:<18} {:>9}", "-"),
+            };
+        };
+        row("all", &self.latency_ms);
+        row("successful", &self.ok_latency_ms);
+        for (op, r) in &self.operations {
+            row(&format!("{op}"), &r.latency_ms);
+            row(&format!("{op} successful"), &r.ok_latency_ms);
+        }
+        out.push('\n');
+
+        let _ = writeln!(out, "{:<24} {:>10} {:>8}", "outcome", "count", "share");
+        for (code, n) in self.codes.seen() {
+            let _ = writeln!(
+                out,
+                "{:<24} {n:>10} {:>8}",
+                code_name(code),
+                percent(Some(ratio(n, self.requests)))
+            );
+        }
+        for (name, n) in [
+            ("client: connection", self.client_errors.connection),
+            ("client: timeout", self.client_errors.timeout),
+        ] {
+            if n > 0 {
+                let _ = writeln!(
+                    out,
+                    "{name:<24} {n:>10} {:>8}",
+                    percent(Some(ratio(n, self.requests)))
+                );
+            }
+        }
+        if self.requests == 0 {
+            let _ = writeln!(out, "(no requests measured)");
+        }
+        if let Some(e) = &self.first_client_error {
+            let _ = writeln!(out, "first client error: {e}");
+        }
+        for (op, r) in &self.operations {
+            let codes: Vec<String> = r
+                .codes
+                .seen()
+                .map(|(c, n)| format!("{}={n}", code_name(c)))
+                .chain(
+                    (r.client_errors.total() > 0)
+                        .then(|| format!("client_errors={}", r.client_errors.total())),
+                )
+                .collect();
+            let _ = writeln!(out, "  {op}: {} requests: {}", r.requests, codes.join(" "));
+        }
+        out
+    }
+}
+
+fn operation_report(stats: &OpRecorder) -> OperationReport {
+    let requests = stats.requests();
+    let ok = stats.codes[code_index(Code::Ok)];
+    OperationReport {
+        requests,
+        ok,
+        success_rate: (requests > 0).then(|| ratio(ok, requests)),
+        latency_ms: latency_summary(&stats.all),
+        ok_latency_ms: latency_summary(&stats.ok),
+        codes: CodeCounts(stats.codes),
+        client_errors: ClientErrors {
+            connection: stats.connection,
+            timeout: stats.timeout,
+        },
+    }
+}
+
+fn span(from: Option<Instant>, to: Option<Instant>) -> Duration {
+    match (from, to) {
+        (Some(a), Some(b)) => b.saturating_duration_since(a),
+        _ => Duration::ZERO,
+    }
+}
+
+/// Answers per second.
+///
+/// The rate is taken over the answers themselves, from the first measured answer to
+/// the last: `(count - 1) / response_span`, the mean gap between consecutive answers.
+/// Counting from the first *send* would charge the run for its ramp (in a closed
+/// loop the first answers need a full latency to arrive, and warm-up stragglers
+/// still occupy the server when measurement starts); this way neither end biases the
+/// rate. With fewer than two answers, or all at one instant, it falls back to
+/// `count / elapsed` (first send to last answer), and to 0 when that is zero too.
+pub fn throughput(count: u64, response_span: Duration, elapsed: Duration) -> f64 {
+    if count >= 2 && !response_span.is_zero() {
+        (count - 1) as f64 / response_span.as_secs_f64()
+    } else if !elapsed.is_zero() {
+        count as f64 / elapsed.as_secs_f64()
+    } else {
+        0.0
+    }
+}
+
+/// `part / whole`, 0 when `whole` is 0.
+pub fn ratio(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
+    }
+}
+
+/// The latency at quantile `q` (0 to 1) of a histogram of microseconds, in
+/// milliseconds; `None` when it is empty. Within 0.1 % of the exact value.
+pub fn percentile_ms(histogram: &Histogram<u64>, q: f64) -> Option<f64> {
+    (!histogram.is_empty()).then(|| micros_to_ms(histogram.value_at_quantile(q)))
+}
+
+/// avg, min, p50, p90, p99, p99.9 and max of a histogram of microseconds, in ms.
+pub fn latency_summary(histogram: &Histogram<u64>) -> Option<Latency> {
+    if histogram.is_empty() {
+        return None;
+    }
+    let q = |q| micros_to_ms(histogram.value_at_quantile(q));
+    Some(Latency {
+        avg: histogram.mean() / 1000.0,
+        min: micros_to_ms(histogram.min()),
+        p50: q(0.50),
+        p90: q(0.90),
+        p99: q(0.99),
+        p999: q(0.999),
+        max: micros_to_ms(histogram.max()),
+    })
+}
+
+fn micros_to_ms(micros: u64) -> f64 {
+    micros as f64 / 1000.0
+}
+
+fn code_index(code: Code) -> usize {
+    // `Code` is a fieldless enum with discriminants 0..=16.
+    (code as usize).min(CODES - 1)
+}
+
+/// The canonical name of a gRPC code, as in the gRPC spec: `RESOURCE_EXHAUSTED`.
+pub fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+fn percent(rate: Option<f64>) -> String {
+    match rate {
+        Some(r) => format!("{:.2} %", r * 100.0),
+        None => "n/a".into(),
+    }
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+fn trim_float(x: f64) -> String {
+    if x.fract() == 0.0 && x.abs() < 1e15 {
+        format!("{}", x as i64)
+    } else {
+        format!("{x}")
+    }
+}
+
+/// Serializes `(Operation, OperationReport)` pairs as a map keyed by operation name.
+fn serialize_operations<S: Serializer>(
+    operations: &[(Operation, OperationReport)],
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    let mut map = serializer.serialize_map(Some(operations.len()))?;
+    for (op, r) in operations {
+        map.serialize_entry(op.name(), r)?;
+    }
+    map.end()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn histogram_of_millis(values: impl IntoIterator<Item = u64>) -> Histogram<u64> {
+        let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
+        for ms in values {
+            h.record(ms * 1000).unwrap();
+        }
+        h
+    }
+
+    fn close(actual: f64, expected: f64) -> bool {
+        // HdrHistogram at 3 significant digits: within 0.1 %.
+        (actual - expected).abs() <= expected * 0.001 + 1e-9
+    }
+
+    #[test]
+    fn percentiles_of_a_uniform_distribution() {
+        let h = histogram_of_millis(1..=1000);
+        for (q, expected) in [
+            (0.5, 500.0),
+            (0.9, 900.0),
+            (0.99, 990.0),
+            (0.999, 999.0),
+            (1.0, 1000.0),
+        ] {
+            let got = percentile_ms(&h, q).unwrap();
+            assert!(close(got, expected), "p{q}: {got} vs {expected}");
+        }
+        let l = latency_summary(&h).unwrap();
+        assert!(close(l.avg, 500.5), "{l:?}");
+        assert!(close(l.min, 1.0) && close(l.max, 1000.0), "{l:?}");
+        assert!(close(l.p99, 990.0) && close(l.p999, 999.0), "{l:?}");
+    }
+
+    #[test]
+    fn percentiles_see_a_rare_tail() {
+        // 990 fast requests and 10 very slow ones: p99 is still fast, p99.9 is not.
+        let h =
+            histogram_of_millis(std::iter::repeat_n(2, 990).chain(std::iter::repeat_n(5000, 10)));
+        assert!(close(percentile_ms(&h, 0.5).unwrap(), 2.0));
+        assert!(close(percentile_ms(&h, 0.99).unwrap(), 2.0));
+        assert!(close(percentile_ms(&h, 0.999).unwrap(), 5000.0));
+        assert!(close(latency_summary(&h).unwrap().max, 5000.0));
+    }
+
+    #[test]
+    fn an_empty_histogram_has_no_percentiles() {
+        let h = histogram_of_millis([]);
+        assert_eq!(percentile_ms(&h, 0.5), None);
+        assert_eq!(latency_summary(&h), None);
+    }
+
+    #[test]
+    fn throughput_is_measured_between_answers() {
+        // 1001 answers evenly spaced over 10 s: 100 per second exactly.
+        let qps = throughput(1001, Duration::from_secs(10), Duration::from_secs(11));
+        assert!((qps - 100.0).abs() < 1e-9, "{qps}");
+        // One answer: fall back to first send to last answer.
+        assert_eq!(
+            throughput(1, Duration::ZERO, Duration::from_millis(500)),
+            2.0
+        );
+        // Nothing measured.
+        assert_eq!(throughput(0, Duration::ZERO, Duration::ZERO), 0.0);
+        // Several answers at the same instant.
+        assert_eq!(throughput(4, Duration::ZERO, Duration::from_secs(2)), 2.0);
+    }
+
+    #[test]
+    fn ratios_and_shares() {
+        assert_eq!(ratio(0, 0), 0.0);
+        assert_eq!(ratio(1, 4), 0.25);
+        assert_eq!(percent(Some(0.975)), "97.50 %");
+        assert_eq!(percent(None), "n/a");
+    }
+
+    #[test]
+    fn code_names_follow_the_grpc_spec() {
+        assert_eq!(code_name(Code::Ok), "OK");
+        assert_eq!(code_name(Code::ResourceExhausted), "RESOURCE_EXHAUSTED");
+        assert_eq!(code_name(Code::DeadlineExceeded), "DEADLINE_EXCEEDED");
+        assert_eq!(code_name(Code::Unauthenticated), "UNAUTHENTICATED");
+        for i in 0..CODES as i32 {
+            assert_eq!(code_index(Code::from_i32(i)), i as usize);
+        }
+    }
+
+    fn info(mix: &Mix) -> RunInfo {
+        RunInfo {
+            scenario: Scenario::Mixed,
+            mix: mix.clone(),
+            target: "http://127.0.0.1:1".into(),
+            load: LoadInfo::Closed { concurrency: 2 },
+            connections: 1,
+            warmup: Duration::ZERO,
+            warmup_requests: 0,
+        }
+    }
+
+    #[test]
+    fn every_recorded_request_is_counted_once() {
+        let mix: Mix = "login=1,register=1".parse().unwrap();
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut a = Recorder::new(&mix, Duration::from_secs(60));
+        let mut b = Recorder::new(&mix, Duration::from_secs(60));
+        a.record(Operation::Login, Outcome::Status(Code::Ok), ms(0), ms(10));
+        a.record(
+            Operation::Login,
+            Outcome::Status(Code::ResourceExhausted),
+            ms(1),
+            ms(2),
+        );
+        b.record(
+            Operation::Register,
+            Outcome::Status(Code::Ok),
+            ms(5),
+            ms(25),
+        );
+        b.record(Operation::Register, Outcome::Connection, ms(6), ms(7));
+        b.note_client_error(|| "connection refused".into());
+        b.record(Operation::Login, Outcome::Timeout, ms(8), ms(1008));
+        a.merge(&b);
+        assert_eq!(a.requests(), 5);
+
+        let report = Report::new(&info(&mix), &a);
+        assert_eq!(report.requests, 5);
+        assert_eq!(report.ok, 2);
+        assert_eq!(report.codes.total() + report.client_errors.total(), 5);
+        assert_eq!(report.codes.get(Code::ResourceExhausted), 1);
+        assert_eq!(
+            report.client_errors,
+            ClientErrors {
+                connection: 1,
+                timeout: 1
+            }
+        );
+        assert_eq!(report.success_rate, Some(0.4));
+        assert_eq!(report.share(Code::ResourceExhausted), 0.2);
+        assert_eq!(
+            report.first_client_error.as_deref(),
+            Some("connection refused")
+        );
+        // Sent from 0 ms to the last answer at 1008 ms; answers from 2 ms to 1008 ms.
+        assert!((report.elapsed_s - 1.008).abs() < 1e-9);
+        assert!((report.qps - 4.0 / 1.006).abs() < 1e-9, "{}", report.qps);
+        assert!((report.ok_qps - report.qps * 0.4).abs() < 1e-9);
+        let ok = report.ok_latency_ms.unwrap();
+        assert!(close(ok.min, 10.0) && close(ok.max, 20.0), "{ok:?}");
+        assert!(close(report.latency_ms.unwrap().max, 1000.0));
+        assert_eq!(report.operations.len(), 2);
+        let (op, login) = &report.operations[1];
+        assert_eq!(*op, Operation::Login);
+        assert_eq!(login.requests, 3);
+
+        let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+        assert_eq!(json["codes"]["RESOURCE_EXHAUSTED"], 1);
+        assert_eq!(json["codes"]["OK"], 2);
+        assert_eq!(json["client_errors"]["timeout"], 1);
+        assert_eq!(json["operations"]["login"]["requests"], 3);
+        assert_eq!(json["load"]["mode"], "closed");
+        let text = report.to_text();
+        assert!(text.contains("RESOURCE_EXHAUSTED"), "{text}");
+        assert!(text.contains("client: timeout"), "{text}");
+    }
+}

@@ -1,0 +1,237 @@
+//! The in-process limiter: the same sliding-window log as the Redis script, kept in
+//! this replica's memory. It decides when no Redis is configured, and while Redis
+//! fails in fail-open mode.
+//!
+//! It owns the logs (the instants of the requests it allowed, per key) and their
+//! cleanup. It must not block: one `std` mutex is held for a few map and deque
+//! operations per decision, never across an `.await`. It knows nothing of other
+//! replicas: a `global` rule here is global to this replica only.
+//!
+//! Why a log of our own rather than `governor`: governor is GCRA, a token bucket
+//! that refills continuously (`50/2s` lets a request through every 40 ms once the
+//! burst is spent), while the Redis tier is a sliding-window log (at most 50 in
+//! *any* 2 s). Using the same algorithm means a rule means the same thing whichever
+//! tier enforces it, and the fallback can be tested with the same expectations.
+//! The price is memory: a key's log holds up to `limit` instants.
+
+use super::{Check, Outcome, RuleState};
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+/// Below this many keys, idle logs are not worth sweeping.
+const MIN_SWEEP: usize = 1024;
+
+/// One key's log.
+struct Log {
+    window: Duration,
+    /// Instants of the allowed requests still in the window, oldest first; at most
+    /// `limit` long since nothing is added for a refused request.
+    times: VecDeque<Instant>,
+}
+
+impl Log {
+    fn trim(&mut self, now: Instant) {
+        while self
+            .times
+            .front()
+            .is_some_and(|t| now.saturating_duration_since(*t) >= self.window)
+        {
+            self.times.pop_front();
+        }
+    }
+}
+
+struct Logs {
+    by_key: HashMap<String, Log>,
+    /// Sweep idle logs when there are more keys than this (amortized: the next
+    /// threshold is twice what survives a sweep).
+    sweep_above: usize,
+}
+
+pub(crate) struct LocalLimiter {
+    // A std mutex, not tokio's: it is never held across an await, and the critical
+    // section is a few hash lookups, cheaper than any async lock.
+    logs: Mutex<Logs>,
+}
+
+impl LocalLimiter {
+    pub(crate) fn new() -> Self {
+        LocalLimiter {
+            logs: Mutex::new(Logs {
+                by_key: HashMap::new(),
+                sweep_above: MIN_SWEEP,
+            }),
+        }
+    }
+
+    /// Decides all `checks` atomically: allowed only if every one has room, and
+    /// then (only then) the request is recorded in every log.
+    pub(crate) fn decide(&self, checks: &[Check], now: Instant) -> Outcome {
+        // A poisoned lock means a panic mid-update of plain counters: the data is
+        // still usable, and refusing all traffic would be worse.
+        let mut logs = self.logs.lock().unwrap_or_else(|p| p.into_inner());
+        let mut allowed = true;
+        for check in checks {
+            let count = match logs.by_key.get_mut(&check.key) {
+                Some(log) => {
+                    log.trim(now);
+                    log.times.len()
+                }
+                None => 0,
+            };
+            allowed &= count < check.limit as usize;
+        }
+        let mut states = Vec::with_capacity(checks.len());
+        for check in checks {
+            let log = if allowed {
+                // Look up before inserting: `entry` would need an owned key, an
+                // allocation per request for the common case of a key that exists.
+                if !logs.by_key.contains_key(&check.key) {
+                    let log = Log {
+                        window: check.window,
+                        times: VecDeque::new(),
+                    };
+                    logs.by_key.insert(check.key.clone(), log);
+                }
+                let log = logs
+                    .by_key
+                    .get_mut(&check.key)
+                    .expect("inserted just above");
+                log.times.push_back(now);
+                Some(&*log)
+            } else {
+                logs.by_key.get(&check.key)
+            };
+            states.push(state(log, check, now));
+        }
+        sweep(&mut logs, now);
+        Outcome { allowed, states }
+    }
+
+    #[cfg(test)]
+    fn has_key(&self, key: &str) -> bool {
+        self.logs.lock().unwrap().by_key.contains_key(key)
+    }
+}
+
+/// Remaining and reset of one log after a decision, as the Redis script computes them.
+fn state(log: Option<&Log>, check: &Check, now: Instant) -> RuleState {
+    let limit = check.limit as usize;
+    let count = log.map_or(0, |l| l.times.len());
+    // Zero while there is room; once full, a slot frees when the entry that keeps
+    // the log full leaves the window: the (count - limit)th oldest.
+    let reset = match log {
+        Some(l) if count >= limit => l.times.get(count - limit).map_or(Duration::ZERO, |t| {
+            (*t + check.window).saturating_duration_since(now)
+        }),
+        _ => Duration::ZERO,
+    };
+    RuleState {
+        remaining: limit.saturating_sub(count) as u32,
+        reset,
+    }
+}
+
+/// Drops the logs whose every entry left the window, once the map has doubled
+/// since the last sweep: amortized O(1) per decision, and memory bounded by twice
+/// the keys active within a window.
+fn sweep(logs: &mut Logs, now: Instant) {
+    if logs.by_key.len() <= logs.sweep_above {
+        return;
+    }
+    logs.by_key.retain(|_, log| {
+        log.times
+            .back()
+            .is_some_and(|t| now.saturating_duration_since(*t) < log.window)
+    });
+    logs.sweep_above = (2 * logs.by_key.len()).max(MIN_SWEEP);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(key: &str, limit: u32, window_ms: u64) -> Check {
+        Check {
+            rule: 0,
+            key: key.into(),
+            limit,
+            window: Duration::from_millis(window_ms),
+        }
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn allows_the_limit_in_any_window_then_slides() {
+        let l = LocalLimiter::new();
+        let t0 = Instant::now();
+        let c = [check("k", 3, 1000)];
+        for (i, at) in [0, 100, 200].into_iter().enumerate() {
+            let o = l.decide(&c, t0 + ms(at));
+            assert!(o.allowed);
+            assert_eq!(o.states[0].remaining, 2 - i as u32);
+            // Room left: no wait. Full: the oldest entry (t0) frees the next slot.
+            let reset = if i < 2 { ms(0) } else { ms(800) };
+            assert_eq!(o.states[0].reset, reset);
+        }
+        let refused = l.decide(&c, t0 + ms(900));
+        assert!(!refused.allowed);
+        assert_eq!(
+            refused.states[0],
+            RuleState {
+                remaining: 0,
+                reset: ms(100)
+            }
+        );
+        // Not a fixed window: at 1050 only the first entry has left.
+        assert!(l.decide(&c, t0 + ms(1050)).allowed);
+        assert!(!l.decide(&c, t0 + ms(1060)).allowed);
+        assert!(l.decide(&c, t0 + ms(1100)).allowed);
+    }
+
+    #[test]
+    fn all_rules_must_allow_and_a_refusal_records_nothing() {
+        let l = LocalLimiter::new();
+        let t0 = Instant::now();
+        let tight = check("tight", 1, 1000);
+        let loose = check("loose", 10, 1000);
+        assert!(l.decide(&[tight.clone(), loose.clone()], t0).allowed);
+        let o = l.decide(&[tight.clone(), loose.clone()], t0 + ms(1));
+        assert!(!o.allowed);
+        assert_eq!(o.states[0].remaining, 0);
+        // The loose rule's log still has one entry only: the refusal added nothing.
+        assert_eq!(o.states[1].remaining, 9);
+        assert_eq!(l.decide(&[loose], t0 + ms(2)).states[0].remaining, 8);
+    }
+
+    #[test]
+    fn keys_are_independent() {
+        let l = LocalLimiter::new();
+        let t0 = Instant::now();
+        assert!(l.decide(&[check("a", 1, 1000)], t0).allowed);
+        assert!(!l.decide(&[check("a", 1, 1000)], t0).allowed);
+        assert!(l.decide(&[check("b", 1, 1000)], t0).allowed);
+    }
+
+    #[test]
+    fn idle_logs_are_swept() {
+        let l = LocalLimiter::new();
+        let t0 = Instant::now();
+        for i in 0..MIN_SWEEP {
+            l.decide(&[check(&format!("early{i}"), 1, 10)], t0);
+        }
+        assert!(l.has_key("early0"));
+        // Past their window, the early logs go in the sweep that a growing map triggers.
+        for i in 0..2 * MIN_SWEEP {
+            l.decide(&[check(&format!("late{i}"), 1, 10)], t0 + ms(20));
+        }
+        assert!(!l.has_key("early0"));
+        assert!(l.has_key("late0"));
+    }
+}

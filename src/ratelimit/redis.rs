@@ -1,0 +1,202 @@
+//! The Redis tier: one Lua script decides for every rule a request matches, in one
+//! round trip, atomically, so replicas sharing a Redis share exact limits.
+//!
+//! It owns the connection (the redis crate's `ConnectionManager`, which reconnects
+//! by itself), the script, and the members it adds. Each key is a sorted set: a
+//! sliding-window log of the allowed requests, scored by Redis' own clock (`TIME`,
+//! never this replica's, so clock skew between replicas does not matter).
+//!
+//! It must not decide what happens when Redis fails: every error or timeout is
+//! returned to the caller (`super::RateLimiter`), which falls back or refuses.
+//! Every call is bounded by `AUTHD_REDIS_TIMEOUT`.
+
+use super::{Check, Outcome, RedisUrl, RuleState};
+use redis::{Client, Script, aio::ConnectionManager};
+use std::{
+    fmt,
+    sync::{
+        OnceLock,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+/// KEYS: one sorted set per matching rule.
+/// ARGV[1]: the member to add, unique to this decision (a random replica id and a
+///   counter), so two requests in the same microsecond, on one replica or several,
+///   never collide.
+/// ARGV[2i], ARGV[2i+1]: limit and window (ms) of the rule of KEYS[i].
+/// Returns {allowed (1|0), remaining_1, reset_us_1, remaining_2, reset_us_2, ...},
+/// where reset is 0 while the rule has room, else the time until its next slot frees.
+///
+/// First every log is trimmed and counted; only if all have room is the request
+/// added to all of them (a refused request adds nothing, so a client hammering a
+/// closed limit does not keep it closed). Scores are microseconds since the epoch:
+/// below 2^53, exact in Lua's doubles, and formatted with %d so no precision is
+/// lost on the way to Redis. Each `redis.call` costs about a microsecond of plumbing
+/// on top of the command, so the common path (allowed, room left) makes only the
+/// five that the algorithm needs: TIME, then ZREMRANGEBYSCORE, ZCARD, ZADD, PEXPIRE.
+const SCRIPT: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now_score = string.format('%d', now)
+local n = #KEYS
+local counts = {}
+local allowed = 1
+for i = 1, n do
+  local window = tonumber(ARGV[2 * i + 1]) * 1000
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', string.format('%d', now - window))
+  counts[i] = redis.call('ZCARD', KEYS[i])
+  if counts[i] >= tonumber(ARGV[2 * i]) then
+    allowed = 0
+  end
+end
+local out = {allowed}
+for i = 1, n do
+  local limit = tonumber(ARGV[2 * i])
+  local count = counts[i]
+  if allowed == 1 then
+    redis.call('ZADD', KEYS[i], now_score, ARGV[1])
+    redis.call('PEXPIRE', KEYS[i], ARGV[2 * i + 1])
+    count = count + 1
+  end
+  local reset = 0
+  if count >= limit then
+    -- The next slot frees when the entry keeping the log full leaves the window.
+    local index = count - limit
+    local entry = redis.call('ZRANGE', KEYS[i], index, index, 'WITHSCORES')
+    reset = tonumber(entry[2]) + tonumber(ARGV[2 * i + 1]) * 1000 - now
+  end
+  out[2 * i] = math.max(limit - count, 0)
+  out[2 * i + 1] = reset
+end
+return out
+"#;
+
+/// Why a Redis decision could not be had.
+#[derive(Debug)]
+pub(crate) enum RedisFailure {
+    /// Not connected yet (Redis was down at start and has not answered since).
+    NotConnected,
+    /// No answer within the timeout.
+    Timeout(Duration),
+    Redis(redis::RedisError),
+    /// An answer of the wrong shape: a script from another version, say.
+    BadReply(String),
+}
+
+impl fmt::Display for RedisFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RedisFailure::NotConnected => f.write_str("not connected"),
+            RedisFailure::Timeout(t) => write!(f, "no answer within {t:?}"),
+            // The crate's errors name the server's address, never its password.
+            RedisFailure::Redis(e) => write!(f, "{e}"),
+            RedisFailure::BadReply(why) => write!(f, "unexpected reply: {why}"),
+        }
+    }
+}
+
+pub(crate) struct RedisLimiter {
+    client: Client,
+    /// Set once the first connection succeeds; the manager reconnects by itself
+    /// after that.
+    connection: OnceLock<ConnectionManager>,
+    script: Script,
+    /// Random per process, so members from different replicas never collide.
+    replica: String,
+    counter: AtomicU64,
+    timeout: Duration,
+}
+
+impl RedisLimiter {
+    pub(crate) fn new(url: &RedisUrl, timeout: Duration) -> anyhow::Result<Self> {
+        let client = Client::open(url.expose())
+            .map_err(|e| anyhow::anyhow!("{url} is not a usable Redis URL ({:?})", e.kind()))?;
+        Ok(RedisLimiter {
+            client,
+            connection: OnceLock::new(),
+            script: Script::new(SCRIPT),
+            replica: format!("{:016x}", rand::random::<u64>()),
+            counter: AtomicU64::new(0),
+            timeout,
+        })
+    }
+
+    /// Runs the script for `checks` (not empty) within the timeout.
+    pub(crate) async fn decide(&self, checks: &[Check]) -> Result<Outcome, RedisFailure> {
+        let mut connection = self
+            .connection
+            .get()
+            .cloned()
+            .ok_or(RedisFailure::NotConnected)?;
+        let unique = self.counter.fetch_add(1, Ordering::Relaxed);
+        let mut invocation = self.script.prepare_invoke();
+        invocation.arg(format!("{}:{unique}", self.replica));
+        for check in checks {
+            invocation
+                .key(&check.key)
+                .arg(check.limit)
+                .arg(check.window.as_millis() as u64);
+        }
+        let reply: Vec<i64> =
+            tokio::time::timeout(self.timeout, invocation.invoke_async(&mut connection))
+                .await
+                .map_err(|_| RedisFailure::Timeout(self.timeout))?
+                .map_err(RedisFailure::Redis)?;
+        parse_reply(&reply, checks.len())
+    }
+
+    /// Connects if not yet connected, then runs the script with no keys (it only
+    /// reads `TIME`): proves the whole path works, and loads the script again after
+    /// a Redis restart emptied its cache.
+    pub(crate) async fn probe(&self, timeout: Duration) -> Result<(), RedisFailure> {
+        let work = async {
+            let mut connection = match self.connection.get() {
+                Some(c) => c.clone(),
+                None => {
+                    let config = redis::aio::ConnectionManagerConfig::new()
+                        .set_connection_timeout(Some(timeout))
+                        // We probe again ourselves; the manager's own retries would
+                        // only keep a probe waiting.
+                        .set_number_of_retries(0)
+                        .set_max_delay(Duration::from_millis(500));
+                    let manager =
+                        ConnectionManager::new_with_config(self.client.clone(), config).await?;
+                    // Another probe may have won the race: use whichever was stored.
+                    self.connection.get_or_init(|| manager).clone()
+                }
+            };
+            let mut invocation = self.script.prepare_invoke();
+            invocation.arg("probe");
+            let reply: Vec<i64> = invocation.invoke_async(&mut connection).await?;
+            Ok::<_, redis::RedisError>(reply)
+        };
+        let reply = tokio::time::timeout(timeout, work)
+            .await
+            .map_err(|_| RedisFailure::Timeout(timeout))?
+            .map_err(RedisFailure::Redis)?;
+        parse_reply(&reply, 0).map(|_| ())
+    }
+}
+
+/// Checks the shape of the script's reply and reads it.
+fn parse_reply(reply: &[i64], rules: usize) -> Result<Outcome, RedisFailure> {
+    if reply.len() != 1 + 2 * rules || !matches!(reply[0], 0 | 1) {
+        return Err(RedisFailure::BadReply(format!(
+            "{} integers for {rules} rules",
+            reply.len()
+        )));
+    }
+    let states = reply[1..]
+        .chunks_exact(2)
+        .map(|pair| RuleState {
+            remaining: u32::try_from(pair[0].max(0)).unwrap_or(u32::MAX),
+            reset: Duration::from_micros(pair[1].max(0) as u64),
+        })
+        .collect();
+    Ok(Outcome {
+        allowed: reply[0] == 1,
+        states,
+    })
+}

@@ -1,0 +1,172 @@
+//! authbench's runner against a real app: every scenario and load shape accounts
+//! for every request it sends, and a server that refuses shows up as
+//! RESOURCE_EXHAUSTED in the report. Counts only; no timing is asserted.
+
+use crate::helpers::{TestApp, spawn_app, spawn_app_with};
+use authd::bench::{self, Load, Operation, Plan, Report, Scenario, Stop};
+use std::time::Duration;
+use tonic::Code;
+
+fn plan(app: &TestApp, scenario: Scenario, load: Load, stop: Stop) -> Plan {
+    let mut plan = Plan::new(format!("http://{}", app.addr), scenario, load, stop);
+    // A small pool keeps the setup short.
+    plan.users = 5;
+    plan
+}
+
+/// Each measured request ended exactly once: with a status code or a client error.
+#[track_caller]
+fn assert_accounted(report: &Report, sent: u64) {
+    assert_eq!(report.requests, sent, "{}", report.to_text());
+    assert_eq!(
+        report.codes.total() + report.client_errors.total(),
+        sent,
+        "{}",
+        report.to_text()
+    );
+}
+
+#[tokio::test]
+async fn every_scenario_accounts_for_every_request() {
+    let app = spawn_app().await;
+    for scenario in [
+        Scenario::Health,
+        Scenario::Register,
+        Scenario::Login,
+        Scenario::Validate,
+        Scenario::Mixed,
+    ] {
+        let plan = plan(
+            &app,
+            scenario,
+            Load::Closed { concurrency: 4 },
+            Stop::Requests(40),
+        );
+        let report = bench::run(&plan).await.expect("the run completes");
+        assert_accounted(&report, 40);
+        assert_eq!(
+            report.codes.get(Code::Ok),
+            40,
+            "{scenario}: {}",
+            report.to_text()
+        );
+        assert_eq!(report.success_rate, Some(1.0));
+        assert!(report.latency_ms.is_some() && report.ok_latency_ms.is_some());
+    }
+}
+
+#[tokio::test]
+async fn a_mix_reports_each_operation() {
+    let app = spawn_app().await;
+    let mut plan = plan(
+        &app,
+        Scenario::Mixed,
+        Load::Closed { concurrency: 3 },
+        Stop::Requests(50),
+    );
+    plan.mix = "login=2,register=1,validate=1,health=1".parse().unwrap();
+    let report = bench::run(&plan).await.expect("the run completes");
+    assert_accounted(&report, 50);
+    let ops: Vec<Operation> = report.operations.iter().map(|(op, _)| *op).collect();
+    assert_eq!(
+        ops,
+        [
+            Operation::Health,
+            Operation::Register,
+            Operation::Login,
+            Operation::Validate
+        ]
+    );
+    let per_op: u64 = report.operations.iter().map(|(_, r)| r.requests).sum();
+    assert_eq!(per_op, 50);
+    // Each worker walks the 5-long wheel, so every operation gets a share.
+    assert!(report.operations.iter().all(|(_, r)| r.requests > 0));
+}
+
+#[tokio::test]
+async fn an_open_loop_sends_its_schedule_and_leaves_out_the_warmup() {
+    let app = spawn_app().await;
+    let mut plan = plan(
+        &app,
+        Scenario::Login,
+        Load::Open { rate: 200.0 },
+        Stop::Requests(30),
+    );
+    plan.warmup = Duration::from_millis(50);
+    let report = bench::run(&plan).await.expect("the run completes");
+    assert_accounted(&report, 30);
+    // The schedule sends at 0, 5, …, 45 ms during a 50 ms warm-up: 10 requests.
+    assert_eq!(report.warmup_requests, 10);
+    assert_eq!(report.codes.get(Code::Ok), 30, "{}", report.to_text());
+}
+
+#[tokio::test]
+async fn a_run_bounded_by_time_accounts_for_what_it_sent() {
+    let app = spawn_app().await;
+    let mut plan = plan(
+        &app,
+        Scenario::Health,
+        Load::Closed { concurrency: 2 },
+        Stop::Duration(Duration::from_millis(200)),
+    );
+    plan.warmup = Duration::from_millis(50);
+    let report = bench::run(&plan).await.expect("the run completes");
+    assert!(report.requests > 0, "{}", report.to_text());
+    assert_accounted(&report, report.requests);
+    let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+    assert_eq!(json["codes"]["OK"].as_u64(), Some(report.requests));
+}
+
+#[tokio::test]
+async fn refusals_of_a_full_server_are_counted_as_resource_exhausted() {
+    // One hash thread and room for one waiting job: of 20 registrations sent at once,
+    // all but about two are refused at once.
+    let app = spawn_app_with(|c| {
+        c.hash_threads = Some(1);
+        c.hash_queue = Some(1);
+        c.pbkdf2_iterations = 200_000;
+    })
+    .await;
+    let plan = plan(
+        &app,
+        Scenario::Register,
+        Load::Closed { concurrency: 20 },
+        Stop::Requests(60),
+    );
+    let report = bench::run(&plan).await.expect("the run completes");
+    assert_accounted(&report, 60);
+    let refused = report.codes.get(Code::ResourceExhausted);
+    assert!(refused > 0, "{}", report.to_text());
+    assert_eq!(
+        refused + report.codes.get(Code::Ok),
+        60,
+        "{}",
+        report.to_text()
+    );
+    assert!(report.share(Code::ResourceExhausted) > 0.0);
+    assert_eq!(report.client_errors.total(), 0);
+}
+
+#[tokio::test]
+async fn an_unreachable_target_fails_before_sending_load() {
+    // A port that was free a moment ago: nothing listens there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut plan = Plan::new(
+        format!("http://127.0.0.1:{port}"),
+        Scenario::Health,
+        Load::Closed { concurrency: 1 },
+        Stop::Requests(1),
+    );
+    plan.connect_timeout = Duration::from_secs(2);
+    let err = bench::run(&plan).await.expect_err("nothing listens there");
+    let message = format!("{err:#}");
+    assert!(
+        message.contains("cannot connect to http://127.0.0.1:"),
+        "{message}"
+    );
+    assert!(!message.contains('\n'), "one line: {message}");
+}

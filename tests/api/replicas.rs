@@ -1,0 +1,107 @@
+//! PostgreSQL only: several replicas on one database, and a database that stops
+//! answering and comes back.
+
+use crate::helpers::{
+    Backend, TcpProxy, TestDb, expect_code, host_of, login, register, spawn_app_on, wait_until,
+    with_host,
+};
+use authd::config::DatabaseUrl;
+use futures::future::join_all;
+use std::time::{Duration, Instant};
+use tonic::Code;
+use tonic_health::pb::health_check_response::ServingStatus;
+
+#[tokio::test]
+async fn two_replicas_on_one_database_agree_on_users_and_tokens() {
+    let Some(db) = TestDb::new(Backend::Postgres, "two_replicas").await else {
+        return;
+    };
+    // Each replica has its own pool; both share the key ring.
+    let mut a = spawn_app_on(&db, |c| c.hash_queue = Some(100)).await;
+    let mut b = spawn_app_on(&db, |c| c.hash_queue = Some(100)).await;
+
+    let attempts = (0..50).map(|i| {
+        let mut client = if i % 2 == 0 {
+            a.client.clone()
+        } else {
+            b.client.clone()
+        };
+        async move { register(&mut client, "Contested", &format!("password number {i}")).await }
+    });
+    let results = join_all(attempts).await;
+    let ok = results.iter().filter(|r| r.is_ok()).count();
+    let taken = results
+        .iter()
+        .filter(|r| matches!(r, Err(s) if s.code() == Code::AlreadyExists))
+        .count();
+    assert_eq!((ok, taken), (1, 49), "{results:?}");
+
+    let id = a.register("Rita", "a fine password").await.unwrap();
+    let session = b.login("rita", "a fine password").await.unwrap();
+    assert_eq!(session.user_id, id);
+    let token = a
+        .login("RITA", "a fine password")
+        .await
+        .unwrap()
+        .access_token;
+    assert_eq!(b.validate(&token).await.unwrap().user_id, id);
+    assert_eq!(
+        a.validate(&session.access_token).await.unwrap().username,
+        "rita"
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_database_gives_unavailable_and_not_serving_until_it_returns() {
+    let Some(db) = TestDb::new(Backend::Postgres, "unreachable_database").await else {
+        return;
+    };
+    let DatabaseUrl::Postgres(direct) = &db.url else {
+        unreachable!()
+    };
+    let proxy = TcpProxy::start(host_of(direct)).await;
+    let proxied = with_host(direct, proxy.addr);
+    let acquire_timeout = Duration::from_secs(1);
+    let mut app = spawn_app_on(&db, |c| {
+        c.database_url = proxied.parse().unwrap();
+        c.db_acquire_timeout = acquire_timeout;
+        c.health_interval = Duration::from_millis(100);
+    })
+    .await;
+    app.register("sam", "a fine password").await.unwrap();
+    assert_eq!(app.health_status("").await, ServingStatus::Serving);
+
+    proxy.cut();
+    let started = Instant::now();
+    let status = expect_code(app.login("sam", "a fine password").await, Code::Unavailable);
+    let took = started.elapsed();
+    assert!(
+        took < acquire_timeout + Duration::from_secs(5),
+        "UNAVAILABLE came after {took:?}, beyond the acquire timeout"
+    );
+    assert!(
+        status.message().contains("database"),
+        "the message says what is unavailable: {status:?}"
+    );
+    let mut serving = app.health_status("auth.v1.AuthService").await;
+    let give_up = Instant::now() + Duration::from_secs(20);
+    while serving != ServingStatus::NotServing && Instant::now() < give_up {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        serving = app.health_status("auth.v1.AuthService").await;
+    }
+    assert_eq!(serving, ServingStatus::NotServing);
+
+    // The database comes back: no restart needed.
+    proxy.restore();
+    let give_up = Instant::now() + Duration::from_secs(20);
+    while serving != ServingStatus::Serving && Instant::now() < give_up {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        serving = app.health_status("").await;
+    }
+    assert_eq!(serving, ServingStatus::Serving);
+    let handle = app.handle.clone();
+    wait_until("nothing is left in flight", || handle.in_flight() == 0).await;
+    app.login("sam", "a fine password").await.unwrap();
+    let mut client = app.client.clone();
+    login(&mut client, "SAM", "a fine password").await.unwrap();
+}
