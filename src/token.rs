@@ -336,7 +336,10 @@ mod tests {
     #[test]
     fn random_input_never_panics_and_never_verifies() {
         let t = tokens(KEY_A);
-        let genuine = t.issue("id", &Username::parse("alice").unwrap()).unwrap().token;
+        let genuine = t
+            .issue("id", &Username::parse("alice").unwrap())
+            .unwrap()
+            .token;
         let alphabet = b"AZaz09-_.=+/ \0\xff{}\":,";
         for round in 0..20_000 {
             let len = rand::random_range(0..200);
