@@ -46,6 +46,20 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Ask a running authd for its grpc.health.v1 status, then exit: 0 when SERVING,
+    /// 1 with one line saying why otherwise (NOT_SERVING, SERVICE_UNKNOWN, unreachable,
+    /// timeout). For container healthchecks and exec probes.
+    Health {
+        /// The server, HOST:PORT [default: loopback on the port of --listen].
+        #[arg(long)]
+        addr: Option<String>,
+        /// The service to ask about; empty means the whole server.
+        #[arg(long, default_value = "")]
+        service: String,
+        /// Longest the check may take, connecting included.
+        #[arg(long, default_value = "2s", value_parser = positive_duration)]
+        timeout: Duration,
+    },
 }
 
 #[derive(Debug, Clone, Parser)]

@@ -26,6 +26,7 @@
 //!   service from outside and is used by nothing in it.
 //! - [`credentials`]: `Username` and `Password`, parsed and normalized at the edge.
 //! - [`health`]: drives the `grpc.health.v1` status from periodic store checks.
+//! - [`healthcheck`]: `authd health`, the client side: one check, turned into an exit status.
 //! - [`ratelimit`]: the rules of `AUTHD_RATE_LIMITS`, the Redis script and the local fallback.
 //! - [`telemetry`]: the `tracing` subscriber (text or JSON lines).
 #![forbid(unsafe_code)]
@@ -39,6 +40,7 @@ pub mod credentials;
 pub mod error;
 pub mod grpc;
 pub mod health;
+pub mod healthcheck;
 pub mod password;
 pub mod ratelimit;
 pub mod store;

@@ -48,6 +48,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             duration,
             json,
         } => authd::bench::hashbench::run_command(&config, iterations, threads, duration, json),
+        Command::Health {
+            addr,
+            service,
+            timeout,
+        } => authd::healthcheck::run(&config, addr.as_deref(), &service, timeout).await,
         Command::Serve => {
             let app = Application::build(config).await?;
             app.run_until_stopped(shutdown_signal()).await
