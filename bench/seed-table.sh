@@ -21,6 +21,9 @@
 #                     2x the 100-concurrency run, within the overload target of 3x its
 #                     p99; "default" leaves authd's own (64 per hash thread)
 #   BENCH_PORT        the server's port on 127.0.0.1 [a free one]
+#   BENCH_POSTGRES_URL  also run the login and register rows against PostgreSQL at
+#                     this URL, each on a fresh schema that is dropped afterwards
+#                     (needs psql) [unset: SQLite only]
 # Needs: cargo, taskset (util-linux), python3. The whole suite takes about 4 minutes
 # after the build.
 set -euo pipefail
@@ -105,6 +108,7 @@ BG_PID=
 cleanup() {
     [[ -n $BG_PID ]] && kill -TERM "$BG_PID" 2>/dev/null || true
     stop_server
+    drop_schema
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -121,7 +125,7 @@ start_server() {
     local queue_env=()
     [[ $HASH_QUEUE != default ]] && queue_env=("AUTHD_HASH_QUEUE=$HASH_QUEUE")
     env AUTHD_LISTEN="127.0.0.1:$PORT" \
-        AUTHD_DATABASE_URL="sqlite://$WORK/authd.db" \
+        AUTHD_DATABASE_URL="${DATABASE_URL:-sqlite://$WORK/authd.db}" \
         AUTHD_PBKDF2_ITERATIONS="$1" \
         AUTHD_HASH_THREADS="$HASH_THREADS" \
         "${queue_env[@]}" \
@@ -180,6 +184,21 @@ SCENARIOS=(
     "register overload|10000|register|5000||"
     "register overload, clients back off|10000|register|5000||--backoff"
 )
+if [[ -n ${BENCH_POSTGRES_URL:-} ]]; then
+    command -v psql >/dev/null || die "BENCH_POSTGRES_URL needs psql"
+    SCENARIOS+=(
+        "login, PostgreSQL|10000|login|100||"
+        "register, PostgreSQL|10000|register|300||"
+        "register overload, PostgreSQL, clients back off|10000|register|5000||--backoff"
+    )
+fi
+PG_SCHEMA=
+drop_schema() {
+    if [[ -n $PG_SCHEMA ]]; then
+        psql -q "$BENCH_POSTGRES_URL" -c "DROP SCHEMA IF EXISTS $PG_SCHEMA CASCADE" >/dev/null
+        PG_SCHEMA=
+    fi
+}
 MANIFEST=$WORK/manifest.tsv
 : >"$MANIFEST"
 i=0
@@ -187,6 +206,16 @@ for row in "${SCENARIOS[@]}"; do
     IFS='|' read -r name iterations scenario concurrency note flags <<<"$row"
     i=$((i + 1))
     echo "== [$i/${#SCENARIOS[@]}] $name: PBKDF2 $iterations, concurrency $concurrency" >&2
+    DATABASE_URL=
+    drop_schema
+    if [[ $name == *PostgreSQL* ]]; then
+        # A fresh schema per row, like the fresh SQLite file of the others.
+        PG_SCHEMA="authd_bench_$$_$i"
+        psql -q "$BENCH_POSTGRES_URL" -c "CREATE SCHEMA $PG_SCHEMA" >/dev/null
+        sep='?'
+        [[ $BENCH_POSTGRES_URL == *\?* ]] && sep='&'
+        DATABASE_URL="$BENCH_POSTGRES_URL${sep}options[search_path]=$PG_SCHEMA"
+    fi
     start_server "$iterations"
     json=$WORK/run-$i.json
     background=
@@ -213,6 +242,7 @@ for row in "${SCENARIOS[@]}"; do
         "$json" "$rss" "$background" "$note" >>"$MANIFEST"
 done
 
+drop_schema
 hash_bench after
 
 CPU_MODEL=$(awk -F': *' '/^model name/ { print $2; exit }' /proc/cpuinfo)
