@@ -17,9 +17,10 @@
 # Environment (defaults in brackets):
 #   BENCH_DURATION    measured seconds per scenario [15]
 #   BENCH_WARMUP      warm-up seconds per scenario [5]
-#   BENCH_HASH_QUEUE  the server's AUTHD_HASH_QUEUE [200]: a full queue waits about
-#                     2x the 100-concurrency run, within the overload target of 3x its
-#                     p99; "default" leaves authd's own (64 per hash thread)
+#   BENCH_HASH_QUEUE  the server's AUTHD_HASH_QUEUE [300]: the largest concurrency
+#                     that is not meant as overload (register 300) fits in it, and a
+#                     full queue waits about 3x the 100-concurrency run, the p99 target
+#                     for overload; "default" leaves authd's own (64 per hash thread)
 #   BENCH_PORT        the server's port on 127.0.0.1 [a free one]
 #   BENCH_POSTGRES_URL  also run the login and register rows against PostgreSQL at
 #                     this URL, each on a fresh schema that is dropped afterwards
@@ -57,7 +58,7 @@ else
     DURATION=${BENCH_DURATION:-15}
     WARMUP=${BENCH_WARMUP:-5}
 fi
-HASH_QUEUE=${BENCH_HASH_QUEUE:-200}
+HASH_QUEUE=${BENCH_HASH_QUEUE:-300}
 [[ $DURATION =~ ^[0-9]+$ && $DURATION -ge 1 ]] || die "BENCH_DURATION must be whole seconds ≥ 1"
 [[ $WARMUP =~ ^[0-9]+$ ]] || die "BENCH_WARMUP must be whole seconds"
 [[ $HASH_QUEUE == default || $HASH_QUEUE =~ ^[1-9][0-9]*$ ]] ||
@@ -178,6 +179,7 @@ SCENARIOS=(
     "login|10000|login|200||"
     "register|10000|register|300||"
     "register|10000|register|3000||"
+    "register, clients back off|10000|register|3000||--backoff"
     "health under register load|10000|health|100|register 3000 on its own connections|"
     "login overload|10000|login|2000||"
     "login overload, clients back off|10000|login|2000||--backoff"
