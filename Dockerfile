@@ -53,7 +53,8 @@ ENV AUTHD_LISTEN=0.0.0.0:50051 \
     AUTHD_LOG_FORMAT=json
 
 USER 65532:65532
-EXPOSE 50051
+# gRPC, and GET /metrics for Prometheus (AUTHD_METRICS_LISTEN).
+EXPOSE 50051 9090
 
 # `authd health` asks the server's own grpc.health.v1 service (on loopback, at the
 # port of AUTHD_LISTEN) and exits 0 only when it is SERVING.

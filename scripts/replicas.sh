@@ -20,6 +20,8 @@ usage: scripts/replicas.sh [options]
   -n, --replicas N         how many replicas (default 3)
   -p, --base-port PORT     replica i listens on PORT+i-1 (default 50061)
       --host IP            address to listen on (default 127.0.0.1)
+      --metrics-base-port PORT
+                           replica i serves GET /metrics on PORT+i-1 (default 9091; 0: none)
   -d, --database-url URL   postgres://… shared by the replicas (default: $AUTHD_DATABASE_URL)
   -r, --redis-url URL      redis://… for rate limits shared by the replicas
                            (default: $AUTHD_REDIS_URL; without it each replica limits alone)
@@ -33,6 +35,7 @@ EOF
 root="$(cd "$(dirname "$0")/.." && pwd)"
 replicas=3
 base_port=50061
+metrics_base_port=9091
 host=127.0.0.1
 database_url="${AUTHD_DATABASE_URL:-}"
 redis_url="${AUTHD_REDIS_URL:-}"
@@ -48,6 +51,7 @@ while [[ $# -gt 0 ]]; do
         -n|--replicas) need "$@"; replicas="$2"; shift 2 ;;
         -p|--base-port) need "$@"; base_port="$2"; shift 2 ;;
         --host) need "$@"; host="$2"; shift 2 ;;
+        --metrics-base-port) need "$@"; metrics_base_port="$2"; shift 2 ;;
         -d|--database-url) need "$@"; database_url="$2"; shift 2 ;;
         -r|--redis-url) need "$@"; redis_url="$2"; shift 2 ;;
         --bin) need "$@"; bin="$2"; shift 2 ;;
@@ -61,6 +65,10 @@ done
 [[ "$replicas" =~ ^[1-9][0-9]*$ ]] || die "--replicas must be a positive number, not '$replicas'"
 if ! [[ "$base_port" =~ ^[0-9]+$ ]] || (( base_port < 1 || base_port + replicas - 1 > 65535 )); then
     die "--base-port '$base_port' leaves no room for $replicas ports"
+fi
+if ! [[ "$metrics_base_port" =~ ^[0-9]+$ ]] \
+    || (( metrics_base_port > 0 && metrics_base_port + replicas - 1 > 65535 )); then
+    die "--metrics-base-port '$metrics_base_port' leaves no room for $replicas ports"
 fi
 [[ "$ready_timeout" =~ ^[1-9][0-9]*$ ]] || die "--ready-timeout must be whole seconds"
 case "$database_url" in
@@ -171,10 +179,13 @@ trap 'stopping=1; stop_all >/dev/null 2>&1 || true' EXIT
 for i in $(seq 1 "$replicas"); do
     port=$(( base_port + i - 1 ))
     log="$log_dir/replica-$i.log"
-    AUTHD_LISTEN="$host:$port" "$bin" serve >"$log" 2>&1 &
+    # Each replica its own metrics port (an AUTHD_METRICS_LISTEN shared by all would collide).
+    metrics=""
+    (( metrics_base_port > 0 )) && metrics="$host:$(( metrics_base_port + i - 1 ))"
+    AUTHD_LISTEN="$host:$port" AUTHD_METRICS_LISTEN="$metrics" "$bin" serve >"$log" 2>&1 &
     pids+=("$!")
     echo "$!" >"$log_dir/replica-$i.pid"
-    echo "replica $i: $host:$port (pid $!, log $log)"
+    echo "replica $i: $host:$port, metrics ${metrics:-off} (pid $!, log $log)"
 done
 
 # The address to check from here: an unspecified listen address answers on loopback.

@@ -1,6 +1,7 @@
-//! Wiring: [`Application::build`] opens the store, starts the hash pool, binds the
-//! listener (port 0 works) and assembles the tonic server; [`Application::run_until_stopped`]
-//! serves until the shutdown future resolves, then drains and flushes.
+//! Wiring: [`Application::build`] creates the metrics registry, opens the store,
+//! starts the hash pool, binds the gRPC and metrics listeners (port 0 works) and
+//! assembles the tonic server; [`Application::run_until_stopped`] serves until the
+//! shutdown future resolves, then drains and flushes.
 //!
 //! `main.rs` and every integration test start authd through this same code.
 
@@ -10,11 +11,13 @@ use crate::{
     config::{Config, DatabaseUrl},
     grpc::{AuthApi, MAX_MESSAGE_BYTES},
     health,
+    metrics::{self, Metrics},
     password::{HashPool, Hasher, PoolSnapshot},
     pb::{self, auth_service_server::AuthServiceServer},
     ratelimit::{RateLimitLayer, RateLimitStats, RateLimiter, Settings as RateLimitSettings},
     store::{PostgresSettings, SqliteSettings, Store, StoreSettings, WriterSnapshot},
     token::{KeyRing, Tokens},
+    trace::TraceLayer,
 };
 use anyhow::Context as _;
 use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
@@ -31,6 +34,9 @@ pub struct Application {
     accounts: Arc<Accounts>,
     admission: Arc<Admission>,
     rate_limiter: Arc<RateLimiter>,
+    metrics: Arc<Metrics>,
+    metrics_listener: Option<TcpListener>,
+    metrics_addr: Option<SocketAddr>,
     config: Config,
 }
 
@@ -40,9 +46,21 @@ pub struct AppHandle {
     accounts: Arc<Accounts>,
     admission: Arc<Admission>,
     rate_limiter: Arc<RateLimiter>,
+    metrics: Arc<Metrics>,
+    metrics_addr: Option<SocketAddr>,
 }
 
 impl AppHandle {
+    /// Where `GET /metrics` answers (`None` when the endpoint is off).
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// The application's metrics, as the endpoint would show them now.
+    pub fn render_metrics(&self) -> String {
+        self.metrics.render()
+    }
+
     /// Counters of the password hashing pool.
     pub fn hash_stats(&self) -> PoolSnapshot {
         self.accounts.hasher().pool().stats()
@@ -97,24 +115,35 @@ impl Application {
                 KeyRing::random()
             }
         };
-        let store = Store::open(store_settings(&config)).await?;
-        let pool = HashPool::new(config.hash_threads(), config.hash_queue())
+        // One registry per application, never the process-wide default: tests run
+        // several applications in one process and count each one's requests.
+        let metrics = Arc::new(Metrics::new());
+        let store = Store::open(store_settings(&config), &metrics).await?;
+        let pool = HashPool::new(config.hash_threads(), config.hash_queue(), &metrics)
             .context("starting the password hashing threads")?;
         let hasher = Hasher::new(config.pbkdf2_iterations, pool)?;
-        let tokens = Tokens::new(keys, config.token_ttl);
+        let tokens = Tokens::new(keys, config.token_ttl, &metrics);
         let accounts = Arc::new(Accounts::new(Arc::new(store), hasher, tokens));
         let listener = TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("cannot listen on {}", config.listen))?;
         let local_addr = listener.local_addr()?;
+        let metrics_listener = metrics::bind(config.metrics_listen.addr()).await?;
+        let metrics_addr = match &metrics_listener {
+            Some(listener) => Some(listener.local_addr()?),
+            None => None,
+        };
         // Never fails on a Redis outage: the limiter starts degraded and keeps trying.
-        let rate_limiter = RateLimiter::start(RateLimitSettings::from(&config)).await?;
+        let rate_limiter = RateLimiter::start(RateLimitSettings::from(&config), &metrics).await?;
         Ok(Self {
             listener,
             local_addr,
             accounts,
             admission: Admission::new(config.max_in_flight),
             rate_limiter,
+            metrics,
+            metrics_listener,
+            metrics_addr,
             config,
         })
     }
@@ -127,11 +156,18 @@ impl Application {
         self.local_addr.port()
     }
 
+    /// Where `GET /metrics` answers (`None` when `AUTHD_METRICS_LISTEN` is empty).
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
     pub fn handle(&self) -> AppHandle {
         AppHandle {
             accounts: self.accounts.clone(),
             admission: self.admission.clone(),
             rate_limiter: self.rate_limiter.clone(),
+            metrics: self.metrics.clone(),
+            metrics_addr: self.metrics_addr,
         }
     }
 
@@ -148,9 +184,20 @@ impl Application {
             accounts,
             admission,
             rate_limiter,
+            metrics,
+            metrics_listener,
+            metrics_addr,
             config,
         } = self;
         let store = accounts.store().clone();
+
+        // The metrics endpoint answers from now until the very end, the drain included.
+        let (stop_metrics, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
+        let metrics_server = metrics_listener.map(|listener| {
+            tokio::spawn(metrics::serve(listener, metrics.clone(), async {
+                let _ = metrics_stopped.await;
+            }))
+        });
 
         let (reporter, health_service) = tonic_health::server::health_reporter();
         let first = health::probe(&store, Duration::from_secs(2)).await;
@@ -181,7 +228,9 @@ impl Application {
         let (stop_serving, serving_stopped) = tokio::sync::oneshot::channel::<()>();
         let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
         let server = Server::builder()
-            // Outermost: a request refused by a rate limit never takes an admission slot.
+            // Outermost: every request, refused or not, gets an id, a log line and metrics.
+            .layer(TraceLayer::new(metrics.clone()))
+            // Then: a request refused by a rate limit never takes an admission slot.
             .layer(RateLimitLayer::new(rate_limiter))
             .layer(AdmissionLayer::new(admission.clone()))
             .add_service(health_service)
@@ -194,6 +243,7 @@ impl Application {
         let mut server = tokio::spawn(server);
         tracing::info!(
             listen = %local_addr,
+            metrics = %metrics_addr.map_or_else(|| "off".to_owned(), |a| a.to_string()),
             database = %config.database_url,
             pbkdf2_iterations = config.pbkdf2_iterations,
             hash_threads = config.hash_threads(),
@@ -209,6 +259,7 @@ impl Application {
             // The server stopped on its own: that is an error, not a shutdown.
             checker.abort();
             store.close().await;
+            stop_metrics_server(stop_metrics, metrics_server).await;
             result.context("the gRPC server task failed")??;
             anyhow::bail!("the gRPC server stopped unexpectedly");
         }
@@ -235,7 +286,24 @@ impl Application {
             }
         }
         store.close().await;
+        stop_metrics_server(stop_metrics, metrics_server).await;
         tracing::info!("authd stopped");
         Ok(())
+    }
+}
+
+/// Stops the metrics endpoint and waits (briefly) for it; a failure is only logged:
+/// the metrics must never decide how authd exits.
+async fn stop_metrics_server(
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+) {
+    let _ = stop.send(());
+    let Some(mut server) = server else { return };
+    match tokio::time::timeout(CLOSE_TIMEOUT, &mut server).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "the metrics endpoint failed"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "the metrics endpoint task failed"),
+        Err(_) => server.abort(),
     }
 }

@@ -194,6 +194,16 @@ pub struct Config {
           global = true)]
     pub trust_forwarded_for: bool,
 
+    /// Address of the Prometheus endpoint (GET /metrics, plain HTTP); empty or "off"
+    /// turns it off.
+    #[arg(
+        long,
+        env = "AUTHD_METRICS_LISTEN",
+        default_value = "0.0.0.0:9090",
+        global = true
+    )]
+    pub metrics_listen: MetricsListen,
+
     /// Log filter, in tracing's EnvFilter syntax (e.g. info, authd=debug).
     #[arg(long, env = "AUTHD_LOG", default_value = "info",
           value_parser = log_filter, global = true)]
@@ -275,6 +285,40 @@ impl Cli {
             .try_get_matches_from(["authd"])
             .expect("the defaults parse");
         Cli::from_arg_matches(&matches).expect("the defaults parse")
+    }
+}
+
+/// Where the metrics endpoint listens, if anywhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetricsListen(pub Option<SocketAddr>);
+
+impl MetricsListen {
+    pub const OFF: MetricsListen = MetricsListen(None);
+
+    pub fn addr(&self) -> Option<SocketAddr> {
+        self.0
+    }
+}
+
+impl FromStr for MetricsListen {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "" | "off" => Ok(MetricsListen::OFF),
+            addr => addr.parse().map(|a| MetricsListen(Some(a))).map_err(|_| {
+                format!("{addr:?} is not an address (expected HOST:PORT, e.g. 0.0.0.0:9090, or empty for none)")
+            }),
+        }
+    }
+}
+
+impl fmt::Display for MetricsListen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(addr) => write!(f, "{addr}"),
+            None => f.write_str("off"),
+        }
     }
 }
 
@@ -388,6 +432,27 @@ mod tests {
         assert_eq!(c.token_ttl, Duration::from_secs(3600));
         assert_eq!(c.log_format, LogFormat::Text);
         assert_eq!(c.hash_queue(), 64 * c.hash_threads());
+        assert_eq!(
+            c.metrics_listen,
+            MetricsListen(Some("0.0.0.0:9090".parse().unwrap()))
+        );
+    }
+
+    #[test]
+    fn an_empty_metrics_address_turns_the_endpoint_off() {
+        assert_eq!("".parse::<MetricsListen>().unwrap(), MetricsListen::OFF);
+        assert_eq!("off".parse::<MetricsListen>().unwrap(), MetricsListen::OFF);
+        assert_eq!(
+            "127.0.0.1:0".parse::<MetricsListen>().unwrap().addr(),
+            Some("127.0.0.1:0".parse().unwrap())
+        );
+        assert!("nowhere".parse::<MetricsListen>().is_err());
+        let matches = Cli::command()
+            .mut_args(|a| a.env(None::<&str>))
+            .try_get_matches_from(["authd", "--metrics-listen", ""])
+            .unwrap();
+        let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap();
+        assert_eq!(cli.config.metrics_listen, MetricsListen::OFF);
     }
 
     #[test]

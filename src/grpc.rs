@@ -14,12 +14,9 @@ use crate::{
         LoginRequest, LoginResponse, RegisterRequest, RegisterResponse, ValidateTokenRequest,
         ValidateTokenResponse, auth_service_server::AuthService,
     },
+    trace::{RequestId, UserId},
 };
-use std::{
-    future::Future,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{future::Future, sync::Arc, time::Instant};
 use tonic::{Code, Request, Response, Status, metadata::MetadataValue};
 use tonic_types::{ErrorDetails, StatusExt};
 
@@ -115,44 +112,42 @@ fn deadline<T>(request: &Request<T>) -> Option<Instant> {
     request.extensions().get::<Deadline>().map(|d| d.0)
 }
 
-/// Runs a handler body, logs how it ended and maps its error.
+fn request_id<T>(request: &Request<T>) -> Option<RequestId> {
+    request.extensions().get::<RequestId>().cloned()
+}
+
+/// Runs a handler body and maps its outcome: a success carries the user it acted
+/// for (a [`UserId`] in the response extensions, for the trace layer's log line),
+/// an error becomes its status. The trace layer logs every request once; only the
+/// causes it cannot see (internal errors, an unreachable database) are logged here.
 async fn respond<T>(
     method: &'static str,
+    request_id: Option<RequestId>,
     work: impl Future<Output = Result<T, Error>>,
+    user_id: fn(&T) -> &str,
 ) -> Result<Response<T>, Status> {
-    let started = Instant::now();
-    let result = work.await;
-    let elapsed: Duration = started.elapsed();
-    match result {
+    match work.await {
         Ok(body) => {
-            tracing::debug!(
-                method,
-                code = "OK",
-                latency_ms = elapsed.as_secs_f64() * 1e3,
-                "request served"
-            );
-            Ok(Response::new(body))
+            let user = UserId(user_id(&body).to_owned());
+            let mut response = Response::new(body);
+            response.extensions_mut().insert(user);
+            Ok(response)
         }
         Err(err) => {
-            let status = status(&err);
-            let code = format!("{:?}", status.code());
-            let latency_ms = elapsed.as_secs_f64() * 1e3;
+            let request_id = request_id.as_ref().map(RequestId::as_str);
             match &err {
-                Error::Internal(cause) => {
-                    tracing::error!(
-                        method,
-                        code,
-                        latency_ms,
-                        error = format!("{cause:#}"),
-                        "request failed"
-                    )
-                }
+                Error::Internal(cause) => tracing::error!(
+                    method,
+                    request_id,
+                    error = format!("{cause:#}"),
+                    "request failed"
+                ),
                 Error::Unavailable(_) => {
-                    tracing::warn!(method, code, latency_ms, error = %err, "request failed")
+                    tracing::warn!(method, request_id, error = %err, "request failed")
                 }
-                _ => tracing::debug!(method, code, latency_ms, error = %err, "request refused"),
+                _ => {}
             }
-            Err(status)
+            Err(status(&err))
         }
     }
 }
@@ -163,23 +158,23 @@ impl AuthService for AuthApi {
         &self,
         request: Request<RegisterRequest>,
     ) -> Result<Response<RegisterResponse>, Status> {
-        let deadline = deadline(&request);
+        let (deadline, request_id) = (deadline(&request), request_id(&request));
         let req = request.into_inner();
-        respond("Register", async {
+        let work = async {
             let (username, password) = credentials(&req.username, &req.password)?;
             let user_id = self.accounts.register(username, password, deadline).await?;
             Ok(RegisterResponse { user_id })
-        })
-        .await
+        };
+        respond("Register", request_id, work, |r| &r.user_id).await
     }
 
     async fn login(
         &self,
         request: Request<LoginRequest>,
     ) -> Result<Response<LoginResponse>, Status> {
-        let deadline = deadline(&request);
+        let (deadline, request_id) = (deadline(&request), request_id(&request));
         let req = request.into_inner();
-        respond("Login", async {
+        let work = async {
             let (username, password) = credentials(&req.username, &req.password)?;
             let session = self.accounts.login(username, password, deadline).await?;
             Ok(LoginResponse {
@@ -188,16 +183,17 @@ impl AuthService for AuthApi {
                 expires_at: Some(session.expires_at.into()),
                 user_id: session.user_id,
             })
-        })
-        .await
+        };
+        respond("Login", request_id, work, |r| &r.user_id).await
     }
 
     async fn validate_token(
         &self,
         request: Request<ValidateTokenRequest>,
     ) -> Result<Response<ValidateTokenResponse>, Status> {
+        let request_id = request_id(&request);
         let req = request.into_inner();
-        respond("ValidateToken", async {
+        let work = async {
             if req.access_token.is_empty() {
                 return Err(Error::InvalidArgument(vec![FieldViolation {
                     field: "access_token",
@@ -210,7 +206,7 @@ impl AuthService for AuthApi {
                 username: token.username,
                 expires_at: Some(token.expires_at.into()),
             })
-        })
-        .await
+        };
+        respond("ValidateToken", request_id, work, |r| &r.user_id).await
     }
 }

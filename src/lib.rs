@@ -10,6 +10,7 @@
 //!
 //! ```text
 //! tonic Server
+//!   trace::TraceLayer           request id, one log event and the request metrics per request
 //!   ratelimit::RateLimitLayer   per-rule sliding windows, on Redis or in process (reject)
 //!   admission::AdmissionLayer   deadline, concurrency cap and drain (reject, never queue)
 //!   grpc::AuthService           proto <-> domain; the one place errors become a Status
@@ -27,8 +28,11 @@
 //! - [`credentials`]: `Username` and `Password`, parsed and normalized at the edge.
 //! - [`health`]: drives the `grpc.health.v1` status from periodic store checks.
 //! - [`healthcheck`]: `authd health`, the client side: one check, turned into an exit status.
+//! - [`metrics`]: the Prometheus registry of one application, its metrics, and the
+//!   `GET /metrics` endpoint (`AUTHD_METRICS_LISTEN`).
 //! - [`ratelimit`]: the rules of `AUTHD_RATE_LIMITS`, the Redis script and the local fallback.
 //! - [`telemetry`]: the `tracing` subscriber (text or JSON lines).
+//! - [`trace`]: the outermost layer: request ids, one log event per request, request metrics.
 #![forbid(unsafe_code)]
 
 pub mod accounts;
@@ -41,11 +45,13 @@ pub mod error;
 pub mod grpc;
 pub mod health;
 pub mod healthcheck;
+pub mod metrics;
 pub mod password;
 pub mod ratelimit;
 pub mod store;
 pub mod telemetry;
 pub mod token;
+pub mod trace;
 
 /// Code generated from `proto/auth/v1/auth.proto`.
 pub mod pb {

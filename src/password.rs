@@ -10,7 +10,11 @@
 //! hash of the same cost (so timing does not reveal which usernames exist), and says
 //! when a stored hash was made with other parameters and should be replaced.
 
-use crate::{credentials::Password, error::Error};
+use crate::{
+    credentials::Password,
+    error::Error,
+    metrics::{HashMetrics, Metrics},
+};
 use anyhow::Context as _;
 use pbkdf2::{
     Algorithm, Params, Pbkdf2,
@@ -162,10 +166,12 @@ impl From<PoolError> for Error {
 }
 
 /// A queued job's body: runs the work, or (with `true`) reports that the deadline passed.
-type Task = Box<dyn FnOnce(bool, &PoolStats) + Send>;
+type Task = Box<dyn FnOnce(bool, &PoolStats, &HashMetrics) + Send>;
 
 struct Job {
     deadline: Option<Instant>,
+    /// When the job was queued, for the queue wait metric.
+    queued_at: Instant,
     /// Counts what it did in the stats before answering, so a caller sees its own
     /// job counted.
     task: Task,
@@ -189,24 +195,35 @@ pub struct HashPool {
     threads: usize,
     capacity: usize,
     stats: Arc<PoolStats>,
+    metrics: HashMetrics,
 }
 
 impl HashPool {
-    /// Starts `threads` worker threads sharing a queue of at most `capacity` jobs.
-    pub fn new(threads: usize, capacity: usize) -> std::io::Result<Self> {
+    /// Starts `threads` worker threads sharing a queue of at most `capacity` jobs,
+    /// recording into `metrics`.
+    pub fn new(threads: usize, capacity: usize, metrics: &Metrics) -> std::io::Result<Self> {
         let threads = threads.max(1);
+        let metrics = metrics.hash.clone();
+        metrics.threads.set(threads as i64);
+        metrics.queue_capacity.set(capacity as i64);
         // Unbounded here because the slots bound it.
         let (tx, rx) = crossbeam_channel::unbounded::<Job>();
         let stats = Arc::new(PoolStats::default());
         for i in 0..threads {
             let rx = rx.clone();
             let stats = stats.clone();
+            let metrics = metrics.clone();
             thread::Builder::new()
                 .name(format!("authd-hash-{i}"))
                 .spawn(move || {
                     for job in rx {
-                        let expired = job.deadline.is_some_and(|d| Instant::now() >= d);
-                        (job.task)(expired, &stats);
+                        let now = Instant::now();
+                        metrics.queue_depth.dec();
+                        metrics
+                            .queue_wait
+                            .observe((now - job.queued_at).as_secs_f64());
+                        let expired = job.deadline.is_some_and(|d| now >= d);
+                        (job.task)(expired, &stats, &metrics);
                     }
                 })?;
         }
@@ -216,6 +233,7 @@ impl HashPool {
             threads,
             capacity,
             stats,
+            metrics,
         })
     }
 
@@ -242,6 +260,7 @@ impl HashPool {
             Err(_) => {
                 self.stats.pressure.note(true);
                 self.stats.rejected_full.fetch_add(1, Ordering::Relaxed);
+                self.metrics.refused.inc();
                 Err(PoolError::Full {
                     retry_after: self.retry_hint(),
                 })
@@ -272,30 +291,41 @@ impl HashPool {
         F: FnOnce() -> T + Send + 'static,
     {
         let (reply, result) = oneshot::channel();
-        let task = Box::new(move |expired: bool, stats: &PoolStats| {
-            // The caller's future was dropped (client cancelled, server deadline): skip.
-            if reply.is_closed() {
-                stats.dropped_cancelled.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
-            if expired {
-                stats.dropped_expired.fetch_add(1, Ordering::Relaxed);
-                let _ = reply.send(Err(PoolError::Expired));
-                return;
-            }
-            stats.running.fetch_add(1, Ordering::Relaxed);
-            let start = Instant::now();
-            let value = work();
-            stats.record_run(start.elapsed());
-            stats.running.fetch_sub(1, Ordering::Relaxed);
-            let _ = reply.send(Ok(value));
-        });
+        let task = Box::new(
+            move |expired: bool, stats: &PoolStats, metrics: &HashMetrics| {
+                // The caller's future was dropped (client cancelled, server deadline): skip.
+                if reply.is_closed() {
+                    stats.dropped_cancelled.fetch_add(1, Ordering::Relaxed);
+                    metrics.dropped_cancelled.inc();
+                    return;
+                }
+                if expired {
+                    stats.dropped_expired.fetch_add(1, Ordering::Relaxed);
+                    metrics.dropped_deadline.inc();
+                    let _ = reply.send(Err(PoolError::Expired));
+                    return;
+                }
+                stats.running.fetch_add(1, Ordering::Relaxed);
+                metrics.running.inc();
+                let start = Instant::now();
+                let value = work();
+                let took = start.elapsed();
+                stats.record_run(took);
+                metrics.duration.observe(took.as_secs_f64());
+                metrics.running.dec();
+                stats.running.fetch_sub(1, Ordering::Relaxed);
+                let _ = reply.send(Ok(value));
+            },
+        );
         let job = Job {
             deadline,
+            queued_at: Instant::now(),
             task,
             _slot: slot,
         };
+        self.metrics.queue_depth.inc();
         if self.queue.send(job).is_err() {
+            self.metrics.queue_depth.dec();
             return Err(PoolError::Closed);
         }
         result.await.unwrap_or(Err(PoolError::Closed))
@@ -463,7 +493,7 @@ mod tests {
 
     #[tokio::test]
     async fn hashes_are_phc_strings_that_verify() {
-        let hasher = Hasher::new(1000, HashPool::new(1, 4).unwrap()).unwrap();
+        let hasher = Hasher::new(1000, HashPool::new(1, 4, &Metrics::new()).unwrap()).unwrap();
         let phc = hasher
             .hash(hasher.reserve().unwrap(), pw("correct horse"), None)
             .await
@@ -499,7 +529,7 @@ mod tests {
 
     #[tokio::test]
     async fn unknown_users_never_match() {
-        let hasher = Hasher::new(1000, HashPool::new(1, 4).unwrap()).unwrap();
+        let hasher = Hasher::new(1000, HashPool::new(1, 4, &Metrics::new()).unwrap()).unwrap();
         assert!(hasher.dummy.starts_with("$pbkdf2-sha256$i=1000,l=32$"));
         let v = hasher
             .verify(hasher.reserve().unwrap(), pw("anything at all"), None, None)
@@ -516,8 +546,8 @@ mod tests {
 
     #[tokio::test]
     async fn other_parameters_ask_for_a_rehash() {
-        let old = Hasher::new(1000, HashPool::new(1, 4).unwrap()).unwrap();
-        let new = Hasher::new(2000, HashPool::new(1, 4).unwrap()).unwrap();
+        let old = Hasher::new(1000, HashPool::new(1, 4, &Metrics::new()).unwrap()).unwrap();
+        let new = Hasher::new(2000, HashPool::new(1, 4, &Metrics::new()).unwrap()).unwrap();
         let phc = old
             .hash(old.reserve().unwrap(), pw("correct horse"), None)
             .await
@@ -537,18 +567,26 @@ mod tests {
 
     #[tokio::test]
     async fn expired_jobs_are_dropped_before_running() {
-        let pool = HashPool::new(1, 4).unwrap();
+        let metrics = Metrics::new();
+        let pool = HashPool::new(1, 4, &metrics).unwrap();
         let past = Instant::now() - Duration::from_millis(1);
         let err = pool.run(Some(past), || 42).await.unwrap_err();
         assert_eq!(err, PoolError::Expired);
         assert_eq!(pool.stats().dropped_expired, 1);
         assert_eq!(pool.stats().completed, 0);
+        assert_eq!(metrics.hash.dropped_deadline.get(), 1);
+        assert_eq!(metrics.hash.duration.get_sample_count(), 0);
         assert_eq!(pool.run(None, || 42).await.unwrap(), 42);
+        assert_eq!(metrics.hash.duration.get_sample_count(), 1);
+        // Both jobs waited in the queue, the dropped one too.
+        assert_eq!(metrics.hash.queue_wait.get_sample_count(), 2);
+        assert_eq!(metrics.hash.queue_depth.get(), 0);
     }
 
     #[tokio::test]
     async fn a_full_queue_refuses_at_once() {
-        let pool = HashPool::new(1, 1).unwrap();
+        let metrics = Metrics::new();
+        let pool = HashPool::new(1, 1, &metrics).unwrap();
         let (started_tx, started_rx) = std::sync::mpsc::channel();
         let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
         let busy = tokio::spawn({
@@ -572,6 +610,8 @@ mod tests {
         while pool.queued() == 0 {
             tokio::task::yield_now().await;
         }
+        assert_eq!(metrics.hash.queue_depth.get(), 1);
+        assert_eq!(metrics.hash.running.get(), 1);
         let refused = pool.run(None, || 2).await;
         assert!(
             matches!(refused, Err(PoolError::Full { .. })),
@@ -581,5 +621,7 @@ mod tests {
         busy.await.unwrap().unwrap();
         assert_eq!(queued.await.unwrap().unwrap(), 1);
         assert_eq!(pool.stats().rejected_full, 1);
+        assert_eq!(metrics.hash.refused.get(), 1);
+        assert_eq!(metrics.hash.queue_depth.get(), 0);
     }
 }

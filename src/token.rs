@@ -5,12 +5,13 @@
 //! and drop the old one once its tokens have expired. Verification is constant-time
 //! (`Mac::verify_slice`) and accepts `alg: HS256` only. Keys never appear in `Debug`.
 
-use crate::credentials::Username;
+use crate::{credentials::Username, metrics::Metrics};
 use base64::{
     Engine as _,
     engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD},
 };
 use hmac::{Hmac, KeyInit, Mac};
+use prometheus::IntCounter;
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use std::{
@@ -42,6 +43,34 @@ pub enum TokenError {
     Expired,
     #[error("token issued by someone else")]
     WrongIssuer,
+}
+
+impl TokenError {
+    /// Every kind, in the order of [`TokenError::index`].
+    const ALL: [TokenError; 6] = [
+        TokenError::Malformed,
+        TokenError::UnsupportedAlgorithm,
+        TokenError::UnknownKey,
+        TokenError::BadSignature,
+        TokenError::Expired,
+        TokenError::WrongIssuer,
+    ];
+
+    /// A metric label: `authd_tokens_validated_total{outcome=…}`.
+    pub fn label(self) -> &'static str {
+        match self {
+            TokenError::Malformed => "malformed",
+            TokenError::UnsupportedAlgorithm => "unsupported_algorithm",
+            TokenError::UnknownKey => "unknown_key",
+            TokenError::BadSignature => "bad_signature",
+            TokenError::Expired => "expired",
+            TokenError::WrongIssuer => "wrong_issuer",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
 }
 
 struct Key {
@@ -192,11 +221,22 @@ pub struct VerifiedToken {
 pub struct Tokens {
     keys: KeyRing,
     ttl: Duration,
+    issued: IntCounter,
+    valid: IntCounter,
+    /// Refusals, indexed by [`TokenError::index`].
+    refused: [IntCounter; TokenError::ALL.len()],
 }
 
 impl Tokens {
-    pub fn new(keys: KeyRing, ttl: Duration) -> Self {
-        Self { keys, ttl }
+    pub fn new(keys: KeyRing, ttl: Duration, metrics: &Metrics) -> Self {
+        let validated = &metrics.tokens.validated;
+        Self {
+            keys,
+            ttl,
+            issued: metrics.tokens.issued.clone(),
+            valid: validated.with_label_values(&["ok"]),
+            refused: TokenError::ALL.map(|e| validated.with_label_values(&[e.label()])),
+        }
     }
 
     pub fn issue(&self, user_id: &str, username: &Username) -> anyhow::Result<IssuedToken> {
@@ -223,13 +263,24 @@ impl Tokens {
         let signature = mac(&key.secret, token.as_bytes()).finalize().into_bytes();
         token.push('.');
         token.push_str(&URL_SAFE_NO_PAD.encode(signature));
+        self.issued.inc();
         Ok(IssuedToken {
             token,
             expires_at: UNIX_EPOCH + Duration::from_secs(exp),
         })
     }
 
+    /// Checks a token and counts the outcome.
     pub fn verify(&self, token: &str) -> Result<VerifiedToken, TokenError> {
+        let result = self.check(token);
+        match &result {
+            Ok(_) => self.valid.inc(),
+            Err(e) => self.refused[e.index()].inc(),
+        }
+        result
+    }
+
+    fn check(&self, token: &str) -> Result<VerifiedToken, TokenError> {
         let mut parts = token.split('.');
         let (Some(header_b64), Some(claims_b64), Some(signature_b64), None) =
             (parts.next(), parts.next(), parts.next(), parts.next())
@@ -297,7 +348,11 @@ mod tests {
     const KEY_A: &str = "a:MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
 
     fn tokens(spec: &str) -> Tokens {
-        Tokens::new(spec.parse().unwrap(), Duration::from_secs(60))
+        Tokens::new(
+            spec.parse().unwrap(),
+            Duration::from_secs(60),
+            &Metrics::new(),
+        )
     }
 
     #[test]
@@ -308,6 +363,37 @@ mod tests {
         assert_eq!(v.user_id, "id-1");
         assert_eq!(v.username, "alice");
         assert_eq!(v.expires_at, issued.expires_at);
+    }
+
+    #[test]
+    fn issued_and_validated_tokens_are_counted_by_outcome() {
+        let metrics = Metrics::new();
+        let t = Tokens::new(KEY_A.parse().unwrap(), Duration::from_secs(60), &metrics);
+        let issued = t.issue("id-1", &Username::parse("Alice").unwrap()).unwrap();
+        t.verify(&issued.token).unwrap();
+        t.verify("not a token").unwrap_err();
+        // Another first character of the signature: a signature that does not match.
+        let dot = issued.token.rfind('.').unwrap();
+        let first = &issued.token[dot + 1..dot + 2];
+        let other = if first == "A" { "B" } else { "A" };
+        let tampered = format!(
+            "{}{other}{}",
+            &issued.token[..=dot],
+            &issued.token[dot + 2..]
+        );
+        assert_eq!(t.verify(&tampered), Err(TokenError::BadSignature));
+        let text = metrics.render();
+        for line in [
+            "authd_tokens_issued_total 1",
+            r#"authd_tokens_validated_total{outcome="ok"} 1"#,
+            r#"authd_tokens_validated_total{outcome="malformed"} 1"#,
+            r#"authd_tokens_validated_total{outcome="bad_signature"} 1"#,
+        ] {
+            assert!(text.contains(line), "{line} missing in:\n{text}");
+        }
+        for (i, e) in TokenError::ALL.iter().enumerate() {
+            assert_eq!(e.index(), i);
+        }
     }
 
     #[test]

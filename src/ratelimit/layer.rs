@@ -136,16 +136,17 @@ mod tests {
         impl Service<http::Request<()>, Response = http::Response<String>, Error = Infallible> + Clone,
         Arc<AtomicUsize>,
     ) {
-        let limiter = RateLimiter::start(Settings {
+        let settings = Settings {
             rules: rules.parse().unwrap(),
             redis_url: None,
             prefix: "test".into(),
             redis_timeout: Duration::from_millis(50),
             failure: FailureMode::Open,
             trust_forwarded_for: false,
-        })
-        .await
-        .unwrap();
+        };
+        let limiter = RateLimiter::start(settings, &crate::metrics::Metrics::new())
+            .await
+            .unwrap();
         let calls = Arc::new(AtomicUsize::new(0));
         let inner = tower::service_fn({
             let calls = calls.clone();

@@ -18,7 +18,11 @@ pub mod layer;
 mod local;
 mod redis;
 
-use crate::error::{Error, QuotaViolation};
+use crate::{
+    error::{Error, QuotaViolation},
+    metrics::Metrics,
+};
+use prometheus::{Histogram, IntCounter};
 use std::{
     fmt,
     net::IpAddr,
@@ -476,8 +480,65 @@ struct RedisTier {
     limiter: redis::RedisLimiter,
     /// False from a failed call until a probe succeeds: requests meanwhile do not
     /// call Redis at all, so an outage costs at most one timeout, not one per request.
-    healthy: AtomicBool,
+    healthy: Arc<AtomicBool>,
     url: RedisUrl,
+}
+
+/// The decision counters of one rule (`authd_ratelimit_decisions_total`).
+struct RuleCounters {
+    /// The rule had room (whether or not another rule refused the request).
+    allowed: IntCounter,
+    /// The rule refused the request.
+    refused: IntCounter,
+    /// Redis failed in fail-closed mode: no decision, the request was refused.
+    unavailable: IntCounter,
+}
+
+/// The limiter's metric handles, resolved when it is built.
+struct LimiterMetrics {
+    /// One per rule, in the order of [`RateLimits::rules`].
+    rules: Vec<RuleCounters>,
+    redis_duration: Histogram,
+    redis_timeout: IntCounter,
+    redis_error: IntCounter,
+    redis_not_connected: IntCounter,
+    redis_bad_reply: IntCounter,
+}
+
+impl LimiterMetrics {
+    fn new(metrics: &Metrics, rules: &RateLimits) -> Self {
+        let m = &metrics.rate_limit;
+        let rules = (rules.rules().iter())
+            .map(|rule| {
+                let rule = rule.to_string();
+                let counter = |outcome| m.decisions.with_label_values(&[rule.as_str(), outcome]);
+                RuleCounters {
+                    allowed: counter("allowed"),
+                    refused: counter("refused"),
+                    unavailable: counter("unavailable"),
+                }
+            })
+            .collect();
+        let error = |kind| m.redis_errors.with_label_values(&[kind]);
+        Self {
+            rules,
+            redis_duration: m.redis_duration.clone(),
+            redis_timeout: error("timeout"),
+            redis_error: error("error"),
+            redis_not_connected: error("not_connected"),
+            redis_bad_reply: error("bad_reply"),
+        }
+    }
+
+    fn redis_failed(&self, why: &redis::RedisFailure) {
+        match why {
+            redis::RedisFailure::NotConnected => &self.redis_not_connected,
+            redis::RedisFailure::Timeout(_) => &self.redis_timeout,
+            redis::RedisFailure::Redis(_) => &self.redis_error,
+            redis::RedisFailure::BadReply(_) => &self.redis_bad_reply,
+        }
+        .inc();
+    }
 }
 
 /// Decides whether a request may pass. Shared (in an `Arc`) by every clone of the
@@ -492,13 +553,23 @@ pub struct RateLimiter {
     local: local::LocalLimiter,
     redis: Option<RedisTier>,
     counters: Counters,
+    metrics: LimiterMetrics,
 }
 
 impl RateLimiter {
-    fn new(settings: Settings, redis: Option<RedisTier>) -> Self {
+    fn new(settings: Settings, redis: Option<RedisTier>, metrics: &Metrics) -> Self {
         let key_starts = (settings.rules.rules().iter())
             .map(|rule| format!("{}:{}:", settings.prefix, rule.key_stem()))
             .collect();
+        if let Some(tier) = &redis {
+            // Read when scraped, so the gauge always says what the flag says.
+            let (healthy, gauge) = (
+                tier.healthy.clone(),
+                metrics.rate_limit.fallback_active.clone(),
+            );
+            metrics.on_scrape(move || gauge.set(i64::from(!healthy.load(Ordering::SeqCst))));
+        }
+        let metrics = LimiterMetrics::new(metrics, &settings.rules);
         RateLimiter {
             rules: settings.rules,
             key_starts,
@@ -507,22 +578,23 @@ impl RateLimiter {
             local: local::LocalLimiter::new(),
             redis,
             counters: Counters::default(),
+            metrics,
         }
     }
 
     /// Builds the limiter. With Redis configured it tries to connect once (at most
     /// [`CONNECT_TIMEOUT`]); if that fails it starts degraded and a background task
     /// keeps trying, so a Redis outage never stops authd from starting.
-    pub async fn start(settings: Settings) -> anyhow::Result<Arc<Self>> {
+    pub async fn start(settings: Settings, metrics: &Metrics) -> anyhow::Result<Arc<Self>> {
         let redis = match &settings.redis_url {
             Some(url) if !settings.rules.is_empty() => Some(RedisTier {
                 limiter: redis::RedisLimiter::new(url, settings.redis_timeout)?,
-                healthy: AtomicBool::new(false),
+                healthy: Arc::new(AtomicBool::new(false)),
                 url: url.clone(),
             }),
             _ => None,
         };
-        let limiter = Arc::new(RateLimiter::new(settings.clone(), redis));
+        let limiter = Arc::new(RateLimiter::new(settings.clone(), redis, metrics));
         match &limiter.redis {
             None if limiter.rules.is_empty() => {
                 if settings.redis_url.is_some() {
@@ -650,7 +722,10 @@ impl RateLimiter {
         let outcome = match &self.redis {
             None => self.decide_locally(checks),
             Some(tier) if tier.healthy.load(Ordering::SeqCst) => {
-                match tier.limiter.decide(checks).await {
+                let started = Instant::now();
+                let decided = tier.limiter.decide(checks).await;
+                (self.metrics.redis_duration).observe(started.elapsed().as_secs_f64());
+                match decided {
                     Ok(outcome) => {
                         self.counters
                             .redis_decisions
@@ -659,6 +734,7 @@ impl RateLimiter {
                     }
                     Err(why) => {
                         self.counters.redis_failures.fetch_add(1, Ordering::Relaxed);
+                        self.metrics.redis_failed(&why);
                         if tier.healthy.swap(false, Ordering::SeqCst) {
                             tracing::warn!(
                                 redis = %tier.url,
@@ -688,6 +764,9 @@ impl RateLimiter {
             FailureMode::Open => Ok(self.decide_locally(checks)),
             FailureMode::Closed => {
                 self.counters.unavailable.fetch_add(1, Ordering::Relaxed);
+                for check in checks {
+                    self.metrics.rules[check.rule].unavailable.inc();
+                }
                 Err(Error::Unavailable(
                     "rate limits cannot be checked while Redis does not answer".into(),
                 ))
@@ -698,6 +777,15 @@ impl RateLimiter {
     /// Turns a backend's outcome into what the client is told.
     fn verdict(&self, checks: &[Check], outcome: &Outcome) -> Result<Quota, Error> {
         let pairs = checks.iter().zip(&outcome.states);
+        for (check, state) in pairs.clone() {
+            let counters = &self.metrics.rules[check.rule];
+            // A refused request leaves at 0 remaining exactly the rules that refused it.
+            if outcome.allowed || state.remaining > 0 {
+                counters.allowed.inc();
+            } else {
+                counters.refused.inc();
+            }
+        }
         if outcome.allowed {
             // Report the rule closest to refusing; on a tie, the one that frees last.
             let (check, state) = pairs
@@ -924,7 +1012,7 @@ mod tests {
             failure: FailureMode::Open,
             trust_forwarded_for,
         };
-        RateLimiter::new(settings, None)
+        RateLimiter::new(settings, None, &Metrics::new())
     }
 
     fn keys(l: &RateLimiter, method: &str, headers: &[(&str, &str)], peer: &str) -> Vec<String> {

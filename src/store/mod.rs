@@ -8,6 +8,10 @@
 //! Errors are classified here, once: a uniqueness conflict is [`StoreError::Duplicate`],
 //! a database that cannot be reached is [`StoreError::Unavailable`], the rest is
 //! unexpected and carries its cause for the log.
+//!
+//! Every operation is timed here, by backend and operation
+//! (`authd_store_operation_duration_seconds`); the backends add what only they see:
+//! the wait for a pooled connection, the SQLite writer's batches and commits.
 
 mod postgres;
 mod sqlite;
@@ -15,9 +19,10 @@ mod sqlite;
 pub use postgres::PostgresSettings;
 pub use sqlite::{SqliteSettings, WriterSnapshot};
 
-use crate::{credentials::Username, error::Error};
+use crate::{credentials::Username, error::Error, metrics::Metrics};
+use prometheus::{Histogram, IntCounter};
 use sqlx::{ColumnIndex, Database, Decode, Encode, Row, Type, query::Query};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// The statements both backends run. `$N` placeholders are PostgreSQL's and are
 /// also understood by SQLite, so each statement is written once.
@@ -157,10 +162,93 @@ impl From<StoreError> for Error {
     }
 }
 
-/// The storage backend, chosen by the database URL.
-pub enum Store {
+/// The storage backend, chosen by the database URL, and its metrics.
+pub struct Store {
+    backend: Backend,
+    ops: Operations,
+}
+
+enum Backend {
     Sqlite(sqlite::SqliteStore),
     Postgres(postgres::PostgresStore),
+}
+
+/// The metric handles of one operation, resolved when the store opens.
+struct OperationMetrics {
+    duration: Histogram,
+    unavailable: IntCounter,
+    failed: IntCounter,
+}
+
+impl OperationMetrics {
+    fn new(metrics: &Metrics, backend: &str, operation: &str) -> Self {
+        let errors = &metrics.store.operation_errors;
+        Self {
+            duration: (metrics.store.operation_duration).with_label_values(&[backend, operation]),
+            unavailable: errors.with_label_values(&[backend, operation, "unavailable"]),
+            failed: errors.with_label_values(&[backend, operation, "other"]),
+        }
+    }
+
+    fn record<T>(&self, started: Instant, result: &Result<T, StoreError>) {
+        self.duration.observe(started.elapsed().as_secs_f64());
+        match result {
+            Err(StoreError::Unavailable(_)) => self.unavailable.inc(),
+            Err(StoreError::Other(_)) => self.failed.inc(),
+            // A taken username is an answer, not a failure.
+            Ok(_) | Err(StoreError::Duplicate) => {}
+        }
+    }
+}
+
+struct Operations {
+    find_user: OperationMetrics,
+    insert_user: OperationMetrics,
+    update_password_hash: OperationMetrics,
+    ping: OperationMetrics,
+}
+
+impl Operations {
+    fn new(metrics: &Metrics, backend: &str) -> Self {
+        Self {
+            find_user: OperationMetrics::new(metrics, backend, "find_user"),
+            insert_user: OperationMetrics::new(metrics, backend, "insert_user"),
+            update_password_hash: OperationMetrics::new(metrics, backend, "update_password_hash"),
+            ping: OperationMetrics::new(metrics, backend, "ping"),
+        }
+    }
+}
+
+/// Exports a pool's connections (read at scrape time) and returns the histogram of
+/// the wait for one, which the backend records when it acquires a connection.
+fn watch_pool<DB: Database>(metrics: &Metrics, backend: &str, pool: &sqlx::Pool<DB>) -> Histogram {
+    let store = &metrics.store;
+    (store.pool_max.with_label_values(&[backend]))
+        .set(i64::from(pool.options().get_max_connections()));
+    let in_use = store
+        .pool_connections
+        .with_label_values(&[backend, "in_use"]);
+    let idle = store.pool_connections.with_label_values(&[backend, "idle"]);
+    let pool = pool.clone();
+    metrics.on_scrape(move || {
+        let (size, free) = (i64::from(pool.size()), pool.num_idle() as i64);
+        // Two separate reads of a live pool: keep them consistent.
+        let free = free.min(size);
+        in_use.set(size - free);
+        idle.set(free);
+    });
+    store.pool_acquire.with_label_values(&[backend])
+}
+
+/// Takes a connection from `pool`, recording how long that took in `wait`.
+async fn acquire<DB: Database>(
+    pool: &sqlx::Pool<DB>,
+    wait: &Histogram,
+) -> Result<sqlx::pool::PoolConnection<DB>, StoreError> {
+    let started = Instant::now();
+    let connection = pool.acquire().await;
+    wait.observe(started.elapsed().as_secs_f64());
+    Ok(connection?)
 }
 
 /// Which database to open, and how.
@@ -173,20 +261,36 @@ pub enum StoreSettings {
 /// Dispatches a call to whichever backend this store is.
 macro_rules! each_backend {
     ($store:expr, $backend:ident => $call:expr) => {
-        match $store {
-            Store::Sqlite($backend) => $call,
-            Store::Postgres($backend) => $call,
+        match &$store.backend {
+            Backend::Sqlite($backend) => $call,
+            Backend::Postgres($backend) => $call,
         }
     };
 }
 
+/// Runs a store operation and records its duration and failure.
+macro_rules! timed {
+    ($store:expr, $op:ident, $backend:ident => $call:expr) => {{
+        let started = Instant::now();
+        let result = each_backend!($store, $backend => $call);
+        $store.ops.$op.record(started, &result);
+        result
+    }};
+}
+
 impl Store {
-    /// Opens the database and brings its schema up to date.
-    pub async fn open(settings: StoreSettings) -> anyhow::Result<Self> {
-        Ok(match settings {
-            StoreSettings::Sqlite(s) => Store::Sqlite(sqlite::SqliteStore::open(s).await?),
-            StoreSettings::Postgres(s) => Store::Postgres(postgres::PostgresStore::open(s).await?),
-        })
+    /// Opens the database and brings its schema up to date; records into `metrics`.
+    pub async fn open(settings: StoreSettings, metrics: &Metrics) -> anyhow::Result<Self> {
+        let backend = match settings {
+            StoreSettings::Sqlite(s) => {
+                Backend::Sqlite(sqlite::SqliteStore::open(s, metrics).await?)
+            }
+            StoreSettings::Postgres(s) => {
+                Backend::Postgres(postgres::PostgresStore::open(s, metrics).await?)
+            }
+        };
+        let ops = Operations::new(metrics, backend.name());
+        Ok(Self { backend, ops })
     }
 
     /// Runs the embedded migrations and closes the connection: `authd migrate`.
@@ -199,28 +303,25 @@ impl Store {
     }
 
     pub fn backend(&self) -> &'static str {
-        match self {
-            Store::Sqlite(_) => "sqlite",
-            Store::Postgres(_) => "postgres",
-        }
+        self.backend.name()
     }
 
     /// Stores a new user; [`StoreError::Duplicate`] when the username is taken.
     pub async fn insert_user(&self, user: NewUser) -> Result<(), StoreError> {
-        each_backend!(self, s => s.insert_user(user).await)
+        timed!(self, insert_user, s => s.insert_user(user).await)
     }
 
     pub async fn find_user(&self, username: &Username) -> Result<Option<User>, StoreError> {
-        each_backend!(self, s => s.find_user(username).await)
+        timed!(self, find_user, s => s.find_user(username).await)
     }
 
     pub async fn update_password_hash(&self, id: &str, hash: String) -> Result<(), StoreError> {
-        each_backend!(self, s => s.update_password_hash(id, hash).await)
+        timed!(self, update_password_hash, s => s.update_password_hash(id, hash).await)
     }
 
     /// Checks that the database answers, for health.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        each_backend!(self, s => s.ping().await)
+        timed!(self, ping, s => s.ping().await)
     }
 
     /// Commits everything queued and closes the connections.
@@ -230,9 +331,19 @@ impl Store {
 
     /// The SQLite writer's counters; `None` for other backends.
     pub fn writer_stats(&self) -> Option<WriterSnapshot> {
+        match &self.backend {
+            Backend::Sqlite(s) => Some(s.writer_stats()),
+            Backend::Postgres(_) => None,
+        }
+    }
+}
+
+impl Backend {
+    /// The `backend` label of the store's metrics.
+    fn name(&self) -> &'static str {
         match self {
-            Store::Sqlite(s) => Some(s.writer_stats()),
-            Store::Postgres(_) => None,
+            Backend::Sqlite(_) => "sqlite",
+            Backend::Postgres(_) => "postgres",
         }
     }
 }

@@ -5,16 +5,21 @@
 //! so concurrent registrations on different replicas never race. A commit is
 //! durable when PostgreSQL says so (its `synchronous_commit`). Connections are
 //! bounded (`AUTHD_DB_MAX_CONNECTIONS`) and a request waits at most
-//! `AUTHD_DB_ACQUIRE_TIMEOUT` for one, then fails with UNAVAILABLE.
+//! `AUTHD_DB_ACQUIRE_TIMEOUT` for one, then fails with UNAVAILABLE. Each operation
+//! takes its connection explicitly, so the wait for one is measured apart from the
+//! query (`authd_store_pool_acquire_duration_seconds`): a pool too small for the
+//! load shows there, not as a slow database.
 
 use super::{
-    NewUser, StoreError, User, find_user_query, insert_user_query, sql, unix_millis,
-    update_password_hash_query, user_from_row,
+    NewUser, StoreError, User, acquire, find_user_query, insert_user_query, sql, unix_millis,
+    update_password_hash_query, user_from_row, watch_pool,
 };
-use crate::credentials::Username;
+use crate::{credentials::Username, metrics::Metrics};
 use anyhow::Context as _;
+use prometheus::Histogram;
 use sqlx::{
-    PgPool,
+    PgPool, Postgres,
+    pool::PoolConnection,
     postgres::{PgConnectOptions, PgPoolOptions},
 };
 use std::{fmt, str::FromStr, time::Duration};
@@ -40,6 +45,8 @@ impl fmt::Debug for PostgresSettings {
 
 pub struct PostgresStore {
     pool: PgPool,
+    /// Time waiting for a connection from the pool.
+    pool_wait: Histogram,
 }
 
 async fn connect(settings: &PostgresSettings) -> anyhow::Result<PgPool> {
@@ -71,15 +78,24 @@ pub(crate) async fn migrate_only(settings: &PostgresSettings) -> anyhow::Result<
 }
 
 impl PostgresStore {
-    pub(crate) async fn open(settings: PostgresSettings) -> anyhow::Result<Self> {
+    pub(crate) async fn open(
+        settings: PostgresSettings,
+        metrics: &Metrics,
+    ) -> anyhow::Result<Self> {
         let pool = connect(&settings).await?;
         migrate(&pool).await?;
-        Ok(Self { pool })
+        let pool_wait = watch_pool(metrics, "postgres", &pool);
+        Ok(Self { pool, pool_wait })
+    }
+
+    async fn connection(&self) -> Result<PoolConnection<Postgres>, StoreError> {
+        acquire(&self.pool, &self.pool_wait).await
     }
 
     pub(crate) async fn insert_user(&self, user: NewUser) -> Result<(), StoreError> {
+        let mut conn = self.connection().await?;
         let inserted = insert_user_query(&user, unix_millis())
-            .execute(&self.pool)
+            .execute(&mut *conn)
             .await?;
         if inserted.rows_affected() == 1 {
             Ok(())
@@ -89,7 +105,8 @@ impl PostgresStore {
     }
 
     pub(crate) async fn find_user(&self, username: &Username) -> Result<Option<User>, StoreError> {
-        let row = find_user_query(username).fetch_optional(&self.pool).await?;
+        let mut conn = self.connection().await?;
+        let row = find_user_query(username).fetch_optional(&mut *conn).await?;
         Ok(row.as_ref().map(user_from_row).transpose()?)
     }
 
@@ -98,14 +115,16 @@ impl PostgresStore {
         id: &str,
         hash: String,
     ) -> Result<(), StoreError> {
+        let mut conn = self.connection().await?;
         update_password_hash_query(id, &hash, unix_millis())
-            .execute(&self.pool)
+            .execute(&mut *conn)
             .await?;
         Ok(())
     }
 
     pub(crate) async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query(sql::PING).execute(&self.pool).await?;
+        let mut conn = self.connection().await?;
+        sqlx::query(sql::PING).execute(&mut *conn).await?;
         Ok(())
     }
 

@@ -9,11 +9,12 @@
 //! survives a crash or a power loss. Readers never wait for the writer (WAL).
 
 use super::{
-    NewUser, StoreError, User, find_user_query, insert_user_query, sql, unix_millis,
-    update_password_hash_query, user_from_row,
+    NewUser, StoreError, User, acquire, find_user_query, insert_user_query, sql, unix_millis,
+    update_password_hash_query, user_from_row, watch_pool,
 };
-use crate::credentials::Username;
+use crate::{credentials::Username, metrics::Metrics};
 use anyhow::Context as _;
+use prometheus::Histogram;
 use sqlx::{
     Connection, SqliteConnection, SqlitePool,
     sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
@@ -24,7 +25,7 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicU64, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 use tokio::{
     sync::{mpsc, oneshot},
@@ -79,9 +80,17 @@ enum Command {
 
 pub struct SqliteStore {
     readers: SqlitePool,
+    /// Time waiting for a reader connection.
+    reader_wait: Histogram,
     writer: mpsc::Sender<Command>,
     writer_task: Mutex<Option<JoinHandle<()>>>,
     stats: Arc<WriterStats>,
+}
+
+/// What the writer task records: the size and the duration of each transaction.
+struct WriterMetrics {
+    batch_size: Histogram,
+    commit: Histogram,
 }
 
 fn connect_options(settings: &SqliteSettings) -> SqliteConnectOptions {
@@ -113,7 +122,7 @@ pub(crate) async fn migrate_only(settings: &SqliteSettings) -> anyhow::Result<()
 }
 
 impl SqliteStore {
-    pub(crate) async fn open(settings: SqliteSettings) -> anyhow::Result<Self> {
+    pub(crate) async fn open(settings: SqliteSettings, metrics: &Metrics) -> anyhow::Result<Self> {
         // The writer connection comes first: it creates the file and migrates it.
         let conn = open_writer(&settings).await?;
         let readers = SqlitePoolOptions::new()
@@ -125,13 +134,19 @@ impl SqliteStore {
             .with_context(|| format!("opening SQLite readers on {}", settings.path.display()))?;
         let (tx, rx) = mpsc::channel(4096);
         let stats = Arc::new(WriterStats::default());
+        let writer_metrics = WriterMetrics {
+            batch_size: metrics.store.sqlite_batch_size.clone(),
+            commit: metrics.store.sqlite_commit.clone(),
+        };
         let task = tokio::spawn(run_writer(
             conn,
             rx,
             settings.max_batch.max(1),
             stats.clone(),
+            writer_metrics,
         ));
         Ok(Self {
+            reader_wait: watch_pool(metrics, "sqlite", &readers),
             readers,
             writer: tx,
             writer_task: Mutex::new(Some(task)),
@@ -165,14 +180,15 @@ impl SqliteStore {
     }
 
     pub(crate) async fn find_user(&self, username: &Username) -> Result<Option<User>, StoreError> {
-        let row = find_user_query(username)
-            .fetch_optional(&self.readers)
-            .await?;
+        let mut conn = acquire(&self.readers, &self.reader_wait).await?;
+        let row = find_user_query(username).fetch_optional(&mut *conn).await?;
         Ok(row.as_ref().map(user_from_row).transpose()?)
     }
 
     pub(crate) async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query(sql::PING).execute(&self.readers).await?;
+        let mut conn = acquire(&self.readers, &self.reader_wait).await?;
+        sqlx::query(sql::PING).execute(&mut *conn).await?;
+        drop(conn);
         let (reply, result) = oneshot::channel();
         self.writer
             .send(Command::Ping(reply))
@@ -212,6 +228,7 @@ async fn run_writer(
     mut commands: mpsc::Receiver<Command>,
     max_batch: usize,
     stats: Arc<WriterStats>,
+    metrics: WriterMetrics,
 ) {
     let mut received = Vec::with_capacity(max_batch);
     let mut batch = Vec::with_capacity(max_batch);
@@ -232,7 +249,7 @@ async fn run_writer(
             }
         }
         if !batch.is_empty() {
-            commit(&mut conn, &mut batch, &stats).await;
+            commit(&mut conn, &mut batch, &stats, &metrics).await;
         }
         for ping in pings {
             let result = sqlx::query(sql::PING)
@@ -261,10 +278,18 @@ async fn run_writer(
 type Pending = (Write, oneshot::Sender<Result<(), StoreError>>);
 
 /// Commits a batch in one transaction and answers every write in it.
-async fn commit(conn: &mut SqliteConnection, batch: &mut Vec<Pending>, stats: &WriterStats) {
+async fn commit(
+    conn: &mut SqliteConnection,
+    batch: &mut Vec<Pending>,
+    stats: &WriterStats,
+    metrics: &WriterMetrics,
+) {
     let size = batch.len() as u64;
+    metrics.batch_size.observe(size as f64);
+    let started = Instant::now();
     match apply(conn, batch).await {
         Ok(outcomes) => {
+            metrics.commit.observe(started.elapsed().as_secs_f64());
             stats.transactions.fetch_add(1, Ordering::Relaxed);
             stats.writes.fetch_add(size, Ordering::Relaxed);
             stats.largest_batch.fetch_max(size, Ordering::Relaxed);
@@ -332,14 +357,17 @@ mod tests {
     use futures::future::join_all;
 
     async fn open(dir: &tempfile::TempDir) -> SqliteStore {
-        SqliteStore::open(SqliteSettings {
+        open_with(dir, &Metrics::new()).await
+    }
+
+    async fn open_with(dir: &tempfile::TempDir, metrics: &Metrics) -> SqliteStore {
+        let settings = SqliteSettings {
             path: dir.path().join("t.db"),
             readers: 2,
             acquire_timeout: Duration::from_secs(5),
             max_batch: 64,
-        })
-        .await
-        .unwrap()
+        };
+        SqliteStore::open(settings, metrics).await.unwrap()
     }
 
     fn user(i: usize, name: &str) -> NewUser {
@@ -379,7 +407,8 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn a_batch_commits_many_writes_in_one_transaction() {
         let dir = tempfile::tempdir().unwrap();
-        let store = open(&dir).await;
+        let metrics = Metrics::new();
+        let store = open_with(&dir, &metrics).await;
         let results =
             join_all((0..100).map(|i| store.insert_user(user(i, &format!("user{i}"))))).await;
         assert!(results.iter().all(Result::is_ok));
@@ -387,6 +416,21 @@ mod tests {
         assert_eq!(stats.writes, 100);
         // At most 64 per batch: two transactions.
         assert_eq!(stats.transactions, 2);
+        let batches = &metrics.store.sqlite_batch_size;
+        assert_eq!(batches.get_sample_count(), 2);
+        assert_eq!(batches.get_sample_sum(), 100.0);
+        assert_eq!(metrics.store.sqlite_commit.get_sample_count(), 2);
+        store
+            .find_user(&Username::parse("user1").unwrap())
+            .await
+            .unwrap();
+        let text = metrics.render();
+        for line in [
+            r#"authd_store_pool_acquire_duration_seconds_count{backend="sqlite"} 1"#,
+            r#"authd_store_pool_max_connections{backend="sqlite"} 2"#,
+        ] {
+            assert!(text.contains(line), "{line} missing in:\n{text}");
+        }
         store.close().await;
     }
 

@@ -41,6 +41,7 @@ fn help_documents_every_option_with_its_variable_and_default() {
         "AUTHD_TOKEN_TTL",
         "AUTHD_HEALTH_INTERVAL",
         "AUTHD_DRAIN_TIMEOUT",
+        "AUTHD_METRICS_LISTEN",
         "AUTHD_LOG",
         "AUTHD_LOG_FORMAT",
     ] {
@@ -49,7 +50,14 @@ fn help_documents_every_option_with_its_variable_and_default() {
             "--help lacks {var}:\n{help}"
         );
     }
-    for default in ["0.0.0.0:50051", "sqlite://authd.db", "600000", "1h", "text"] {
+    for default in [
+        "0.0.0.0:50051",
+        "sqlite://authd.db",
+        "600000",
+        "1h",
+        "text",
+        "0.0.0.0:9090",
+    ] {
         assert!(
             help.contains(&format!("[default: {default}]")),
             "--help lacks default {default}"
@@ -131,18 +139,21 @@ async fn migrate_creates_the_schema_and_exits() {
 }
 
 /// A running `authd` binary with its stderr lines.
-struct Running {
+pub(crate) struct Running {
     child: std::process::Child,
     lines: mpsc::Receiver<String>,
     /// Lines read so far.
     log: Vec<String>,
-    addr: String,
+    pub(crate) addr: String,
+    /// Where its metrics endpoint answers.
+    pub(crate) metrics_addr: String,
 }
 
-/// Starts the binary on 127.0.0.1:0 with JSON logs and waits until it serves.
-fn spawn_authd(dir: &std::path::Path, envs: &[(&str, String)]) -> Running {
+/// Starts the binary on 127.0.0.1:0 (metrics too) with JSON logs and waits until it serves.
+pub(crate) fn spawn_authd(dir: &std::path::Path, envs: &[(&str, String)]) -> Running {
     let mut child = authd()
         .env("AUTHD_LISTEN", "127.0.0.1:0")
+        .env("AUTHD_METRICS_LISTEN", "127.0.0.1:0")
         .env(
             "AUTHD_DATABASE_URL",
             format!("sqlite://{}", dir.join("s.db").display()),
@@ -162,14 +173,15 @@ fn spawn_authd(dir: &std::path::Path, envs: &[(&str, String)]) -> Running {
         }
     });
     let mut log = Vec::new();
-    let addr = loop {
+    let (addr, metrics_addr) = loop {
         let line = lines
             .recv_timeout(Duration::from_secs(30))
             .expect("authd logs that it is serving");
         let event: serde_json::Value = serde_json::from_str(&line).expect("JSON log lines");
         log.push(line);
         if event["message"] == "authd is serving" {
-            break event["listen"].as_str().unwrap().to_owned();
+            let field = |name: &str| event[name].as_str().unwrap().to_owned();
+            break (field("listen"), field("metrics"));
         }
     };
     Running {
@@ -177,12 +189,13 @@ fn spawn_authd(dir: &std::path::Path, envs: &[(&str, String)]) -> Running {
         lines,
         log,
         addr,
+        metrics_addr,
     }
 }
 
 impl Running {
     /// Sends SIGTERM and waits for the exit; returns the whole log.
-    async fn terminate(mut self) -> (std::process::ExitStatus, Vec<String>) {
+    pub(crate) async fn terminate(mut self) -> (std::process::ExitStatus, Vec<String>) {
         let killed = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status()

@@ -232,6 +232,8 @@ macro_rules! backend_tests {
 pub fn test_config(url: DatabaseUrl) -> Config {
     let mut config = Config::defaults();
     config.listen = "127.0.0.1:0".parse().unwrap();
+    // Every test app serves its own metrics, on a port of its own.
+    config.metrics_listen = "127.0.0.1:0".parse().unwrap();
     config.database_url = url;
     config.pbkdf2_iterations = FAST_ITERATIONS;
     config.token_keys = Some(key_spec(TEST_KID, TEST_KEY).parse().unwrap());

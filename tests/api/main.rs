@@ -6,6 +6,7 @@ mod errors;
 mod helpers;
 mod lifecycle;
 mod load;
+mod metrics;
 mod ratelimit;
 mod reflection;
 mod register;

@@ -471,6 +471,15 @@ async fn a_hung_redis_costs_one_timeout_then_the_local_limiter_serves_until_it_a
     let stats = app.handle.rate_limit_stats();
     assert_eq!(stats.backend, Backend::Degraded);
     assert_eq!(stats.redis_failures, 1);
+    assert_metrics(
+        &app,
+        &[
+            r#"authd_ratelimit_redis_errors_total{kind="timeout"} 1"#,
+            "authd_ratelimit_fallback_active 1",
+            // Both Redis calls are timed: the decision before the freeze, and the timeout.
+            "authd_ratelimit_redis_duration_seconds_count 2",
+        ],
+    );
 
     // Later requests do not ask Redis at all: no more timeouts. The local limiter
     // enforces the same rule per replica (its log starts empty: 5 more pass).
@@ -504,6 +513,15 @@ async fn a_hung_redis_costs_one_timeout_then_the_local_limiter_serves_until_it_a
     // towards refusing is the safe side of a lost answer.
     assert_eq!(tally.ok, 3, "Redis had 2 of 5");
     assert_eq!(app.handle.rate_limit_stats().redis_decisions, before + 6);
+    assert_metrics(&app, &["authd_ratelimit_fallback_active 0"]);
+}
+
+/// Asserts that the app's metrics, in the text format, contain each line.
+fn assert_metrics(app: &crate::helpers::TestApp, lines: &[&str]) {
+    let text = app.handle.render_metrics();
+    for line in lines {
+        assert!(text.contains(line), "{line} missing in:\n{text}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -584,6 +602,14 @@ async fn fail_closed_refuses_with_unavailable_while_redis_is_down_and_recovers()
     let stats = app.handle.rate_limit_stats();
     assert_eq!((stats.backend, stats.unavailable), (Backend::Degraded, 2));
     assert_eq!(stats.local_decisions, 0);
+    assert_metrics(
+        &app,
+        &[
+            r#"authd_ratelimit_decisions_total{outcome="unavailable",rule="Login:global=100/1m"} 2"#,
+            r#"authd_grpc_requests_total{code="UNAVAILABLE",method="Login",service="auth.v1.AuthService"} 2"#,
+            "authd_ratelimit_fallback_active 1",
+        ],
+    );
 
     proxy.restore();
     let handle = app.handle.clone();

@@ -1,0 +1,540 @@
+//! Prometheus metrics: what authd counts, and the `GET /metrics` endpoint that shows it.
+//!
+//! [`Metrics`] owns a registry of its own (never the process-wide default), created
+//! by `Application::build` and handed to the components that record: the trace
+//! layer (requests), the hash pool, the store, the rate limiter and the token
+//! issuer. Each component resolves the labels it needs once, when it is built, and
+//! keeps the handles: recording on the request path is an atomic add, never a
+//! label lookup. The components know nothing of HTTP; [`serve`] is the only code
+//! here that does.
+//!
+//! Labels only ever take values from a fixed set (RPC names, status codes, the
+//! configured rules): nothing a client sends can create a new series.
+
+use prometheus::{
+    Encoder as _, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder, core::Collector,
+};
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex, OnceLock},
+    time::Duration,
+};
+use tokio::net::TcpListener;
+
+/// Whole requests: 0.5 ms (a token validation) to 30 s.
+const REQUEST_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+/// One PBKDF2 hash: 1 ms (a low test cost) to 10 s (600,000 rounds on a slow core
+/// is a few hundred milliseconds).
+const HASH_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0,
+    10.0,
+];
+/// Waiting (in the hash queue, for a connection) and database operations: from
+/// 50 µs (a SQLite read) to 30 s.
+const WAIT_BUCKETS: &[f64] = &[
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0, 30.0,
+];
+/// One Redis round trip: 50 µs to 1 s (calls time out after `AUTHD_REDIS_TIMEOUT`).
+const REDIS_BUCKETS: &[f64] = &[
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+];
+/// Writes in one SQLite transaction: 1 to `AUTHD_SQLITE_MAX_BATCH` (at most 10,000).
+const BATCH_BUCKETS: &[f64] = &[
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0, 10000.0,
+];
+
+/// An RPC as metric labels.
+#[derive(Debug)]
+pub(crate) struct Rpc {
+    pub path: &'static str,
+    pub service: &'static str,
+    pub method: &'static str,
+}
+
+impl Rpc {
+    /// Health and reflection: counted, but logged at debug level only (probes
+    /// would otherwise fill the log).
+    pub fn is_quiet(&self) -> bool {
+        self.service != "auth.v1.AuthService" && self.service != "unknown"
+    }
+}
+
+/// Every RPC authd serves; the last entry stands for any other path.
+pub(crate) const RPCS: [Rpc; 8] = [
+    Rpc {
+        path: "/auth.v1.AuthService/Register",
+        service: "auth.v1.AuthService",
+        method: "Register",
+    },
+    Rpc {
+        path: "/auth.v1.AuthService/Login",
+        service: "auth.v1.AuthService",
+        method: "Login",
+    },
+    Rpc {
+        path: "/auth.v1.AuthService/ValidateToken",
+        service: "auth.v1.AuthService",
+        method: "ValidateToken",
+    },
+    Rpc {
+        path: "/grpc.health.v1.Health/Check",
+        service: "grpc.health.v1.Health",
+        method: "Check",
+    },
+    Rpc {
+        path: "/grpc.health.v1.Health/Watch",
+        service: "grpc.health.v1.Health",
+        method: "Watch",
+    },
+    Rpc {
+        path: "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+        service: "grpc.reflection.v1.ServerReflection",
+        method: "ServerReflectionInfo",
+    },
+    Rpc {
+        path: "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+        service: "grpc.reflection.v1alpha.ServerReflection",
+        method: "ServerReflectionInfo",
+    },
+    Rpc {
+        path: "",
+        service: "unknown",
+        method: "unknown",
+    },
+];
+
+/// The index in [`RPCS`] of the RPC a request path names.
+pub(crate) fn rpc_index(path: &str) -> usize {
+    RPCS[..RPCS.len() - 1]
+        .iter()
+        .position(|rpc| rpc.path == path)
+        .unwrap_or(RPCS.len() - 1)
+}
+
+/// The canonical names of the gRPC status codes, indexed by code.
+pub(crate) const CODE_NAMES: [&str; 17] = [
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+];
+
+/// Requests, as the outermost layer sees them.
+pub(crate) struct GrpcMetrics {
+    requests: IntCounterVec,
+    duration: HistogramVec,
+    pub in_flight: IntGauge,
+    /// The handles of each (RPC, code) pair, resolved the first time it is seen, so
+    /// that only pairs that happened are exported.
+    resolved: [[OnceLock<(IntCounter, Histogram)>; CODE_NAMES.len()]; RPCS.len()],
+}
+
+impl GrpcMetrics {
+    /// Counts a finished request. `code` is a gRPC status code (0..=16).
+    pub fn record(&self, rpc: usize, code: usize, elapsed: Duration) {
+        let (count, latency) = self.resolved[rpc][code].get_or_init(|| {
+            let labels = [RPCS[rpc].service, RPCS[rpc].method, CODE_NAMES[code]];
+            (
+                self.requests.with_label_values(&labels),
+                self.duration.with_label_values(&labels),
+            )
+        });
+        count.inc();
+        latency.observe(elapsed.as_secs_f64());
+    }
+}
+
+/// The password hashing pool.
+#[derive(Clone)]
+pub(crate) struct HashMetrics {
+    pub queue_depth: IntGauge,
+    pub running: IntGauge,
+    pub threads: IntGauge,
+    pub queue_capacity: IntGauge,
+    pub queue_wait: Histogram,
+    pub duration: Histogram,
+    pub refused: IntCounter,
+    pub dropped_deadline: IntCounter,
+    pub dropped_cancelled: IntCounter,
+}
+
+/// The store; components resolve their `backend` and `operation` labels when built.
+pub(crate) struct StoreMetrics {
+    pub operation_duration: HistogramVec,
+    pub operation_errors: IntCounterVec,
+    pub pool_acquire: HistogramVec,
+    pub pool_connections: IntGaugeVec,
+    pub pool_max: IntGaugeVec,
+    pub sqlite_batch_size: Histogram,
+    pub sqlite_commit: Histogram,
+}
+
+/// The rate limiter.
+pub(crate) struct RateLimitMetrics {
+    pub decisions: IntCounterVec,
+    pub redis_duration: Histogram,
+    pub redis_errors: IntCounterVec,
+    pub fallback_active: IntGauge,
+}
+
+/// Tokens issued and checked.
+pub(crate) struct TokenMetrics {
+    pub issued: IntCounter,
+    pub validated: IntCounterVec,
+}
+
+/// The metrics of one application, in a registry of its own.
+pub struct Metrics {
+    registry: Registry,
+    pub(crate) grpc: GrpcMetrics,
+    pub(crate) hash: HashMetrics,
+    pub(crate) store: StoreMetrics,
+    pub(crate) rate_limit: RateLimitMetrics,
+    pub(crate) tokens: TokenMetrics,
+    /// Run before each scrape, for values read from elsewhere (connection pools).
+    refreshers: Mutex<Vec<Box<dyn Fn() + Send + Sync>>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Registers `metric` and returns it. The names are constants, unique in a new
+/// registry, so a failure is a bug caught by any test.
+fn registered<C: Collector + Clone + 'static>(registry: &Registry, metric: C) -> C {
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("metric names are valid and unique");
+    metric
+}
+
+fn opts(name: &str, help: &str) -> Opts {
+    Opts::new(name, help)
+}
+
+fn histogram_opts(name: &str, help: &str, buckets: &[f64]) -> HistogramOpts {
+    HistogramOpts::new(name, help).buckets(buckets.to_vec())
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let r = Registry::new();
+        let counter = |name: &str, help: &str| {
+            registered(&r, IntCounter::with_opts(opts(name, help)).expect("valid"))
+        };
+        let counter_vec = |name: &str, help: &str, labels: &[&str]| {
+            registered(
+                &r,
+                IntCounterVec::new(opts(name, help), labels).expect("valid"),
+            )
+        };
+        let gauge = |name: &str, help: &str| {
+            registered(&r, IntGauge::with_opts(opts(name, help)).expect("valid"))
+        };
+        let gauge_vec = |name: &str, help: &str, labels: &[&str]| {
+            registered(
+                &r,
+                IntGaugeVec::new(opts(name, help), labels).expect("valid"),
+            )
+        };
+        let histogram = |name: &str, help: &str, buckets: &[f64]| {
+            registered(
+                &r,
+                Histogram::with_opts(histogram_opts(name, help, buckets)).expect("valid"),
+            )
+        };
+        let histogram_vec = |name: &str, help: &str, buckets: &[f64], labels: &[&str]| {
+            registered(
+                &r,
+                HistogramVec::new(histogram_opts(name, help, buckets), labels).expect("valid"),
+            )
+        };
+
+        let grpc = GrpcMetrics {
+            requests: counter_vec(
+                "authd_grpc_requests_total",
+                "gRPC requests answered, by service, method and status code.",
+                &["service", "method", "code"],
+            ),
+            duration: histogram_vec(
+                "authd_grpc_request_duration_seconds",
+                "Time from a request's arrival to its response headers (the whole unary call), \
+                 by service, method and status code.",
+                REQUEST_BUCKETS,
+                &["service", "method", "code"],
+            ),
+            in_flight: gauge(
+                "authd_grpc_requests_in_flight",
+                "gRPC requests being handled now (every service).",
+            ),
+            resolved: std::array::from_fn(|_| std::array::from_fn(|_| OnceLock::new())),
+        };
+        let dropped = counter_vec(
+            "authd_hash_dropped_total",
+            "Hash jobs dropped unrun: their deadline passed while queued (deadline), or their \
+             caller went away (cancelled).",
+            &["reason"],
+        );
+        let hash = HashMetrics {
+            queue_depth: gauge(
+                "authd_hash_queue_depth",
+                "Hash jobs waiting for a hashing thread.",
+            ),
+            running: gauge(
+                "authd_hash_running",
+                "Hash jobs running on a hashing thread now.",
+            ),
+            threads: gauge(
+                "authd_hash_threads",
+                "Hashing threads (AUTHD_HASH_THREADS).",
+            ),
+            queue_capacity: gauge(
+                "authd_hash_queue_capacity",
+                "Hash jobs that may wait before requests are refused (AUTHD_HASH_QUEUE).",
+            ),
+            queue_wait: histogram(
+                "authd_hash_queue_wait_seconds",
+                "Time a hash job waited in the queue before a thread took it.",
+                WAIT_BUCKETS,
+            ),
+            duration: histogram(
+                "authd_hash_duration_seconds",
+                "Time to compute one PBKDF2 hash or verification on a hashing thread.",
+                HASH_BUCKETS,
+            ),
+            refused: counter(
+                "authd_hash_refused_total",
+                "Requests refused with RESOURCE_EXHAUSTED because the hash queue was full.",
+            ),
+            dropped_deadline: dropped.with_label_values(&["deadline"]),
+            dropped_cancelled: dropped.with_label_values(&["cancelled"]),
+        };
+        let store = StoreMetrics {
+            operation_duration: histogram_vec(
+                "authd_store_operation_duration_seconds",
+                "Time of one store operation, waiting for a connection or the SQLite writer \
+                 included, by backend and operation.",
+                WAIT_BUCKETS,
+                &["backend", "operation"],
+            ),
+            operation_errors: counter_vec(
+                "authd_store_errors_total",
+                "Store operations that failed, by backend, operation and kind (unavailable: the \
+                 database could not be reached; other: unexpected).",
+                &["backend", "operation", "kind"],
+            ),
+            pool_acquire: histogram_vec(
+                "authd_store_pool_acquire_duration_seconds",
+                "Time waiting for a connection from the pool (PostgreSQL; SQLite readers), by \
+                 backend.",
+                WAIT_BUCKETS,
+                &["backend"],
+            ),
+            pool_connections: gauge_vec(
+                "authd_store_pool_connections",
+                "Connections of the pool by state (in_use, idle), read at scrape time.",
+                &["backend", "state"],
+            ),
+            pool_max: gauge_vec(
+                "authd_store_pool_max_connections",
+                "Most connections the pool opens (AUTHD_DB_MAX_CONNECTIONS).",
+                &["backend"],
+            ),
+            sqlite_batch_size: histogram(
+                "authd_sqlite_batch_size",
+                "Writes committed by the SQLite writer in one transaction (group commit).",
+                BATCH_BUCKETS,
+            ),
+            sqlite_commit: histogram(
+                "authd_sqlite_commit_duration_seconds",
+                "Time of one SQLite write transaction, BEGIN to the end of COMMIT's fsync.",
+                WAIT_BUCKETS,
+            ),
+        };
+        let rate_limit = RateLimitMetrics {
+            decisions: counter_vec(
+                "authd_ratelimit_decisions_total",
+                "Rate-limit decisions by rule and outcome (allowed: the rule had room; refused: \
+                 the rule refused the request; unavailable: Redis failed in fail-closed mode).",
+                &["rule", "outcome"],
+            ),
+            redis_duration: histogram(
+                "authd_ratelimit_redis_duration_seconds",
+                "Time of one Redis rate-limit decision (one script call), failures included.",
+                REDIS_BUCKETS,
+            ),
+            redis_errors: counter_vec(
+                "authd_ratelimit_redis_errors_total",
+                "Redis rate-limit calls that failed, by kind (timeout, error, not_connected, \
+                 bad_reply).",
+                &["kind"],
+            ),
+            fallback_active: gauge(
+                "authd_ratelimit_fallback_active",
+                "1 while Redis is configured but failing and the fallback decides (local \
+                 limiter, or refusals in fail-closed mode); else 0.",
+            ),
+        };
+        let tokens = TokenMetrics {
+            issued: counter("authd_tokens_issued_total", "Access tokens issued."),
+            validated: counter_vec(
+                "authd_tokens_validated_total",
+                "Access tokens checked, by outcome (ok, or why it was refused).",
+                &["outcome"],
+            ),
+        };
+        registered(
+            &r,
+            IntGaugeVec::new(
+                opts(
+                    "authd_build_info",
+                    "Always 1; the version of authd as a label.",
+                ),
+                &["version"],
+            )
+            .expect("valid"),
+        )
+        .with_label_values(&[env!("CARGO_PKG_VERSION")])
+        .set(1);
+        // RSS, CPU time, open and maximum fds, start time (read from /proc at scrape).
+        #[cfg(target_os = "linux")]
+        registered_process_collector(&r);
+
+        Self {
+            registry: r,
+            grpc,
+            hash,
+            store,
+            rate_limit,
+            tokens,
+            refreshers: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The registry, for anything that wants to add its own metrics.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Runs `refresh` before every scrape: for gauges whose value lives elsewhere.
+    pub(crate) fn on_scrape(&self, refresh: impl Fn() + Send + Sync + 'static) {
+        self.refreshers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Box::new(refresh));
+    }
+
+    /// Everything, in the Prometheus text format (0.0.4).
+    pub fn render(&self) -> String {
+        for refresh in self
+            .refreshers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            refresh();
+        }
+        let mut out = Vec::with_capacity(16 * 1024);
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
+            tracing::error!(error = %e, "encoding the metrics failed");
+        }
+        // The text encoder writes only UTF-8 (names, labels and numbers).
+        String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn registered_process_collector(registry: &Registry) {
+    let collector = prometheus::process_collector::ProcessCollector::for_self();
+    registry
+        .register(Box::new(collector))
+        .expect("process metric names are unique");
+}
+
+/// The content type of [`Metrics::render`].
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Serves `GET /metrics` on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use axum::{http::header, routing::get};
+    let app = axum::Router::new().route(
+        "/metrics",
+        get(move || {
+            let metrics = metrics.clone();
+            async move { ([(header::CONTENT_TYPE, CONTENT_TYPE)], metrics.render()) }
+        }),
+    );
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// Binds the metrics listener, if one is configured.
+pub(crate) async fn bind(addr: Option<SocketAddr>) -> anyhow::Result<Option<TcpListener>> {
+    let Some(addr) = addr else { return Ok(None) };
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen for metrics on {addr}: {e}"))?;
+    Ok(Some(listener))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_has_help_and_renders() {
+        let m = Metrics::new();
+        m.grpc.record(1, 16, Duration::from_millis(3));
+        let text = m.render();
+        assert!(text.contains(
+            "authd_grpc_requests_total{code=\"UNAUTHENTICATED\",method=\"Login\",service=\"auth.v1.AuthService\"} 1"
+        ), "{text}");
+        for family in m.registry().gather() {
+            assert!(!family.help().is_empty(), "{} has no help", family.name());
+        }
+    }
+
+    #[test]
+    fn unknown_paths_share_one_label() {
+        assert_eq!(
+            RPCS[rpc_index("/auth.v1.AuthService/Login")].method,
+            "Login"
+        );
+        assert_eq!(RPCS[rpc_index("/evil/x")].method, "unknown");
+        assert_eq!(RPCS[rpc_index("")].method, "unknown");
+        assert!(RPCS[rpc_index("/grpc.health.v1.Health/Check")].is_quiet());
+        assert!(!RPCS[rpc_index("/nope")].is_quiet());
+    }
+
+    #[test]
+    fn registries_are_independent() {
+        let (a, b) = (Metrics::new(), Metrics::new());
+        a.tokens.issued.inc();
+        assert!(a.render().contains("authd_tokens_issued_total 1"));
+        assert!(b.render().contains("authd_tokens_issued_total 0"));
+    }
+}

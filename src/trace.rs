@@ -1,0 +1,375 @@
+//! The outermost tower layer: every request gets an id, is counted, timed and
+//! logged once, when it ends.
+//!
+//! - The request id is the client's `x-request-id` metadata when it is a sane
+//!   value (1 to 128 visible ASCII characters), otherwise a new UUIDv7. It is put in
+//!   the request's extensions ([`RequestId`], for the handlers' own logs) and sent
+//!   back in the response's `x-request-id`.
+//! - The event carries the method, the peer, the gRPC code, the latency, the request
+//!   id and, when a handler put a [`UserId`] in the response, the user. Never a
+//!   request or response body: passwords and tokens cannot reach the log from here.
+//!   Health and reflection are logged at debug level only (probes every few seconds
+//!   would bury everything else) but counted like the rest.
+//! - The code is the response's `grpc-status` header when there is one (an error is
+//!   answered trailers-only, so its status is in the headers), else OK: a unary
+//!   success sends its status in the trailers, after the message this layer has
+//!   already seen produced. A request whose future is dropped (the client went away
+//!   or the connection closed) ends as CANCELLED.
+//!
+//! It sits outside the rate limit and admission layers, so their refusals are
+//! counted and logged too. It must stay cheap: the label handles are resolved once
+//! (see `metrics::GrpcMetrics`), and nothing here allocates for a request that
+//! comes with its own id.
+
+use crate::metrics::{CODE_NAMES, Metrics, RPCS, rpc_index};
+use http::HeaderValue;
+use std::{
+    net::SocketAddr,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Instant,
+};
+use tonic::transport::server::TcpConnectInfo;
+use tower::{Layer, Service};
+
+/// The metadata key of the request id, in requests and responses.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+/// Longer ids sent by a client are replaced: an id is for finding lines in logs.
+const MAX_REQUEST_ID_LEN: usize = 128;
+/// Unknown paths are logged with at most this much of the path.
+const MAX_LOGGED_PATH: usize = 128;
+
+const CODE_OK: usize = 0;
+const CODE_CANCELLED: usize = 1;
+const CODE_UNKNOWN: usize = 2;
+
+/// The id of the request being handled, in the request's extensions.
+#[derive(Debug, Clone)]
+pub struct RequestId(HeaderValue);
+
+impl RequestId {
+    pub fn as_str(&self) -> &str {
+        // Only ever built from visible ASCII (checked, or a UUID).
+        self.0.to_str().unwrap_or_default()
+    }
+}
+
+/// The user a request acted for: handlers put it in the response's extensions
+/// (tonic carries them into the HTTP response), and this layer logs it.
+#[derive(Debug, Clone)]
+pub struct UserId(pub String);
+
+/// The tower layer; cheap to clone (one `Arc`).
+#[derive(Clone)]
+pub struct TraceLayer {
+    metrics: Arc<Metrics>,
+}
+
+impl TraceLayer {
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        Self { metrics }
+    }
+}
+
+impl<S> Layer<S> for TraceLayer {
+    type Service = TraceService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        TraceService {
+            inner,
+            metrics: self.metrics.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct TraceService<S> {
+    inner: S,
+    metrics: Arc<Metrics>,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S, B, ResBody> Service<http::Request<B>> for TraceService<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+    ResBody: Send + 'static,
+{
+    type Response = http::Response<ResBody>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+        let started = Instant::now();
+        // The clone that was driven to readiness serves this request (tower's contract).
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let path = req.uri().path();
+        let rpc = rpc_index(path);
+        let unknown_path = (RPCS[rpc].path.is_empty()).then(|| truncated(path).to_owned());
+        let request_id = request_id(req.headers());
+        let peer = req
+            .extensions()
+            .get::<TcpConnectInfo>()
+            .and_then(|info| info.remote_addr());
+        req.extensions_mut().insert(RequestId(request_id.clone()));
+        let mut pending = Pending::start(
+            self.metrics.clone(),
+            rpc,
+            request_id,
+            peer,
+            unknown_path,
+            started,
+        );
+        let response = inner.call(req);
+        Box::pin(async move {
+            match response.await {
+                Ok(mut response) => {
+                    let code = grpc_code(response.headers());
+                    let user = response.extensions_mut().remove::<UserId>();
+                    let id = pending.request_id.clone();
+                    response.headers_mut().insert(REQUEST_ID_HEADER, id);
+                    pending.finish(code, user.as_ref());
+                    Ok(response)
+                }
+                Err(err) => {
+                    // The server could not produce a response at all.
+                    pending.finish(CODE_UNKNOWN, None);
+                    Err(err)
+                }
+            }
+        })
+    }
+}
+
+/// A request not yet finished. Finishing it records and logs it; dropping it
+/// unfinished (the response future was dropped) records it as CANCELLED.
+struct Pending {
+    metrics: Arc<Metrics>,
+    rpc: usize,
+    request_id: HeaderValue,
+    peer: Option<SocketAddr>,
+    unknown_path: Option<String>,
+    started: Instant,
+    finished: bool,
+}
+
+impl Pending {
+    fn start(
+        metrics: Arc<Metrics>,
+        rpc: usize,
+        request_id: HeaderValue,
+        peer: Option<SocketAddr>,
+        unknown_path: Option<String>,
+        started: Instant,
+    ) -> Self {
+        metrics.grpc.in_flight.inc();
+        Self {
+            metrics,
+            rpc,
+            request_id,
+            peer,
+            unknown_path,
+            started,
+            finished: false,
+        }
+    }
+
+    fn finish(&mut self, code: usize, user: Option<&UserId>) {
+        if std::mem::replace(&mut self.finished, true) {
+            return;
+        }
+        let elapsed = self.started.elapsed();
+        self.metrics.grpc.in_flight.dec();
+        self.metrics.grpc.record(self.rpc, code, elapsed);
+
+        let rpc = &RPCS[self.rpc];
+        let request_id = self.request_id.to_str().unwrap_or_default();
+        let latency_ms = elapsed.as_secs_f64() * 1e3;
+        let code = CODE_NAMES[code];
+        let peer = self.peer.map(tracing::field::display);
+        let user_id = user.map(|u| u.0.as_str());
+        let path = self.unknown_path.as_deref();
+        if rpc.is_quiet() {
+            tracing::debug!(
+                request_id,
+                service = rpc.service,
+                method = rpc.method,
+                peer,
+                code,
+                latency_ms,
+                "request"
+            );
+        } else {
+            tracing::info!(
+                request_id,
+                service = rpc.service,
+                method = rpc.method,
+                path,
+                peer,
+                code,
+                latency_ms,
+                user_id,
+                "request"
+            );
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.finish(CODE_CANCELLED, None);
+    }
+}
+
+/// The client's id when it is a sane one, else a new UUIDv7.
+fn request_id(headers: &http::HeaderMap) -> HeaderValue {
+    if let Some(value) = headers.get(REQUEST_ID_HEADER) {
+        let bytes = value.as_bytes();
+        if (1..=MAX_REQUEST_ID_LEN).contains(&bytes.len())
+            && bytes.iter().all(|b| b.is_ascii_graphic())
+        {
+            return value.clone();
+        }
+    }
+    let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
+    let id = uuid::Uuid::now_v7().hyphenated().encode_lower(&mut buf);
+    HeaderValue::from_str(id).expect("a UUID is a valid header value")
+}
+
+/// The status code of a response: `grpc-status` when present (trailers-only
+/// errors), else OK (the status follows in the trailers).
+fn grpc_code(headers: &http::HeaderMap) -> usize {
+    match headers.get("grpc-status") {
+        None => CODE_OK,
+        Some(value) => std::str::from_utf8(value.as_bytes())
+            .ok()
+            .and_then(|s| s.parse::<usize>().ok())
+            .filter(|code| *code < CODE_NAMES.len())
+            .unwrap_or(CODE_UNKNOWN),
+    }
+}
+
+/// At most [`MAX_LOGGED_PATH`] bytes of `path`, cut at a character boundary.
+fn truncated(path: &str) -> &str {
+    if path.len() <= MAX_LOGGED_PATH {
+        return path;
+    }
+    let mut end = MAX_LOGGED_PATH;
+    while !path.is_char_boundary(end) {
+        end -= 1;
+    }
+    &path[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::convert::Infallible;
+    use tower::ServiceExt as _;
+
+    fn service(
+        metrics: Arc<Metrics>,
+        status: Option<&'static str>,
+    ) -> impl Service<http::Request<()>, Response = http::Response<()>, Error = Infallible> + Clone
+    {
+        let inner = tower::service_fn(move |req: http::Request<()>| async move {
+            assert!(req.extensions().get::<RequestId>().is_some());
+            let mut response = http::Response::new(());
+            if let Some(code) = status {
+                response
+                    .headers_mut()
+                    .insert("grpc-status", HeaderValue::from_static(code));
+            } else {
+                response.extensions_mut().insert(UserId("u-1".into()));
+            }
+            Ok::<_, Infallible>(response)
+        });
+        TraceLayer::new(metrics).layer(inner)
+    }
+
+    fn request(path: &str, id: Option<&str>) -> http::Request<()> {
+        let mut builder = http::Request::builder().uri(path);
+        if let Some(id) = id {
+            builder = builder.header(REQUEST_ID_HEADER, id);
+        }
+        builder.body(()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_request_id_is_kept_or_made() {
+        let metrics = Arc::new(Metrics::new());
+        let svc = service(metrics.clone(), None);
+        let kept = svc
+            .clone()
+            .oneshot(request("/auth.v1.AuthService/Login", Some("abc-123")))
+            .await
+            .unwrap();
+        assert_eq!(kept.headers()[REQUEST_ID_HEADER], "abc-123");
+        for bad in [None, Some(""), Some("has space"), Some(&*"x".repeat(129))] {
+            let made = svc
+                .clone()
+                .oneshot(request("/auth.v1.AuthService/Login", bad))
+                .await
+                .unwrap();
+            let id = made.headers()[REQUEST_ID_HEADER].to_str().unwrap();
+            let uuid = uuid::Uuid::parse_str(id).unwrap();
+            assert_eq!(uuid.get_version_num(), 7, "{bad:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn codes_come_from_grpc_status_and_every_request_is_counted() {
+        let metrics = Arc::new(Metrics::new());
+        service(metrics.clone(), Some("16"))
+            .oneshot(request("/auth.v1.AuthService/Login", None))
+            .await
+            .unwrap();
+        service(metrics.clone(), Some("garbage"))
+            .oneshot(request("/auth.v1.AuthService/Login", None))
+            .await
+            .unwrap();
+        service(metrics.clone(), None)
+            .oneshot(request("/grpc.health.v1.Health/Check", None))
+            .await
+            .unwrap();
+        service(metrics.clone(), None)
+            .oneshot(request("/no.Such/Thing", None))
+            .await
+            .unwrap();
+        let text = metrics.render();
+        for line in [
+            r#"authd_grpc_requests_total{code="UNAUTHENTICATED",method="Login",service="auth.v1.AuthService"} 1"#,
+            r#"authd_grpc_requests_total{code="UNKNOWN",method="Login",service="auth.v1.AuthService"} 1"#,
+            r#"authd_grpc_requests_total{code="OK",method="Check",service="grpc.health.v1.Health"} 1"#,
+            r#"authd_grpc_requests_total{code="OK",method="unknown",service="unknown"} 1"#,
+            "authd_grpc_requests_in_flight 0",
+        ] {
+            assert!(text.contains(line), "{line} missing in:\n{text}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_dropped_request_is_counted_as_cancelled() {
+        let metrics = Arc::new(Metrics::new());
+        let inner = tower::service_fn(|_req: http::Request<()>| async {
+            std::future::pending::<Result<http::Response<()>, Infallible>>().await
+        });
+        let mut svc = TraceLayer::new(metrics.clone()).layer(inner);
+        let future = svc.call(request("/auth.v1.AuthService/Register", None));
+        assert!(metrics.render().contains("authd_grpc_requests_in_flight 1"));
+        drop(future);
+        let text = metrics.render();
+        assert!(text.contains(
+            r#"authd_grpc_requests_total{code="CANCELLED",method="Register",service="auth.v1.AuthService"} 1"#
+        ), "{text}");
+        assert!(text.contains("authd_grpc_requests_in_flight 0"));
+    }
+}

@@ -1,0 +1,446 @@
+//! Observability from outside: `GET /metrics` after a known sequence of calls (exact
+//! counts, parsed as the Prometheus text format), the request id round trip, and
+//! the log line of a login (its user, and no secret).
+
+use crate::{
+    backend_tests,
+    cli::spawn_authd,
+    helpers::{
+        TEST_KEY, TEST_KID, TestDb, expect_code, key_spec, login, register, spawn_app,
+        spawn_app_on, spawn_app_with,
+    },
+};
+use authd::{
+    config::{DatabaseUrl, MetricsListen},
+    pb::{
+        LoginRequest, RegisterRequest, ValidateTokenRequest, auth_service_client::AuthServiceClient,
+    },
+};
+use prometheus_parse::{Scrape, Value};
+use std::{
+    net::SocketAddr,
+    time::{SystemTime, UNIX_EPOCH},
+};
+use tokio::{
+    io::{AsyncReadExt as _, AsyncWriteExt as _},
+    net::TcpStream,
+};
+use tonic::{Code, Request, metadata::MetadataMap};
+
+backend_tests!(a_known_sequence_of_calls_gives_exact_counts);
+
+/// `GET path` over a plain TCP connection: the status line and headers, and the body.
+async fn http_get(addr: SocketAddr, path: &str) -> (String, String) {
+    let mut stream = TcpStream::connect(addr)
+        .await
+        .expect("the metrics port accepts");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8(raw).expect("a UTF-8 response");
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
+    (head.to_owned(), body.to_owned())
+}
+
+/// Scrapes `/metrics` and parses it, checking the status and the content type first.
+async fn scrape(addr: SocketAddr) -> Metrics {
+    let (head, body) = http_get(addr, "/metrics").await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+    let scrape = Scrape::parse(body.lines().map(|l| Ok(l.to_owned()))).expect("the text format");
+    assert!(!scrape.samples.is_empty(), "{body}");
+    Metrics { scrape, text: body }
+}
+
+struct Metrics {
+    scrape: Scrape,
+    text: String,
+}
+
+impl Metrics {
+    /// The samples of `name` whose labels include `labels`.
+    fn matching<'a>(
+        &'a self,
+        name: &'a str,
+        labels: &'a [(&str, &str)],
+    ) -> impl Iterator<Item = &'a prometheus_parse::Sample> {
+        self.scrape.samples.iter().filter(move |s| {
+            s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v))
+        })
+    }
+
+    /// The value of the one counter, gauge or untyped sample of `name` with `labels`.
+    fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let found: Vec<_> = self.matching(name, labels).collect();
+        assert_eq!(
+            found.len(),
+            1,
+            "{name} {labels:?}: {found:?}\n{}",
+            self.text
+        );
+        match found[0].value {
+            Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => v,
+            ref other => panic!("{name} is not a single value: {other:?}"),
+        }
+    }
+
+    /// The sum of every counter of `name` whose labels include `labels`.
+    fn total(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.matching(name, labels)
+            .map(|s| match s.value {
+                Value::Counter(v) => v,
+                ref other => panic!("{name} is not a counter: {other:?}"),
+            })
+            .sum()
+    }
+
+    /// The count of the histogram `name` with `labels` (its `+Inf` bucket), checked
+    /// against its `_count` line and its buckets' order.
+    fn histogram_count(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let found: Vec<_> = self.matching(name, labels).collect();
+        assert_eq!(
+            found.len(),
+            1,
+            "{name} {labels:?}: {found:?}\n{}",
+            self.text
+        );
+        let Value::Histogram(buckets) = &found[0].value else {
+            panic!("{name} is not a histogram");
+        };
+        assert!(
+            buckets.windows(2).all(|w| w[0].count <= w[1].count),
+            "{name}: buckets are cumulative"
+        );
+        let inf = buckets.last().expect("buckets");
+        assert!(inf.less_than.is_infinite(), "{name}: ends with +Inf");
+        assert_eq!(
+            self.value(&format!("{name}_count"), labels),
+            inf.count,
+            "{name}_count"
+        );
+        inf.count
+    }
+}
+
+/// A token authd accepts, made by an independent JWT library with the test key.
+fn token_for(user_id: &str, username: &str) -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let claims = serde_json::json!({
+        "sub": user_id, "name": username, "iat": now, "exp": now + 600, "iss": "authd",
+    });
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
+    header.kid = Some(TEST_KID.into());
+    jsonwebtoken::encode(
+        &header,
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(TEST_KEY),
+    )
+    .unwrap()
+}
+
+const AUTH: (&str, &str) = ("service", "auth.v1.AuthService");
+
+async fn a_known_sequence_of_calls_gives_exact_counts(db: TestDb) {
+    let backend = match db.url {
+        DatabaseUrl::Sqlite(_) => "sqlite",
+        DatabaseUrl::Postgres(_) => "postgres",
+    };
+    let mut app = spawn_app_on(&db, |_| {}).await;
+    let alice = app.register("alice", "correct horse").await.unwrap();
+    app.register("bob", "battery staple").await.unwrap();
+    expect_code(
+        app.login("alice", "not her password").await,
+        Code::Unauthenticated,
+    );
+    app.validate(&token_for(&alice, "alice")).await.unwrap();
+
+    let m = scrape(app.handle.metrics_addr().expect("metrics are on")).await;
+
+    // Requests by method and code: exactly these, and nothing else.
+    let requests = "authd_grpc_requests_total";
+    let durations = "authd_grpc_request_duration_seconds";
+    for (method, code, n) in [
+        ("Register", "OK", 2.0),
+        ("Login", "UNAUTHENTICATED", 1.0),
+        ("ValidateToken", "OK", 1.0),
+    ] {
+        let labels = [AUTH, ("method", method), ("code", code)];
+        assert_eq!(m.value(requests, &labels), n, "{method} {code}");
+        // The latency histogram counts the same requests.
+        assert_eq!(m.histogram_count(durations, &labels), n, "{method} {code}");
+    }
+    assert_eq!(m.total(requests, &[]), 4.0, "only these four requests");
+    assert_eq!(m.value("authd_grpc_requests_in_flight", &[]), 0.0);
+
+    // Hashing: two hashes and one verification, each queued once; nothing refused.
+    assert_eq!(m.histogram_count("authd_hash_duration_seconds", &[]), 3.0);
+    assert_eq!(m.histogram_count("authd_hash_queue_wait_seconds", &[]), 3.0);
+    assert_eq!(m.value("authd_hash_queue_depth", &[]), 0.0);
+    assert_eq!(m.value("authd_hash_running", &[]), 0.0);
+    assert_eq!(m.value("authd_hash_refused_total", &[]), 0.0);
+    assert_eq!(m.total("authd_hash_dropped_total", &[]), 0.0);
+
+    // The store: every register and the login look the name up; two inserts.
+    let store = ("backend", backend);
+    let op = "authd_store_operation_duration_seconds";
+    assert_eq!(
+        m.histogram_count(op, &[store, ("operation", "find_user")]),
+        3.0
+    );
+    assert_eq!(
+        m.histogram_count(op, &[store, ("operation", "insert_user")]),
+        2.0
+    );
+    assert_eq!(m.total("authd_store_errors_total", &[]), 0.0);
+    // Connections come from a pool: PostgreSQL for everything, SQLite for reads (the
+    // health checker's pings take some too).
+    let pooled = if backend == "postgres" { 5.0 } else { 3.0 };
+    let acquired = m.histogram_count("authd_store_pool_acquire_duration_seconds", &[store]);
+    assert!(acquired >= pooled, "{acquired} connections acquired");
+    assert!(m.value("authd_store_pool_max_connections", &[store]) >= 1.0);
+    m.value(
+        "authd_store_pool_connections",
+        &[store, ("state", "in_use")],
+    );
+    m.value("authd_store_pool_connections", &[store, ("state", "idle")]);
+    if backend == "sqlite" {
+        // Both registrations committed, in one or two transactions.
+        let batches = m.histogram_count("authd_sqlite_batch_size", &[]);
+        assert!((1.0..=2.0).contains(&batches), "{batches} batches");
+        assert_eq!(m.value("authd_sqlite_batch_size_sum", &[]), 2.0);
+        assert_eq!(
+            m.histogram_count("authd_sqlite_commit_duration_seconds", &[]),
+            batches
+        );
+    }
+
+    // Tokens: none issued (the one login failed), one checked and valid.
+    assert_eq!(m.value("authd_tokens_issued_total", &[]), 0.0);
+    assert_eq!(m.total("authd_tokens_validated_total", &[]), 1.0);
+    assert_eq!(
+        m.value("authd_tokens_validated_total", &[("outcome", "ok")]),
+        1.0
+    );
+
+    // No rate limits configured: no decisions, no fallback.
+    assert_eq!(m.total("authd_ratelimit_decisions_total", &[]), 0.0);
+    assert_eq!(m.value("authd_ratelimit_fallback_active", &[]), 0.0);
+
+    // The process, read from /proc.
+    if cfg!(target_os = "linux") {
+        assert!(m.value("process_resident_memory_bytes", &[]) > 0.0);
+        assert!(m.value("process_open_fds", &[]) > 0.0);
+        m.value("process_cpu_seconds_total", &[]);
+    }
+
+    // Every family has its help text.
+    for sample in &m.scrape.samples {
+        let family = ["_count", "_sum"]
+            .iter()
+            .find_map(|suffix| {
+                let base = sample.metric.strip_suffix(suffix)?;
+                m.scrape.docs.contains_key(base).then_some(base)
+            })
+            .unwrap_or(&sample.metric);
+        let help = m.scrape.docs.get(family);
+        assert!(
+            help.is_some_and(|h| !h.is_empty()),
+            "{} has no help",
+            sample.metric
+        );
+    }
+    app.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn rate_limit_decisions_and_refusals_are_counted() {
+    let mut app = spawn_app_with(|c| {
+        c.rate_limits = Some("Login:global=1/1m,*:peer=100/1m".parse().unwrap());
+    })
+    .await;
+    expect_code(
+        app.login("nobody", "whatever it is").await,
+        Code::Unauthenticated,
+    );
+    expect_code(
+        app.login("nobody", "whatever it is").await,
+        Code::ResourceExhausted,
+    );
+    let m = scrape(app.handle.metrics_addr().unwrap()).await;
+    let login = [AUTH, ("method", "Login")];
+    assert_eq!(
+        m.value(
+            "authd_grpc_requests_total",
+            &[login[0], login[1], ("code", "RESOURCE_EXHAUSTED")]
+        ),
+        1.0
+    );
+    // The rules contain `=`, which the parser crate does not read in label values:
+    // compare those lines as text.
+    for line in [
+        r#"authd_ratelimit_decisions_total{outcome="allowed",rule="Login:global=1/1m"} 1"#,
+        r#"authd_ratelimit_decisions_total{outcome="refused",rule="Login:global=1/1m"} 1"#,
+        // The second request was refused by the Login rule; the peer rule had room.
+        r#"authd_ratelimit_decisions_total{outcome="allowed",rule="*:peer=100/1m"} 2"#,
+        r#"authd_ratelimit_decisions_total{outcome="refused",rule="*:peer=100/1m"} 0"#,
+    ] {
+        assert!(m.text.contains(line), "{line} missing in:\n{}", m.text);
+    }
+    assert_eq!(m.value("authd_ratelimit_fallback_active", &[]), 0.0);
+    // The refused login never reached the hash pool.
+    assert_eq!(m.histogram_count("authd_hash_duration_seconds", &[]), 1.0);
+    app.stop().await.unwrap();
+}
+
+fn request_id(metadata: &MetadataMap) -> &str {
+    metadata
+        .get("x-request-id")
+        .expect("the response carries x-request-id")
+        .to_str()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_request_id_round_trips() {
+    let mut app = spawn_app().await;
+    // A client's id comes back, on a success and on an error.
+    let mut request = Request::new(RegisterRequest {
+        username: "carol".into(),
+        password: "a good password".into(),
+    });
+    request
+        .metadata_mut()
+        .insert("x-request-id", "client-id-1".parse().unwrap());
+    let response = app.client.register(request).await.unwrap();
+    assert_eq!(request_id(response.metadata()), "client-id-1");
+    let mut request = Request::new(LoginRequest {
+        username: "carol".into(),
+        password: "not the password".into(),
+    });
+    request
+        .metadata_mut()
+        .insert("x-request-id", "client-id-2".parse().unwrap());
+    let status = app.client.login(request).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unauthenticated);
+    assert_eq!(request_id(status.metadata()), "client-id-2");
+
+    // Without one, each request gets a new UUIDv7.
+    let mut made = Vec::new();
+    for _ in 0..2 {
+        let status = app
+            .client
+            .validate_token(ValidateTokenRequest {
+                access_token: "not.a.token".into(),
+            })
+            .await
+            .unwrap_err();
+        let id = uuid::Uuid::parse_str(request_id(status.metadata())).expect("a UUID");
+        assert_eq!(id.get_version_num(), 7);
+        made.push(id);
+    }
+    assert_ne!(made[0], made[1]);
+    // Health too.
+    let response = app
+        .health
+        .check(tonic_health::pb::HealthCheckRequest::default())
+        .await
+        .unwrap();
+    uuid::Uuid::parse_str(request_id(response.metadata())).unwrap();
+    app.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn only_get_metrics_is_served_and_an_empty_address_turns_it_off() {
+    let app = spawn_app().await;
+    let (head, _) = http_get(app.handle.metrics_addr().unwrap(), "/other").await;
+    assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+    app.stop().await.unwrap();
+
+    let app = spawn_app_with(|c| c.metrics_listen = "".parse::<MetricsListen>().unwrap()).await;
+    assert_eq!(app.handle.metrics_addr(), None);
+    app.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_login_is_logged_once_with_its_user_and_no_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = key_spec(TEST_KID, TEST_KEY);
+    let running = spawn_authd(dir.path(), &[("AUTHD_TOKEN_KEYS", key.clone())]);
+    let mut client = AuthServiceClient::connect(format!("http://{}", running.addr))
+        .await
+        .unwrap();
+    let password = "n0t-f0r-the-l0gs";
+    let wrong = "n0r-th1s-0ne-either";
+    let user_id = register(&mut client, "dave", password).await.unwrap();
+    let mut request = Request::new(LoginRequest {
+        username: "dave".into(),
+        password: password.into(),
+    });
+    request
+        .metadata_mut()
+        .insert("x-request-id", "login-of-dave".parse().unwrap());
+    let token = client
+        .login(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .access_token;
+    expect_code(
+        login(&mut client, "dave", wrong).await,
+        Code::Unauthenticated,
+    );
+
+    // The binary's own endpoint counts this process's requests.
+    let m = scrape(running.metrics_addr.parse().unwrap()).await;
+    for (code, n) in [("OK", 1.0), ("UNAUTHENTICATED", 1.0)] {
+        let labels = [AUTH, ("method", "Login"), ("code", code)];
+        assert_eq!(m.value("authd_grpc_requests_total", &labels), n);
+    }
+    assert_eq!(m.value("authd_tokens_issued_total", &[]), 1.0);
+
+    let (status, log) = running.terminate().await;
+    assert!(status.success());
+    let events: Vec<serde_json::Value> = log
+        .iter()
+        .map(|l| serde_json::from_str(l).expect("JSON lines"))
+        .collect();
+    let logins: Vec<_> = events
+        .iter()
+        .filter(|e| e["message"] == "request" && e["method"] == "Login")
+        .collect();
+    assert_eq!(logins.len(), 2, "one line per login: {logins:?}");
+    let ok = logins.iter().find(|e| e["code"] == "OK").unwrap();
+    assert_eq!(ok["level"], "INFO");
+    assert_eq!(ok["service"], "auth.v1.AuthService");
+    assert_eq!(ok["request_id"], "login-of-dave");
+    assert_eq!(ok["user_id"], user_id.as_str());
+    assert!(
+        ok["peer"].as_str().unwrap().starts_with("127.0.0.1:"),
+        "{ok}"
+    );
+    assert!(ok["latency_ms"].as_f64().unwrap() > 0.0, "{ok}");
+    let failed = logins
+        .iter()
+        .find(|e| e["code"] == "UNAUTHENTICATED")
+        .unwrap();
+    assert!(failed.get("user_id").is_none(), "{failed}");
+    uuid::Uuid::parse_str(failed["request_id"].as_str().unwrap()).unwrap();
+    let register = events
+        .iter()
+        .find(|e| e["message"] == "request" && e["method"] == "Register")
+        .expect("the registration is logged too");
+    assert_eq!(register["user_id"], user_id.as_str());
+
+    let all = log.join("\n");
+    for secret in [password, wrong, token.as_str(), &key[TEST_KID.len() + 1..]] {
+        assert!(!all.contains(secret), "a secret was logged:\n{all}");
+    }
+}
