@@ -237,10 +237,6 @@ impl HashPool {
         })
     }
 
-    pub fn threads(&self) -> usize {
-        self.threads
-    }
-
     pub fn stats(&self) -> PoolSnapshot {
         self.stats.snapshot()
     }

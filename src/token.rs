@@ -82,7 +82,6 @@ struct Key {
 #[derive(Clone)]
 pub struct KeyRing {
     keys: Arc<[Key]>,
-    generated: bool,
 }
 
 impl KeyRing {
@@ -93,18 +92,7 @@ impl KeyRing {
         let kid = format!("ephemeral-{:08x}", rand::random::<u32>());
         Self {
             keys: Arc::from(vec![Key { kid, secret }]),
-            generated: true,
         }
-    }
-
-    /// Whether this ring was generated at start rather than configured.
-    pub fn is_generated(&self) -> bool {
-        self.generated
-    }
-
-    /// The kid of the key that signs new tokens.
-    pub fn signing_kid(&self) -> &str {
-        &self.keys[0].kid
     }
 
     pub fn kids(&self) -> impl Iterator<Item = &str> {
@@ -170,7 +158,6 @@ impl FromStr for KeyRing {
         }
         Ok(Self {
             keys: Arc::from(keys),
-            generated: false,
         })
     }
 }

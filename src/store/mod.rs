@@ -302,10 +302,6 @@ impl Store {
         }
     }
 
-    pub fn backend(&self) -> &'static str {
-        self.backend.name()
-    }
-
     /// Stores a new user; [`StoreError::Duplicate`] when the username is taken.
     pub async fn insert_user(&self, user: NewUser) -> Result<(), StoreError> {
         timed!(self, insert_user, s => s.insert_user(user).await)
