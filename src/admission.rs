@@ -174,7 +174,7 @@ fn grpc_timeout(headers: &http::HeaderMap) -> Option<Duration> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn parse(v: &str) -> Option<Duration> {
@@ -185,6 +185,22 @@ mod tests {
 
     use std::{convert::Infallible, sync::atomic::AtomicUsize};
 
+    pub(crate) type Counting =
+        tower::util::BoxCloneService<http::Request<()>, http::Response<String>, Infallible>;
+
+    /// An inner service for layer tests: answers "served" and counts its calls.
+    pub(crate) fn counting_service() -> (Counting, Arc<AtomicUsize>) {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let service = tower::service_fn({
+            let calls = calls.clone();
+            move |_req: http::Request<()>| {
+                calls.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, Infallible>(http::Response::new(String::from("served"))) }
+            }
+        });
+        (Counting::new(service), calls)
+    }
+
     /// An admission service around an inner service that counts its calls.
     fn service(
         state: Arc<Admission>,
@@ -192,14 +208,7 @@ mod tests {
         impl Service<http::Request<()>, Response = http::Response<String>, Error = Infallible> + Clone,
         Arc<AtomicUsize>,
     ) {
-        let calls = Arc::new(AtomicUsize::new(0));
-        let inner = tower::service_fn({
-            let calls = calls.clone();
-            move |_req: http::Request<()>| {
-                calls.fetch_add(1, Ordering::SeqCst);
-                async { Ok::<_, Infallible>(http::Response::new(String::from("served"))) }
-            }
-        });
+        let (inner, calls) = counting_service();
         (AdmissionLayer::new(state).layer(inner), calls)
     }
 

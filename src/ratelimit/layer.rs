@@ -147,14 +147,7 @@ mod tests {
         let limiter = RateLimiter::start(settings, &crate::metrics::Metrics::new())
             .await
             .unwrap();
-        let calls = Arc::new(AtomicUsize::new(0));
-        let inner = tower::service_fn({
-            let calls = calls.clone();
-            move |_req: http::Request<()>| {
-                calls.fetch_add(1, Ordering::SeqCst);
-                async { Ok::<_, Infallible>(http::Response::new(String::from("served"))) }
-            }
-        });
+        let (inner, calls) = crate::admission::tests::counting_service();
         (RateLimitLayer::new(limiter).layer(inner), calls)
     }
 

@@ -11,14 +11,7 @@ use std::{
 };
 
 fn authd() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_authd"));
-    // Only what a test sets: nothing from the environment running the tests.
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("AUTHD_") {
-            cmd.env_remove(key);
-        }
-    }
-    cmd
+    crate::helpers::authd_command()
 }
 
 #[test]

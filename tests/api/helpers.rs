@@ -398,6 +398,28 @@ pub fn expect_code<T: std::fmt::Debug>(result: Result<T, Status>, code: Code) ->
     }
 }
 
+/// How many of `results` succeeded and how many found the name taken.
+pub fn ok_and_taken<T>(results: &[Result<T, Status>]) -> (usize, usize) {
+    let ok = results.iter().filter(|r| r.is_ok()).count();
+    let taken = results
+        .iter()
+        .filter(|r| matches!(r, Err(s) if s.code() == Code::AlreadyExists))
+        .count();
+    (ok, taken)
+}
+
+/// The `authd` binary, with none of the test runner's `AUTHD_*` variables: only
+/// what a test sets.
+pub fn authd_command() -> std::process::Command {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_authd"));
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("AUTHD_") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd
+}
+
 /// Polls `condition` every few milliseconds for up to 10 s.
 pub async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);

@@ -664,13 +664,7 @@ async fn health_and_reflection_pass_when_every_rule_is_exhausted() {
 }
 
 fn authd() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_authd"));
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("AUTHD_") {
-            cmd.env_remove(key);
-        }
-    }
-    cmd
+    crate::helpers::authd_command()
 }
 
 #[test]

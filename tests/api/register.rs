@@ -1,8 +1,7 @@
 //! Registration under concurrency: uniqueness, group commit, and the results.
 
-use crate::helpers::{TestDb, login, register, spawn_app_on};
+use crate::helpers::{TestDb, login, ok_and_taken, register, spawn_app_on};
 use futures::future::join_all;
-use tonic::Code;
 
 async fn concurrent_registrations_of_one_name_have_exactly_one_winner(db: TestDb) {
     let app = spawn_app_on(&db, |c| c.hash_queue = Some(100)).await;
@@ -11,12 +10,7 @@ async fn concurrent_registrations_of_one_name_have_exactly_one_winner(db: TestDb
         async move { register(&mut client, "Popular", &format!("password number {i}")).await }
     });
     let results = join_all(attempts).await;
-    let ok = results.iter().filter(|r| r.is_ok()).count();
-    let taken = results
-        .iter()
-        .filter(|r| matches!(r, Err(s) if s.code() == Code::AlreadyExists))
-        .count();
-    assert_eq!((ok, taken), (1, 49), "{results:?}");
+    assert_eq!(ok_and_taken(&results), (1, 49), "{results:?}");
 }
 
 async fn many_concurrent_registrations_all_commit_in_fewer_transactions(db: TestDb) {

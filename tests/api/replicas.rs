@@ -2,8 +2,8 @@
 //! answering and comes back.
 
 use crate::helpers::{
-    Backend, TcpProxy, TestDb, expect_code, host_of, login, register, spawn_app_on, wait_until,
-    with_host,
+    Backend, TcpProxy, TestDb, expect_code, host_of, login, ok_and_taken, register, spawn_app_on,
+    wait_until, with_host,
 };
 use authd::config::DatabaseUrl;
 use futures::future::join_all;
@@ -29,12 +29,7 @@ async fn two_replicas_on_one_database_agree_on_users_and_tokens() {
         async move { register(&mut client, "Contested", &format!("password number {i}")).await }
     });
     let results = join_all(attempts).await;
-    let ok = results.iter().filter(|r| r.is_ok()).count();
-    let taken = results
-        .iter()
-        .filter(|r| matches!(r, Err(s) if s.code() == Code::AlreadyExists))
-        .count();
-    assert_eq!((ok, taken), (1, 49), "{results:?}");
+    assert_eq!(ok_and_taken(&results), (1, 49), "{results:?}");
 
     let id = a.register("Rita", "a fine password").await.unwrap();
     let session = b.login("rita", "a fine password").await.unwrap();
