@@ -3,6 +3,12 @@
 //! [`Accounts`] owns the store, the hasher and the token issuer, and knows nothing
 //! of gRPC or of which database it talks to. Inputs arrive parsed ([`Username`],
 //! [`Password`]); every failure is an [`Error`] for the gRPC layer to map.
+//!
+//! A request holds a place in the hashing pool only while hashing is what it waits
+//! for: Register and Login refuse at once when the pool is full now (a check that
+//! takes nothing), look the user up, and only then take the place (which may still
+//! be refused). So a database that is slow or gone makes requests fail with
+//! UNAVAILABLE, never fill the pool and have others told it is full.
 
 use crate::{
     credentials::{Password, Username},
@@ -47,6 +53,23 @@ impl Accounts {
         &self.hasher
     }
 
+    /// Reads the highest stored hash cost into the hasher, so that failed logins
+    /// cost as much as the most expensive stored hash: at start, after a rehash.
+    pub async fn refresh_hash_cost(&self) -> Result<(), Error> {
+        let highest = self.store.max_hash_iterations().await?;
+        self.hasher.set_highest_stored(highest);
+        Ok(())
+    }
+
+    /// Readiness: checks that the store answers a real query the way requests run
+    /// theirs ([`Store::probe`]), and takes the highest stored hash cost it reads
+    /// (other replicas may write hashes of other costs).
+    pub async fn probe_store(&self) -> Result<(), Error> {
+        let highest = self.store.probe().await?;
+        self.hasher.set_highest_stored(highest);
+        Ok(())
+    }
+
     /// Creates a user and returns its id.
     pub async fn register(
         &self,
@@ -54,14 +77,14 @@ impl Accounts {
         password: Password,
         deadline: Option<Instant>,
     ) -> Result<String, Error> {
-        // The place in the hashing pool comes first: when the pool is full, the
-        // request is refused before it costs a database query.
-        let slot = self.hasher.reserve()?;
+        // When the pool is full, the request is refused before it costs a query.
+        self.hasher.check_room()?;
         // A taken name is refused before paying for a hash; the insert still decides
         // races between concurrent registrations of one name.
         if self.store.find_user(&username).await?.is_some() {
             return Err(Error::AlreadyExists);
         }
+        let slot = self.hasher.reserve()?;
         let password_hash = self.hasher.hash(slot, password, deadline).await?;
         let id = uuid::Uuid::now_v7().to_string();
         self.store
@@ -82,8 +105,9 @@ impl Accounts {
         password: Password,
         deadline: Option<Instant>,
     ) -> Result<Session, Error> {
-        let slot = self.hasher.reserve()?;
+        self.hasher.check_room()?;
         let user = self.store.find_user(&username).await?;
+        let slot = self.hasher.reserve()?;
         let stored = user.as_ref().map(|u| u.password_hash.clone());
         let verification = self
             .hasher
@@ -121,8 +145,14 @@ impl Accounts {
                 "password rehashed with the current parameters"
             ),
             Err(e) => {
-                tracing::warn!(user_id, error = %e, "rehashing a password failed; will retry at the next login")
+                tracing::warn!(user_id, error = %e, "rehashing a password failed; will retry at the next login");
+                return;
             }
+        }
+        // The hash replaced may have been the most expensive one stored; if this
+        // read fails, readiness's next probe reads it.
+        if let Err(e) = self.refresh_hash_cost().await {
+            tracing::warn!(error = %e, "reading the highest stored hash cost failed");
         }
     }
 

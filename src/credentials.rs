@@ -7,7 +7,8 @@
 use std::fmt;
 use unicode_normalization::UnicodeNormalization;
 
-/// A validated username: 3 to 64 characters of `A-Z a-z 0-9 . _ -`, lowercased.
+/// A validated username: 3 to 64 characters of `A-Z a-z 0-9 . _ -`, at least one of
+/// them a letter or a digit, lowercased.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Username(String);
 
@@ -37,6 +38,10 @@ impl Username {
                 raw.len()
             ));
         }
+        // `...` or `-_-` is no one's name, and reads as punctuation in logs and UIs.
+        if !raw.bytes().any(|b| b.is_ascii_alphanumeric()) {
+            return Err("must contain at least one letter A-Z or digit".into());
+        }
         Ok(Self(raw.to_ascii_lowercase()))
     }
 
@@ -56,7 +61,8 @@ impl fmt::Display for Username {
     }
 }
 
-/// A validated password: NFKC-normalized, at least 8 code points, at most 1024 bytes.
+/// A validated password: NFKC-normalized, at least 8 code points both as typed and
+/// once normalized, at most 1024 bytes.
 #[derive(Clone)]
 pub struct Password(String);
 
@@ -77,7 +83,9 @@ impl Password {
                 Self::MAX_BYTES
             ));
         }
-        if normalized.chars().count() < Self::MIN_CHARS {
+        // Counted on both sides of NFKC: one code point can expand to many (U+FDFA
+        // becomes 18), and a password typed as one character is one character long.
+        if raw.chars().count() < Self::MIN_CHARS || normalized.chars().count() < Self::MIN_CHARS {
             return Err(format!("must be at least {} characters", Self::MIN_CHARS));
         }
         Ok(Self(normalized))
@@ -120,6 +128,16 @@ mod tests {
             assert!(Username::parse(bad).is_err(), "{bad:?} should be refused");
         }
         assert!(Username::parse("abc").is_ok());
+        for punctuation in ["...", "---", "___", "._-", &".".repeat(64)] {
+            let err = Username::parse(punctuation).unwrap_err();
+            assert!(
+                err.contains("letter A-Z or digit"),
+                "{punctuation:?}: {err}"
+            );
+        }
+        for fine in ["a..", "--7", "_x_"] {
+            assert!(Username::parse(fine).is_ok(), "{fine:?}");
+        }
         assert!(Username::parse(&"a".repeat(64)).is_ok());
     }
 
@@ -140,6 +158,24 @@ mod tests {
         assert!(Password::parse(&"😀".repeat(7)).is_err());
         assert!(Password::parse(&"x".repeat(1024)).is_ok());
         assert!(Password::parse(&"x".repeat(1025)).is_err());
+    }
+
+    #[test]
+    fn password_length_is_required_before_and_after_normalization() {
+        // U+FDFA: one code point, 18 after NFKC.
+        let ligature = "\u{FDFA}";
+        assert_eq!(ligature.nfkc().count(), 18);
+        let err = Password::parse(ligature).unwrap_err();
+        assert!(err.contains("at least 8 characters"), "{err}");
+        assert!(!err.contains(ligature));
+        assert!(Password::parse(&ligature.repeat(7)).is_err());
+        assert!(Password::parse(&ligature.repeat(8)).is_ok());
+        // The other way round: decomposed characters NFKC composes. "e" + U+0301 is
+        // two code points typed, one (é) normalized.
+        let decomposed = "e\u{301}".repeat(5);
+        assert_eq!(decomposed.chars().count(), 10);
+        assert!(Password::parse(&decomposed).is_err());
+        assert!(Password::parse(&"e\u{301}".repeat(8)).is_ok());
     }
 
     #[test]

@@ -4,6 +4,11 @@
 //! be rotated without downtime: add the new key second, roll it out, move it first,
 //! and drop the old one once its tokens have expired. Verification is constant-time
 //! (`Mac::verify_slice`) and accepts `alg: HS256` only. Keys never appear in `Debug`.
+//!
+//! Every time computed from a token is checked: a validly signed token whose `exp`
+//! or `iat` lies past [`MAX_TIMESTAMP`] (year 9999) is refused as malformed, never
+//! added to an instant where it would overflow. Why a token was refused is told to
+//! the metrics and the log, never to the client (see `grpc`).
 
 use crate::{credentials::Username, metrics::Metrics};
 use base64::{
@@ -27,8 +32,16 @@ type HmacSha256 = Hmac<Sha256>;
 pub const ISSUER: &str = "authd";
 /// Keys shorter than this are refused.
 pub const MIN_KEY_BYTES: usize = 32;
+/// The latest `iat` or `exp` a token may carry: 9999-12-31T23:59:59Z, the end of
+/// RFC 3339 time (and of `google.protobuf.Timestamp`). Anything later is malformed.
+pub const MAX_TIMESTAMP: u64 = 253_402_300_799;
+/// The longest lifetime a token may be issued with (`AUTHD_TOKEN_TTL`). A stateless
+/// token cannot be revoked before it expires: past a week, a stolen token outlives
+/// any reasonable response to the theft.
+pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 
-/// Why a token was refused. The messages are safe to send to the client.
+/// Why a token was refused: a metric label and a log field. The client is told only
+/// that the token is invalid, so that nobody can probe for key names or algorithms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum TokenError {
     #[error("malformed token")]
@@ -229,6 +242,11 @@ impl Tokens {
     pub fn issue(&self, user_id: &str, username: &Username) -> anyhow::Result<IssuedToken> {
         let now = unix_now();
         let exp = now.saturating_add(self.ttl.as_secs().max(1));
+        // Unreachable with a TTL of at most `MAX_TTL` and a sane clock; refused
+        // rather than issued as a token that this server would call malformed.
+        let expires_at = unix_time(exp).ok_or_else(|| {
+            anyhow::anyhow!("a token lifetime of {:?} ends past year 9999", self.ttl)
+        })?;
         let key = self.keys.signer();
         let header = Header {
             alg: "HS256".into(),
@@ -251,10 +269,7 @@ impl Tokens {
         token.push('.');
         token.push_str(&URL_SAFE_NO_PAD.encode(signature));
         self.issued.inc();
-        Ok(IssuedToken {
-            token,
-            expires_at: UNIX_EPOCH + Duration::from_secs(exp),
-        })
+        Ok(IssuedToken { token, expires_at })
     }
 
     /// Checks a token and counts the outcome.
@@ -295,13 +310,19 @@ impl Tokens {
         if claims.iss != ISSUER {
             return Err(TokenError::WrongIssuer);
         }
+        // Signed by us or with our key, yet no token of ours says year 10000: refuse
+        // before the value meets any time arithmetic.
+        if claims.iat > MAX_TIMESTAMP {
+            return Err(TokenError::Malformed);
+        }
+        let expires_at = unix_time(claims.exp).ok_or(TokenError::Malformed)?;
         if claims.exp <= unix_now() {
             return Err(TokenError::Expired);
         }
         Ok(VerifiedToken {
             user_id: claims.sub,
             username: claims.name,
-            expires_at: UNIX_EPOCH + Duration::from_secs(claims.exp),
+            expires_at,
         })
     }
 }
@@ -319,6 +340,14 @@ fn decode_json<T: for<'de> Deserialize<'de>>(part: &str) -> Result<T, TokenError
         .decode(part)
         .map_err(|_| TokenError::Malformed)?;
     serde_json::from_slice(&bytes).map_err(|_| TokenError::Malformed)
+}
+
+/// `secs` after the Unix epoch, when that is at most [`MAX_TIMESTAMP`].
+fn unix_time(secs: u64) -> Option<SystemTime> {
+    if secs > MAX_TIMESTAMP {
+        return None;
+    }
+    UNIX_EPOCH.checked_add(Duration::from_secs(secs))
 }
 
 fn unix_now() -> u64 {
@@ -432,6 +461,62 @@ mod tests {
             let input = String::from_utf8_lossy(&bytes);
             assert!(t.verify(&input).is_err(), "{input:?} verified");
         }
+    }
+
+    /// A token with these claims (JSON text), correctly signed with `KEY_A`.
+    fn signed(claims: &str) -> String {
+        let header = URL_SAFE_NO_PAD.encode(br#"{"alg":"HS256","typ":"JWT","kid":"a"}"#);
+        let payload = URL_SAFE_NO_PAD.encode(claims);
+        let key: KeyRing = KEY_A.parse().unwrap();
+        let signing_input = format!("{header}.{payload}");
+        let signature = mac(&key.signer().secret, signing_input.as_bytes())
+            .finalize()
+            .into_bytes();
+        format!("{signing_input}.{}", URL_SAFE_NO_PAD.encode(signature))
+    }
+
+    #[test]
+    fn times_past_year_9999_are_malformed_not_a_panic() {
+        let t = tokens(KEY_A);
+        let claims = |iat: &str, exp: &str| {
+            format!(r#"{{"sub":"id","name":"alice","iat":{iat},"exp":{exp},"iss":"{ISSUER}"}}"#)
+        };
+        let now = unix_now().to_string();
+        let soon = (unix_now() + 60).to_string();
+        assert!(t.verify(&signed(&claims(&now, &soon))).is_ok());
+        let last = MAX_TIMESTAMP.to_string();
+        assert!(t.verify(&signed(&claims(&now, &last))).is_ok());
+        let (two_63, max, past) = (
+            (1u64 << 63).to_string(),
+            u64::MAX.to_string(),
+            (MAX_TIMESTAMP + 1).to_string(),
+        );
+        for (iat, exp) in [
+            (now.as_str(), two_63.as_str()),
+            (&now, &max),
+            (&now, &past),
+            (&two_63, &soon),
+            (&max, &soon),
+            // Not a u64 at all: negative, fractional, beyond u64.
+            (&now, "-1"),
+            (&now, "1e300"),
+            (&now, "18446744073709551616"),
+        ] {
+            let token = signed(&claims(iat, exp));
+            assert_eq!(t.verify(&token), Err(TokenError::Malformed), "{iat} {exp}");
+        }
+    }
+
+    #[test]
+    fn issuing_never_overflows() {
+        let t = Tokens::new(KEY_A.parse().unwrap(), Duration::MAX, &Metrics::new());
+        let err = t
+            .issue("id", &Username::parse("alice").unwrap())
+            .unwrap_err();
+        assert!(err.to_string().contains("past year 9999"), "{err}");
+        let t = Tokens::new(KEY_A.parse().unwrap(), MAX_TTL, &Metrics::new());
+        let issued = t.issue("id", &Username::parse("alice").unwrap()).unwrap();
+        assert!(t.verify(&issued.token).is_ok());
     }
 
     #[test]

@@ -1,7 +1,10 @@
 //! Tokens are standard JWTs: an independent library (jsonwebtoken) verifies what
-//! authd issues, and authd refuses everything that is not a valid token of its own.
+//! authd issues, and authd refuses everything that is not a valid token of its own,
+//! with one message whatever the reason (the reason goes to the metrics and the log).
 
-use crate::helpers::{TEST_KEY, TEST_KID, TestDb, expect_code, key_spec, spawn_app_on};
+use crate::helpers::{
+    TEST_KEY, TEST_KID, TestDb, expect_code, key_spec, spawn_app_on, spawn_app_with,
+};
 use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD};
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
@@ -149,6 +152,17 @@ async fn forged_expired_and_foreign_tokens_are_unauthenticated(db: TestDb) {
         TEST_KEY,
     );
 
+    // Someone else's issuer, signed with the right key.
+    let foreign = sign(
+        &Claims {
+            iss: "someone-else".into(),
+            ..valid_claims_again()
+        },
+        Some(TEST_KID),
+        TEST_KEY,
+    );
+
+    let mut refusals = Vec::new();
     for (what, bad) in [
         ("tampered payload", forged_payload.as_str()),
         ("tampered signature", &forged_signature),
@@ -158,17 +172,176 @@ async fn forged_expired_and_foreign_tokens_are_unauthenticated(db: TestDb) {
         ("no kid", &no_kid),
         ("wrong key", &wrong_key),
         ("expired", &expired),
+        ("foreign issuer", &foreign),
         ("garbage", "not.a.token"),
         ("two parts", "abc.def"),
     ] {
         let status = expect_code(app.validate(bad).await, Code::Unauthenticated);
-        assert!(
-            status.message().starts_with("invalid token"),
-            "{what}: {status:?}"
-        );
+        refusals.push((what, status));
+    }
+    // One answer for every forgery: nothing tells a prober which guess was closer.
+    for (what, status) in &refusals {
+        assert_eq!(status.message(), "invalid token", "{what}: {status:?}");
+        assert!(status.details().is_empty(), "{what}: {status:?}");
+        assert!(status.metadata().get("grpc-status-details-bin").is_none());
+    }
+    // The reasons are counted, each under its own label.
+    let metrics = app.handle.render_metrics();
+    for (outcome, n) in [
+        ("bad_signature", 3),
+        ("unsupported_algorithm", 2),
+        ("unknown_key", 2),
+        ("expired", 1),
+        ("wrong_issuer", 1),
+        ("malformed", 2),
+    ] {
+        let line = format!(r#"authd_tokens_validated_total{{outcome="{outcome}"}} {n}"#);
+        assert!(metrics.contains(&line), "{line} missing in:\n{metrics}");
     }
     // The genuine token still passes.
     app.validate(&token).await.unwrap();
+}
+
+fn valid_claims_again() -> Claims {
+    Claims {
+        sub: "x".into(),
+        name: "heidi".into(),
+        iat: now(),
+        exp: now() + 600,
+        iss: "authd".into(),
+    }
+}
+
+async fn validly_signed_tokens_from_beyond_year_9999_are_refused_without_a_panic(db: TestDb) {
+    let mut app = spawn_app_on(&db, |_| {}).await;
+    app.register("judy", "a fine password").await.unwrap();
+    let genuine = app
+        .login("judy", "a fine password")
+        .await
+        .unwrap()
+        .access_token;
+    let far = |iat: u64, exp: u64| {
+        sign(
+            &Claims {
+                sub: "x".into(),
+                name: "judy".into(),
+                iat,
+                exp,
+                iss: "authd".into(),
+            },
+            Some(TEST_KID),
+            TEST_KEY,
+        )
+    };
+    let year_10000 = 253_402_300_800;
+    for (what, token) in [
+        ("exp 2^63", far(now(), 1 << 63)),
+        ("exp u64::MAX", far(now(), u64::MAX)),
+        ("exp in year 10000", far(now(), year_10000)),
+        ("iat 2^63", far(1 << 63, now() + 600)),
+    ] {
+        // The independent library agrees that the signature is good: only the time is absurd.
+        let mut lenient = validation();
+        lenient.validate_exp = false;
+        jsonwebtoken::decode::<Claims>(&token, &DecodingKey::from_secret(TEST_KEY), &lenient)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let status = expect_code(app.validate(&token).await, Code::Unauthenticated);
+        assert_eq!(status.message(), "invalid token", "{what}: {status:?}");
+        // The same connection still answers: the handler did not panic.
+        assert_eq!(
+            app.validate(&genuine).await.unwrap().username,
+            "judy",
+            "{what}"
+        );
+    }
+    let metrics = app.handle.render_metrics();
+    let line = r#"authd_tokens_validated_total{outcome="malformed"} 4"#;
+    assert!(metrics.contains(line), "{line} missing in:\n{metrics}");
+}
+
+/// The reason of a refusal is in the log, at info, with the request's id.
+#[tokio::test]
+async fn the_reason_of_a_refusal_is_logged_with_the_request_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = crate::cli::spawn_authd(
+        dir.path(),
+        &[("AUTHD_TOKEN_KEYS", key_spec(TEST_KID, TEST_KEY))],
+    );
+    let mut client = authd::pb::auth_service_client::AuthServiceClient::connect(format!(
+        "http://{}",
+        running.addr
+    ))
+    .await
+    .unwrap();
+    let claims = valid_claims_again();
+    let mut request_ids = Vec::new();
+    for token in [
+        sign(&claims, Some("retired"), TEST_KEY),
+        sign(&claims, Some(TEST_KID), b"another key, 32 bytes long......"),
+    ] {
+        let mut request = tonic::Request::new(authd::pb::ValidateTokenRequest {
+            access_token: token,
+        });
+        let id = crate::helpers::unique_name("probe");
+        request
+            .metadata_mut()
+            .insert("x-request-id", id.parse().unwrap());
+        let status = expect_code(
+            client.validate_token(request).await.map(|r| r.into_inner()),
+            Code::Unauthenticated,
+        );
+        assert_eq!(status.message(), "invalid token");
+        request_ids.push(id);
+    }
+    let (status, log) = running.terminate().await;
+    assert!(status.success());
+    let refusals: Vec<serde_json::Value> = log
+        .iter()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["message"] == "token refused")
+        .collect();
+    let found: Vec<(String, String, String)> = refusals
+        .iter()
+        .map(|e| {
+            (
+                e["level"].as_str().unwrap_or_default().to_owned(),
+                e["request_id"].as_str().unwrap_or_default().to_owned(),
+                e["reason"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        found,
+        [
+            (
+                "INFO".to_owned(),
+                request_ids[0].clone(),
+                "unknown_key".to_owned()
+            ),
+            (
+                "INFO".to_owned(),
+                request_ids[1].clone(),
+                "bad_signature".to_owned()
+            ),
+        ],
+        "{log:#?}"
+    );
+}
+
+#[tokio::test]
+async fn a_token_lifetime_at_the_limit_issues_tokens_that_validate() {
+    let mut app = spawn_app_with(|c| c.token_ttl = authd::token::MAX_TTL).await;
+    app.register("kate", "a fine password").await.unwrap();
+    let session = app.login("kate", "a fine password").await.unwrap();
+    let claims = jsonwebtoken::decode::<Claims>(
+        &session.access_token,
+        &DecodingKey::from_secret(TEST_KEY),
+        &validation(),
+    )
+    .unwrap()
+    .claims;
+    assert_eq!(claims.exp - claims.iat, 7 * 24 * 3600);
+    app.validate(&session.access_token).await.unwrap();
 }
 
 async fn tokens_signed_by_a_rotated_out_key_still_verify_while_it_is_listed(db: TestDb) {
@@ -212,5 +385,6 @@ crate::backend_tests!(
     issued_tokens_verify_with_an_independent_jwt_library,
     tokens_from_an_independent_library_with_the_shared_key_validate,
     forged_expired_and_foreign_tokens_are_unauthenticated,
+    validly_signed_tokens_from_beyond_year_9999_are_refused_without_a_panic,
     tokens_signed_by_a_rotated_out_key_still_verify_while_it_is_listed,
 );

@@ -1,0 +1,319 @@
+//! Secret-bearing settings: the URLs that carry a password (the database's, Redis's)
+//! and the clap value parser that reads every secret-bearing option.
+//!
+//! [`SecretUrl`] keeps a URL whole for the client library that connects with it and
+//! prints it, in `Display` and `Debug` alike, with its secrets replaced by `***`: the
+//! password of the userinfo, and every query parameter whose name speaks of a secret
+//! (`?password=`, `sslpassword`, Redis's `pass`), its name percent-decoded first as
+//! the libraries decode it. The URL as given is reached only through
+//! [`SecretUrl::expose`], which the code that connects calls and nothing else.
+//!
+//! [`parser`] is the value parser of `--database-url`, `--redis-url` and
+//! `--token-keys`: clap's own error ("invalid value 'postgres://u:s3cret@…'") quotes
+//! the value, this one never does. The `FromStr` errors it relays must not quote it
+//! either. This module must not log, and must not read files (config does).
+
+use std::{ffi::OsStr, fmt, marker::PhantomData, str::FromStr};
+
+/// Query parameter names (lowercased, percent-decoded) that hold a secret when they
+/// contain one of these.
+const SECRET_PARAMETERS: [&str; 4] = ["pass", "pwd", "secret", "token"];
+
+/// A URL that may hold a password, printed with every secret replaced by `***`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretUrl {
+    url: String,
+    /// A userinfo without `:` is the password rather than a user name (`redis://PASSWORD@host`).
+    bare_userinfo_is_secret: bool,
+}
+
+impl SecretUrl {
+    /// A URL whose userinfo is `user[:password]`: the user is shown, the password hidden.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            bare_userinfo_is_secret: false,
+        }
+    }
+
+    /// A URL whose userinfo without `:` is a password too, and is hidden whole.
+    pub fn with_bare_userinfo_secret(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            bare_userinfo_is_secret: true,
+        }
+    }
+
+    /// The URL as given, secrets included: only for connecting.
+    pub fn expose(&self) -> &str {
+        &self.url
+    }
+
+    /// Whether the URL holds anything that printing it would hide.
+    pub fn has_secret(&self) -> bool {
+        self.redacted().1
+    }
+
+    /// The URL as printed, and whether anything was hidden.
+    fn redacted(&self) -> (String, bool) {
+        let mut hidden = false;
+        let url = self.url.as_str();
+        // Nothing after `#` reaches a server, and nothing there is worth showing.
+        let (url, fragment) = match url.split_once('#') {
+            Some((url, _)) => (url, "#***"),
+            None => (url, ""),
+        };
+        let (scheme, rest) = match url.split_once("://") {
+            Some((scheme, rest)) => (format!("{scheme}://"), rest),
+            None => (String::new(), url),
+        };
+        let (rest, query) = match rest.split_once('?') {
+            Some((rest, query)) => (rest, Some(query)),
+            None => (rest, None),
+        };
+        let authority_end = rest.find('/').unwrap_or(rest.len());
+        let (authority, path) = rest.split_at(authority_end);
+        let authority = match authority.rsplit_once('@') {
+            Some((userinfo, host)) => match userinfo.split_once(':') {
+                Some((user, _password)) => {
+                    hidden = true;
+                    format!("{user}:***@{host}")
+                }
+                None if self.bare_userinfo_is_secret => {
+                    hidden = true;
+                    format!("***@{host}")
+                }
+                None => authority.to_owned(),
+            },
+            None => authority.to_owned(),
+        };
+        let mut out = format!("{scheme}{authority}{path}");
+        if let Some(query) = query {
+            let pairs: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((name, _)) if is_secret_parameter(name) => {
+                        hidden = true;
+                        format!("{name}=***")
+                    }
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            out.push('?');
+            out.push_str(&pairs.join("&"));
+        }
+        if !fragment.is_empty() {
+            hidden = true;
+        }
+        out.push_str(fragment);
+        (out, hidden)
+    }
+}
+
+/// Whether a query parameter's name (as written in the URL) names a secret.
+pub(crate) fn is_secret_parameter(name: &str) -> bool {
+    // Decoded as the URL libraries decode it: `%70assword` is `password` to sqlx.
+    let decoded = percent_encoding::percent_decode_str(name)
+        .decode_utf8_lossy()
+        .to_ascii_lowercase();
+    SECRET_PARAMETERS.iter().any(|s| decoded.contains(s))
+}
+
+impl fmt::Display for SecretUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted().0)
+    }
+}
+
+impl fmt::Debug for SecretUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.redacted().0)
+    }
+}
+
+/// A Redis URL (`redis://[user:password@]host:port[/db]`, `rediss://`, `redis+unix://`),
+/// checked by the Redis client at parse time. A userinfo without `:` counts as a
+/// password: Redis has passwords more often than user names.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisUrl(SecretUrl);
+
+impl RedisUrl {
+    /// The URL with its password, for connecting only.
+    pub(crate) fn expose(&self) -> &str {
+        self.0.expose()
+    }
+
+    pub fn has_secret(&self) -> bool {
+        self.0.has_secret()
+    }
+}
+
+impl FromStr for RedisUrl {
+    type Err = String;
+
+    fn from_str(url: &str) -> Result<Self, Self::Err> {
+        ::redis::Client::open(url)
+            .map(|_| RedisUrl(SecretUrl::with_bare_userinfo_secret(url)))
+            // The error's kind only: its text may quote the URL, secret included.
+            .map_err(|e| format!("not a usable Redis URL ({:?})", e.kind()))
+    }
+}
+
+impl fmt::Display for RedisUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Debug for RedisUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RedisUrl({:?})", self.0)
+    }
+}
+
+/// The clap value parser of a secret-bearing option: `T::from_str`, with an error
+/// that names the option (and its variable) but never quotes the value.
+pub fn parser<T>() -> SecretParser<T> {
+    SecretParser(PhantomData)
+}
+
+/// See [`parser`].
+pub struct SecretParser<T>(PhantomData<fn() -> T>);
+
+impl<T> Clone for SecretParser<T> {
+    fn clone(&self) -> Self {
+        SecretParser(PhantomData)
+    }
+}
+
+impl<T> clap::builder::TypedValueParser for SecretParser<T>
+where
+    T: FromStr<Err = String> + Clone + Send + Sync + 'static,
+{
+    type Value = T;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &OsStr,
+    ) -> Result<T, clap::Error> {
+        let option = match arg {
+            Some(arg) => {
+                let flag = format!("--{}", arg.get_long().unwrap_or(arg.get_id().as_str()));
+                match arg.get_env() {
+                    Some(var) => format!("'{flag}' ({})", var.to_string_lossy()),
+                    None => format!("'{flag}'"),
+                }
+            }
+            None => "a secret setting".to_owned(),
+        };
+        let fail = |why: String| {
+            clap::Error::raw(
+                clap::error::ErrorKind::ValueValidation,
+                format!("invalid value for {option}: {why}\n"),
+            )
+            .with_cmd(cmd)
+        };
+        let text = value
+            .to_str()
+            .ok_or_else(|| fail("not valid UTF-8".into()))?;
+        text.parse().map_err(fail)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_in_the_userinfo_and_the_query_are_hidden() {
+        for (url, shown) in [
+            (
+                "postgres://authd:s3cret@db:5432/authd?sslmode=require",
+                "postgres://authd:***@db:5432/authd?sslmode=require",
+            ),
+            (
+                "postgres://postgres@127.0.0.1:5432/test?password=s3cret&sslmode=disable",
+                "postgres://postgres@127.0.0.1:5432/test?password=***&sslmode=disable",
+            ),
+            (
+                "postgres://u@h/db?sslpassword=s3cret&PassWord=s3cret",
+                "postgres://u@h/db?sslpassword=***&PassWord=***",
+            ),
+            // Percent-encoded names are what the libraries decode them to.
+            (
+                "postgres://u@h/db?%70assword=s3cret",
+                "postgres://u@h/db?%70assword=***",
+            ),
+            // A password holding `@`: the host is after the last one.
+            ("postgres://u:s3c@ret@h/db", "postgres://u:***@h/db"),
+            ("postgres://u@h/db#s3cret", "postgres://u@h/db#***"),
+        ] {
+            let secret = SecretUrl::new(url);
+            assert_eq!(secret.to_string(), shown, "{url}");
+            assert!(!format!("{secret:?}").contains("s3c"), "{url}");
+            assert!(secret.has_secret(), "{url}");
+            assert_eq!(secret.expose(), url);
+        }
+        for plain in [
+            "postgres://authd@db/authd",
+            "postgres://db/authd?sslmode=require&options[search_path]=x",
+        ] {
+            let url = SecretUrl::new(plain);
+            assert_eq!(url.to_string(), plain);
+            assert!(!url.has_secret(), "{plain}");
+        }
+    }
+
+    #[test]
+    fn redis_urls_never_show_their_password() {
+        for (url, shown) in [
+            ("redis://127.0.0.1:6379", "redis://127.0.0.1:6379"),
+            ("redis://:s3cret@cache:6379/2", "redis://:***@cache:6379/2"),
+            ("redis://authd:s3cret@cache", "redis://authd:***@cache"),
+            ("redis://s3cret@cache", "redis://***@cache"),
+            (
+                "redis+unix:///run/redis.sock?db=1&pass=s3cret",
+                "redis+unix:///run/redis.sock?db=1&pass=***",
+            ),
+        ] {
+            let parsed: RedisUrl = url.parse().unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert_eq!(parsed.to_string(), shown);
+            assert!(!format!("{parsed:?}").contains("s3cret"));
+            assert_eq!(parsed.expose(), url);
+        }
+        assert!(!"redis://cache".parse::<RedisUrl>().unwrap().has_secret());
+        let err = "http://:s3cret@cache".parse::<RedisUrl>().unwrap_err();
+        assert!(!err.contains("s3cret"), "{err}");
+    }
+
+    #[test]
+    fn the_parser_names_the_option_and_never_quotes_the_value() {
+        #[derive(Clone, Debug)]
+        struct Picky;
+        impl FromStr for Picky {
+            type Err = String;
+            fn from_str(_: &str) -> Result<Self, String> {
+                Err("not picky enough".into())
+            }
+        }
+        let cmd = clap::Command::new("authd").arg(
+            clap::Arg::new("thing")
+                .long("thing")
+                .env("AUTHD_TEST_SECRET_PARSER_THING")
+                .value_parser(parser::<Picky>()),
+        );
+        let err = cmd
+            .try_get_matches_from(["authd", "--thing", "s3cret"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with(
+                "error: invalid value for '--thing' (AUTHD_TEST_SECRET_PARSER_THING): not picky enough"
+            ),
+            "{err}"
+        );
+        assert!(!err.contains("s3cret"), "{err}");
+    }
+}
