@@ -4,6 +4,8 @@
 //! It asks one server about one service name, once, within a timeout, and turns the
 //! answer into an exit status: `Ok` only for SERVING; otherwise an [`Unhealthy`] whose
 //! one-line message says why (NOT_SERVING, SERVICE_UNKNOWN, unreachable, timeout).
+//! The names authd reports: `""` and `auth.v1.AuthService` for readiness (they follow
+//! the database), `liveness` for liveness (SERVING while the process serves).
 //! It owns nothing of the server: it is a client, and it talks plain-text HTTP/2 to
 //! loopback or a pod address, never TLS.
 
@@ -21,7 +23,8 @@ use tonic_health::pb::{
 /// Why a server is not healthy; `Display` is the one line `authd health` prints.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Unhealthy {
-    /// The server answered NOT_SERVING (database down, or draining for shutdown).
+    /// The server answered NOT_SERVING (for readiness: database down, or draining for
+    /// shutdown).
     NotServing { target: String },
     /// The server does not know the service name asked about.
     ServiceUnknown { target: String },
@@ -71,7 +74,9 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let addr = match addr {
         Some(addr) => addr.to_owned(),
-        None => local_addr(config.listen).to_string(),
+        // The health-only port when there is one: it answers however busy the
+        // gRPC port is. Otherwise the gRPC port, which serves health too.
+        None => local_addr(config.health_listen.addr().unwrap_or(config.listen)).to_string(),
     };
     check(&addr, service, timeout).await?;
     println!("{}: SERVING", describe(&addr, service));

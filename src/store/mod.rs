@@ -12,6 +12,15 @@
 //! Every operation is timed here, by backend and operation
 //! (`authd_store_operation_duration_seconds`); the backends add what only they see:
 //! the wait for a pooled connection, the SQLite writer's batches and commits.
+//!
+//! Every operation is bounded: a connection is waited for at most the acquire
+//! timeout, and the statement itself at most [`operation_limit`] of the statement
+//! timeout (PostgreSQL cancels it on its side at the statement timeout; the limit
+//! here covers a database that no longer answers at all). A connection whose
+//! operation did not finish is closed, never returned to the pool ([`Lease`]).
+//! Each operation that fails as unavailable is announced on a watch channel
+//! ([`Store::unavailable_events`]), so readiness can turn at once on what requests
+//! see instead of waiting for its next probe; the store knows nothing of who listens.
 
 mod postgres;
 mod sqlite;
@@ -21,8 +30,13 @@ pub use sqlite::{SqliteSettings, WriterSnapshot};
 
 use crate::{credentials::Username, error::Error, metrics::Metrics};
 use prometheus::{Histogram, IntCounter};
-use sqlx::{ColumnIndex, Database, Decode, Encode, Row, Type, query::Query};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use sqlx::{ColumnIndex, Database, Decode, Encode, Row, Type, pool::PoolConnection, query::Query};
+use std::{
+    future::Future,
+    ops::{Deref, DerefMut},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+use tokio::sync::watch;
 
 /// The statements both backends run. `$N` placeholders are PostgreSQL's and are
 /// also understood by SQLite, so each statement is written once.
@@ -35,6 +49,13 @@ mod sql {
     pub const UPDATE_PASSWORD_HASH: &str =
         "UPDATE users SET password_hash = $1, updated_at = $2 WHERE id = $3";
     pub const PING: &str = "SELECT 1";
+    /// Read through the index on the generated `hash_iterations` column.
+    pub const MAX_HASH_ITERATIONS: &str = "SELECT MAX(hash_iterations) FROM users";
+}
+
+/// The highest stored iteration count, as the rest of authd counts them.
+fn iterations_from_column(max: Option<i64>) -> u32 {
+    max.map_or(0, |n| u32::try_from(n.max(0)).unwrap_or(u32::MAX))
 }
 
 fn insert_user_query<DB>(user: &NewUser, now: i64) -> Query<'static, DB, DB::Arguments>
@@ -118,6 +139,16 @@ impl From<sqlx::Error> for StoreError {
     fn from(err: sqlx::Error) -> Self {
         match &err {
             sqlx::Error::Database(db) if db.is_unique_violation() => StoreError::Duplicate,
+            // PostgreSQL: query_canceled (57014, what `statement_timeout` raises) and
+            // lock_not_available (55P03): the database is there but cannot answer now.
+            sqlx::Error::Database(db)
+                if db.code().is_some_and(|c| c == "57014" || c == "55P03") =>
+            {
+                StoreError::Unavailable(format!(
+                    "the database did not answer in time: {}",
+                    db.message()
+                ))
+            }
             // PostgreSQL: connection exceptions (08…), shutting down or starting up
             // (57P01-57P03), too many connections (53300).
             sqlx::Error::Database(db)
@@ -129,6 +160,17 @@ impl From<sqlx::Error> for StoreError {
                     "the database refused the request: {}",
                     db.message()
                 ))
+            }
+            // SQLite: busy (5) or locked (6), in their extended forms too: another
+            // connection (another process) holds the lock past the busy timeout.
+            sqlx::Error::Database(db)
+                if db
+                    .try_downcast_ref::<sqlx::sqlite::SqliteError>()
+                    .and_then(sqlx::error::DatabaseError::code)
+                    .and_then(|code| code.parse::<i32>().ok())
+                    .is_some_and(|code| matches!(code & 0xff, 5 | 6)) =>
+            {
+                StoreError::Unavailable(format!("the database is locked: {}", db.message()))
             }
             sqlx::Error::PoolTimedOut => {
                 StoreError::Unavailable("timed out waiting for a database connection".into())
@@ -166,6 +208,8 @@ impl From<StoreError> for Error {
 pub struct Store {
     backend: Backend,
     ops: Operations,
+    /// Counts the operations that failed as unavailable; readiness watches it.
+    unavailable: watch::Sender<u64>,
 }
 
 enum Backend {
@@ -205,7 +249,8 @@ struct Operations {
     find_user: OperationMetrics,
     insert_user: OperationMetrics,
     update_password_hash: OperationMetrics,
-    ping: OperationMetrics,
+    max_hash_iterations: OperationMetrics,
+    probe: OperationMetrics,
 }
 
 impl Operations {
@@ -214,7 +259,8 @@ impl Operations {
             find_user: OperationMetrics::new(metrics, backend, "find_user"),
             insert_user: OperationMetrics::new(metrics, backend, "insert_user"),
             update_password_hash: OperationMetrics::new(metrics, backend, "update_password_hash"),
-            ping: OperationMetrics::new(metrics, backend, "ping"),
+            max_hash_iterations: OperationMetrics::new(metrics, backend, "max_hash_iterations"),
+            probe: OperationMetrics::new(metrics, backend, "probe"),
         }
     }
 }
@@ -244,11 +290,80 @@ fn watch_pool<DB: Database>(metrics: &Metrics, backend: &str, pool: &sqlx::Pool<
 async fn acquire<DB: Database>(
     pool: &sqlx::Pool<DB>,
     wait: &Histogram,
-) -> Result<sqlx::pool::PoolConnection<DB>, StoreError> {
+) -> Result<Lease<DB>, StoreError> {
     let started = Instant::now();
     let connection = pool.acquire().await;
     wait.observe(started.elapsed().as_secs_f64());
-    Ok(connection?)
+    Ok(Lease {
+        conn: Some(connection?),
+    })
+}
+
+/// A pooled connection lent to one operation.
+///
+/// Given back with [`Lease::finish`] once the operation has an answer. Dropped
+/// before that (the operation timed out, or its caller went away mid-query), the
+/// connection is in an unknown state, possibly waiting on a peer that will never
+/// answer: it is detached and closed, so the pool opens a fresh one, instead of
+/// going back to the pool, whose release check (a ping) nothing would bound.
+struct Lease<DB: Database> {
+    conn: Option<PoolConnection<DB>>,
+}
+
+impl<DB: Database> Lease<DB> {
+    /// The operation is over: the connection goes back to the pool.
+    fn finish(mut self) {
+        drop(self.conn.take());
+    }
+}
+
+impl<DB: Database> Drop for Lease<DB> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            // Dropping the detached connection closes its socket without a goodbye.
+            drop(conn.detach());
+        }
+    }
+}
+
+impl<DB: Database> Deref for Lease<DB> {
+    type Target = DB::Connection;
+
+    fn deref(&self) -> &Self::Target {
+        self.conn
+            .as_ref()
+            .expect("a lease holds its connection until it ends")
+    }
+}
+
+impl<DB: Database> DerefMut for Lease<DB> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        self.conn
+            .as_mut()
+            .expect("a lease holds its connection until it ends")
+    }
+}
+
+/// How long authd itself waits for one statement, given the statement timeout:
+/// the timeout plus as much again (at most a second), so that a database that
+/// answers reports its own cancellation first, and one that does not (a dead or
+/// unreachable peer) is given up on shortly after.
+pub(crate) fn operation_limit(statement_timeout: Duration) -> Duration {
+    statement_timeout + statement_timeout.min(Duration::from_secs(1))
+}
+
+/// Runs `operation` for at most `limit`. The outer error is the timeout (the
+/// operation was dropped unfinished); the inner result is the operation's own.
+async fn within<T, E>(
+    limit: Duration,
+    operation: impl Future<Output = Result<T, E>>,
+) -> Result<Result<T, E>, StoreError> {
+    tokio::time::timeout(limit, operation).await.map_err(|_| {
+        StoreError::Unavailable(format!(
+            "the database did not answer within {}",
+            humantime::format_duration(limit)
+        ))
+    })
 }
 
 /// Which database to open, and how.
@@ -268,12 +383,16 @@ macro_rules! each_backend {
     };
 }
 
-/// Runs a store operation and records its duration and failure.
+/// Runs a store operation, records its duration and failure, and announces a
+/// failure to reach the database.
 macro_rules! timed {
     ($store:expr, $op:ident, $backend:ident => $call:expr) => {{
         let started = Instant::now();
         let result = each_backend!($store, $backend => $call);
         $store.ops.$op.record(started, &result);
+        if matches!(result, Err(StoreError::Unavailable(_))) {
+            $store.unavailable.send_modify(|n| *n = n.wrapping_add(1));
+        }
         result
     }};
 }
@@ -290,7 +409,11 @@ impl Store {
             }
         };
         let ops = Operations::new(metrics, backend.name());
-        Ok(Self { backend, ops })
+        Ok(Self {
+            backend,
+            ops,
+            unavailable: watch::Sender::new(0),
+        })
     }
 
     /// Runs the embedded migrations and closes the connection: `authd migrate`.
@@ -315,9 +438,23 @@ impl Store {
         timed!(self, update_password_hash, s => s.update_password_hash(id, hash).await)
     }
 
-    /// Checks that the database answers, for health.
-    pub async fn ping(&self) -> Result<(), StoreError> {
-        timed!(self, ping, s => s.ping().await)
+    /// The highest PBKDF2 iteration count of any stored hash (0 with no users).
+    pub async fn max_hash_iterations(&self) -> Result<u32, StoreError> {
+        timed!(self, max_hash_iterations, s => s.max_hash_iterations().await)
+    }
+
+    /// Checks that the database answers a real query the way requests run theirs
+    /// (same pool, same limits, the users table), and on SQLite that the writer
+    /// commits: for readiness. Returns what the query read, the highest stored
+    /// iteration count.
+    pub async fn probe(&self) -> Result<u32, StoreError> {
+        timed!(self, probe, s => s.probe().await)
+    }
+
+    /// A receiver whose value changes each time an operation fails because the
+    /// database could not be reached or did not answer in time.
+    pub fn unavailable_events(&self) -> watch::Receiver<u64> {
+        self.unavailable.subscribe()
     }
 
     /// Commits everything queued and closes the connections.

@@ -9,17 +9,24 @@
 //! takes its connection explicitly, so the wait for one is measured apart from the
 //! query (`authd_store_pool_acquire_duration_seconds`): a pool too small for the
 //! load shows there, not as a slow database.
+//!
+//! Every pooled connection runs with `statement_timeout` set
+//! (`AUTHD_DB_STATEMENT_TIMEOUT`), so a statement stuck behind a lock is cancelled
+//! by PostgreSQL and the connection stays usable; authd also stops waiting on its
+//! own shortly after ([`super::operation_limit`]), for a peer that stopped answering.
+//! Migrations run on a connection of their own without that timeout: rewriting a
+//! large table may take longer than any request should.
 
 use super::{
-    NewUser, StoreError, User, acquire, find_user_query, insert_user_query, sql, unix_millis,
-    update_password_hash_query, user_from_row, watch_pool,
+    Lease, NewUser, StoreError, User, acquire, find_user_query, insert_user_query,
+    iterations_from_column, operation_limit, sql, unix_millis, update_password_hash_query,
+    user_from_row, watch_pool, within,
 };
 use crate::{credentials::Username, metrics::Metrics};
 use anyhow::Context as _;
 use prometheus::Histogram;
 use sqlx::{
-    PgPool, Postgres,
-    pool::PoolConnection,
+    Connection, PgConnection, PgPool, Postgres,
     postgres::{PgConnectOptions, PgPoolOptions},
 };
 use std::{fmt, str::FromStr, time::Duration};
@@ -31,6 +38,8 @@ pub struct PostgresSettings {
     pub url: String,
     pub max_connections: u32,
     pub acquire_timeout: Duration,
+    /// Longest a statement may run (PostgreSQL's `statement_timeout`).
+    pub statement_timeout: Duration,
 }
 
 impl fmt::Debug for PostgresSettings {
@@ -39,6 +48,7 @@ impl fmt::Debug for PostgresSettings {
             .field("url", &"<redacted>")
             .field("max_connections", &self.max_connections)
             .field("acquire_timeout", &self.acquire_timeout)
+            .field("statement_timeout", &self.statement_timeout)
             .finish()
     }
 }
@@ -47,12 +57,21 @@ pub struct PostgresStore {
     pool: PgPool,
     /// Time waiting for a connection from the pool.
     pool_wait: Histogram,
+    /// Longest authd waits for one statement's answer.
+    limit: Duration,
+}
+
+fn connect_options(settings: &PostgresSettings) -> anyhow::Result<PgConnectOptions> {
+    Ok(PgConnectOptions::from_str(&settings.url)
+        .context("parsing the PostgreSQL URL")?
+        .application_name("authd"))
 }
 
 async fn connect(settings: &PostgresSettings) -> anyhow::Result<PgPool> {
-    let options = PgConnectOptions::from_str(&settings.url)
-        .context("parsing the PostgreSQL URL")?
-        .application_name("authd");
+    // Whole milliseconds, at least one: PostgreSQL reads 0 as "no timeout".
+    let timeout_ms = settings.statement_timeout.as_millis().max(1);
+    let options =
+        connect_options(settings)?.options([("statement_timeout", format!("{timeout_ms}ms"))]);
     PgPoolOptions::new()
         .max_connections(settings.max_connections.max(1))
         .acquire_timeout(settings.acquire_timeout)
@@ -61,20 +80,23 @@ async fn connect(settings: &PostgresSettings) -> anyhow::Result<PgPool> {
         .context("connecting to PostgreSQL")
 }
 
-async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
+async fn migrate(settings: &PostgresSettings) -> anyhow::Result<()> {
+    let mut conn = PgConnection::connect_with(&connect_options(settings)?)
+        .await
+        .context("connecting to PostgreSQL")?;
     // sqlx holds an advisory lock while it migrates, so replicas starting together
     // take turns instead of racing.
     sqlx::migrate!("migrations/postgres")
-        .run(pool)
+        .run(&mut conn)
         .await
-        .context("migrating the PostgreSQL database")
+        .context("migrating the PostgreSQL database")?;
+    conn.close()
+        .await
+        .context("closing the migration connection")
 }
 
 pub(crate) async fn migrate_only(settings: &PostgresSettings) -> anyhow::Result<()> {
-    let pool = connect(settings).await?;
-    migrate(&pool).await?;
-    pool.close().await;
-    Ok(())
+    migrate(settings).await
 }
 
 impl PostgresStore {
@@ -82,22 +104,29 @@ impl PostgresStore {
         settings: PostgresSettings,
         metrics: &Metrics,
     ) -> anyhow::Result<Self> {
+        migrate(&settings).await?;
         let pool = connect(&settings).await?;
-        migrate(&pool).await?;
         let pool_wait = watch_pool(metrics, "postgres", &pool);
-        Ok(Self { pool, pool_wait })
+        Ok(Self {
+            pool,
+            pool_wait,
+            limit: operation_limit(settings.statement_timeout),
+        })
     }
 
-    async fn connection(&self) -> Result<PoolConnection<Postgres>, StoreError> {
+    async fn connection(&self) -> Result<Lease<Postgres>, StoreError> {
         acquire(&self.pool, &self.pool_wait).await
     }
 
     pub(crate) async fn insert_user(&self, user: NewUser) -> Result<(), StoreError> {
         let mut conn = self.connection().await?;
-        let inserted = insert_user_query(&user, unix_millis())
-            .execute(&mut *conn)
-            .await?;
-        if inserted.rows_affected() == 1 {
+        let inserted = within(
+            self.limit,
+            insert_user_query(&user, unix_millis()).execute(&mut *conn),
+        )
+        .await?;
+        conn.finish();
+        if inserted?.rows_affected() == 1 {
             Ok(())
         } else {
             Err(StoreError::Duplicate)
@@ -106,8 +135,13 @@ impl PostgresStore {
 
     pub(crate) async fn find_user(&self, username: &Username) -> Result<Option<User>, StoreError> {
         let mut conn = self.connection().await?;
-        let row = find_user_query(username).fetch_optional(&mut *conn).await?;
-        Ok(row.as_ref().map(user_from_row).transpose()?)
+        let row = within(
+            self.limit,
+            find_user_query(username).fetch_optional(&mut *conn),
+        )
+        .await?;
+        conn.finish();
+        Ok(row?.as_ref().map(user_from_row).transpose()?)
     }
 
     pub(crate) async fn update_password_hash(
@@ -116,16 +150,29 @@ impl PostgresStore {
         hash: String,
     ) -> Result<(), StoreError> {
         let mut conn = self.connection().await?;
-        update_password_hash_query(id, &hash, unix_millis())
-            .execute(&mut *conn)
-            .await?;
+        let updated = within(
+            self.limit,
+            update_password_hash_query(id, &hash, unix_millis()).execute(&mut *conn),
+        )
+        .await?;
+        conn.finish();
+        updated?;
         Ok(())
     }
 
-    pub(crate) async fn ping(&self) -> Result<(), StoreError> {
+    pub(crate) async fn max_hash_iterations(&self) -> Result<u32, StoreError> {
         let mut conn = self.connection().await?;
-        sqlx::query(sql::PING).execute(&mut *conn).await?;
-        Ok(())
+        let max = within(
+            self.limit,
+            sqlx::query_scalar::<_, Option<i64>>(sql::MAX_HASH_ITERATIONS).fetch_one(&mut *conn),
+        )
+        .await?;
+        conn.finish();
+        Ok(iterations_from_column(max?))
+    }
+
+    pub(crate) async fn probe(&self) -> Result<u32, StoreError> {
+        self.max_hash_iterations().await
     }
 
     pub(crate) async fn close(&self) {

@@ -7,10 +7,21 @@
 //! it in one transaction: one fsync for many registrations (group commit). A write is
 //! acknowledged only after its transaction commits, so an acknowledged registration
 //! survives a crash or a power loss. Readers never wait for the writer (WAL).
+//!
+//! Every read and every write is bounded ([`super::operation_limit`] of
+//! `AUTHD_DB_STATEMENT_TIMEOUT`): a disk that stalls makes requests fail with
+//! UNAVAILABLE instead of hanging. A write given up on may still commit later (the
+//! writer finishes what it started), as with any database that stops answering.
+//!
+//! The database holds password hashes: on Unix its file is created readable by its
+//! owner only (0600) before SQLite opens it, and an existing file (with its `-wal`
+//! and `-shm`) that others may read is tightened, with a warning. SQLite creates the
+//! `-wal` and `-shm` files with the database file's permissions.
 
 use super::{
-    NewUser, StoreError, User, acquire, find_user_query, insert_user_query, sql, unix_millis,
-    update_password_hash_query, user_from_row, watch_pool,
+    NewUser, StoreError, User, acquire, find_user_query, insert_user_query, iterations_from_column,
+    operation_limit, sql, unix_millis, update_password_hash_query, user_from_row, watch_pool,
+    within,
 };
 use crate::{credentials::Username, metrics::Metrics};
 use anyhow::Context as _;
@@ -20,7 +31,7 @@ use sqlx::{
     sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
 };
 use std::{
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::{
         Arc, Mutex,
         atomic::{AtomicU64, Ordering},
@@ -42,6 +53,8 @@ pub struct SqliteSettings {
     pub acquire_timeout: Duration,
     /// The most writes committed in one transaction.
     pub max_batch: usize,
+    /// Longest a read or a write may take (see [`super::operation_limit`]).
+    pub statement_timeout: Duration,
 }
 
 /// Counters of the writer task.
@@ -85,6 +98,8 @@ pub struct SqliteStore {
     writer: mpsc::Sender<Command>,
     writer_task: Mutex<Option<JoinHandle<()>>>,
     stats: Arc<WriterStats>,
+    /// Longest authd waits for a read, or for the writer to answer.
+    limit: Duration,
 }
 
 /// What the writer task records: the size and the duration of each transaction.
@@ -103,7 +118,53 @@ fn connect_options(settings: &SqliteSettings) -> SqliteConnectOptions {
         .foreign_keys(true)
 }
 
+/// Makes sure the database file exists and only its owner may read it, before
+/// SQLite opens it (and creates the `-wal` and `-shm` files with its permissions).
+#[cfg(unix)]
+fn restrict_permissions(path: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("opening SQLite database {}", path.display()))?;
+    let with_suffix = |suffix: &str| {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        PathBuf::from(name)
+    };
+    for file in [path.to_owned(), with_suffix("-wal"), with_suffix("-shm")] {
+        let file = file.as_path();
+        let mode = match std::fs::metadata(file) {
+            Ok(meta) => meta.permissions().mode(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("reading the permissions of {}", file.display()));
+            }
+        };
+        if mode & 0o077 != 0 {
+            tracing::warn!(
+                file = %file.display(),
+                mode = format!("{:o}", mode & 0o777),
+                "the SQLite database was readable by other users; restricting it to its owner (0600)"
+            );
+            std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o600))
+                .with_context(|| format!("restricting the permissions of {}", file.display()))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn restrict_permissions(_path: &Path) -> anyhow::Result<()> {
+    Ok(())
+}
+
 async fn open_writer(settings: &SqliteSettings) -> anyhow::Result<SqliteConnection> {
+    restrict_permissions(&settings.path)?;
     let mut conn =
         SqliteConnection::connect_with(&connect_options(settings).create_if_missing(true))
             .await
@@ -151,16 +212,20 @@ impl SqliteStore {
             writer: tx,
             writer_task: Mutex::new(Some(task)),
             stats,
+            limit: operation_limit(settings.statement_timeout),
         })
     }
 
     async fn write(&self, write: Write) -> Result<(), StoreError> {
         let (reply, result) = oneshot::channel();
-        self.writer
-            .send(Command::Write { write, reply })
-            .await
-            .map_err(|_| closed())?;
-        result.await.unwrap_or_else(|_| Err(closed()))
+        within(self.limit, async {
+            self.writer
+                .send(Command::Write { write, reply })
+                .await
+                .map_err(|_| closed())?;
+            result.await.unwrap_or_else(|_| Err(closed()))
+        })
+        .await?
     }
 
     pub(crate) async fn insert_user(&self, user: NewUser) -> Result<(), StoreError> {
@@ -181,20 +246,40 @@ impl SqliteStore {
 
     pub(crate) async fn find_user(&self, username: &Username) -> Result<Option<User>, StoreError> {
         let mut conn = acquire(&self.readers, &self.reader_wait).await?;
-        let row = find_user_query(username).fetch_optional(&mut *conn).await?;
-        Ok(row.as_ref().map(user_from_row).transpose()?)
+        let row = within(
+            self.limit,
+            find_user_query(username).fetch_optional(&mut *conn),
+        )
+        .await?;
+        conn.finish();
+        Ok(row?.as_ref().map(user_from_row).transpose()?)
     }
 
-    pub(crate) async fn ping(&self) -> Result<(), StoreError> {
+    pub(crate) async fn max_hash_iterations(&self) -> Result<u32, StoreError> {
         let mut conn = acquire(&self.readers, &self.reader_wait).await?;
-        sqlx::query(sql::PING).execute(&mut *conn).await?;
-        drop(conn);
+        let max = within(
+            self.limit,
+            sqlx::query_scalar::<_, Option<i64>>(sql::MAX_HASH_ITERATIONS).fetch_one(&mut *conn),
+        )
+        .await?;
+        conn.finish();
+        Ok(iterations_from_column(max?))
+    }
+
+    /// A read through the reader pool, then a round trip through the writer (which
+    /// answers once it has committed what was queued before).
+    pub(crate) async fn probe(&self) -> Result<u32, StoreError> {
+        let max = self.max_hash_iterations().await?;
         let (reply, result) = oneshot::channel();
-        self.writer
-            .send(Command::Ping(reply))
-            .await
-            .map_err(|_| closed())?;
-        result.await.unwrap_or_else(|_| Err(closed()))
+        within(self.limit, async {
+            self.writer
+                .send(Command::Ping(reply))
+                .await
+                .map_err(|_| closed())?;
+            result.await.unwrap_or_else(|_| Err(closed()))
+        })
+        .await??;
+        Ok(max)
     }
 
     pub(crate) async fn close(&self) {
@@ -366,6 +451,7 @@ mod tests {
             readers: 2,
             acquire_timeout: Duration::from_secs(5),
             max_batch: 64,
+            statement_timeout: Duration::from_secs(5),
         };
         SqliteStore::open(settings, metrics).await.unwrap()
     }

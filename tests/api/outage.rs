@@ -1,0 +1,320 @@
+//! A database that is locked, black-holed or cut: every request answers UNAVAILABLE
+//! within a bound (never hangs, never says the hash queue is full), readiness turns
+//! NOT_SERVING on what requests see and recovers by probing, and liveness stays
+//! SERVING throughout.
+
+use crate::helpers::{
+    Backend, TcpProxy, TestApp, TestDb, expect_code, host_of, login, register, spawn_app_on,
+    with_host,
+};
+use authd::config::{Config, DatabaseUrl};
+use futures::future::join_all;
+use sqlx::{Connection, PgConnection, SqliteConnection, sqlite::SqliteConnectOptions};
+use std::time::{Duration, Instant};
+use tonic::Code;
+use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
+
+const PASSWORD: &str = "a fine password";
+/// Long enough that no periodic probe runs during a test: only a request's failure
+/// (or the recovery probing it starts) can change readiness.
+const NO_POLLING: Duration = Duration::from_secs(3600);
+
+/// An app on `db` reached through a proxy the test controls.
+async fn behind_a_proxy(db: &TestDb, adjust: impl FnOnce(&mut Config)) -> (TestApp, TcpProxy) {
+    let DatabaseUrl::Postgres(direct) = &db.url else {
+        unreachable!("a PostgreSQL test database")
+    };
+    let proxy = TcpProxy::start(host_of(direct.expose())).await;
+    let proxied = with_host(direct.expose(), proxy.addr);
+    let app = spawn_app_on(db, |c| {
+        c.database_url = proxied.parse().unwrap();
+        adjust(c);
+    })
+    .await;
+    (app, proxy)
+}
+
+/// Waits (at most 10 s) until readiness is `status`.
+async fn until_ready_is(app: &mut TestApp, status: ServingStatus) {
+    let give_up = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = app.health_status("").await;
+        if now == status {
+            return;
+        }
+        assert!(Instant::now() < give_up, "readiness stayed {now:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A test connection to the database, behind authd's back.
+async fn pg(db: &TestDb) -> PgConnection {
+    let DatabaseUrl::Postgres(url) = &db.url else {
+        unreachable!("a PostgreSQL test database")
+    };
+    PgConnection::connect(url.expose()).await.unwrap()
+}
+
+/// Holds an ACCESS EXCLUSIVE lock on the users table until the transaction ends.
+async fn lock_users(db: &TestDb) -> PgConnection {
+    let mut conn = pg(db).await;
+    sqlx::query("BEGIN").execute(&mut conn).await.unwrap();
+    sqlx::query("LOCK TABLE users IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    conn
+}
+
+#[tokio::test]
+async fn a_locked_users_table_gives_unavailable_in_bounded_time_and_not_serving() {
+    let Some(db) = TestDb::new(Backend::Postgres, "locked_users_table").await else {
+        return;
+    };
+    let mut app = spawn_app_on(&db, |c| {
+        c.db_statement_timeout = Duration::from_millis(300);
+        c.health_interval = NO_POLLING;
+    })
+    .await;
+    app.register("sam", PASSWORD).await.unwrap();
+
+    let mut locker = lock_users(&db).await;
+    // What the old readiness probe asked still answers; real queries wait.
+    let one: i32 = sqlx::query_scalar("SELECT 1")
+        .fetch_one(&mut pg(&db).await)
+        .await
+        .unwrap();
+    assert_eq!(one, 1);
+    let started = Instant::now();
+    let logins = join_all((0..8).map(|_| {
+        let mut client = app.client.clone();
+        async move { login(&mut client, "sam", PASSWORD).await }
+    }));
+    let results = tokio::time::timeout(Duration::from_secs(10), logins)
+        .await
+        .expect("every login answers while the table is locked");
+    let took = started.elapsed();
+    for result in results {
+        let status = expect_code(result, Code::Unavailable);
+        assert!(status.message().contains("database"), "{status:?}");
+    }
+    assert!(took < Duration::from_secs(5), "answered after {took:?}");
+    assert_eq!(app.health_status("").await, ServingStatus::NotServing);
+    assert_eq!(
+        app.health_status("auth.v1.AuthService").await,
+        ServingStatus::NotServing
+    );
+    assert_eq!(app.health_status("liveness").await, ServingStatus::Serving);
+    // Probing keeps finding the table locked.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(app.health_status("").await, ServingStatus::NotServing);
+
+    sqlx::query("COMMIT").execute(&mut locker).await.unwrap();
+    until_ready_is(&mut app, ServingStatus::Serving).await;
+    app.login("sam", PASSWORD).await.unwrap();
+}
+
+/// Waits until authd's query is waiting for a lock in PostgreSQL.
+async fn until_a_query_waits_for_a_lock(db: &TestDb) {
+    let mut conn = pg(db).await;
+    let give_up = Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE application_name = 'authd' AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < give_up,
+            "no query of authd waits for the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_black_holed_database_gives_unavailable_not_a_hang() {
+    let Some(db) = TestDb::new(Backend::Postgres, "black_holed_database").await else {
+        return;
+    };
+    let (mut app, proxy) = behind_a_proxy(&db, |c| {
+        c.db_statement_timeout = Duration::from_secs(1);
+        c.db_acquire_timeout = Duration::from_secs(1);
+        c.health_interval = NO_POLLING;
+    })
+    .await;
+    app.register("sam", PASSWORD).await.unwrap();
+
+    // A query already sent when the database goes silent: it waits for a lock, the
+    // proxy stops forwarding, the lock goes and PostgreSQL's answer never arrives.
+    let mut locker = lock_users(&db).await;
+    let started = Instant::now();
+    let in_flight = tokio::spawn({
+        let mut client = app.client.clone();
+        async move { login(&mut client, "sam", PASSWORD).await }
+    });
+    until_a_query_waits_for_a_lock(&db).await;
+    proxy.stall();
+    sqlx::query("COMMIT").execute(&mut locker).await.unwrap();
+    let result = tokio::time::timeout(Duration::from_secs(10), in_flight)
+        .await
+        .expect("a query sent before the database went silent is given up on")
+        .unwrap();
+    expect_code(result, Code::Unavailable);
+    assert!(started.elapsed() < Duration::from_secs(8));
+
+    // New requests while it stays silent: bounded too.
+    for _ in 0..3 {
+        let started = Instant::now();
+        let result = tokio::time::timeout(Duration::from_secs(10), app.login("sam", PASSWORD))
+            .await
+            .expect("a login answers while the database is silent");
+        expect_code(result, Code::Unavailable);
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+    assert_eq!(app.health_status("").await, ServingStatus::NotServing);
+    assert_eq!(app.health_status("liveness").await, ServingStatus::Serving);
+
+    proxy.restore();
+    until_ready_is(&mut app, ServingStatus::Serving).await;
+    // Connections given up on were closed, not left to clog the pool.
+    let logins = join_all((0..16).map(|_| {
+        let mut client = app.client.clone();
+        async move { login(&mut client, "sam", PASSWORD).await }
+    }))
+    .await;
+    for result in logins {
+        result.expect("the app serves again");
+    }
+}
+
+#[tokio::test]
+async fn an_outage_under_a_burst_is_unavailable_never_resource_exhausted() {
+    let Some(db) = TestDb::new(Backend::Postgres, "outage_under_a_burst").await else {
+        return;
+    };
+    let (mut app, proxy) = behind_a_proxy(&db, |c| {
+        // Two places in the hash pool for a burst of forty.
+        c.hash_threads = Some(1);
+        c.hash_queue = Some(1);
+        c.db_acquire_timeout = Duration::from_secs(1);
+        c.db_statement_timeout = Duration::from_millis(300);
+    })
+    .await;
+    app.register("sam", PASSWORD).await.unwrap();
+
+    proxy.stall();
+    let burst = (0..40).map(|i| {
+        let mut client = app.client.clone();
+        async move {
+            if i % 4 == 0 {
+                register(&mut client, &format!("new-{i}"), PASSWORD)
+                    .await
+                    .map(|_| ())
+            } else {
+                login(&mut client, "sam", PASSWORD).await.map(|_| ())
+            }
+        }
+    });
+    let results = tokio::time::timeout(Duration::from_secs(20), join_all(burst))
+        .await
+        .expect("the burst is answered");
+    let codes: Vec<Code> = results
+        .iter()
+        .map(|r| r.as_ref().err().map_or(Code::Ok, |s| s.code()))
+        .collect();
+    assert!(
+        codes.iter().all(|c| *c == Code::Unavailable),
+        "every request failed for the database, and said so: {codes:?}"
+    );
+    assert_eq!(app.handle.hash_stats().rejected_full, 0);
+
+    proxy.restore();
+    until_ready_is(&mut app, ServingStatus::Serving).await;
+    app.login("sam", PASSWORD).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_request_that_cannot_reach_the_database_turns_readiness_not_serving_at_once() {
+    let Some(db) = TestDb::new(Backend::Postgres, "readiness_follows_requests").await else {
+        return;
+    };
+    let (mut app, proxy) = behind_a_proxy(&db, |c| {
+        c.db_acquire_timeout = Duration::from_secs(1);
+        c.health_interval = NO_POLLING;
+    })
+    .await;
+    app.register("sam", PASSWORD).await.unwrap();
+    let mut watch = app
+        .health
+        .clone()
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut next = async || {
+        let message = tokio::time::timeout(Duration::from_secs(10), watch.message())
+            .await
+            .expect("readiness changes")
+            .unwrap()
+            .expect("the watch goes on");
+        ServingStatus::try_from(message.status).unwrap()
+    };
+    assert_eq!(next().await, ServingStatus::Serving);
+
+    proxy.cut();
+    expect_code(app.login("sam", PASSWORD).await, Code::Unavailable);
+    // No probe ran (the interval is an hour): the failure itself turned it.
+    assert_eq!(next().await, ServingStatus::NotServing);
+    assert_eq!(app.health_status("").await, ServingStatus::NotServing);
+    assert_eq!(app.health_status("liveness").await, ServingStatus::Serving);
+
+    // Back by probing, without a request and without the hourly poll.
+    proxy.restore();
+    assert_eq!(next().await, ServingStatus::Serving);
+    app.login("sam", PASSWORD).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_write_locked_sqlite_database_gives_unavailable_not_a_hang() {
+    let db = TestDb::new(Backend::Sqlite, "").await.unwrap();
+    let mut app = spawn_app_on(&db, |c| {
+        c.db_statement_timeout = Duration::from_millis(300);
+        c.health_interval = NO_POLLING;
+    })
+    .await;
+    app.register("first", PASSWORD).await.unwrap();
+    let DatabaseUrl::Sqlite(path) = &db.url else {
+        unreachable!()
+    };
+    // Another process holding the write lock (SQLite's busy timeout is 5 s).
+    let mut locker = SqliteConnection::connect_with(&SqliteConnectOptions::new().filename(path))
+        .await
+        .unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut locker)
+        .await
+        .unwrap();
+
+    let started = Instant::now();
+    let result = tokio::time::timeout(Duration::from_secs(10), app.register("second", PASSWORD))
+        .await
+        .expect("the registration answers");
+    expect_code(result, Code::Unavailable);
+    assert!(started.elapsed() < Duration::from_secs(4));
+    assert_eq!(app.health_status("").await, ServingStatus::NotServing);
+    assert_eq!(app.health_status("liveness").await, ServingStatus::Serving);
+    // Reads do not wait for the writer (WAL).
+    app.login("first", PASSWORD).await.unwrap();
+
+    sqlx::query("COMMIT").execute(&mut locker).await.unwrap();
+    until_ready_is(&mut app, ServingStatus::Serving).await;
+    app.register("third", PASSWORD).await.unwrap();
+}
