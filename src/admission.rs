@@ -1,55 +1,93 @@
 //! Admission control: the tower layer in front of `auth.v1.AuthService`.
 //!
-//! It does three things, each refusing at once rather than queueing:
-//! - caps the requests in flight (RESOURCE_EXHAUSTED with a retry hint beyond it);
-//! - turns the client's `grpc-timeout` into a [`Deadline`] the handlers pass down
+//! It refuses at once rather than queueing, and holds no place for a request that
+//! has not fully arrived:
+//! - it receives the whole request first, within `AUTHD_RECEIVE_TIMEOUT` (and the
+//!   client's deadline) and at most the message size limit: a client that sends
+//!   headers and never the body gets DEADLINE_EXCEEDED when that time is up, and
+//!   meanwhile holds no in-flight place;
+//! - it bounds what one client (its IP address, or the trusted `x-forwarded-for`
+//!   client) may have open at once, from headers to answer, so one client cannot
+//!   take the capacity away from the others;
+//! - it caps the requests in flight (RESOURCE_EXHAUSTED with a retry hint beyond it);
+//! - it turns the client's `grpc-timeout` into a [`Deadline`] the handlers pass down
 //!   (the hash pool drops work whose deadline passed), and answers DEADLINE_EXCEEDED
 //!   when it passes;
-//! - during a graceful shutdown, refuses new work with UNAVAILABLE while the work
+//! - during a graceful shutdown, it refuses new work with UNAVAILABLE while the work
 //!   already admitted finishes ([`Admission::drain`]).
 //!
 //! Health and reflection are never limited: probes must answer when the service is full.
 
-use crate::{error::Error, grpc::status};
+use crate::{
+    error::Error,
+    middleware::{BoxFuture, Middleware, MiddlewareLayer, Request, Response},
+    rpc::{self, Deadline, Rpc},
+};
+use http_body_util::{BodyExt as _, Full, Limited};
 use std::{
-    pin::Pin,
+    collections::HashMap,
+    net::IpAddr,
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicBool, Ordering},
     },
-    task::{Context, Poll},
-    time::{Duration, Instant},
+    time::Duration,
 };
-use tokio::sync::Semaphore;
-use tower::{Layer, Service};
+use tokio::{sync::Semaphore, time::Instant};
+use tonic::body::Body;
+use tower::Service;
 
-/// The instant after which nobody waits for the answer any more.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Deadline(pub Instant);
+/// The client of requests that did not come over TCP (in-process tests): one share.
+const UNKNOWN_CLIENT: IpAddr = IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
 
-/// Paths the layer governs; everything else (health, reflection) passes untouched.
-const GOVERNED_PREFIX: &str = "/auth.v1.AuthService/";
+/// How admission control is configured.
+#[derive(Debug, Clone)]
+pub struct AdmissionSettings {
+    /// Requests in flight at once (received, being worked on).
+    pub max_in_flight: u32,
+    /// Requests one client may have open at once, being received or in flight.
+    pub max_per_client: u32,
+    /// Longest a request may take to arrive, from its headers to the end of its body.
+    pub receive_timeout: Duration,
+    /// The largest request body (gRPC framing included) worth receiving.
+    pub max_body_bytes: usize,
+    /// Identify clients by the first `x-forwarded-for` hop (behind a trusted proxy).
+    pub trust_forwarded_for: bool,
+}
 
 /// Shared state of the admission layer.
 pub struct Admission {
     permits: Arc<Semaphore>,
-    max_in_flight: u32,
+    settings: AdmissionSettings,
     draining: AtomicBool,
+    /// Open requests per client; an entry lives while its count is above zero, so
+    /// the map is bounded by the requests open.
+    clients: Mutex<HashMap<IpAddr, u32>>,
 }
 
 impl Admission {
-    pub fn new(max_in_flight: u32) -> Arc<Self> {
-        let max_in_flight = max_in_flight.clamp(1, Semaphore::MAX_PERMITS as u32);
+    pub fn new(mut settings: AdmissionSettings) -> Arc<Self> {
+        settings.max_in_flight = settings
+            .max_in_flight
+            .clamp(1, Semaphore::MAX_PERMITS as u32);
+        settings.max_per_client = settings.max_per_client.max(1);
         Arc::new(Self {
-            permits: Arc::new(Semaphore::new(max_in_flight as usize)),
-            max_in_flight,
+            permits: Arc::new(Semaphore::new(settings.max_in_flight as usize)),
+            settings,
             draining: AtomicBool::new(false),
+            clients: Mutex::new(HashMap::new()),
         })
     }
 
-    /// Requests currently admitted.
+    /// Requests currently admitted (received and not yet answered).
     pub fn in_flight(&self) -> usize {
-        self.max_in_flight as usize - self.permits.available_permits()
+        self.settings.max_in_flight as usize - self.permits.available_permits()
+    }
+
+    /// Requests open (being received or in flight) for `client`.
+    pub fn open_for(&self, client: IpAddr) -> u32 {
+        let clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        clients.get(&client.to_canonical()).copied().unwrap_or(0)
     }
 
     /// Stops admitting new requests and waits until those admitted have finished,
@@ -57,98 +95,130 @@ impl Admission {
     pub async fn drain(&self, timeout: Duration) -> bool {
         self.draining.store(true, Ordering::SeqCst);
         // Holding every permit means no request is in flight.
-        let all = self.permits.acquire_many(self.max_in_flight);
+        let all = self.permits.acquire_many(self.settings.max_in_flight);
         matches!(tokio::time::timeout(timeout, all).await, Ok(Ok(_)))
     }
-}
 
-/// The tower layer; cheap to clone.
-#[derive(Clone)]
-pub struct AdmissionLayer {
-    state: Arc<Admission>,
-}
-
-impl AdmissionLayer {
-    pub fn new(state: Arc<Admission>) -> Self {
-        Self { state }
+    /// Counts a request open for `client`, unless the client has its share open.
+    fn open(self: &Arc<Self>, client: IpAddr) -> Option<ClientShare> {
+        let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        let open = clients.entry(client).or_insert(0);
+        if *open >= self.settings.max_per_client {
+            return None;
+        }
+        *open += 1;
+        Some(ClientShare {
+            admission: self.clone(),
+            client,
+        })
     }
 }
 
-impl<S> Layer<S> for AdmissionLayer {
-    type Service = AdmissionService<S>;
+/// One request counted against its client's share, until dropped.
+struct ClientShare {
+    admission: Arc<Admission>,
+    client: IpAddr,
+}
 
-    fn layer(&self, inner: S) -> Self::Service {
-        AdmissionService {
-            inner,
-            state: self.state.clone(),
+impl Drop for ClientShare {
+    fn drop(&mut self) {
+        let mut clients = (self.admission.clients.lock()).unwrap_or_else(|p| p.into_inner());
+        if let Some(open) = clients.get_mut(&self.client) {
+            *open -= 1;
+            if *open == 0 {
+                clients.remove(&self.client);
+            }
         }
     }
 }
 
-#[derive(Clone)]
-pub struct AdmissionService<S> {
-    inner: S,
-    state: Arc<Admission>,
+/// The admission layer around `state`.
+pub(crate) fn layer(state: Arc<Admission>) -> MiddlewareLayer<Admission> {
+    MiddlewareLayer::new(state)
 }
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
-impl<S, B, ResBody> Service<http::Request<B>> for AdmissionService<S>
-where
-    S: Service<http::Request<B>, Response = http::Response<ResBody>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    B: Send + 'static,
-    ResBody: Default + Send + 'static,
-{
-    type Response = http::Response<ResBody>;
-    type Error = S::Error;
-    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+impl Middleware for Admission {
+    fn call<S>(self: Arc<Self>, mut inner: S, req: Request) -> BoxFuture<Result<Response, S::Error>>
+    where
+        S: Service<Request, Response = Response> + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+    {
         let arrived = Instant::now();
-        // The clone that was driven to readiness serves this request (tower's contract).
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        if !req.uri().path().starts_with(GOVERNED_PREFIX) {
+        if Rpc::of_path(req.uri().path()).is_exempt() {
             return Box::pin(inner.call(req));
         }
-        let refuse = |err: Error| -> Self::Future {
-            let response = status(&err).into_http::<ResBody>();
+        let refuse = |err: Error| -> BoxFuture<Result<Response, S::Error>> {
+            let response = err.to_status().into_http();
             Box::pin(async move { Ok(response) })
         };
-        if self.state.draining.load(Ordering::SeqCst) {
+        if self.draining.load(Ordering::SeqCst) {
             return refuse(Error::Unavailable("the server is shutting down".into()));
         }
-        let Ok(permit) = self.state.permits.clone().try_acquire_owned() else {
-            return refuse(Error::Overloaded {
-                what: "too many requests in flight",
-                retry_after: Duration::from_millis(100),
-            });
-        };
         let timeout = grpc_timeout(req.headers());
         if timeout.is_some_and(|t| t.is_zero()) {
             return refuse(Error::DeadlineExceeded);
         }
-        let deadline = timeout.map(|timeout| {
-            let deadline = arrived + timeout;
-            req.extensions_mut().insert(Deadline(deadline));
-            // Answer a little before the deadline: the client's own timer started
-            // before ours (the request had to travel), and a client that times out by
-            // itself reports a bare CANCELLED or DEADLINE_EXCEEDED with no server status.
-            deadline - (timeout / 20).min(Duration::from_millis(20))
-        });
+        let peer = rpc::peer_ip(req.extensions());
+        let client = rpc::client_ip(req.headers(), peer, self.settings.trust_forwarded_for)
+            .unwrap_or(UNKNOWN_CLIENT);
+        // The share covers the request from its headers to its answer, receiving included.
+        let Some(share) = self.open(client) else {
+            return refuse(Error::Overloaded {
+                what: "too many requests in flight from this client",
+                retry_after: Duration::from_millis(100),
+            });
+        };
+        // A deadline far in the future (or one that overflows) is no deadline.
+        let deadline = timeout.and_then(|timeout| arrived.checked_add(timeout));
+        let receive_by = arrived
+            .checked_add(self.settings.receive_timeout)
+            .map_or(deadline, |by| Some(deadline.map_or(by, |d| d.min(by))));
         Box::pin(async move {
-            let _permit = permit;
-            let Some(answer_by) = deadline else {
+            let _share = share;
+            let answer = |err: Error| Ok(err.to_status().into_http());
+            let (mut parts, body) = req.into_parts();
+            let limited = Limited::new(body, self.settings.max_body_bytes);
+            let received = match receive_by {
+                Some(by) => tokio::time::timeout_at(by, limited.collect()).await,
+                None => Ok(limited.collect().await),
+            };
+            let body = match received {
+                Ok(Ok(collected)) => collected.to_bytes(),
+                Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => {
+                    return answer(Error::DeadlineExceeded);
+                }
+                Err(_) => return answer(Error::ReceiveTimeout),
+                Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+                    let limit = self.settings.max_body_bytes;
+                    return answer(Error::TooLarge { limit });
+                }
+                Ok(Err(_)) => return answer(Error::Cancelled),
+            };
+            if self.draining.load(Ordering::SeqCst) {
+                return answer(Error::Unavailable("the server is shutting down".into()));
+            }
+            let Ok(_permit) = self.permits.clone().try_acquire_owned() else {
+                return answer(Error::Overloaded {
+                    what: "too many requests in flight",
+                    retry_after: Duration::from_millis(100),
+                });
+            };
+            let answer_by = deadline.map(|deadline| {
+                parts.extensions.insert(Deadline(deadline.into_std()));
+                let timeout = deadline - arrived;
+                // Answer a little before the deadline: the client's own timer started
+                // before ours (the request had to travel), and a client that times out by
+                // itself reports a bare CANCELLED or DEADLINE_EXCEEDED with no server status.
+                deadline - (timeout / 20).min(Duration::from_millis(20))
+            });
+            let req = http::Request::from_parts(parts, Body::new(Full::new(body)));
+            let Some(answer_by) = answer_by else {
                 return inner.call(req).await;
             };
-            match tokio::time::timeout_at(answer_by.into(), inner.call(req)).await {
+            match tokio::time::timeout_at(answer_by, inner.call(req)).await {
                 Ok(result) => result,
-                Err(_) => Ok(status(&Error::DeadlineExceeded).into_http()),
+                Err(_) => answer(Error::DeadlineExceeded),
             }
         })
     }
@@ -176,6 +246,14 @@ fn grpc_timeout(headers: &http::HeaderMap) -> Option<Duration> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::middleware::{
+        MiddlewareService,
+        testing::{Counting, counting_service, grpc_status, served},
+    };
+    use bytes::Bytes;
+    use std::{convert::Infallible, sync::atomic::AtomicUsize};
+    use tonic::transport::server::TcpConnectInfo;
+    use tower::{Layer as _, ServiceExt as _};
 
     fn parse(v: &str) -> Option<Duration> {
         let mut h = http::HeaderMap::new();
@@ -183,54 +261,50 @@ pub(crate) mod tests {
         grpc_timeout(&h)
     }
 
-    use std::{convert::Infallible, sync::atomic::AtomicUsize};
-
-    pub(crate) type Counting =
-        tower::util::BoxCloneService<http::Request<()>, http::Response<String>, Infallible>;
-
-    /// An inner service for layer tests: answers "served" and counts its calls.
-    pub(crate) fn counting_service() -> (Counting, Arc<AtomicUsize>) {
-        let calls = Arc::new(AtomicUsize::new(0));
-        let service = tower::service_fn({
-            let calls = calls.clone();
-            move |_req: http::Request<()>| {
-                calls.fetch_add(1, Ordering::SeqCst);
-                async { Ok::<_, Infallible>(http::Response::new(String::from("served"))) }
-            }
-        });
-        (Counting::new(service), calls)
+    fn settings(max_in_flight: u32, max_per_client: u32) -> AdmissionSettings {
+        AdmissionSettings {
+            max_in_flight,
+            max_per_client,
+            receive_timeout: Duration::from_secs(5),
+            max_body_bytes: 64,
+            trust_forwarded_for: false,
+        }
     }
 
     /// An admission service around an inner service that counts its calls.
     fn service(
         state: Arc<Admission>,
-    ) -> (
-        impl Service<http::Request<()>, Response = http::Response<String>, Error = Infallible> + Clone,
-        Arc<AtomicUsize>,
-    ) {
+    ) -> (MiddlewareService<Admission, Counting>, Arc<AtomicUsize>) {
         let (inner, calls) = counting_service();
-        (AdmissionLayer::new(state).layer(inner), calls)
+        (layer(state).layer(inner), calls)
     }
 
-    fn request(path: &str, timeout: Option<&str>) -> http::Request<()> {
+    fn request(path: &str, timeout: Option<&str>) -> http::Request<Body> {
+        with_body(path, timeout, Body::empty())
+    }
+
+    fn with_body(path: &str, timeout: Option<&str>, body: Body) -> http::Request<Body> {
         let mut builder = http::Request::builder().uri(path);
         if let Some(t) = timeout {
             builder = builder.header("grpc-timeout", t);
         }
-        builder.body(()).unwrap()
+        let mut request = builder.body(body).unwrap();
+        request.extensions_mut().insert(TcpConnectInfo {
+            local_addr: None,
+            remote_addr: Some("10.0.0.1:4000".parse().unwrap()),
+        });
+        request
     }
 
-    fn grpc_status(response: &http::Response<String>) -> Option<&str> {
-        response
-            .headers()
-            .get("grpc-status")
-            .map(|v| v.to_str().unwrap())
+    /// A body whose bytes never come.
+    fn never() -> Body {
+        let frames = futures::stream::pending::<Result<http_body::Frame<Bytes>, Infallible>>();
+        Body::new(http_body_util::StreamBody::new(frames))
     }
 
     #[tokio::test]
     async fn a_deadline_already_passed_is_refused_without_calling_the_service() {
-        use tower::ServiceExt as _;
-        let (svc, calls) = service(Admission::new(10));
+        let (svc, calls) = service(Admission::new(settings(10, 10)));
         let response = svc
             .oneshot(request("/auth.v1.AuthService/Login", Some("0n")))
             .await
@@ -241,8 +315,7 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn draining_refuses_auth_calls_but_not_health() {
-        use tower::ServiceExt as _;
-        let state = Admission::new(10);
+        let state = Admission::new(settings(10, 10));
         assert!(
             state.drain(Duration::from_millis(10)).await,
             "nothing in flight"
@@ -258,7 +331,89 @@ pub(crate) mod tests {
             .oneshot(request("/grpc.health.v1.Health/Check", None))
             .await
             .unwrap();
-        assert_eq!(health.body(), "served");
+        assert!(served(&health));
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_whose_body_never_comes_holds_no_place_and_times_out() {
+        let state = Admission::new(settings(1, 10));
+        let (svc, calls) = service(state.clone());
+        let waiting = tokio::spawn(svc.clone().oneshot(with_body(
+            "/auth.v1.AuthService/Login",
+            None,
+            never(),
+        )));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        // Still receiving: counted for its client, but not in flight.
+        assert_eq!(state.open_for("10.0.0.1".parse().unwrap()), 1);
+        assert_eq!(state.in_flight(), 0);
+        // So the one in-flight place is free for a complete request.
+        let response = svc
+            .clone()
+            .oneshot(request("/auth.v1.AuthService/Login", None))
+            .await
+            .unwrap();
+        assert!(served(&response));
+        // At the receive timeout the incomplete request is answered and forgotten.
+        let answered = waiting.await.unwrap().unwrap();
+        assert_eq!(grpc_status(&answered), Some("4")); // DEADLINE_EXCEEDED
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert_eq!(state.open_for("10.0.0.1".parse().unwrap()), 0);
+        assert!(state.clients.lock().unwrap().is_empty());
+        // Nothing held: a drain finishes at once.
+        assert!(state.drain(Duration::from_millis(1)).await);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_client_holds_at_most_its_share() {
+        let state = Admission::new(settings(100, 2));
+        let (svc, calls) = service(state.clone());
+        let held: Vec<_> = (0..2)
+            .map(|_| {
+                tokio::spawn(svc.clone().oneshot(with_body(
+                    "/auth.v1.AuthService/Login",
+                    None,
+                    never(),
+                )))
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let refused = svc
+            .clone()
+            .oneshot(request("/auth.v1.AuthService/Login", None))
+            .await
+            .unwrap();
+        assert_eq!(grpc_status(&refused), Some("8")); // RESOURCE_EXHAUSTED
+        // Another client is not affected.
+        let mut other = request("/auth.v1.AuthService/Login", None);
+        other.extensions_mut().insert(TcpConnectInfo {
+            local_addr: None,
+            remote_addr: Some("10.0.0.2:4000".parse().unwrap()),
+        });
+        assert!(served(&svc.clone().oneshot(other).await.unwrap()));
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        for task in held {
+            task.abort();
+        }
+    }
+
+    #[tokio::test]
+    async fn an_oversized_body_is_out_of_range_without_calling_the_service() {
+        let (svc, calls) = service(Admission::new(settings(10, 10)));
+        let body = Body::new(Full::new(Bytes::from(vec![0u8; 65])));
+        let response = svc
+            .clone()
+            .oneshot(with_body("/auth.v1.AuthService/Login", None, body))
+            .await
+            .unwrap();
+        assert_eq!(grpc_status(&response), Some("11")); // OUT_OF_RANGE
+        let body = Body::new(Full::new(Bytes::from(vec![0u8; 64])));
+        let fits = svc
+            .oneshot(with_body("/auth.v1.AuthService/Login", None, body))
+            .await
+            .unwrap();
+        assert!(served(&fits));
         assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
 

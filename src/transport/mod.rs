@@ -1,0 +1,337 @@
+//! Serving connections: the accept loop, and what bounds each connection.
+//!
+//! authd serves its listeners (gRPC, health, metrics) with hyper directly rather than
+//! with tonic's `serve_with_incoming`, which retries a failing `accept` at once (a full
+//! file-descriptor table makes it spin at a full core) and has no handshake or idle
+//! timeout. Here:
+//! - at most `max_connections` are open, and at most `max_connections_per_client` from
+//!   one address; beyond either, a new connection is closed at once, so a client (or a
+//!   balancer) tries elsewhere instead of waiting in the kernel's backlog;
+//! - an `accept` that fails for want of resources (EMFILE, ENFILE, ENOBUFS, ENOMEM)
+//!   backs off, doubling from 1 ms up to 1 s, instead of spinning;
+//! - a connection must send its first bytes (the HTTP/2 preface, or an HTTP/1 request)
+//!   within the handshake timeout, and HTTP/1 request headers must be complete by then;
+//! - HTTP/2: a bounded number of concurrent streams per connection, keepalive pings
+//!   (a peer that stops answering them is closed), and a bound on the stream resets a
+//!   peer may provoke before the connection is closed;
+//! - a connection with no open request for the idle timeout is closed gracefully
+//!   (GOAWAY for HTTP/2);
+//! - on shutdown the listening socket closes at once and every connection closes
+//!   gracefully: requests in flight finish, new ones go elsewhere.
+//!
+//! Each request carries tonic's `TcpConnectInfo` in its extensions, as under tonic's
+//! own server. This module knows nothing of gRPC or of what the services do.
+
+mod connection;
+mod io;
+
+use prometheus::IntCounter;
+use std::{
+    collections::HashMap,
+    convert::Infallible,
+    net::{IpAddr, SocketAddr},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+use tokio::{
+    net::{TcpListener, TcpStream},
+    sync::{OwnedSemaphorePermit, Semaphore, watch},
+    task::JoinSet,
+};
+
+use crate::metrics::ListenerMetrics;
+
+/// The boxed error of a response body.
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What the connections of one listener may do.
+#[derive(Debug, Clone)]
+pub(crate) struct Limits {
+    /// Connections open at once.
+    pub max_connections: usize,
+    /// Connections open at once from one IP address.
+    pub max_connections_per_client: usize,
+    /// From accepting a connection to its first bytes (HTTP/2 preface) or, for
+    /// HTTP/1, to the end of a request's headers.
+    pub handshake_timeout: Duration,
+    /// A connection with no open request for this long is closed.
+    pub idle_timeout: Duration,
+    /// HTTP/2 keepalive: how often to ping, and how long to wait for the answer.
+    pub keepalive_interval: Option<Duration>,
+    pub keepalive_timeout: Duration,
+    /// HTTP/2 streams open at once on one connection.
+    pub max_concurrent_streams: u32,
+}
+
+impl Limits {
+    /// Limits for a listener only operators and probes use (health, metrics): a
+    /// small connection cap, the timeouts of the main listener.
+    pub(crate) fn auxiliary(main: &Limits) -> Limits {
+        Limits {
+            max_connections: AUXILIARY_MAX_CONNECTIONS,
+            max_connections_per_client: AUXILIARY_MAX_CONNECTIONS,
+            max_concurrent_streams: main.max_concurrent_streams.min(16),
+            ..main.clone()
+        }
+    }
+}
+
+/// Connections the health and metrics listeners accept at once.
+pub(crate) const AUXILIARY_MAX_CONNECTIONS: usize = 128;
+
+/// The HTTP version a listener speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Protocol {
+    /// gRPC: HTTP/2 with prior knowledge (no upgrade, no HTTP/1).
+    Http2,
+    /// Plain HTTP/1.1 (the metrics endpoint).
+    Http1,
+}
+
+/// The longest and shortest pause after a failed `accept`.
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(1);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// Serves `service` on every connection `listener` accepts, within `limits`, until
+/// `shutdown` turns true; then stops accepting and waits for the connections to
+/// close gracefully. Dropping the returned future closes them all at once.
+pub(crate) async fn serve<S, B>(
+    name: &'static str,
+    listener: TcpListener,
+    protocol: Protocol,
+    limits: Limits,
+    metrics: ListenerMetrics,
+    service: S,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    S: tower::Service<
+            http::Request<hyper::body::Incoming>,
+            Response = http::Response<B>,
+            Error = Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    metrics.max_connections.set(limits.max_connections as i64);
+    let limits = Arc::new(limits);
+    let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let clients = Arc::new(Clients::default());
+    let local = listener.local_addr().ok();
+    let mut connections = JoinSet::new();
+    let mut backoff = ACCEPT_BACKOFF_MIN;
+    let mut failing = false;
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            () = stopped(&mut shutdown) => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            accepted = listener.accept() => accepted,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => {
+                if std::mem::take(&mut failing) {
+                    tracing::info!(listener = name, "accepting connections again");
+                }
+                backoff = ACCEPT_BACKOFF_MIN;
+                accepted
+            }
+            // The peer gave up between its SYN and our accept: nothing to wait for.
+            Err(e) if is_per_connection(&e) => continue,
+            Err(e) => {
+                metrics.accept_errors.inc();
+                if !std::mem::replace(&mut failing, true) {
+                    tracing::warn!(
+                        listener = name,
+                        error = %e,
+                        "cannot accept connections (out of file descriptors?); backing off"
+                    );
+                }
+                tokio::select! {
+                    () = stopped(&mut shutdown) => break,
+                    () = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
+                continue;
+            }
+        };
+        let Some(slot) = admit(&permits, &clients, &limits, peer.ip(), &metrics.refused) else {
+            // Dropping the stream closes it: the client learns at once.
+            drop(stream);
+            continue;
+        };
+        connections.spawn(connection::serve(
+            stream,
+            peer,
+            local,
+            protocol,
+            limits.clone(),
+            service.clone(),
+            shutdown.clone(),
+            metrics.clone(),
+            slot,
+        ));
+    }
+    // Closes the listening socket: new clients are refused by the kernel at once.
+    drop(listener);
+    // Connections close gracefully on their own; one that does not (a stream that
+    // never ends, such as a health Watch) is closed when the grace has passed.
+    let drained = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(CLOSE_GRACE, drained).await.is_err() {
+        tracing::debug!(
+            listener = name,
+            open = connections.len(),
+            "closing the connections still open"
+        );
+    }
+}
+
+/// How long connections may take to close gracefully after a shutdown.
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
+
+/// Resolves once `shutdown` is true (or its sender is gone).
+async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
+}
+
+/// Errors of `accept` that concern one connection only, not the listener.
+fn is_per_connection(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        e.kind(),
+        ConnectionAborted | ConnectionReset | ConnectionRefused | Interrupted | WouldBlock
+    )
+}
+
+/// Open connections per client address; an entry lives while its count is above 0,
+/// so the map holds at most `max_connections` entries.
+#[derive(Default)]
+struct Clients {
+    open: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// A connection's place: its permit under the global cap and its count for its client.
+pub(crate) struct Slot {
+    _permit: OwnedSemaphorePermit,
+    clients: Arc<Clients>,
+    ip: IpAddr,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut open = self.clients.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
+}
+
+fn admit(
+    permits: &Arc<Semaphore>,
+    clients: &Arc<Clients>,
+    limits: &Limits,
+    ip: IpAddr,
+    refused: &IntCounter,
+) -> Option<Slot> {
+    let Ok(permit) = permits.clone().try_acquire_owned() else {
+        refused.inc();
+        tracing::debug!(peer = %ip, "connection refused: too many connections");
+        return None;
+    };
+    let ip = ip.to_canonical();
+    let mut open = clients.open.lock().unwrap_or_else(|p| p.into_inner());
+    let count = open.entry(ip).or_insert(0);
+    if *count >= limits.max_connections_per_client.max(1) {
+        drop(open);
+        refused.inc();
+        tracing::debug!(peer = %ip, "connection refused: too many connections from this client");
+        return None;
+    }
+    *count += 1;
+    drop(open);
+    Some(Slot {
+        _permit: permit,
+        clients: clients.clone(),
+        ip,
+    })
+}
+
+/// Binds a listener for `what`, with an error naming the address and the setting.
+pub(crate) async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen for {what} on {addr}: {e}"))
+}
+
+/// Sets TCP_NODELAY: gRPC answers are small and must not wait for Nagle.
+fn tune(stream: &TcpStream) {
+    let _ = stream.set_nodelay(true);
+}
+
+/// Raises this process's open-file limit to its hard limit (the usual soft limit,
+/// 1024, is far below what a server with thousands of connections needs), and
+/// returns the limit in force. `None` where it cannot be read.
+pub(crate) fn raise_fd_limit() -> Option<u64> {
+    #[cfg(unix)]
+    {
+        use rustix::process::{Resource, getrlimit, setrlimit};
+        let mut limit = getrlimit(Resource::Nofile);
+        if let (Some(current), Some(hard)) = (limit.current, limit.maximum)
+            && current < hard
+        {
+            limit.current = Some(hard);
+            if setrlimit(Resource::Nofile, limit).is_err() {
+                limit.current = Some(current);
+            }
+        }
+        limit.current
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_client_counts_free_their_entry() {
+        let permits = Arc::new(Semaphore::new(10));
+        let clients = Arc::new(Clients::default());
+        let limits = Limits {
+            max_connections: 10,
+            max_connections_per_client: 2,
+            handshake_timeout: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(1),
+            keepalive_interval: None,
+            keepalive_timeout: Duration::from_secs(1),
+            max_concurrent_streams: 10,
+        };
+        let refused = IntCounter::new("r", "r").unwrap();
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
+        let first = admit(&permits, &clients, &limits, a, &refused).unwrap();
+        let second = admit(&permits, &clients, &limits, mapped, &refused).unwrap();
+        // The IPv4-mapped form is the same client.
+        assert!(admit(&permits, &clients, &limits, a, &refused).is_none());
+        assert_eq!(refused.get(), 1);
+        let other = admit(
+            &permits,
+            &clients,
+            &limits,
+            "10.0.0.2".parse().unwrap(),
+            &refused,
+        );
+        assert!(other.is_some());
+        drop((first, second, other));
+        assert!(clients.open.lock().unwrap().is_empty());
+        assert_eq!(permits.available_permits(), 10);
+    }
+}

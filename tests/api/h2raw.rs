@@ -1,0 +1,266 @@
+//! HTTP/2 below gRPC, for playing the attacker: raw frames over a TCP connection
+//! (what no well-behaved client library would send), and connections from other
+//! loopback addresses (127.0.0.2, 127.0.0.3, …) so that one test can be several
+//! clients.
+
+use std::{net::SocketAddr, time::Duration};
+use tokio::{
+    io::{AsyncReadExt as _, AsyncWriteExt as _},
+    net::{TcpSocket, TcpStream},
+};
+
+pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+pub const HEADERS: u8 = 0x1;
+pub const RST_STREAM: u8 = 0x3;
+pub const SETTINGS: u8 = 0x4;
+pub const PING: u8 = 0x6;
+pub const GOAWAY: u8 = 0x7;
+
+pub const END_STREAM: u8 = 0x1;
+pub const END_HEADERS: u8 = 0x4;
+pub const ACK: u8 = 0x1;
+
+/// SETTINGS_MAX_CONCURRENT_STREAMS.
+pub const MAX_CONCURRENT_STREAMS: u16 = 0x3;
+
+/// A TCP connection to `addr` from the loopback address `from` (e.g. "127.0.0.2").
+pub async fn connect_from(from: &str, addr: SocketAddr) -> TcpStream {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket
+        .bind(format!("{from}:0").parse().unwrap())
+        .expect("bind a loopback source address");
+    socket.connect(addr).await.expect("connect")
+}
+
+/// One frame, as bytes.
+pub fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut out = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+    out.extend_from_slice(&(stream & 0x7fff_ffff).to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// HPACK: literal header fields without indexing, new names, no Huffman coding.
+pub fn header_block(fields: &[(&str, &str)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, value) in fields {
+        out.push(0x00);
+        for s in [name, value] {
+            assert!(s.len() < 127, "short strings only");
+            out.push(s.len() as u8);
+            out.extend_from_slice(s.as_bytes());
+        }
+    }
+    out
+}
+
+/// The headers of a gRPC call to `path`.
+pub fn grpc_request_headers(path: &str) -> Vec<u8> {
+    header_block(&[
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", path),
+        (":authority", "localhost"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ])
+}
+
+/// Reads frames from the server's side of a raw connection.
+pub struct FrameReader<R> {
+    reader: R,
+    buffer: Vec<u8>,
+}
+
+/// A frame as read: (type, flags, stream id, payload).
+pub type Frame = (u8, u8, u32, Vec<u8>);
+
+impl<R: tokio::io::AsyncRead + Unpin> FrameReader<R> {
+    pub fn new(reader: R) -> Self {
+        Self {
+            reader,
+            buffer: Vec::new(),
+        }
+    }
+
+    /// The next frame, or `None` once the server closed the connection.
+    pub async fn read_frame(&mut self) -> Option<Frame> {
+        loop {
+            if self.buffer.len() >= 9 {
+                let len = (usize::from(self.buffer[0]) << 16)
+                    | (usize::from(self.buffer[1]) << 8)
+                    | usize::from(self.buffer[2]);
+                if self.buffer.len() >= 9 + len {
+                    let header: Vec<u8> = self.buffer.drain(..9).collect();
+                    let payload: Vec<u8> = self.buffer.drain(..len).collect();
+                    let id = u32::from_be_bytes([header[5], header[6], header[7], header[8]])
+                        & 0x7fff_ffff;
+                    return Some((header[3], header[4], id, payload));
+                }
+            }
+            let mut chunk = [0u8; 16 * 1024];
+            match self.reader.read(&mut chunk).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => self.buffer.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+
+    /// The next frame within `within`; panics if none comes (the server is silent).
+    pub async fn next(&mut self, within: Duration) -> Option<Frame> {
+        tokio::time::timeout(within, self.read_frame())
+            .await
+            .expect("a frame, or the end of the connection, in time")
+    }
+}
+
+/// The client side of a raw HTTP/2 connection.
+pub struct RawConnection {
+    pub reader: FrameReader<tokio::net::tcp::OwnedReadHalf>,
+    pub writer: tokio::net::tcp::OwnedWriteHalf,
+}
+
+impl RawConnection {
+    /// Sends the preface and an empty SETTINGS frame.
+    pub async fn open(stream: TcpStream) -> Self {
+        let (reader, writer) = stream.into_split();
+        let mut connection = Self {
+            reader: FrameReader::new(reader),
+            writer,
+        };
+        connection.send(PREFACE).await;
+        connection.send(&frame(SETTINGS, 0, 0, &[])).await;
+        connection
+    }
+
+    pub async fn send(&mut self, bytes: &[u8]) {
+        self.writer.write_all(bytes).await.expect("send");
+    }
+
+    /// The next frame within `within`, or `None` once the server closed the connection.
+    pub async fn next_frame_within(&mut self, within: Duration) -> Option<Frame> {
+        self.reader.next(within).await
+    }
+
+    /// The server's first SETTINGS frame, as (identifier, value) pairs.
+    pub async fn server_settings(&mut self) -> Vec<(u16, u32)> {
+        loop {
+            let (kind, flags, _, payload) = self
+                .next_frame_within(Duration::from_secs(10))
+                .await
+                .expect("the server's SETTINGS");
+            if kind == SETTINGS && flags & ACK == 0 {
+                return payload
+                    .chunks_exact(6)
+                    .map(|c| {
+                        (
+                            u16::from_be_bytes([c[0], c[1]]),
+                            u32::from_be_bytes([c[2], c[3], c[4], c[5]]),
+                        )
+                    })
+                    .collect();
+            }
+        }
+    }
+}
+
+/// Waits until the server closes `stream` (EOF or a reset); panics after `within`.
+pub async fn closed_within(stream: &mut TcpStream, within: Duration) {
+    let mut sink = [0u8; 4096];
+    tokio::time::timeout(within, async {
+        loop {
+            match stream.read(&mut sink).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => continue,
+            }
+        }
+    })
+    .await
+    .expect("the server closes the connection in time");
+}
+
+/// An HTTP/2 connection (the h2 crate's client) from the loopback address `from`.
+pub async fn h2_client_from(from: &str, addr: SocketAddr) -> h2::client::SendRequest<bytes::Bytes> {
+    let tcp = connect_from(from, addr).await;
+    let (send, connection) = h2::client::handshake(tcp).await.expect("HTTP/2 handshake");
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    send.ready().await.expect("ready")
+}
+
+/// A gRPC request's headers for the h2 crate.
+pub fn grpc_request(addr: SocketAddr, path: &str) -> http::Request<()> {
+    http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap()
+}
+
+/// The grpc-status of a response (trailers-only answers carry it in the headers).
+pub fn grpc_status(response: &http::Response<h2::RecvStream>) -> Option<i32> {
+    response
+        .headers()
+        .get("grpc-status")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+}
+
+/// One unary gRPC call over a plain HTTP/2 connection (the h2 crate), with `headers`
+/// added to the request: unlike a tonic client, nothing here enforces a
+/// `grpc-timeout` on the client's clock, so what comes back is the server's answer.
+/// Returns the `grpc-status` and `grpc-message`.
+pub async fn unary(
+    addr: SocketAddr,
+    path: &str,
+    message: &impl prost::Message,
+    headers: &[(&str, &str)],
+) -> (i32, String) {
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    let (send, connection) = h2::client::handshake(tcp).await.expect("HTTP/2 handshake");
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let mut send = send.ready().await.expect("ready");
+    let mut request = grpc_request(addr, path);
+    for (name, value) in headers {
+        request.headers_mut().insert(
+            http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            value.parse().unwrap(),
+        );
+    }
+    let (response, mut body) = send.send_request(request, false).expect("a stream");
+    let encoded = message.encode_to_vec();
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&(encoded.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&encoded);
+    body.send_data(bytes::Bytes::from(framed), true)
+        .expect("send the message");
+    let response = response.await.expect("a response");
+    let field = |map: &http::HeaderMap, name: &str| {
+        map.get(name)
+            .map(|v| v.to_str().unwrap_or_default().to_owned())
+    };
+    if let Some(code) = field(response.headers(), "grpc-status") {
+        // Trailers-only: the status is in the headers.
+        let message = field(response.headers(), "grpc-message").unwrap_or_default();
+        return (code.parse().unwrap(), message);
+    }
+    let mut received = response.into_body();
+    while let Some(chunk) = received.data().await {
+        chunk.expect("the response body");
+    }
+    let trailers = received
+        .trailers()
+        .await
+        .expect("trailers")
+        .expect("a status");
+    let code = field(&trailers, "grpc-status").expect("grpc-status");
+    let message = field(&trailers, "grpc-message").unwrap_or_default();
+    (code.parse().unwrap(), message)
+}
