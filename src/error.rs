@@ -1,11 +1,30 @@
 //! The errors a request can end with, as the domain sees them.
 //!
-//! Every layer and use case returns [`Error`]; `grpc::status` turns it into a gRPC
-//! `Status` in one match. The variants separate the caller's fault (bad input, wrong
-//! credentials) from the server's state (full, unavailable) and from the unexpected,
-//! whose cause is logged and never sent to the client.
+//! Every layer and use case returns [`Error`], and an error maps itself to the gRPC
+//! `Status` the client sees ([`Error::to_status`]): the one table of the service. The
+//! variants separate the caller's fault (bad input, wrong credentials) from the
+//! server's state (full, unavailable) and from the unexpected, whose cause is logged
+//! and never sent to the client.
 
 use std::time::Duration;
+use tonic::{Code, Status, metadata::MetadataValue};
+use tonic_types::{ErrorDetails, StatusExt};
+
+/// What the client is told about any refused token, whatever the reason: the reason
+/// (unknown kid, bad signature, …) would let anyone probe for key names. It goes to
+/// `authd_tokens_validated_total{outcome}` and to the log instead.
+pub const INVALID_TOKEN: &str = "invalid token";
+
+/// A wait as whole seconds, rounded up, for `retry-after` and `ratelimit-reset`:
+/// a client that waits that long finds what it waits for.
+pub(crate) fn whole_seconds(wait: Duration) -> u64 {
+    wait.as_secs() + u64::from(wait.subsec_nanos() > 0)
+}
+
+/// The `retry-after` of a refusal: whole seconds, rounded up, at least 1.
+fn retry_after(wait: Duration) -> MetadataValue<tonic::metadata::Ascii> {
+    MetadataValue::from(whole_seconds(wait).max(1))
+}
 
 /// One field of a request that failed to parse.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,6 +74,15 @@ pub enum Error {
     },
     #[error("deadline exceeded before the work could be done")]
     DeadlineExceeded,
+    /// The request's body did not arrive within the receive timeout.
+    #[error("the request was not received in time")]
+    ReceiveTimeout,
+    /// The request is larger than any valid request.
+    #[error("request larger than {limit} bytes")]
+    TooLarge { limit: usize },
+    /// The client went away (or broke the stream) before its request arrived.
+    #[error("the request was cancelled by the client")]
+    Cancelled,
     /// The database cannot be reached, or the server is shutting down.
     #[error("service unavailable: {0}")]
     Unavailable(String),
@@ -76,4 +104,79 @@ fn describe(violations: &[FieldViolation]) -> String {
         .map(|v| format!("{}: {}", v.field, v.description))
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+impl Error {
+    /// The status the client sees. The single table of the service.
+    pub fn to_status(&self) -> Status {
+        match self {
+            Error::InvalidArgument(violations) => {
+                let mut details = ErrorDetails::new();
+                for v in violations {
+                    details.add_bad_request_violation(v.field, v.description.clone());
+                }
+                Status::with_error_details(Code::InvalidArgument, self.to_string(), details)
+            }
+            Error::AlreadyExists => Status::already_exists(self.to_string()),
+            Error::InvalidCredentials => Status::unauthenticated(self.to_string()),
+            Error::InvalidToken(_) => Status::unauthenticated(INVALID_TOKEN),
+            Error::Overloaded {
+                retry_after: wait, ..
+            } => {
+                let mut status = Status::with_error_details(
+                    Code::ResourceExhausted,
+                    format!("{self}; retry later"),
+                    ErrorDetails::with_retry_info(Some(*wait)),
+                );
+                status
+                    .metadata_mut()
+                    .insert("retry-after", retry_after(*wait));
+                status
+            }
+            Error::RateLimited {
+                violations,
+                limit,
+                retry_after: wait,
+            } => {
+                let mut details = ErrorDetails::with_retry_info(Some(*wait));
+                for v in violations {
+                    details.add_quota_failure_violation(v.subject.clone(), v.description.clone());
+                }
+                let mut status =
+                    Status::with_error_details(Code::ResourceExhausted, self.to_string(), details);
+                let metadata = status.metadata_mut();
+                metadata.insert("retry-after", retry_after(*wait));
+                metadata.insert("ratelimit-limit", MetadataValue::from(*limit));
+                metadata.insert("ratelimit-remaining", MetadataValue::from(0u32));
+                metadata.insert("ratelimit-reset", MetadataValue::from(whole_seconds(*wait)));
+                status
+            }
+            Error::DeadlineExceeded | Error::ReceiveTimeout => {
+                Status::deadline_exceeded(self.to_string())
+            }
+            Error::TooLarge { .. } => Status::out_of_range(self.to_string()),
+            Error::Cancelled => Status::cancelled(self.to_string()),
+            Error::Unavailable(_) => Status::unavailable(self.to_string()),
+            Error::Internal(_) => Status::internal("internal error"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waits_round_up_to_whole_seconds() {
+        assert_eq!(whole_seconds(Duration::ZERO), 0);
+        assert_eq!(whole_seconds(Duration::from_millis(1)), 1);
+        assert_eq!(whole_seconds(Duration::from_secs(2)), 2);
+        assert_eq!(whole_seconds(Duration::from_millis(2001)), 3);
+        let status = Error::Overloaded {
+            what: "full",
+            retry_after: Duration::from_millis(100),
+        }
+        .to_status();
+        assert_eq!(status.metadata().get("retry-after").unwrap(), "1");
+    }
 }

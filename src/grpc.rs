@@ -1,89 +1,64 @@
-//! The gRPC face of [`Accounts`]: proto messages in, domain types through, and the
-//! one place where an [`Error`] becomes a `Status` ([`status`]).
+//! The gRPC face of [`Accounts`]: proto messages in, domain types through, domain
+//! errors out (each [`Error`] maps itself to a `Status`, in `error.rs`).
 //!
 //! Handlers parse their request into domain types (reporting every bad field in a
-//! `google.rpc.BadRequest`), call the use case, and map the outcome. Internal causes
-//! go to the log; the client only ever sees a generic message for them.
+//! `google.rpc.BadRequest`), check a new password against the blocklist (before any
+//! store or hashing work), call the use case, and map the outcome. Internal causes
+//! go to the log; the client only ever sees a generic message for them. So does the
+//! reason a token was refused: one message for all, the reason in the log and metrics.
 
 use crate::{
     accounts::Accounts,
-    admission::Deadline,
+    blocklist::{Blocklist, Refusal},
     credentials::{Password, Username},
     error::{Error, FieldViolation},
     pb::{
         LoginRequest, LoginResponse, RegisterRequest, RegisterResponse, ValidateTokenRequest,
         ValidateTokenResponse, auth_service_server::AuthService,
     },
-    trace::{RequestId, UserId},
+    rpc::{Deadline, RequestId, UserId},
 };
-use std::{future::Future, sync::Arc, time::Instant};
-use tonic::{Code, Request, Response, Status, metadata::MetadataValue};
-use tonic_types::{ErrorDetails, StatusExt};
+use std::{
+    future::Future,
+    sync::Arc,
+    time::{Instant, SystemTime, UNIX_EPOCH},
+};
+use tonic::{Request, Response, Status};
 
 /// Requests larger than this are refused by the decoder (a login is well under 2 KiB).
 pub const MAX_MESSAGE_BYTES: usize = 4 * 1024;
 
-/// Maps an error to the status the client sees. The single table of the service.
-pub fn status(err: &Error) -> Status {
-    match err {
-        Error::InvalidArgument(violations) => {
-            let mut details = ErrorDetails::new();
-            for v in violations {
-                details.add_bad_request_violation(v.field, v.description.clone());
-            }
-            Status::with_error_details(Code::InvalidArgument, err.to_string(), details)
-        }
-        Error::AlreadyExists => Status::already_exists(err.to_string()),
-        Error::InvalidCredentials | Error::InvalidToken(_) => {
-            Status::unauthenticated(err.to_string())
-        }
-        Error::Overloaded { retry_after, .. } => {
-            let mut status = Status::with_error_details(
-                Code::ResourceExhausted,
-                format!("{err}; retry later"),
-                ErrorDetails::with_retry_info(Some(*retry_after)),
-            );
-            let secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
-            status
-                .metadata_mut()
-                .insert("retry-after", MetadataValue::from(secs));
-            status
-        }
-        Error::RateLimited {
-            violations,
-            limit,
-            retry_after,
-        } => {
-            let mut details = ErrorDetails::with_retry_info(Some(*retry_after));
-            for v in violations {
-                details.add_quota_failure_violation(v.subject.clone(), v.description.clone());
-            }
-            let mut status =
-                Status::with_error_details(Code::ResourceExhausted, err.to_string(), details);
-            // Whole seconds, rounded up: waiting that long finds a slot free.
-            let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
-            let metadata = status.metadata_mut();
-            metadata.insert("retry-after", MetadataValue::from(secs.max(1)));
-            metadata.insert("ratelimit-limit", MetadataValue::from(*limit));
-            metadata.insert("ratelimit-remaining", MetadataValue::from(0u32));
-            metadata.insert("ratelimit-reset", MetadataValue::from(secs));
-            status
-        }
-        Error::DeadlineExceeded => Status::deadline_exceeded(err.to_string()),
-        Error::Unavailable(_) => Status::unavailable(err.to_string()),
-        Error::Internal(_) => Status::internal("internal error"),
-    }
-}
-
 /// `auth.v1.AuthService` backed by [`Accounts`].
 pub struct AuthApi {
     accounts: Arc<Accounts>,
+    blocklist: Arc<Blocklist>,
 }
 
 impl AuthApi {
-    pub fn new(accounts: Arc<Accounts>) -> Self {
-        Self { accounts }
+    pub(crate) fn new(accounts: Arc<Accounts>, blocklist: Arc<Blocklist>) -> Self {
+        Self {
+            accounts,
+            blocklist,
+        }
     }
+}
+
+/// Refuses a new password (in the request field `field`) that the blocklist refuses:
+/// called by every RPC that sets one, before any store or hashing work.
+fn check_new_password(
+    blocklist: &Blocklist,
+    field: &'static str,
+    username: &Username,
+    password: &Password,
+) -> Result<(), Error> {
+    blocklist
+        .check(password, username)
+        .map_err(|refusal: Refusal| {
+            Error::InvalidArgument(vec![FieldViolation {
+                field,
+                description: refusal.description().into(),
+            }])
+        })
 }
 
 fn credentials(username: &str, password: &str) -> Result<(Username, Password), Error> {
@@ -105,6 +80,23 @@ fn credentials(username: &str, password: &str) -> Result<(Username, Password), E
     match (username, password) {
         (Ok(u), Ok(p)) => Ok((u, p)),
         _ => Err(Error::InvalidArgument(violations)),
+    }
+}
+
+/// A `google.protobuf.Timestamp`, saturating where the platform's time could exceed
+/// its range (tokens are bounded to year 9999 long before, see `token`).
+fn timestamp(at: SystemTime) -> prost_types::Timestamp {
+    let (seconds, nanos) = match at.duration_since(UNIX_EPOCH) {
+        Ok(after) => (
+            i64::try_from(after.as_secs()).unwrap_or(i64::MAX),
+            after.subsec_nanos(),
+        ),
+        // Before 1970: no token of ours; the epoch is as good an answer as any.
+        Err(_) => (0, 0),
+    };
+    prost_types::Timestamp {
+        seconds,
+        nanos: i32::try_from(nanos).unwrap_or(0),
     }
 }
 
@@ -145,9 +137,12 @@ async fn respond<T>(
                 Error::Unavailable(_) => {
                     tracing::warn!(method, request_id, error = %err, "request failed")
                 }
+                Error::InvalidToken(reason) => {
+                    tracing::info!(method, request_id, reason = reason.label(), "token refused")
+                }
                 _ => {}
             }
-            Err(status(&err))
+            Err(err.to_status())
         }
     }
 }
@@ -162,6 +157,7 @@ impl AuthService for AuthApi {
         let req = request.into_inner();
         let work = async {
             let (username, password) = credentials(&req.username, &req.password)?;
+            check_new_password(&self.blocklist, "password", &username, &password)?;
             let user_id = self.accounts.register(username, password, deadline).await?;
             Ok(RegisterResponse { user_id })
         };
@@ -180,7 +176,7 @@ impl AuthService for AuthApi {
             Ok(LoginResponse {
                 access_token: session.access_token,
                 token_type: "Bearer".into(),
-                expires_at: Some(session.expires_at.into()),
+                expires_at: Some(timestamp(session.expires_at)),
                 user_id: session.user_id,
             })
         };
@@ -204,7 +200,7 @@ impl AuthService for AuthApi {
             Ok(ValidateTokenResponse {
                 user_id: token.user_id,
                 username: token.username,
-                expires_at: Some(token.expires_at.into()),
+                expires_at: Some(timestamp(token.expires_at)),
             })
         };
         respond("ValidateToken", request_id, work, |r| &r.user_id).await

@@ -11,16 +11,15 @@
 //! Labels only ever take values from a fixed set (RPC names, status codes, the
 //! configured rules): nothing a client sends can create a new series.
 
+use crate::rpc::Rpc;
 use prometheus::{
     Encoder as _, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder, core::Collector,
 };
 use std::{
-    net::SocketAddr,
     sync::{Arc, Mutex, OnceLock},
     time::Duration,
 };
-use tokio::net::TcpListener;
 
 /// Whole requests: 0.5 ms (a token validation) to 30 s.
 const REQUEST_BUCKETS: &[f64] = &[
@@ -46,74 +45,6 @@ const REDIS_BUCKETS: &[f64] = &[
 const BATCH_BUCKETS: &[f64] = &[
     1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0, 10000.0,
 ];
-
-/// An RPC as metric labels.
-#[derive(Debug)]
-pub(crate) struct Rpc {
-    pub path: &'static str,
-    pub service: &'static str,
-    pub method: &'static str,
-}
-
-impl Rpc {
-    /// Health and reflection: counted, but logged at debug level only (probes
-    /// would otherwise fill the log).
-    pub fn is_quiet(&self) -> bool {
-        self.service != "auth.v1.AuthService" && self.service != "unknown"
-    }
-}
-
-/// Every RPC authd serves; the last entry stands for any other path.
-pub(crate) const RPCS: [Rpc; 8] = [
-    Rpc {
-        path: "/auth.v1.AuthService/Register",
-        service: "auth.v1.AuthService",
-        method: "Register",
-    },
-    Rpc {
-        path: "/auth.v1.AuthService/Login",
-        service: "auth.v1.AuthService",
-        method: "Login",
-    },
-    Rpc {
-        path: "/auth.v1.AuthService/ValidateToken",
-        service: "auth.v1.AuthService",
-        method: "ValidateToken",
-    },
-    Rpc {
-        path: "/grpc.health.v1.Health/Check",
-        service: "grpc.health.v1.Health",
-        method: "Check",
-    },
-    Rpc {
-        path: "/grpc.health.v1.Health/Watch",
-        service: "grpc.health.v1.Health",
-        method: "Watch",
-    },
-    Rpc {
-        path: "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
-        service: "grpc.reflection.v1.ServerReflection",
-        method: "ServerReflectionInfo",
-    },
-    Rpc {
-        path: "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
-        service: "grpc.reflection.v1alpha.ServerReflection",
-        method: "ServerReflectionInfo",
-    },
-    Rpc {
-        path: "",
-        service: "unknown",
-        method: "unknown",
-    },
-];
-
-/// The index in [`RPCS`] of the RPC a request path names.
-pub(crate) fn rpc_index(path: &str) -> usize {
-    RPCS[..RPCS.len() - 1]
-        .iter()
-        .position(|rpc| rpc.path == path)
-        .unwrap_or(RPCS.len() - 1)
-}
 
 /// The canonical names of the gRPC status codes, indexed by code.
 pub(crate) const CODE_NAMES: [&str; 17] = [
@@ -143,14 +74,14 @@ pub(crate) struct GrpcMetrics {
     pub in_flight: IntGauge,
     /// The handles of each (RPC, code) pair, resolved the first time it is seen, so
     /// that only pairs that happened are exported.
-    resolved: [[OnceLock<(IntCounter, Histogram)>; CODE_NAMES.len()]; RPCS.len()],
+    resolved: [[OnceLock<(IntCounter, Histogram)>; CODE_NAMES.len()]; Rpc::ALL.len()],
 }
 
 impl GrpcMetrics {
     /// Counts a finished request. `code` is a gRPC status code (0..=16).
-    pub fn record(&self, rpc: usize, code: usize, elapsed: Duration) {
-        let (count, latency) = self.resolved[rpc][code].get_or_init(|| {
-            let labels = [RPCS[rpc].service, RPCS[rpc].method, CODE_NAMES[code]];
+    pub fn record(&self, rpc: Rpc, code: usize, elapsed: Duration) {
+        let (count, latency) = self.resolved[rpc.index()][code].get_or_init(|| {
+            let labels = [rpc.service(), rpc.method(), CODE_NAMES[code]];
             (
                 self.requests.with_label_values(&labels),
                 self.duration.with_label_values(&labels),
@@ -170,6 +101,8 @@ pub(crate) struct HashMetrics {
     pub queue_capacity: IntGauge,
     pub queue_wait: Histogram,
     pub duration: Histogram,
+    pub rounds: IntCounter,
+    pub batch_size: Histogram,
     pub refused: IntCounter,
     pub dropped_deadline: IntCounter,
     pub dropped_cancelled: IntCounter,
@@ -192,12 +125,40 @@ pub(crate) struct RateLimitMetrics {
     pub redis_duration: Histogram,
     pub redis_errors: IntCounterVec,
     pub fallback_active: IntGauge,
+    pub local_keys: IntGauge,
+    pub local_overflowed: IntCounter,
 }
 
 /// Tokens issued and checked.
 pub(crate) struct TokenMetrics {
     pub issued: IntCounter,
     pub validated: IntCounterVec,
+}
+
+/// New passwords the blocklist refused, by reason.
+pub(crate) struct BlocklistMetrics {
+    pub refusals: IntCounterVec,
+}
+
+/// The connections of the listeners (gRPC, health, metrics), by `listener`.
+pub(crate) struct ConnectionMetrics {
+    pub open: IntGaugeVec,
+    pub max: IntGaugeVec,
+    pub refused: IntCounterVec,
+    pub accept_errors: IntCounterVec,
+    pub handshake_timeouts: IntCounterVec,
+    pub idle_closed: IntCounterVec,
+}
+
+/// The connection metric handles of one listener.
+#[derive(Clone)]
+pub(crate) struct ListenerMetrics {
+    pub open: IntGauge,
+    pub max_connections: IntGauge,
+    pub refused: IntCounter,
+    pub accept_errors: IntCounter,
+    pub handshake_timeouts: IntCounter,
+    pub idle_closed: IntCounter,
 }
 
 /// The metrics of one application, in a registry of its own.
@@ -208,6 +169,8 @@ pub struct Metrics {
     pub(crate) store: StoreMetrics,
     pub(crate) rate_limit: RateLimitMetrics,
     pub(crate) tokens: TokenMetrics,
+    pub(crate) connections: ConnectionMetrics,
+    pub(crate) blocklist: BlocklistMetrics,
     /// Run before each scrape, for values read from elsewhere (connection pools).
     refreshers: Mutex<Vec<Box<dyn Fn() + Send + Sync>>>,
 }
@@ -321,6 +284,17 @@ impl Metrics {
                 "Time to compute one PBKDF2 hash or verification on a hashing thread.",
                 HASH_BUCKETS,
             ),
+            batch_size: histogram(
+                "authd_hash_batch_size",
+                "Derivations a hashing thread computed together in one batch (the lanes of the \
+                 PBKDF2 engine; a request's verification and its padding count as two).",
+                &[1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0],
+            ),
+            rounds: counter(
+                "authd_hash_rounds_total",
+                "PBKDF2 rounds computed: hashes, verifications, and the padding that makes \
+                 every failed login cost as much as the most expensive stored hash.",
+            ),
             refused: counter(
                 "authd_hash_refused_total",
                 "Requests refused with RESOURCE_EXHAUSTED because the hash queue was full.",
@@ -388,6 +362,16 @@ impl Metrics {
                  bad_reply).",
                 &["kind"],
             ),
+            local_keys: gauge(
+                "authd_ratelimit_local_keys",
+                "Keys the in-process limiter tracks now (at most AUTHD_RATE_LIMIT_MAX_KEYS, plus one \
+                 overflow log per rule).",
+            ),
+            local_overflowed: counter(
+                "authd_ratelimit_local_overflow_total",
+                "Requests the in-process limiter counted in a rule's shared overflow log because \
+                 AUTHD_RATE_LIMIT_MAX_KEYS keys were tracked already.",
+            ),
             fallback_active: gauge(
                 "authd_ratelimit_fallback_active",
                 "1 while Redis is configured but failing and the fallback decides (local \
@@ -400,6 +384,48 @@ impl Metrics {
                 "authd_tokens_validated_total",
                 "Access tokens checked, by outcome (ok, or why it was refused).",
                 &["outcome"],
+            ),
+        };
+        let connections = ConnectionMetrics {
+            open: gauge_vec(
+                "authd_connections_open",
+                "Connections open now, by listener (grpc, health, metrics).",
+                &["listener"],
+            ),
+            max: gauge_vec(
+                "authd_connections_max",
+                "Most connections a listener keeps open (AUTHD_MAX_CONNECTIONS for grpc).",
+                &["listener"],
+            ),
+            refused: counter_vec(
+                "authd_connections_refused_total",
+                "Connections closed at once because the listener, or the client's share of it, \
+                 was full.",
+                &["listener"],
+            ),
+            accept_errors: counter_vec(
+                "authd_connections_accept_errors_total",
+                "Failed accepts (out of file descriptors, memory or buffers), each followed by a \
+                 back-off.",
+                &["listener"],
+            ),
+            handshake_timeouts: counter_vec(
+                "authd_connections_handshake_timeouts_total",
+                "Connections closed because they sent no request within AUTHD_HANDSHAKE_TIMEOUT.",
+                &["listener"],
+            ),
+            idle_closed: counter_vec(
+                "authd_connections_idle_closed_total",
+                "Connections closed because no request was open on them for AUTHD_IDLE_TIMEOUT.",
+                &["listener"],
+            ),
+        };
+        let blocklist = BlocklistMetrics {
+            refusals: counter_vec(
+                "authd_password_blocklist_refusals_total",
+                "New passwords refused before hashing, by reason (common: on the bundled list or \
+                 AUTHD_PASSWORD_BLOCKLIST_FILE; username: the username itself).",
+                &["reason"],
             ),
         };
         registered(
@@ -426,7 +452,22 @@ impl Metrics {
             store,
             rate_limit,
             tokens,
+            connections,
+            blocklist,
             refreshers: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The connection metrics of the listener called `name`.
+    pub(crate) fn listener(&self, name: &str) -> ListenerMetrics {
+        let c = &self.connections;
+        ListenerMetrics {
+            open: c.open.with_label_values(&[name]),
+            max_connections: c.max.with_label_values(&[name]),
+            refused: c.refused.with_label_values(&[name]),
+            accept_errors: c.accept_errors.with_label_values(&[name]),
+            handshake_timeouts: c.handshake_timeouts.with_label_values(&[name]),
+            idle_closed: c.idle_closed.with_label_values(&[name]),
         }
     }
 
@@ -473,32 +514,17 @@ fn registered_process_collector(registry: &Registry) {
 /// The content type of [`Metrics::render`].
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// Serves `GET /metrics` on `listener` until `shutdown` resolves.
-pub async fn serve(
-    listener: TcpListener,
-    metrics: Arc<Metrics>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
+/// The router of the plain-HTTP port: `GET /metrics`. Served by
+/// `transport::serve`, which bounds its connections like every listener's.
+pub(crate) fn router(metrics: Arc<Metrics>) -> axum::Router {
     use axum::{http::header, routing::get};
-    let app = axum::Router::new().route(
+    axum::Router::new().route(
         "/metrics",
         get(move || {
             let metrics = metrics.clone();
             async move { ([(header::CONTENT_TYPE, CONTENT_TYPE)], metrics.render()) }
         }),
-    );
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
-}
-
-/// Binds the metrics listener, if one is configured.
-pub(crate) async fn bind(addr: Option<SocketAddr>) -> anyhow::Result<Option<TcpListener>> {
-    let Some(addr) = addr else { return Ok(None) };
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen for metrics on {addr}: {e}"))?;
-    Ok(Some(listener))
+    )
 }
 
 #[cfg(test)]
@@ -508,7 +534,7 @@ mod tests {
     #[test]
     fn every_metric_has_help_and_renders() {
         let m = Metrics::new();
-        m.grpc.record(1, 16, Duration::from_millis(3));
+        m.grpc.record(Rpc::Login, 16, Duration::from_millis(3));
         let text = m.render();
         assert!(text.contains(
             "authd_grpc_requests_total{code=\"UNAUTHENTICATED\",method=\"Login\",service=\"auth.v1.AuthService\"} 1"
@@ -516,18 +542,6 @@ mod tests {
         for family in m.registry().gather() {
             assert!(!family.help().is_empty(), "{} has no help", family.name());
         }
-    }
-
-    #[test]
-    fn unknown_paths_share_one_label() {
-        assert_eq!(
-            RPCS[rpc_index("/auth.v1.AuthService/Login")].method,
-            "Login"
-        );
-        assert_eq!(RPCS[rpc_index("/evil/x")].method, "unknown");
-        assert_eq!(RPCS[rpc_index("")].method, "unknown");
-        assert!(RPCS[rpc_index("/grpc.health.v1.Health/Check")].is_quiet());
-        assert!(!RPCS[rpc_index("/nope")].is_quiet());
     }
 
     #[test]

@@ -21,17 +21,15 @@
 //! (see `metrics::GrpcMetrics`), and nothing here allocates for a request that
 //! comes with its own id.
 
-use crate::metrics::{CODE_NAMES, Metrics, RPCS, rpc_index};
-use http::HeaderValue;
-use std::{
-    net::SocketAddr,
-    pin::Pin,
-    sync::Arc,
-    task::{Context, Poll},
-    time::Instant,
+use crate::{
+    metrics::{CODE_NAMES, Metrics},
+    middleware::{BoxFuture, Middleware, MiddlewareLayer, Request, Response},
+    rpc::{RequestId, Rpc, UserId},
 };
+use http::HeaderValue;
+use std::{net::SocketAddr, sync::Arc, time::Instant};
 use tonic::transport::server::TcpConnectInfo;
-use tower::{Layer, Service};
+use tower::Service;
 
 /// The metadata key of the request id, in requests and responses.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
@@ -44,76 +42,31 @@ const CODE_OK: usize = 0;
 const CODE_CANCELLED: usize = 1;
 const CODE_UNKNOWN: usize = 2;
 
-/// The id of the request being handled, in the request's extensions.
-#[derive(Debug, Clone)]
-pub struct RequestId(HeaderValue);
-
-impl RequestId {
-    pub fn as_str(&self) -> &str {
-        // Only ever built from visible ASCII (checked, or a UUID).
-        self.0.to_str().unwrap_or_default()
-    }
-}
-
-/// The user a request acted for: handlers put it in the response's extensions
-/// (tonic carries them into the HTTP response), and this layer logs it.
-#[derive(Debug, Clone)]
-pub struct UserId(pub String);
-
-/// The tower layer; cheap to clone (one `Arc`).
-#[derive(Clone)]
-pub struct TraceLayer {
+/// The outermost layer's policy: id, count, time and log every request.
+pub struct Trace {
     metrics: Arc<Metrics>,
 }
 
-impl TraceLayer {
-    pub fn new(metrics: Arc<Metrics>) -> Self {
-        Self { metrics }
-    }
+/// The trace layer.
+pub(crate) fn layer(metrics: Arc<Metrics>) -> MiddlewareLayer<Trace> {
+    MiddlewareLayer::new(Arc::new(Trace { metrics }))
 }
 
-impl<S> Layer<S> for TraceLayer {
-    type Service = TraceService<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        TraceService {
-            inner,
-            metrics: self.metrics.clone(),
-        }
-    }
-}
-
-#[derive(Clone)]
-pub struct TraceService<S> {
-    inner: S,
-    metrics: Arc<Metrics>,
-}
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
-impl<S, B, ResBody> Service<http::Request<B>> for TraceService<S>
-where
-    S: Service<http::Request<B>, Response = http::Response<ResBody>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    B: Send + 'static,
-    ResBody: Send + 'static,
-{
-    type Response = http::Response<ResBody>;
-    type Error = S::Error;
-    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+impl Middleware for Trace {
+    fn call<S>(
+        self: Arc<Self>,
+        mut inner: S,
+        mut req: Request,
+    ) -> BoxFuture<Result<Response, S::Error>>
+    where
+        S: Service<Request, Response = Response> + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+    {
         let started = Instant::now();
-        // The clone that was driven to readiness serves this request (tower's contract).
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
         let path = req.uri().path();
-        let rpc = rpc_index(path);
-        let unknown_path = (RPCS[rpc].path.is_empty()).then(|| truncated(path).to_owned());
+        let rpc = Rpc::of_path(path);
+        let unknown_path = (rpc == Rpc::Unknown).then(|| truncated(path).to_owned());
         let request_id = request_id(req.headers());
         let peer = req
             .extensions()
@@ -153,7 +106,7 @@ where
 /// unfinished (the response future was dropped) records it as CANCELLED.
 struct Pending {
     metrics: Arc<Metrics>,
-    rpc: usize,
+    rpc: Rpc,
     request_id: HeaderValue,
     peer: Option<SocketAddr>,
     unknown_path: Option<String>,
@@ -164,7 +117,7 @@ struct Pending {
 impl Pending {
     fn start(
         metrics: Arc<Metrics>,
-        rpc: usize,
+        rpc: Rpc,
         request_id: HeaderValue,
         peer: Option<SocketAddr>,
         unknown_path: Option<String>,
@@ -190,18 +143,18 @@ impl Pending {
         self.metrics.grpc.in_flight.dec();
         self.metrics.grpc.record(self.rpc, code, elapsed);
 
-        let rpc = &RPCS[self.rpc];
+        let rpc = self.rpc;
         let request_id = self.request_id.to_str().unwrap_or_default();
         let latency_ms = elapsed.as_secs_f64() * 1e3;
         let code = CODE_NAMES[code];
         let peer = self.peer.map(tracing::field::display);
         let user_id = user.map(|u| u.0.as_str());
         let path = self.unknown_path.as_deref();
-        if rpc.is_quiet() {
+        if rpc.is_exempt() {
             tracing::debug!(
                 request_id,
-                service = rpc.service,
-                method = rpc.method,
+                service = rpc.service(),
+                method = rpc.method(),
                 peer,
                 code,
                 latency_ms,
@@ -210,8 +163,8 @@ impl Pending {
         } else {
             tracing::info!(
                 request_id,
-                service = rpc.service,
-                method = rpc.method,
+                service = rpc.service(),
+                method = rpc.method(),
                 path,
                 peer,
                 code,
@@ -273,16 +226,15 @@ fn truncated(path: &str) -> &str {
 mod tests {
     use super::*;
     use std::convert::Infallible;
-    use tower::ServiceExt as _;
+    use tower::{Layer as _, ServiceExt as _};
 
     fn service(
         metrics: Arc<Metrics>,
         status: Option<&'static str>,
-    ) -> impl Service<http::Request<()>, Response = http::Response<()>, Error = Infallible> + Clone
-    {
-        let inner = tower::service_fn(move |req: http::Request<()>| async move {
+    ) -> impl Service<Request, Response = Response, Error = Infallible> + Clone {
+        let inner = tower::service_fn(move |req: Request| async move {
             assert!(req.extensions().get::<RequestId>().is_some());
-            let mut response = http::Response::new(());
+            let mut response = Response::new(tonic::body::Body::empty());
             if let Some(code) = status {
                 response
                     .headers_mut()
@@ -292,15 +244,15 @@ mod tests {
             }
             Ok::<_, Infallible>(response)
         });
-        TraceLayer::new(metrics).layer(inner)
+        layer(metrics).layer(inner)
     }
 
-    fn request(path: &str, id: Option<&str>) -> http::Request<()> {
+    fn request(path: &str, id: Option<&str>) -> Request {
         let mut builder = http::Request::builder().uri(path);
         if let Some(id) = id {
             builder = builder.header(REQUEST_ID_HEADER, id);
         }
-        builder.body(()).unwrap()
+        builder.body(tonic::body::Body::empty()).unwrap()
     }
 
     #[tokio::test]
@@ -359,10 +311,10 @@ mod tests {
     #[tokio::test]
     async fn a_dropped_request_is_counted_as_cancelled() {
         let metrics = Arc::new(Metrics::new());
-        let inner = tower::service_fn(|_req: http::Request<()>| async {
-            std::future::pending::<Result<http::Response<()>, Infallible>>().await
+        let inner = tower::service_fn(|_req: Request| async {
+            std::future::pending::<Result<Response, Infallible>>().await
         });
-        let mut svc = TraceLayer::new(metrics.clone()).layer(inner);
+        let mut svc = layer(metrics.clone()).layer(inner);
         let future = svc.call(request("/auth.v1.AuthService/Register", None));
         assert!(metrics.render().contains("authd_grpc_requests_in_flight 1"));
         drop(future);

@@ -1,8 +1,8 @@
 //! The rate-limit tower layer, outside admission control: it asks the
 //! [`RateLimiter`] about every request a rule matches and refuses at once with
-//! RESOURCE_EXHAUSTED (via `grpc::status`, the one place errors become a Status),
-//! or lets it through and adds `ratelimit-limit` / `ratelimit-remaining` /
-//! `ratelimit-reset` to the response headers.
+//! RESOURCE_EXHAUSTED (the error maps itself to its status), or lets it through and
+//! adds `ratelimit-limit` / `ratelimit-remaining` / `ratelimit-reset` to the
+//! response headers.
 //!
 //! It owns reading the request (method from the path, peer address, headers) and
 //! writing the response metadata. It must never queue a request (tower's own
@@ -10,88 +10,40 @@
 //! reflection: probes and tooling must answer however busy the service is.
 
 use super::{Quota, RateLimiter};
-use crate::grpc::status;
-use http::HeaderValue;
-use std::{
-    net::IpAddr,
-    pin::Pin,
-    sync::Arc,
-    task::{Context, Poll},
+use crate::{
+    error::whole_seconds,
+    middleware::{BoxFuture, Middleware, MiddlewareLayer, Request, Response},
+    rpc::{self, Rpc},
 };
-use tonic::transport::server::TcpConnectInfo;
-use tower::{Layer, Service};
+use http::HeaderValue;
+use std::sync::Arc;
+use tower::Service;
 
-/// Paths never limited.
-const EXEMPT_PREFIXES: [&str; 2] = ["/grpc.health.v1.Health/", "/grpc.reflection."];
-
-/// The tower layer; cheap to clone (one `Arc`).
-#[derive(Clone)]
-pub struct RateLimitLayer {
-    limiter: Arc<RateLimiter>,
+/// The rate-limit layer around `limiter`.
+pub(crate) fn layer(limiter: Arc<RateLimiter>) -> MiddlewareLayer<RateLimiter> {
+    MiddlewareLayer::new(limiter)
 }
 
-impl RateLimitLayer {
-    pub fn new(limiter: Arc<RateLimiter>) -> Self {
-        Self { limiter }
-    }
-}
-
-impl<S> Layer<S> for RateLimitLayer {
-    type Service = RateLimitService<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        RateLimitService {
-            inner,
-            limiter: self.limiter.clone(),
-        }
-    }
-}
-
-#[derive(Clone)]
-pub struct RateLimitService<S> {
-    inner: S,
-    limiter: Arc<RateLimiter>,
-}
-
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
-impl<S, B, ResBody> Service<http::Request<B>> for RateLimitService<S>
-where
-    S: Service<http::Request<B>, Response = http::Response<ResBody>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    B: Send + 'static,
-    ResBody: Default + Send + 'static,
-{
-    type Response = http::Response<ResBody>;
-    type Error = S::Error;
-    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        // The clone that was driven to readiness serves this request (tower's contract).
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+impl Middleware for RateLimiter {
+    fn call<S>(self: Arc<Self>, mut inner: S, req: Request) -> BoxFuture<Result<Response, S::Error>>
+    where
+        S: Service<Request, Response = Response> + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+    {
         let path = req.uri().path();
-        if EXEMPT_PREFIXES.iter().any(|p| path.starts_with(p)) {
+        if Rpc::of_path(path).is_exempt() {
             return Box::pin(inner.call(req));
         }
-        // `/auth.v1.AuthService/Login` → `Login`.
+        // `/auth.v1.AuthService/Login` → `Login` (an unknown path counts for `*` rules).
         let method = path.rsplit('/').next().unwrap_or_default();
-        let peer: Option<IpAddr> = req
-            .extensions()
-            .get::<TcpConnectInfo>()
-            .and_then(|info| info.remote_addr())
-            .map(|addr| addr.ip());
-        let checks = self.limiter.plan(method, req.headers(), peer);
+        let peer = rpc::peer_ip(req.extensions());
+        let checks = self.plan(method, req.headers(), peer);
         if checks.is_empty() {
             return Box::pin(inner.call(req));
         }
-        let limiter = self.limiter.clone();
         Box::pin(async move {
-            match limiter.decide(&checks).await {
+            match self.decide(&checks).await {
                 Ok(quota) => {
                     let mut response = inner.call(req).await?;
                     add_quota_headers(response.headers_mut(), quota);
@@ -99,7 +51,7 @@ where
                 }
                 Err(err) => {
                     tracing::debug!(error = %err, "request refused by the rate limiter");
-                    Ok(status(&err).into_http())
+                    Ok(err.to_status().into_http())
                 }
             }
         })
@@ -110,9 +62,7 @@ where
 fn add_quota_headers(headers: &mut http::HeaderMap, quota: Quota) {
     headers.insert("ratelimit-limit", HeaderValue::from(quota.limit));
     headers.insert("ratelimit-remaining", HeaderValue::from(quota.remaining));
-    // Whole seconds, rounded up: a client waiting that long finds the slot free.
-    let reset = quota.reset.as_secs() + u64::from(quota.reset.subsec_nanos() > 0);
-    let reset = match reset {
+    let reset = match whole_seconds(quota.reset) {
         0 => HeaderValue::from_static("0"), // the common case, without an allocation
         n => HeaderValue::from(n),
     };
@@ -122,18 +72,20 @@ fn add_quota_headers(headers: &mut http::HeaderMap, quota: Quota) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ratelimit::{FailureMode, Settings};
+    use crate::{
+        middleware::testing::{Counting, counting_service, request, served},
+        ratelimit::{FailureMode, Settings},
+    };
     use std::{
-        convert::Infallible,
         sync::atomic::{AtomicUsize, Ordering},
         time::Duration,
     };
-    use tower::ServiceExt as _;
+    use tower::{Layer as _, ServiceExt as _};
 
     async fn service(
         rules: &str,
     ) -> (
-        impl Service<http::Request<()>, Response = http::Response<String>, Error = Infallible> + Clone,
+        crate::middleware::MiddlewareService<RateLimiter, Counting>,
         Arc<AtomicUsize>,
     ) {
         let settings = Settings {
@@ -143,19 +95,16 @@ mod tests {
             redis_timeout: Duration::from_millis(50),
             failure: FailureMode::Open,
             trust_forwarded_for: false,
+            max_local_keys: 1000,
         };
         let limiter = RateLimiter::start(settings, &crate::metrics::Metrics::new())
             .await
             .unwrap();
-        let (inner, calls) = crate::admission::tests::counting_service();
-        (RateLimitLayer::new(limiter).layer(inner), calls)
+        let (inner, calls) = counting_service();
+        (layer(limiter).layer(inner), calls)
     }
 
-    fn request(path: &str) -> http::Request<()> {
-        http::Request::builder().uri(path).body(()).unwrap()
-    }
-
-    fn header<'a>(response: &'a http::Response<String>, name: &str) -> Option<&'a str> {
+    fn header<'a>(response: &'a Response, name: &str) -> Option<&'a str> {
         response.headers().get(name).map(|v| v.to_str().unwrap())
     }
 
@@ -168,7 +117,7 @@ mod tests {
                 .oneshot(request("/auth.v1.AuthService/Login"))
                 .await
                 .unwrap();
-            assert_eq!(ok.body(), "served");
+            assert!(served(&ok));
             assert_eq!(header(&ok, "ratelimit-limit"), Some("2"));
             assert_eq!(header(&ok, "ratelimit-remaining"), Some(remaining));
             assert_eq!(header(&ok, "ratelimit-reset"), Some(reset));
@@ -187,7 +136,7 @@ mod tests {
             .oneshot(request("/auth.v1.AuthService/Register"))
             .await
             .unwrap();
-        assert_eq!(other.body(), "served");
+        assert!(served(&other));
         assert_eq!(header(&other, "ratelimit-limit"), None);
     }
 
@@ -199,7 +148,7 @@ mod tests {
             .oneshot(request("/auth.v1.AuthService/Login"))
             .await
             .unwrap();
-        assert_eq!(first.body(), "served");
+        assert!(served(&first));
         for path in [
             "/grpc.health.v1.Health/Check",
             "/grpc.health.v1.Health/Watch",
@@ -208,7 +157,7 @@ mod tests {
         ] {
             for _ in 0..3 {
                 let r = svc.clone().oneshot(request(path)).await.unwrap();
-                assert_eq!(r.body(), "served", "{path}");
+                assert!(served(&r), "{path}");
             }
         }
         // An unknown path is counted by `*` rules like any other method.

@@ -13,9 +13,19 @@
 //! *any* 2 s). Using the same algorithm means a rule means the same thing whichever
 //! tier enforces it, and the fallback can be tested with the same expectations.
 //! The price is memory: a key's log holds up to `limit` instants.
+//!
+//! Keys come from what clients send (addresses, header values), so their number is
+//! capped (`AUTHD_RATE_LIMIT_MAX_KEYS`). Beyond the cap, a request whose key is not
+//! tracked yet is counted in its rule's *overflow* log, shared by every such key:
+//! clients already tracked keep their own counts, and a flood of new keys competes
+//! only with itself, within the rule's limit. Memory is therefore at most the cap
+//! (plus one overflow log per rule) times a log's size: the key and 16 bytes per
+//! request still in its window, at most `limit` of them.
 
 use super::{Check, Outcome, RuleState};
+use prometheus::{IntCounter, IntGauge};
 use std::{
+    borrow::Cow,
     collections::{HashMap, VecDeque},
     sync::Mutex,
     time::{Duration, Instant},
@@ -23,6 +33,10 @@ use std::{
 
 /// Below this many keys, idle logs are not worth sweeping.
 const MIN_SWEEP: usize = 1024;
+
+/// At the cap, idle logs are swept to make room at most this often, so that a
+/// flood of new keys cannot make every decision walk the whole map.
+const FULL_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
 /// One key's log.
 struct Log {
@@ -49,22 +63,76 @@ struct Logs {
     /// Sweep idle logs when there are more keys than this (amortized: the next
     /// threshold is twice what survives a sweep).
     sweep_above: usize,
+    /// When the map last had to be swept because it was at the cap.
+    last_full_sweep: Option<Instant>,
+}
+
+/// The limiter's own metric handles.
+pub(crate) struct LocalMetrics {
+    /// Keys tracked now (`authd_ratelimit_local_keys`).
+    pub keys: IntGauge,
+    /// Requests counted in an overflow log because the cap was reached.
+    pub overflowed: IntCounter,
 }
 
 pub(crate) struct LocalLimiter {
     // A std mutex, not tokio's: it is never held across an await, and the critical
     // section is a few hash lookups, cheaper than any async lock.
     logs: Mutex<Logs>,
+    max_keys: usize,
+    metrics: LocalMetrics,
+}
+
+/// The key of a rule's overflow log: it cannot collide with a real key, which
+/// always starts with the configured prefix, never a NUL.
+fn overflow_key(rule: usize) -> String {
+    format!("\0overflow:{rule}")
 }
 
 impl LocalLimiter {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(max_keys: usize, metrics: LocalMetrics) -> Self {
         LocalLimiter {
             logs: Mutex::new(Logs {
                 by_key: HashMap::new(),
-                sweep_above: MIN_SWEEP,
+                sweep_above: MIN_SWEEP.min(max_keys),
+                last_full_sweep: None,
             }),
+            max_keys: max_keys.max(1),
+            metrics,
         }
+    }
+
+    /// Which log each check counts in: its own, or beyond the cap its rule's overflow.
+    fn logs_for<'c>(
+        &self,
+        logs: &mut Logs,
+        checks: &'c [Check],
+        now: Instant,
+    ) -> Vec<Cow<'c, str>> {
+        let mut new_keys = 0;
+        let mut keys = Vec::with_capacity(checks.len());
+        for check in checks {
+            if logs.by_key.contains_key(&check.key) {
+                keys.push(Cow::Borrowed(check.key.as_str()));
+                continue;
+            }
+            if logs.by_key.len() + new_keys >= self.max_keys
+                && logs
+                    .last_full_sweep
+                    .is_none_or(|t| now.saturating_duration_since(t) >= FULL_SWEEP_INTERVAL)
+            {
+                logs.last_full_sweep = Some(now);
+                sweep_now(logs, now);
+            }
+            if logs.by_key.len() + new_keys < self.max_keys {
+                new_keys += 1;
+                keys.push(Cow::Borrowed(check.key.as_str()));
+            } else {
+                self.metrics.overflowed.inc();
+                keys.push(Cow::Owned(overflow_key(check.rule)));
+            }
+        }
+        keys
     }
 
     /// Decides all `checks` atomically: allowed only if every one has room, and
@@ -73,9 +141,10 @@ impl LocalLimiter {
         // A poisoned lock means a panic mid-update of plain counters: the data is
         // still usable, and refusing all traffic would be worse.
         let mut logs = self.logs.lock().unwrap_or_else(|p| p.into_inner());
+        let keys = self.logs_for(&mut logs, checks, now);
         let mut allowed = true;
-        for check in checks {
-            let count = match logs.by_key.get_mut(&check.key) {
+        for (check, key) in checks.iter().zip(&keys) {
+            let count = match logs.by_key.get_mut(key.as_ref()) {
                 Some(log) => {
                     log.trim(now);
                     log.times.len()
@@ -85,29 +154,30 @@ impl LocalLimiter {
             allowed &= count < check.limit as usize;
         }
         let mut states = Vec::with_capacity(checks.len());
-        for check in checks {
+        for (check, key) in checks.iter().zip(&keys) {
             let log = if allowed {
                 // Look up before inserting: `entry` would need an owned key, an
                 // allocation per request for the common case of a key that exists.
-                if !logs.by_key.contains_key(&check.key) {
+                if !logs.by_key.contains_key(key.as_ref()) {
                     let log = Log {
                         window: check.window,
                         times: VecDeque::new(),
                     };
-                    logs.by_key.insert(check.key.clone(), log);
+                    logs.by_key.insert(key.clone().into_owned(), log);
                 }
                 let log = logs
                     .by_key
-                    .get_mut(&check.key)
+                    .get_mut(key.as_ref())
                     .expect("inserted just above");
                 log.times.push_back(now);
                 Some(&*log)
             } else {
-                logs.by_key.get(&check.key)
+                logs.by_key.get(key.as_ref())
             };
             states.push(state(log, check, now));
         }
         sweep(&mut logs, now);
+        self.metrics.keys.set(logs.by_key.len() as i64);
         Outcome { allowed, states }
     }
 
@@ -142,6 +212,11 @@ fn sweep(logs: &mut Logs, now: Instant) {
     if logs.by_key.len() <= logs.sweep_above {
         return;
     }
+    sweep_now(logs, now);
+}
+
+/// Drops every log whose entries all left the window.
+fn sweep_now(logs: &mut Logs, now: Instant) {
     logs.by_key.retain(|_, log| {
         log.times
             .back()
@@ -167,9 +242,19 @@ mod tests {
         Duration::from_millis(n)
     }
 
+    fn limiter(max_keys: usize) -> LocalLimiter {
+        LocalLimiter::new(
+            max_keys,
+            LocalMetrics {
+                keys: IntGauge::new("k", "k").unwrap(),
+                overflowed: IntCounter::new("o", "o").unwrap(),
+            },
+        )
+    }
+
     #[test]
     fn allows_the_limit_in_any_window_then_slides() {
-        let l = LocalLimiter::new();
+        let l = limiter(1_000_000);
         let t0 = Instant::now();
         let c = [check("k", 3, 1000)];
         for (i, at) in [0, 100, 200].into_iter().enumerate() {
@@ -197,7 +282,7 @@ mod tests {
 
     #[test]
     fn all_rules_must_allow_and_a_refusal_records_nothing() {
-        let l = LocalLimiter::new();
+        let l = limiter(1_000_000);
         let t0 = Instant::now();
         let tight = check("tight", 1, 1000);
         let loose = check("loose", 10, 1000);
@@ -212,7 +297,7 @@ mod tests {
 
     #[test]
     fn keys_are_independent() {
-        let l = LocalLimiter::new();
+        let l = limiter(1_000_000);
         let t0 = Instant::now();
         assert!(l.decide(&[check("a", 1, 1000)], t0).allowed);
         assert!(!l.decide(&[check("a", 1, 1000)], t0).allowed);
@@ -221,7 +306,7 @@ mod tests {
 
     #[test]
     fn idle_logs_are_swept() {
-        let l = LocalLimiter::new();
+        let l = limiter(1_000_000);
         let t0 = Instant::now();
         for i in 0..MIN_SWEEP {
             l.decide(&[check(&format!("early{i}"), 1, 10)], t0);
@@ -233,5 +318,58 @@ mod tests {
         }
         assert!(!l.has_key("early0"));
         assert!(l.has_key("late0"));
+    }
+}
+
+#[cfg(test)]
+mod cap_tests {
+    use super::*;
+
+    fn check(rule: usize, key: &str, limit: u32) -> Check {
+        Check {
+            rule,
+            key: key.into(),
+            limit,
+            window: Duration::from_millis(1000),
+        }
+    }
+
+    #[test]
+    fn beyond_the_cap_new_keys_share_their_rules_overflow_log() {
+        let metrics = LocalMetrics {
+            keys: IntGauge::new("k", "k").unwrap(),
+            overflowed: IntCounter::new("o", "o").unwrap(),
+        };
+        let l = LocalLimiter::new(3, metrics);
+        let t0 = Instant::now();
+        for key in ["a", "b", "c"] {
+            assert!(l.decide(&[check(0, key, 2)], t0).allowed, "{key}");
+        }
+        assert_eq!(l.metrics.keys.get(), 3);
+        // Full: "d" and "e" are counted together, in rule 0's overflow log (limit 2).
+        assert!(l.decide(&[check(0, "d", 2)], t0).allowed);
+        assert!(l.decide(&[check(0, "e", 2)], t0).allowed);
+        assert!(!l.decide(&[check(0, "f", 2)], t0).allowed);
+        assert!(!l.has_key("d") && !l.has_key("e"));
+        assert_eq!(l.metrics.overflowed.get(), 3);
+        // Another rule's new keys have an overflow log of their own.
+        assert!(l.decide(&[check(1, "g", 2)], t0).allowed);
+        // Keys tracked before keep their own counts.
+        assert!(l.decide(&[check(0, "a", 2)], t0).allowed);
+        assert!(!l.decide(&[check(0, "a", 2)], t0).allowed);
+        // However many keys a client invents, the map stays at the cap plus one
+        // overflow log per rule.
+        for i in 0..10_000 {
+            l.decide(&[check(0, &format!("x{i}"), 2)], t0 + ms(1));
+        }
+        assert!(l.logs.lock().unwrap().by_key.len() <= 3 + 2);
+        // Once the tracked logs' window has passed, new keys get logs of their own again.
+        let later = t0 + ms(2000);
+        assert!(l.decide(&[check(0, "h", 2)], later).allowed);
+        assert!(l.has_key("h"));
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
     }
 }

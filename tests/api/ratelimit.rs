@@ -3,6 +3,11 @@
 //! rather than fixed windows, per-client keys, the fallback while Redis fails and
 //! the return to it, and the exemption of health and reflection.
 //!
+//! No verdict here depends on how fast the machine is: windows are long beside any
+//! test's run time, and the sliding window on Redis is shown by placing entries at
+//! chosen ages (Redis keeps its own clock); the in-process limiter's window logic is
+//! tested with a clock its unit tests control (`ratelimit::limiter`).
+//!
 //! Tests without Redis in their name run on the in-process limiter and need nothing.
 
 use crate::helpers::{
@@ -127,7 +132,8 @@ async fn exactly_the_limit_passes_across_three_replicas_on_redis() {
         return;
     };
     let prefix = unique_name("rl");
-    let rule = "Login:global=50/2s";
+    // A window far longer than any burst takes, however busy the machine.
+    let rule = "Login:global=50/1h";
     let mut apps = Vec::new();
     for _ in 0..3 {
         let mut app = spawn_app_with(|c| with_redis(c, &url, &prefix, rule)).await;
@@ -138,65 +144,56 @@ async fn exactly_the_limit_passes_across_three_replicas_on_redis() {
     }
     let clients: Vec<_> = apps.iter().map(|a| a.client.clone()).collect();
 
-    let started = Instant::now();
     let tally = burst(&clients, 300).await;
-    let took = started.elapsed();
-    assert!(
-        took < Duration::from_secs(2),
-        "the burst took {took:?}, longer than the window: this machine is too slow for the test"
-    );
     assert_eq!(
         tally.ok, 50,
         "exactly the limit passes, across all replicas"
     );
     assert_eq!(tally.refused.len(), 250);
-    let mut longest = Duration::ZERO;
     for status in &tally.refused {
         let delay = assert_rate_limited(status, rule, 50);
-        assert!(delay <= Duration::from_secs(2), "{delay:?}");
-        longest = longest.max(delay);
+        assert!(delay <= Duration::from_secs(3600), "{delay:?}");
     }
     for app in &apps {
         let stats = app.handle.rate_limit_stats();
         assert_eq!(stats.local_decisions, 0, "{stats:?}");
         assert_eq!(stats.redis_failures, 0, "{stats:?}");
     }
-
-    // Once the window has slid past the burst, requests pass again.
-    tokio::time::sleep(longest + Duration::from_millis(200)).await;
-    let mut client = clients[1].clone();
-    login(&mut client).await.expect("a slot freed");
 }
 
-/// 50 at t≈0; none at t≈1.5 s (a fixed window might have reset by then); 50 again
-/// once the first burst has left the 2 s window.
-async fn the_window_slides(app: &mut TestApp) {
-    app.register(USER, PASSWORD).await.unwrap();
-    let clients = [app.client.clone()];
-    let t0 = Instant::now();
-    let first = burst(&clients, 50).await;
-    let burst_done = Instant::now();
-    assert_eq!(first.ok, 50);
-    assert!(
-        burst_done - t0 < Duration::from_millis(500),
-        "the first burst took {:?}: this machine is too slow for the test",
-        burst_done - t0
-    );
-    let mut client = app.client.clone();
-    expect_code(login(&mut client).await, Code::ResourceExhausted);
+/// Redis' own clock, in microseconds since the epoch.
+async fn redis_now_us(redis: &mut redis::aio::MultiplexedConnection) -> i64 {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(redis).await.unwrap();
+    secs * 1_000_000 + micros
+}
 
-    tokio::time::sleep_until((t0 + Duration::from_millis(1500)).into()).await;
-    let middle = burst(&clients, 5).await;
-    assert_eq!(middle.ok, 0, "no new slot 1.5 s into a 2 s window");
-    assert!(
-        t0.elapsed() < Duration::from_millis(1900),
-        "the check at 1.5 s came too late: {:?}",
-        t0.elapsed()
-    );
-
-    tokio::time::sleep_until((burst_done + Duration::from_millis(2100)).into()).await;
-    let later = burst(&clients, 60).await;
-    assert_eq!(later.ok, 50, "the whole first burst has left the window");
+/// Puts `n` entries, `age` old by Redis' clock, in the log of a `Login:global` rule
+/// with a `window_ms` window under `prefix`: requests that the limiter allowed then.
+async fn seed_log(
+    redis: &mut redis::aio::MultiplexedConnection,
+    prefix: &str,
+    window_ms: u64,
+    n: usize,
+    age: Duration,
+) {
+    let key = format!("{prefix}:Login:global:{window_ms}:");
+    let at = redis_now_us(redis).await - age.as_micros() as i64;
+    for i in 0..n {
+        let member = format!("seed-{}-{i}", age.as_millis());
+        let _: i64 = redis::cmd("ZADD")
+            .arg(&key)
+            .arg(at)
+            .arg(member)
+            .query_async(redis)
+            .await
+            .unwrap();
+    }
+    let _: i64 = redis::cmd("PEXPIRE")
+        .arg(&key)
+        .arg(window_ms * 2)
+        .query_async(redis)
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -205,18 +202,60 @@ async fn the_window_slides_on_redis() {
         return;
     };
     let prefix = unique_name("rl");
-    let mut app = spawn_app_with(|c| with_redis(c, &url, &prefix, "Login:global=50/2s")).await;
-    the_window_slides(&mut app).await;
+    let rule = "Login:global=50/10s";
+    let mut app = spawn_app_with(|c| with_redis(c, &url, &prefix, rule)).await;
+    app.register(USER, PASSWORD).await.unwrap();
+    let mut redis = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let clients = [app.client.clone()];
+
+    // A full log whose entries are 5 s old: still in the 10 s window, so nothing
+    // passes, and the wait is until they leave it, about 5 s from now.
+    seed_log(&mut redis, &prefix, 10_000, 50, Duration::from_secs(5)).await;
+    let refused = burst(&clients, 3).await;
+    assert_eq!(refused.ok, 0);
+    let delay = assert_rate_limited(&refused.refused[0], rule, 50);
+    assert!(
+        delay > Duration::ZERO && delay <= Duration::from_secs(5),
+        "{delay:?}"
+    );
+    let _: i64 = redis::cmd("DEL")
+        .arg(format!("{prefix}:Login:global:10000:"))
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+
+    // 50 entries 11 s old have left the window: a fixed window that began with them
+    // would still be full, a sliding log lets the whole limit through again.
+    seed_log(&mut redis, &prefix, 10_000, 50, Duration::from_secs(11)).await;
+    assert_eq!(burst(&clients, 60).await.ok, 50);
+
+    // Half of a full log in the window, half out: half the limit passes.
+    let _: i64 = redis::cmd("DEL")
+        .arg(format!("{prefix}:Login:global:10000:"))
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    seed_log(&mut redis, &prefix, 10_000, 25, Duration::from_secs(12)).await;
+    seed_log(&mut redis, &prefix, 10_000, 25, Duration::from_secs(4)).await;
+    assert_eq!(burst(&clients, 40).await.ok, 25);
     assert_eq!(app.handle.rate_limit_stats().local_decisions, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_window_slides_on_the_local_limiter_too() {
+async fn the_local_limiter_enforces_the_same_rules() {
     let mut app = spawn_app_with(|c| {
-        c.rate_limits = Some("Login:global=50/2s".parse().unwrap());
+        c.rate_limits = Some("Login:global=50/1h".parse().unwrap());
     })
     .await;
-    the_window_slides(&mut app).await;
+    app.register(USER, PASSWORD).await.unwrap();
+    let clients = [app.client.clone()];
+    let tally = burst(&clients, 60).await;
+    assert_eq!(tally.ok, 50);
+    assert_rate_limited(&tally.refused[0], "Login:global=50/1h", 50);
     assert_eq!(app.handle.rate_limit_stats().backend, Backend::Local);
 }
 
@@ -464,8 +503,10 @@ async fn a_hung_redis_costs_one_timeout_then_the_local_limiter_serves_until_it_a
         .await
         .expect("served under the local limiter");
     let waited = started.elapsed();
+    // One timeout, not a hang: a generous bound, far below what waiting for Redis
+    // would take (the proxy holds it for as long as the test wants).
     assert!(
-        waited < Duration::from_secs(1),
+        waited < Duration::from_secs(10),
         "a hung Redis held a request for {waited:?} (timeout 250ms)"
     );
     let stats = app.handle.rate_limit_stats();

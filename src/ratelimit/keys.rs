@@ -1,0 +1,199 @@
+//! The keys a request is counted under: one per matching rule, built from the rule
+//! and the request (the client's address, a header's value, or nothing for
+//! `global`). Keys come from what clients send, so their size and shape are
+//! bounded here: odd or long header values are hashed.
+
+use super::{Check, KeyKind, RateLimits};
+use std::net::IpAddr;
+
+/// Header values longer than this, or with other characters than `[A-Za-z0-9._-]`,
+/// are hashed into the key, so a client cannot make keys of arbitrary size or shape.
+const MAX_RAW_HEADER_KEY: usize = 64;
+
+/// Builds the checks of a request against the configured rules.
+pub(crate) struct Keys {
+    /// Per rule, the start of its keys: `{prefix}:{method}:{kind}:{window_ms}:`,
+    /// built once so a decision allocates only the key itself.
+    starts: Vec<String>,
+    trust_forwarded_for: bool,
+}
+
+impl Keys {
+    pub(crate) fn new(rules: &RateLimits, prefix: &str, trust_forwarded_for: bool) -> Self {
+        let starts = (rules.rules().iter())
+            .map(|rule| format!("{prefix}:{}:", rule.key_stem()))
+            .collect();
+        Self {
+            starts,
+            trust_forwarded_for,
+        }
+    }
+
+    /// The checks a request must pass: one per matching rule that yields a key.
+    /// Empty when no rule applies (the request is not counted at all).
+    pub(crate) fn plan(
+        &self,
+        rules: &RateLimits,
+        method: &str,
+        headers: &http::HeaderMap,
+        peer: Option<IpAddr>,
+    ) -> Vec<Check> {
+        let mut checks = Vec::new();
+        for (index, rule) in rules.rules().iter().enumerate() {
+            if !rule.matches(method) {
+                continue;
+            }
+            let start = &self.starts[index];
+            let mut key = String::with_capacity(start.len() + 40);
+            key.push_str(start);
+            match &rule.key {
+                KeyKind::Global => {}
+                KeyKind::Peer => {
+                    match crate::rpc::client_ip(headers, peer, self.trust_forwarded_for) {
+                        Some(ip) => {
+                            use std::fmt::Write as _;
+                            let _ = write!(key, "{ip}"); // writing to a String cannot fail
+                        }
+                        // Not over TCP (a test harness): all such requests share one key.
+                        None => key.push_str("unknown"),
+                    }
+                }
+                KeyKind::Header(name) => match headers.get(name) {
+                    Some(value) => key.push_str(&header_key(value.as_bytes())),
+                    // Without the header the rule does not apply: pair header rules
+                    // with a peer rule for clients that omit it.
+                    None => continue,
+                },
+            }
+            checks.push(Check {
+                rule: index,
+                key,
+                limit: rule.limit,
+                window: rule.window,
+            });
+        }
+        checks
+    }
+}
+
+/// The key part for a header value: the value itself when short and plain,
+/// otherwise a hash of it (which cannot collide with a plain value: those have no `:`).
+fn header_key(value: &[u8]) -> String {
+    let plain = value
+        .iter()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if plain && value.len() <= MAX_RAW_HEADER_KEY {
+        // Plain ASCII, checked just above.
+        String::from_utf8_lossy(value).into_owned()
+    } else {
+        use sha2::Digest as _;
+        let digest = sha2::Sha256::digest(value);
+        let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+        format!("sha256:{hex}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(
+        rules: &str,
+        trust_forwarded_for: bool,
+        method: &str,
+        headers: &[(&str, &str)],
+        peer: &str,
+    ) -> Vec<String> {
+        let rules: RateLimits = rules.parse().unwrap();
+        let planner = Keys::new(&rules, "p", trust_forwarded_for);
+        let mut map = http::HeaderMap::new();
+        for (k, v) in headers {
+            map.append(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        planner
+            .plan(&rules, method, &map, Some(peer.parse().unwrap()))
+            .into_iter()
+            .map(|c| c.key)
+            .collect()
+    }
+
+    #[test]
+    fn keys_name_the_rule_and_the_subject() {
+        let l = "Login:peer=20/1s,*:global=1000/1m,*:header:x-client-id=5/1s,Register:peer=1/1s";
+        assert_eq!(
+            keys(l, false, "Login", &[("x-client-id", "app-1")], "10.0.0.7"),
+            [
+                "p:Login:peer:1000:10.0.0.7",
+                "p:*:global:60000:",
+                "p:*:header:x-client-id:1000:app-1",
+            ]
+        );
+        // No header: the header rule does not apply.
+        assert_eq!(
+            keys(l, false, "ValidateToken", &[], "10.0.0.7"),
+            ["p:*:global:60000:"]
+        );
+        // IPv4-mapped IPv6 is the same client as IPv4.
+        assert_eq!(
+            keys(l, false, "Register", &[], "::ffff:10.0.0.7")[1],
+            "p:Register:peer:1000:10.0.0.7"
+        );
+        // Odd or long header values are hashed: fixed size, no separators.
+        let odd = keys(l, false, "Login", &[("x-client-id", "a:b c")], "10.0.0.7");
+        assert!(
+            odd[2].starts_with("p:*:header:x-client-id:1000:sha256:"),
+            "{odd:?}"
+        );
+        let long = "x".repeat(200);
+        let long = keys(
+            l,
+            false,
+            "Login",
+            &[("x-client-id", long.as_str())],
+            "10.0.0.7",
+        );
+        assert_eq!(
+            long[2].len(),
+            "p:*:header:x-client-id:1000:sha256:".len() + 32
+        );
+    }
+
+    #[test]
+    fn forwarded_for_is_used_only_when_trusted() {
+        let headers = [("x-forwarded-for", "203.0.113.9, 10.0.0.1")];
+
+        assert_eq!(
+            keys("Login:peer=1/1s", false, "Login", &headers, "10.0.0.1"),
+            ["p:Login:peer:1000:10.0.0.1"]
+        );
+
+        assert_eq!(
+            keys("Login:peer=1/1s", true, "Login", &headers, "10.0.0.1"),
+            ["p:Login:peer:1000:203.0.113.9"]
+        );
+        // A hop that is not an address: the connection's peer.
+        assert_eq!(
+            keys(
+                "Login:peer=1/1s",
+                true,
+                "Login",
+                &[("x-forwarded-for", "unknown")],
+                "10.0.0.1"
+            ),
+            ["p:Login:peer:1000:10.0.0.1"]
+        );
+        assert_eq!(
+            keys(
+                "Login:peer=1/1s",
+                true,
+                "Login",
+                &[("x-forwarded-for", "[2001:db8::1]:4711")],
+                "10.0.0.1"
+            ),
+            ["p:Login:peer:1000:2001:db8::1"]
+        );
+    }
+}

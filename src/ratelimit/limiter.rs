@@ -1,0 +1,550 @@
+//! The [`RateLimiter`]: decides whether a request may pass, on Redis while it
+//! answers and in process otherwise, with each switch logged once; its prober, which
+//! brings Redis back after an outage; and its counters.
+//!
+//! It must not queue or delay a request: a decision is one Redis call bounded by
+//! `AUTHD_REDIS_TIMEOUT`, or a few in-memory operations. Time for the in-process
+//! logs comes from a [`Clock`], so their window logic is tested with one the test
+//! controls; Redis keeps its own (`TIME`).
+
+use super::{
+    Check, FailureMode, Outcome, Quota, RateLimits, RedisUrl, Settings, keys::Keys, local, redis,
+};
+use crate::{
+    error::{Error, QuotaViolation},
+    metrics::Metrics,
+};
+use prometheus::{Histogram, IntCounter};
+use std::{
+    net::IpAddr,
+    sync::{
+        Arc, Mutex, Weak,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+/// How often, while Redis fails, a background task checks whether it answers again.
+const PROBE_INTERVAL: Duration = Duration::from_millis(500);
+
+/// How long connecting to Redis may take, at start and when probing. Off the
+/// request path, so more generous than `AUTHD_REDIS_TIMEOUT`; a refused connection
+/// fails at once, so only a black-holed Redis makes the start wait this long.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Where the in-process limiter reads the time.
+pub(crate) trait Clock: Send + Sync + 'static {
+    fn now(&self) -> Instant;
+}
+
+/// The machine's monotonic clock.
+pub(crate) struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+}
+
+/// A clock that moves only when told to: for tests of the window logic.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) struct ManualClock(Mutex<Instant>);
+
+#[cfg_attr(not(test), allow(dead_code))]
+impl ManualClock {
+    pub(crate) fn new() -> Self {
+        Self(Mutex::new(Instant::now()))
+    }
+
+    pub(crate) fn advance(&self, by: Duration) {
+        *self.0.lock().unwrap() += by;
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Instant {
+        *self.0.lock().unwrap()
+    }
+}
+
+/// Which backend decides right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// No rules are configured: nothing is limited.
+    Off,
+    /// No Redis is configured: the in-process limiter, per replica.
+    Local,
+    /// Redis: limits are global across replicas.
+    Redis,
+    /// Redis is configured but fails: the local limiter (fail-open) or refusals
+    /// (fail-closed) until it answers again.
+    Degraded,
+}
+
+/// Counters of the limiter, for tests and tools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateLimitStats {
+    pub backend: Backend,
+    /// Decisions taken by Redis.
+    pub redis_decisions: u64,
+    /// Decisions taken by the in-process limiter.
+    pub local_decisions: u64,
+    /// Requests refused with RESOURCE_EXHAUSTED.
+    pub refused: u64,
+    /// Requests refused with UNAVAILABLE because Redis failed (fail-closed).
+    pub unavailable: u64,
+    /// Redis calls that failed or timed out.
+    pub redis_failures: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    redis_decisions: AtomicU64,
+    local_decisions: AtomicU64,
+    refused: AtomicU64,
+    unavailable: AtomicU64,
+    redis_failures: AtomicU64,
+}
+
+/// The Redis backend and whether it currently decides.
+pub(crate) struct RedisTier {
+    limiter: redis::RedisLimiter,
+    /// False from a failed call until a probe succeeds: requests meanwhile do not
+    /// call Redis at all, so an outage costs at most one timeout, not one per request.
+    healthy: Arc<AtomicBool>,
+    url: RedisUrl,
+}
+
+/// The decision counters of one rule (`authd_ratelimit_decisions_total`).
+struct RuleCounters {
+    /// The rule had room (whether or not another rule refused the request).
+    allowed: IntCounter,
+    /// The rule refused the request.
+    refused: IntCounter,
+    /// Redis failed in fail-closed mode: no decision, the request was refused.
+    unavailable: IntCounter,
+}
+
+/// The limiter's metric handles, resolved when it is built.
+struct LimiterMetrics {
+    /// One per rule, in the order of [`RateLimits::rules`].
+    rules: Vec<RuleCounters>,
+    redis_duration: Histogram,
+    redis_timeout: IntCounter,
+    redis_error: IntCounter,
+    redis_not_connected: IntCounter,
+    redis_bad_reply: IntCounter,
+}
+
+impl LimiterMetrics {
+    fn new(metrics: &Metrics, rules: &RateLimits) -> Self {
+        let m = &metrics.rate_limit;
+        let rules = (rules.rules().iter())
+            .map(|rule| {
+                let rule = rule.to_string();
+                let counter = |outcome| m.decisions.with_label_values(&[rule.as_str(), outcome]);
+                RuleCounters {
+                    allowed: counter("allowed"),
+                    refused: counter("refused"),
+                    unavailable: counter("unavailable"),
+                }
+            })
+            .collect();
+        let error = |kind| m.redis_errors.with_label_values(&[kind]);
+        Self {
+            rules,
+            redis_duration: m.redis_duration.clone(),
+            redis_timeout: error("timeout"),
+            redis_error: error("error"),
+            redis_not_connected: error("not_connected"),
+            redis_bad_reply: error("bad_reply"),
+        }
+    }
+
+    fn redis_failed(&self, why: &redis::RedisFailure) {
+        match why {
+            redis::RedisFailure::NotConnected => &self.redis_not_connected,
+            redis::RedisFailure::Timeout(_) => &self.redis_timeout,
+            redis::RedisFailure::Redis(_) => &self.redis_error,
+            redis::RedisFailure::BadReply(_) => &self.redis_bad_reply,
+        }
+        .inc();
+    }
+}
+
+/// Decides whether a request may pass. Shared (in an `Arc`) by every clone of the
+/// layer.
+pub struct RateLimiter {
+    rules: RateLimits,
+    keys: Keys,
+    failure: FailureMode,
+    clock: Arc<dyn Clock>,
+    local: local::LocalLimiter,
+    redis: Option<RedisTier>,
+    counters: Counters,
+    metrics: LimiterMetrics,
+}
+
+impl RateLimiter {
+    pub(crate) fn new(
+        settings: Settings,
+        redis: Option<RedisTier>,
+        clock: Arc<dyn Clock>,
+        metrics: &Metrics,
+    ) -> Self {
+        let keys = Keys::new(
+            &settings.rules,
+            &settings.prefix,
+            settings.trust_forwarded_for,
+        );
+        if let Some(tier) = &redis {
+            // Read when scraped, so the gauge always says what the flag says.
+            let (healthy, gauge) = (
+                tier.healthy.clone(),
+                metrics.rate_limit.fallback_active.clone(),
+            );
+            metrics.on_scrape(move || gauge.set(i64::from(!healthy.load(Ordering::SeqCst))));
+        }
+        let local = local::LocalLimiter::new(
+            settings.max_local_keys,
+            local::LocalMetrics {
+                keys: metrics.rate_limit.local_keys.clone(),
+                overflowed: metrics.rate_limit.local_overflowed.clone(),
+            },
+        );
+        let metrics = LimiterMetrics::new(metrics, &settings.rules);
+        RateLimiter {
+            rules: settings.rules,
+            keys,
+            failure: settings.failure,
+            clock,
+            local,
+            redis,
+            counters: Counters::default(),
+            metrics,
+        }
+    }
+
+    /// Builds the limiter. With Redis configured it tries to connect once (at most
+    /// `CONNECT_TIMEOUT`); if that fails it starts degraded and a background task
+    /// keeps trying, so a Redis outage never stops authd from starting.
+    pub async fn start(settings: Settings, metrics: &Metrics) -> anyhow::Result<Arc<Self>> {
+        let redis = match &settings.redis_url {
+            Some(url) if !settings.rules.is_empty() => Some(RedisTier {
+                limiter: redis::RedisLimiter::new(url, settings.redis_timeout)?,
+                healthy: Arc::new(AtomicBool::new(false)),
+                url: url.clone(),
+            }),
+            _ => None,
+        };
+        let limiter = Arc::new(RateLimiter::new(
+            settings.clone(),
+            redis,
+            Arc::new(SystemClock),
+            metrics,
+        ));
+        match &limiter.redis {
+            None if limiter.rules.is_empty() => {
+                if settings.redis_url.is_some() {
+                    tracing::info!(
+                        "AUTHD_REDIS_URL is set but there are no rate limits: not using it"
+                    );
+                }
+            }
+            None => tracing::info!(
+                rules = %limiter.rules,
+                "rate limits enforced per replica by the in-process limiter (no AUTHD_REDIS_URL)"
+            ),
+            Some(tier) => {
+                match tier.limiter.probe(CONNECT_TIMEOUT).await {
+                    Ok(()) => {
+                        tier.healthy.store(true, Ordering::SeqCst);
+                        tracing::info!(
+                            rules = %limiter.rules,
+                            redis = %tier.url,
+                            "rate limits enforced globally through Redis"
+                        );
+                    }
+                    Err(why) => tracing::warn!(
+                        rules = %limiter.rules,
+                        redis = %tier.url,
+                        error = %why,
+                        "Redis does not answer at start: {} until it does",
+                        limiter.degraded_behaviour()
+                    ),
+                }
+                spawn_prober(Arc::downgrade(&limiter));
+            }
+        }
+        Ok(limiter)
+    }
+
+    pub fn rules(&self) -> &RateLimits {
+        &self.rules
+    }
+
+    pub fn stats(&self) -> RateLimitStats {
+        let c = &self.counters;
+        RateLimitStats {
+            backend: self.backend(),
+            redis_decisions: c.redis_decisions.load(Ordering::Relaxed),
+            local_decisions: c.local_decisions.load(Ordering::Relaxed),
+            refused: c.refused.load(Ordering::Relaxed),
+            unavailable: c.unavailable.load(Ordering::Relaxed),
+            redis_failures: c.redis_failures.load(Ordering::Relaxed),
+        }
+    }
+
+    pub fn backend(&self) -> Backend {
+        match &self.redis {
+            _ if self.rules.is_empty() => Backend::Off,
+            None => Backend::Local,
+            Some(tier) if tier.healthy.load(Ordering::SeqCst) => Backend::Redis,
+            Some(_) => Backend::Degraded,
+        }
+    }
+
+    fn degraded_behaviour(&self) -> &'static str {
+        match self.failure {
+            FailureMode::Open => "enforcing the rate limits per replica with the local limiter",
+            FailureMode::Closed => {
+                "refusing rate-limited requests with UNAVAILABLE (AUTHD_RATE_LIMIT_FAILURE=closed)"
+            }
+        }
+    }
+
+    /// The checks a request must pass: one per matching rule that yields a key.
+    /// Empty when no rule applies (the request is not counted at all).
+    pub(crate) fn plan(
+        &self,
+        method: &str,
+        headers: &http::HeaderMap,
+        peer: Option<IpAddr>,
+    ) -> Vec<Check> {
+        self.keys.plan(&self.rules, method, headers, peer)
+    }
+
+    /// Decides `checks` (from [`plan`](Self::plan), not empty): the quota left, or
+    /// RESOURCE_EXHAUSTED (or UNAVAILABLE when Redis fails in fail-closed mode).
+    pub(crate) async fn decide(&self, checks: &[Check]) -> Result<Quota, Error> {
+        let outcome = match &self.redis {
+            None => self.decide_locally(checks),
+            Some(tier) if tier.healthy.load(Ordering::SeqCst) => {
+                let started = Instant::now();
+                let decided = tier.limiter.decide(checks).await;
+                (self.metrics.redis_duration).observe(started.elapsed().as_secs_f64());
+                match decided {
+                    Ok(outcome) => {
+                        self.counters
+                            .redis_decisions
+                            .fetch_add(1, Ordering::Relaxed);
+                        outcome
+                    }
+                    Err(why) => {
+                        self.counters.redis_failures.fetch_add(1, Ordering::Relaxed);
+                        self.metrics.redis_failed(&why);
+                        if tier.healthy.swap(false, Ordering::SeqCst) {
+                            tracing::warn!(
+                                redis = %tier.url,
+                                error = %why,
+                                "Redis rate limiting failed: {} until Redis answers again",
+                                self.degraded_behaviour()
+                            );
+                        }
+                        self.decide_degraded(checks)?
+                    }
+                }
+            }
+            Some(_) => self.decide_degraded(checks)?,
+        };
+        self.verdict(checks, &outcome)
+    }
+
+    fn decide_locally(&self, checks: &[Check]) -> Outcome {
+        self.counters
+            .local_decisions
+            .fetch_add(1, Ordering::Relaxed);
+        self.local.decide(checks, self.clock.now())
+    }
+
+    fn decide_degraded(&self, checks: &[Check]) -> Result<Outcome, Error> {
+        match self.failure {
+            FailureMode::Open => Ok(self.decide_locally(checks)),
+            FailureMode::Closed => {
+                self.counters.unavailable.fetch_add(1, Ordering::Relaxed);
+                for check in checks {
+                    self.metrics.rules[check.rule].unavailable.inc();
+                }
+                Err(Error::Unavailable(
+                    "rate limits cannot be checked while Redis does not answer".into(),
+                ))
+            }
+        }
+    }
+
+    /// Turns a backend's outcome into what the client is told.
+    fn verdict(&self, checks: &[Check], outcome: &Outcome) -> Result<Quota, Error> {
+        let pairs = checks.iter().zip(&outcome.states);
+        for (check, state) in pairs.clone() {
+            let counters = &self.metrics.rules[check.rule];
+            // A refused request leaves at 0 remaining exactly the rules that refused it.
+            if outcome.allowed || state.remaining > 0 {
+                counters.allowed.inc();
+            } else {
+                counters.refused.inc();
+            }
+        }
+        if outcome.allowed {
+            // Report the rule closest to refusing; on a tie, the one that frees last.
+            let (check, state) = pairs
+                .min_by_key(|(_, s)| (s.remaining, std::cmp::Reverse(s.reset)))
+                .expect("a decision covers at least one rule");
+            return Ok(Quota {
+                limit: check.limit,
+                remaining: state.remaining,
+                reset: state.reset,
+            });
+        }
+        self.counters.refused.fetch_add(1, Ordering::Relaxed);
+        let refusing: Vec<_> = pairs.filter(|(_, s)| s.remaining == 0).collect();
+        // Every refusing rule must have a free slot before a retry can pass.
+        let (check, state) = refusing
+            .iter()
+            .max_by_key(|(_, s)| s.reset)
+            .copied()
+            .expect("a refusal names at least one rule");
+        Err(Error::RateLimited {
+            violations: refusing
+                .iter()
+                .map(|(c, _)| {
+                    let rule = &self.rules.rules()[c.rule];
+                    QuotaViolation {
+                        subject: rule.to_string(),
+                        description: rule.describe(),
+                    }
+                })
+                .collect(),
+            limit: check.limit,
+            retry_after: state.reset,
+        })
+    }
+}
+
+/// While Redis is degraded, tries it every [`PROBE_INTERVAL`] and restores it once
+/// it answers; ends when the limiter is dropped (the server stopped).
+fn spawn_prober(limiter: Weak<RateLimiter>) {
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(PROBE_INTERVAL);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            let Some(limiter) = limiter.upgrade() else {
+                return;
+            };
+            let Some(tier) = &limiter.redis else {
+                return;
+            };
+            if tier.healthy.load(Ordering::SeqCst) {
+                continue;
+            }
+            match tier.limiter.probe(CONNECT_TIMEOUT).await {
+                Ok(()) => {
+                    if !tier.healthy.swap(true, Ordering::SeqCst) {
+                        tracing::info!(
+                            redis = %tier.url,
+                            "Redis answers again: rate limits are global across replicas again"
+                        );
+                    }
+                }
+                Err(why) => tracing::debug!(error = %why, "Redis still does not answer"),
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limiter(rules: &str, clock: Arc<dyn Clock>) -> RateLimiter {
+        let settings = Settings {
+            rules: rules.parse().unwrap(),
+            redis_url: None,
+            prefix: "p".into(),
+            redis_timeout: Duration::from_millis(50),
+            failure: FailureMode::Open,
+            trust_forwarded_for: false,
+            max_local_keys: 1000,
+        };
+        RateLimiter::new(settings, None, clock, &Metrics::new())
+    }
+
+    #[tokio::test]
+    async fn a_refusal_names_every_refusing_rule_and_waits_for_the_last() {
+        let l = limiter(
+            "Login:peer=1/1s,Login:global=1/1m,Login:header:x-client-id=5/1s",
+            Arc::new(SystemClock),
+        );
+        let map = http::HeaderMap::new();
+        let checks = l.plan("Login", &map, Some("10.0.0.7".parse().unwrap()));
+        let quota = l.decide(&checks).await.unwrap();
+        assert_eq!(quota.remaining, 0);
+        assert_eq!(quota.limit, 1);
+        match l.decide(&checks).await {
+            Err(Error::RateLimited {
+                violations,
+                limit,
+                retry_after,
+            }) => {
+                let subjects: Vec<_> = violations.iter().map(|v| v.subject.as_str()).collect();
+                assert_eq!(subjects, ["Login:peer=1/1s", "Login:global=1/1m"]);
+                assert_eq!(limit, 1);
+                assert!(retry_after > Duration::from_secs(59), "{retry_after:?}");
+                assert_eq!(
+                    violations[1].description,
+                    "at most 1 Login requests per 1m in total"
+                );
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        assert_eq!(l.stats().refused, 1);
+        assert_eq!(l.stats().local_decisions, 2);
+    }
+
+    #[tokio::test]
+    async fn the_window_slides_with_the_clock() {
+        // 50 at t=0; none at 1.5 s (a fixed window might have reset by then); 50 again
+        // once the first burst has left the 2 s window. The clock moves only when told.
+        let clock = Arc::new(ManualClock::new());
+        let l = limiter("Login:global=50/2s", clock.clone());
+        let checks = l.plan("Login", &http::HeaderMap::new(), None);
+        let passed = |n: usize| {
+            let l = &l;
+            let checks = &checks;
+            async move {
+                let mut ok = 0;
+                for _ in 0..n {
+                    ok += usize::from(l.decide(checks).await.is_ok());
+                }
+                ok
+            }
+        };
+        assert_eq!(passed(60).await, 50);
+        clock.advance(Duration::from_millis(1500));
+        assert_eq!(passed(5).await, 0, "no new slot 1.5 s into a 2 s window");
+        clock.advance(Duration::from_millis(499));
+        assert_eq!(passed(1).await, 0, "the first burst is 1.999 s old");
+        clock.advance(Duration::from_millis(1));
+        assert_eq!(
+            passed(60).await,
+            50,
+            "the whole first burst has left the window"
+        );
+        match l.decide(&checks).await {
+            Err(Error::RateLimited { retry_after, .. }) => {
+                assert_eq!(retry_after, Duration::from_secs(2))
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! The bottom floor of the request path: what every layer and the handlers need to
+//! know about a request, in one place.
+//!
+//! - [`Rpc`]: which RPC a request path is, built on the service names the generated
+//!   code declares; nothing else in authd spells a path. Health and reflection are
+//!   [exempt](Rpc::is_exempt): never rate-limited, never refused for load.
+//! - The request extensions that travel down the stack: the [`RequestId`] (set by the
+//!   trace layer), the [`Deadline`] (set by admission control), and, on the way back
+//!   up, the [`UserId`] a handler acted for.
+//! - Who sent a request: [`peer_ip`] and [`client_ip`].
+//!
+//! It imports nothing of authd's: every other module may import it.
+
+use http::HeaderValue;
+use std::{net::IpAddr, time::Instant};
+use tonic::transport::server::TcpConnectInfo;
+
+const AUTH: &str = crate::pb::auth_service_server::SERVICE_NAME;
+const HEALTH: &str = tonic_health::pb::health_server::SERVICE_NAME;
+const REFLECTION_V1: &str = tonic_reflection::pb::v1::server_reflection_server::SERVICE_NAME;
+const REFLECTION_V1ALPHA: &str =
+    tonic_reflection::pb::v1alpha::server_reflection_server::SERVICE_NAME;
+
+/// An RPC authd serves, or [`Rpc::Unknown`] for any other path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Rpc {
+    Register,
+    Login,
+    ValidateToken,
+    HealthCheck,
+    HealthWatch,
+    ReflectionV1,
+    ReflectionV1Alpha,
+    /// A path that names none of the above (an unknown service or method).
+    Unknown,
+}
+
+impl Rpc {
+    /// Every value, in the order of [`Rpc::index`].
+    pub(crate) const ALL: [Rpc; 8] = [
+        Rpc::Register,
+        Rpc::Login,
+        Rpc::ValidateToken,
+        Rpc::HealthCheck,
+        Rpc::HealthWatch,
+        Rpc::ReflectionV1,
+        Rpc::ReflectionV1Alpha,
+        Rpc::Unknown,
+    ];
+
+    /// The methods of `auth.v1.AuthService` (a unit test keeps them in step with the proto).
+    pub(crate) const AUTH_METHODS: [Rpc; 3] = [Rpc::Register, Rpc::Login, Rpc::ValidateToken];
+
+    /// The RPC a request path (`/package.Service/Method`) names.
+    pub(crate) fn of_path(path: &str) -> Rpc {
+        let Some((service, method)) = path.strip_prefix('/').and_then(|p| p.split_once('/')) else {
+            return Rpc::Unknown;
+        };
+        Rpc::ALL[..Rpc::ALL.len() - 1]
+            .iter()
+            .copied()
+            .find(|rpc| rpc.service() == service && rpc.method() == method)
+            .unwrap_or(Rpc::Unknown)
+    }
+
+    /// The fully qualified service name (`unknown` for [`Rpc::Unknown`]).
+    pub(crate) fn service(self) -> &'static str {
+        match self {
+            Rpc::Register | Rpc::Login | Rpc::ValidateToken => AUTH,
+            Rpc::HealthCheck | Rpc::HealthWatch => HEALTH,
+            Rpc::ReflectionV1 => REFLECTION_V1,
+            Rpc::ReflectionV1Alpha => REFLECTION_V1ALPHA,
+            Rpc::Unknown => "unknown",
+        }
+    }
+
+    /// The method name, as the proto spells it (`unknown` for [`Rpc::Unknown`]).
+    pub(crate) fn method(self) -> &'static str {
+        match self {
+            Rpc::Register => "Register",
+            Rpc::Login => "Login",
+            Rpc::ValidateToken => "ValidateToken",
+            Rpc::HealthCheck => "Check",
+            Rpc::HealthWatch => "Watch",
+            Rpc::ReflectionV1 | Rpc::ReflectionV1Alpha => "ServerReflectionInfo",
+            Rpc::Unknown => "unknown",
+        }
+    }
+
+    /// The position in [`Rpc::ALL`], for tables indexed by RPC.
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Health and reflection: probes and tooling must answer however busy the
+    /// service is, so they are never rate-limited nor refused by admission control,
+    /// and they are logged at debug level only (probes would fill the log).
+    pub(crate) fn is_exempt(self) -> bool {
+        matches!(
+            self,
+            Rpc::HealthCheck | Rpc::HealthWatch | Rpc::ReflectionV1 | Rpc::ReflectionV1Alpha
+        )
+    }
+
+    /// The AuthService method called `name` (case-insensitively), for rate-limit rules.
+    pub(crate) fn auth_method(name: &str) -> Option<Rpc> {
+        Rpc::AUTH_METHODS
+            .iter()
+            .copied()
+            .find(|rpc| rpc.method().eq_ignore_ascii_case(name))
+    }
+}
+
+/// The service name health reports besides the server-wide `""`.
+pub(crate) const AUTH_SERVICE: &str = AUTH;
+
+/// The id of the request being handled, in the request's extensions.
+#[derive(Debug, Clone)]
+pub struct RequestId(pub(crate) HeaderValue);
+
+impl RequestId {
+    pub fn as_str(&self) -> &str {
+        // Only ever built from visible ASCII (checked, or a UUID).
+        self.0.to_str().unwrap_or_default()
+    }
+}
+
+/// The instant after which nobody waits for the answer any more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadline(pub Instant);
+
+/// The user a request acted for: handlers put it in the response's extensions
+/// (tonic carries them into the HTTP response), and the trace layer logs it.
+#[derive(Debug, Clone)]
+pub struct UserId(pub String);
+
+/// The IP address of the connection a request came on, if it came over TCP.
+pub(crate) fn peer_ip(extensions: &http::Extensions) -> Option<IpAddr> {
+    extensions
+        .get::<TcpConnectInfo>()
+        .and_then(|info| info.remote_addr())
+        .map(|addr| addr.ip())
+}
+
+/// The client a request is counted for: the first `x-forwarded-for` hop when that
+/// header is trusted (behind a proxy that sets it) and holds an address, else the
+/// connection's peer; IPv4-mapped IPv6 addresses are the IPv4 client they stand for.
+pub(crate) fn client_ip(
+    headers: &http::HeaderMap,
+    peer: Option<IpAddr>,
+    trust_forwarded_for: bool,
+) -> Option<IpAddr> {
+    let forwarded = trust_forwarded_for
+        .then(|| first_forwarded_hop(headers))
+        .flatten();
+    forwarded.or(peer).map(|ip| ip.to_canonical())
+}
+
+/// The first `x-forwarded-for` hop: the client as the first proxy saw it.
+fn first_forwarded_hop(headers: &http::HeaderMap) -> Option<IpAddr> {
+    let value = headers.get("x-forwarded-for")?.to_str().ok()?;
+    let first = value.split(',').next()?.trim();
+    first
+        .parse::<IpAddr>()
+        .ok()
+        .or_else(|| first.parse::<std::net::SocketAddr>().ok().map(|a| a.ip()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(forwarded: &str) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        h.insert("x-forwarded-for", forwarded.parse().unwrap());
+        h
+    }
+
+    #[test]
+    fn paths_name_their_rpc() {
+        for rpc in Rpc::ALL {
+            assert_eq!(Rpc::ALL[rpc.index()], rpc);
+            if rpc != Rpc::Unknown {
+                let path = format!("/{}/{}", rpc.service(), rpc.method());
+                assert_eq!(Rpc::of_path(&path), rpc, "{path}");
+            }
+        }
+        for other in [
+            "",
+            "/",
+            "/auth.v1.AuthService/",
+            "/auth.v1.AuthService/Nope",
+            "/evil/x",
+            "/grpc.health.v1.Health/List",
+            "auth.v1.AuthService/Login",
+        ] {
+            assert_eq!(Rpc::of_path(other), Rpc::Unknown, "{other:?}");
+        }
+        assert!(Rpc::HealthCheck.is_exempt() && Rpc::ReflectionV1Alpha.is_exempt());
+        assert!(!Rpc::Login.is_exempt() && !Rpc::Unknown.is_exempt());
+        assert_eq!(Rpc::auth_method("login"), Some(Rpc::Login));
+        assert_eq!(Rpc::auth_method("Check"), None);
+    }
+
+    #[test]
+    fn the_auth_methods_are_those_of_the_proto() {
+        use prost::Message as _;
+        let set = prost_types::FileDescriptorSet::decode(crate::pb::FILE_DESCRIPTOR_SET).unwrap();
+        let mut methods: Vec<String> = set
+            .file
+            .iter()
+            .flat_map(|f| {
+                let package = f.package().to_owned();
+                f.service
+                    .iter()
+                    .filter(move |s| format!("{package}.{}", s.name()) == AUTH)
+            })
+            .flat_map(|s| &s.method)
+            .map(|m| m.name().to_owned())
+            .collect();
+        methods.sort();
+        let mut known: Vec<String> = Rpc::AUTH_METHODS
+            .iter()
+            .map(|m| m.method().to_owned())
+            .collect();
+        known.sort();
+        assert_eq!(methods, known);
+    }
+
+    #[test]
+    fn the_forwarded_client_counts_only_when_trusted() {
+        let peer: IpAddr = "10.0.0.1".parse().unwrap();
+        let h = headers("203.0.113.9, 10.0.0.1");
+        assert_eq!(client_ip(&h, Some(peer), false), Some(peer));
+        assert_eq!(
+            client_ip(&h, Some(peer), true),
+            Some("203.0.113.9".parse().unwrap())
+        );
+        assert_eq!(client_ip(&headers("unknown"), Some(peer), true), Some(peer));
+        assert_eq!(
+            client_ip(&headers("[2001:db8::1]:4711"), Some(peer), true),
+            Some("2001:db8::1".parse().unwrap())
+        );
+        let mapped: IpAddr = "::ffff:10.0.0.7".parse().unwrap();
+        assert_eq!(
+            client_ip(&http::HeaderMap::new(), Some(mapped), false),
+            Some("10.0.0.7".parse().unwrap())
+        );
+    }
+}
