@@ -1,0 +1,368 @@
+//! `authd hash-bench`: how many PBKDF2 hashes per second this machine computes, with
+//! the server's own hashing engine (`pbkdf2-lanes`, the backend the server would use
+//! or the one `--hash-backend` forces).
+//!
+//! Every login verifies one hash and every registration computes one, at the
+//! configured cost, on the server's hash threads; under load a thread hashes a full
+//! batch (the engine's lanes) at a time, so `threads × hashes/s per thread` at the
+//! engine's batch size is the **hash-bound limit**: no login or registration load can
+//! be served faster. `--batch 1` gives the rate of requests that come one at a time
+//! (an idle server's latency). The benchmark suite compares authbench's QPS with it.
+//!
+//! It also reports the effective cost of one SHA-256 compression (each PBKDF2 round
+//! is two), and with `--compare` the pbkdf2 crate's rate (one hash at a time, what
+//! authd used before the engine) measured in the same run, right after.
+//!
+//! The threads start together behind a barrier and each hashes until the duration
+//! has passed; a thread's rate is its hashes over the time to its last completed
+//! batch, so a batch cut off by the end of the window does not bias the rate.
+
+use super::hash_now;
+use crate::{config::Config, credentials::Password};
+use anyhow::{Context as _, anyhow};
+use pbkdf2_lanes::{Engine, Job};
+use serde::Serialize;
+use std::{
+    fmt::Write as _,
+    sync::{Arc, Barrier},
+    thread,
+    time::{Duration, Instant},
+};
+
+/// What to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    pub iterations: u32,
+    pub threads: usize,
+    /// How long each thread keeps hashing (it always completes at least one batch).
+    pub duration: Duration,
+    /// Hashes per engine call; `None` means the engine's lanes (a full batch).
+    pub batch: Option<usize>,
+    /// Also measure the pbkdf2 crate, in the same run.
+    pub compare: bool,
+}
+
+/// One thread's result.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ThreadRate {
+    pub hashes: u64,
+    pub seconds: f64,
+    pub hashes_per_second: f64,
+}
+
+/// The rates of one way of hashing.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Rates {
+    pub per_thread: Vec<ThreadRate>,
+    /// The mean of the threads' rates.
+    pub hashes_per_second_per_thread: f64,
+    /// The sum of the threads' rates.
+    pub hashes_per_second: f64,
+    /// The time of one batch (one request's hash under load), in milliseconds.
+    pub ms_per_hash: f64,
+    /// Thread time per SHA-256 compression (two per PBKDF2 round), in nanoseconds.
+    pub ns_per_compression: f64,
+}
+
+/// What `authd hash-bench` reports.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HashBenchReport {
+    pub algorithm: &'static str,
+    pub iterations: u32,
+    pub threads: usize,
+    /// The engine's backend: `sha-ni`, `avx2` or `portable`.
+    pub backend: &'static str,
+    /// Hashes the engine computes side by side.
+    pub lanes: usize,
+    /// Hashes per engine call in this run.
+    pub batch: usize,
+    /// The engine's rates: with `batch` equal to `lanes`, the hash-bound limit.
+    #[serde(flatten)]
+    pub engine: Rates,
+    /// The pbkdf2 crate's rates in the same run (`--compare`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pbkdf2_crate: Option<Rates>,
+}
+
+/// Runs `authd hash-bench` with the options given on its command line, falling back
+/// to the server's configuration (`--pbkdf2-iterations`, `--hash-threads`,
+/// `--hash-backend`), and prints the result on stdout.
+pub fn run_command(config: &Config, options: Options, json: bool) -> anyhow::Result<()> {
+    let engine = config.hash_backend.engine()?;
+    let report = measure(engine, options)?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).context("encoding the report")?
+        );
+    } else {
+        print!("{}", render_text(&report));
+    }
+    Ok(())
+}
+
+/// The options of `authd hash-bench`, resolved against the configuration.
+pub fn options(
+    config: &Config,
+    iterations: Option<u32>,
+    threads: Option<u32>,
+    duration: Duration,
+    batch: Option<usize>,
+    compare: bool,
+) -> Options {
+    Options {
+        iterations: iterations.unwrap_or(config.pbkdf2_iterations),
+        threads: threads.map_or_else(|| config.hash_threads(), |t| t as usize),
+        duration,
+        batch,
+        compare,
+    }
+}
+
+/// Hashes on `options.threads` threads for `options.duration` on `engine` (and then
+/// with the pbkdf2 crate, when asked) and reports the rates.
+pub fn measure(engine: Engine, options: Options) -> anyhow::Result<HashBenchReport> {
+    let params = pbkdf2::Params::new(options.iterations)
+        .map_err(|e| anyhow!("invalid PBKDF2 iteration count {}: {e}", options.iterations))?;
+    let threads = options.threads.max(1);
+    let batch = options.batch.unwrap_or(engine.lanes()).max(1);
+    // Distinct passwords, as a server's batch would have.
+    let passwords: Arc<Vec<Vec<u8>>> = Arc::new(
+        (0..batch)
+            .map(|i| format!("hash-bench password {i}").into_bytes())
+            .collect(),
+    );
+    let salt = b"hash-bench salt!".to_vec();
+    // Check once, before starting threads, that hashing works at all.
+    engine
+        .derive_vec(&[Job::new(&passwords[0], &salt, 1)])
+        .map_err(|e| anyhow!("the hashing engine failed: {e}"))?;
+
+    let iterations = options.iterations;
+    let per_thread = on_threads(threads, options.duration, move || {
+        let jobs: Vec<Job<'_>> = passwords
+            .iter()
+            .map(|p| Job::new(p, &salt, iterations))
+            .collect();
+        // The result is discarded; keep it observable so the work stays.
+        std::hint::black_box(engine.derive_vec(&jobs).map_err(|e| anyhow!("{e}"))?);
+        Ok(jobs.len() as u64)
+    })?;
+    let engine_rates = rates(per_thread, iterations, batch);
+
+    let pbkdf2_crate = if options.compare {
+        let password = Password::parse("hash-bench password").expect("a valid password");
+        hash_now(&password, params)?;
+        let per_thread = on_threads(threads, options.duration, move || {
+            std::hint::black_box(hash_now(&password, params)?);
+            Ok(1)
+        })?;
+        Some(rates(per_thread, iterations, 1))
+    } else {
+        None
+    };
+    Ok(HashBenchReport {
+        algorithm: "pbkdf2-sha256",
+        iterations,
+        threads,
+        backend: engine.backend().name(),
+        lanes: engine.lanes(),
+        batch,
+        engine: engine_rates,
+        pbkdf2_crate,
+    })
+}
+
+/// Runs `work` (which hashes and returns how many hashes it did) in a loop on
+/// `threads` threads, started together, each until `duration` has passed.
+fn on_threads<W>(threads: usize, duration: Duration, work: W) -> anyhow::Result<Vec<ThreadRate>>
+where
+    W: Fn() -> anyhow::Result<u64> + Clone + Send + 'static,
+{
+    let barrier = Arc::new(Barrier::new(threads));
+    let workers: Vec<_> = (0..threads)
+        .map(|i| {
+            let barrier = barrier.clone();
+            let work = work.clone();
+            thread::Builder::new()
+                .name(format!("hash-bench-{i}"))
+                .spawn(move || -> anyhow::Result<ThreadRate> {
+                    barrier.wait();
+                    let start = Instant::now();
+                    let mut hashes = 0u64;
+                    let mut last = start;
+                    while hashes == 0 || last.duration_since(start) < duration {
+                        hashes += work()?;
+                        last = Instant::now();
+                    }
+                    Ok(thread_rate(hashes, last.duration_since(start)))
+                })
+                .context("starting a hash-bench thread")
+        })
+        .collect::<anyhow::Result<_>>()?;
+    workers
+        .into_iter()
+        .map(|w| {
+            w.join()
+                .map_err(|_| anyhow!("a hash-bench thread panicked"))?
+        })
+        .collect()
+}
+
+/// A thread's rate: `hashes` completed over `elapsed` (until the last completion).
+pub fn thread_rate(hashes: u64, elapsed: Duration) -> ThreadRate {
+    let seconds = elapsed.as_secs_f64();
+    ThreadRate {
+        hashes,
+        seconds,
+        hashes_per_second: if seconds > 0.0 {
+            hashes as f64 / seconds
+        } else {
+            0.0
+        },
+    }
+}
+
+/// Totals the threads' rates (the limit is their sum), for hashes of `iterations`
+/// rounds done `batch` at a time.
+pub fn rates(per_thread: Vec<ThreadRate>, iterations: u32, batch: usize) -> Rates {
+    let total: f64 = per_thread.iter().map(|t| t.hashes_per_second).sum();
+    let threads = per_thread.len();
+    let mean = if threads > 0 {
+        total / threads as f64
+    } else {
+        0.0
+    };
+    let compressions_per_second = mean * 2.0 * f64::from(iterations);
+    Rates {
+        per_thread,
+        hashes_per_second_per_thread: mean,
+        hashes_per_second: total,
+        ms_per_hash: if mean > 0.0 {
+            1000.0 * batch as f64 / mean
+        } else {
+            0.0
+        },
+        ns_per_compression: if compressions_per_second > 0.0 {
+            1e9 / compressions_per_second
+        } else {
+            0.0
+        },
+    }
+}
+
+pub fn render_text(report: &HashBenchReport) -> String {
+    let mut out = String::new();
+    let plural = |n: usize| if n == 1 { "" } else { "s" };
+    let _ = writeln!(
+        out,
+        "PBKDF2-SHA256 at {} iterations on {} thread{}: engine {} ({} lane{}), {} hash{} per batch",
+        report.iterations,
+        report.threads,
+        plural(report.threads),
+        report.backend,
+        report.lanes,
+        plural(report.lanes),
+        report.batch,
+        if report.batch == 1 { "" } else { "es" },
+    );
+    render_rates(&mut out, &report.engine);
+    let _ = writeln!(
+        out,
+        "total:       {:.2} hashes/s: the hash-bound limit of logins and registrations \
+         with {} hash thread{}",
+        report.engine.hashes_per_second,
+        report.threads,
+        plural(report.threads)
+    );
+    if let Some(crate_rates) = &report.pbkdf2_crate {
+        let _ = writeln!(out, "the pbkdf2 crate, one hash at a time, same run:");
+        render_rates(&mut out, crate_rates);
+        let ratio =
+            report.engine.hashes_per_second / crate_rates.hashes_per_second.max(f64::MIN_POSITIVE);
+        let _ = writeln!(out, "engine / crate: {ratio:.2}x");
+    }
+    out
+}
+
+fn render_rates(out: &mut String, rates: &Rates) {
+    for (i, t) in rates.per_thread.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "  thread {i}: {:>10.2} hashes/s ({} hashes in {:.2} s)",
+            t.hashes_per_second, t.hashes, t.seconds
+        );
+    }
+    let _ = writeln!(
+        out,
+        "per thread:  {:.2} hashes/s ({:.2} ms per batch, {:.1} ns per SHA-256 compression)",
+        rates.hashes_per_second_per_thread, rates.ms_per_hash, rates.ns_per_compression
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_add_up_across_threads() {
+        let rates = rates(
+            vec![
+                thread_rate(100, Duration::from_secs(2)),
+                thread_rate(150, Duration::from_secs(3)),
+            ],
+            10_000,
+            4,
+        );
+        assert_eq!(rates.per_thread[0].hashes_per_second, 50.0);
+        assert_eq!(rates.hashes_per_second, 100.0);
+        assert_eq!(rates.hashes_per_second_per_thread, 50.0);
+        // A batch of 4 at 50 hashes/s: 80 ms per batch.
+        assert_eq!(rates.ms_per_hash, 80.0);
+        // 50 hashes/s × 10,000 rounds × 2 compressions: 1 µs each.
+        assert_eq!(rates.ns_per_compression, 1000.0);
+    }
+
+    #[test]
+    fn a_short_measurement_hashes_at_least_once_per_thread() {
+        let report = measure(
+            Engine::detect(),
+            Options {
+                iterations: 1000,
+                threads: 2,
+                duration: Duration::ZERO,
+                batch: None,
+                compare: true,
+            },
+        )
+        .unwrap();
+        assert_eq!(report.threads, 2);
+        assert_eq!(report.batch, Engine::detect().lanes());
+        assert!(report.engine.per_thread.iter().all(|t| t.hashes >= 1));
+        assert!(report.engine.hashes_per_second > 0.0);
+        assert!(report.pbkdf2_crate.as_ref().unwrap().hashes_per_second > 0.0);
+        let json: serde_json::Value = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["iterations"], 1000);
+        assert_eq!(json["backend"], Engine::detect().backend().name());
+        assert!(json["hashes_per_second"].as_f64().unwrap() > 0.0);
+        assert!(json["pbkdf2_crate"]["ns_per_compression"].as_f64().unwrap() > 0.0);
+        let text = render_text(&report);
+        assert!(text.contains("engine / crate"), "{text}");
+    }
+
+    #[test]
+    fn bad_iteration_counts_are_refused() {
+        let err = measure(
+            Engine::detect(),
+            Options {
+                iterations: 10,
+                threads: 1,
+                duration: Duration::ZERO,
+                batch: Some(1),
+                compare: false,
+            },
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("10"), "{err}");
+    }
+}

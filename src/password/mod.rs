@@ -1,0 +1,488 @@
+//! Passwords: the PBKDF2-SHA256 policy, computed on the bounded [`HashPool`].
+//!
+//! - `pool`: the hashing threads behind a bounded queue (refusals, deadlines,
+//!   priority, retry hints); it knows nothing of passwords.
+//! - `bench`: `authd hash-bench`, this machine's hashing rate with this code.
+//!
+//! [`Hasher`] holds the current parameters, verifies unknown users against a dummy
+//! hash, and says when a stored hash was made with other parameters and should be
+//! replaced.
+//!
+//! Timing must not reveal which usernames exist, even while stored hashes have
+//! other costs than the current one (after the cost was raised or lowered, until
+//! every user has logged in again). So every failed verification costs the same
+//! number of PBKDF2 rounds, T = max(current cost, highest stored cost): a wrong
+//! password for a user whose hash has s < T rounds, and the dummy verification of
+//! an unknown user, are followed by T − s rounds of PBKDF2 on throwaway input, on
+//! the same hashing thread, right after the verification's batch and before the
+//! answer: T rounds of sequential work, as a verification of a T-round hash. A
+//! success is not padded (the caller learns nothing from its timing it does not
+//! learn from the answer). The highest stored cost comes from the store
+//! ([`Hasher::set_highest_stored`]).
+//!
+//! Hashes are computed by the multi-lane engine (`pbkdf2-lanes`) as raw 32-byte
+//! PBKDF2-HMAC-SHA256 outputs and written as the pbkdf2 crate's PHC strings
+//! (`$pbkdf2-sha256$i=…,l=32$salt$hash`): hashes made before verify after, and
+//! the other way round.
+
+use crate::{credentials::Password, error::Error};
+use anyhow::Context as _;
+use pbkdf2::{
+    Algorithm, Params, Pbkdf2,
+    password_hash::{
+        PasswordHasher, PasswordVerifier,
+        phc::{Output, PasswordHash, Salt},
+    },
+};
+use std::{
+    sync::atomic::{AtomicU32, Ordering},
+    time::Instant,
+};
+
+pub mod bench;
+mod pool;
+
+pub use pool::{HashPool, HashSlot, PoolError, PoolSnapshot};
+
+use pool::Derivation;
+
+/// The outcome of checking a password against a stored hash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verification {
+    pub matches: bool,
+    /// The stored hash uses other parameters than the current ones: replace it.
+    pub needs_rehash: bool,
+}
+
+/// Hashes and verifies passwords with the configured PBKDF2 cost on a [`HashPool`].
+pub struct Hasher {
+    pool: HashPool,
+    params: Params,
+    /// A hash of nothing, at the current cost, for users that do not exist.
+    dummy: String,
+    /// The highest iteration count of any stored hash, as last read from the store.
+    highest_stored: AtomicU32,
+}
+
+impl Hasher {
+    pub fn new(iterations: u32, pool: HashPool) -> anyhow::Result<Self> {
+        let params = Params::new(iterations)
+            .map_err(|e| anyhow::anyhow!("invalid PBKDF2 iteration count {iterations}: {e}"))?;
+        Ok(Self {
+            dummy: dummy_hash(params)?,
+            pool,
+            params,
+            highest_stored: AtomicU32::new(0),
+        })
+    }
+
+    pub fn iterations(&self) -> u32 {
+        self.params.rounds()
+    }
+
+    pub fn pool(&self) -> &HashPool {
+        &self.pool
+    }
+
+    /// Records the highest iteration count of any stored hash (the store's
+    /// `MAX(hash_iterations)`), which raises the cost of a failed login to it.
+    pub fn set_highest_stored(&self, iterations: u32) {
+        self.highest_stored.store(iterations, Ordering::Relaxed);
+    }
+
+    /// The rounds every failed verification costs: the current cost, or the
+    /// highest stored one when that is higher.
+    pub fn failure_cost(&self) -> u32 {
+        self.params
+            .rounds()
+            .max(self.highest_stored.load(Ordering::Relaxed))
+    }
+
+    /// Takes a place in the hashing pool for one hash or verification, or refuses
+    /// at once (RESOURCE_EXHAUSTED) when the pool is full.
+    pub fn reserve(&self) -> Result<HashSlot, Error> {
+        Ok(self.pool.reserve()?)
+    }
+
+    /// Refuses at once (RESOURCE_EXHAUSTED) when the pool is full now, without
+    /// taking a place: see [`HashPool::check_room`].
+    pub fn check_room(&self) -> Result<(), Error> {
+        Ok(self.pool.check_room()?)
+    }
+
+    /// Hashes a password into a PHC string with a fresh random salt.
+    pub async fn hash(
+        &self,
+        slot: HashSlot,
+        password: Password,
+        deadline: Option<Instant>,
+    ) -> Result<String, Error> {
+        let mut salt = vec![0u8; SALT_BYTES];
+        rand::fill(salt.as_mut_slice());
+        let job = Derivation {
+            password: password.as_bytes().to_vec(),
+            salt: salt.clone(),
+            rounds: self.params.rounds(),
+        };
+        let output = self.pool.derive(slot, deadline, job).await?;
+        Ok(phc_string(self.params, &salt, &output)?)
+    }
+
+    /// Verifies a password against a stored PHC string, or against the dummy hash
+    /// when there is none. A failure, either way, costs [`Hasher::failure_cost`]
+    /// rounds: the verification, then padding up to that cost, on the same thread
+    /// before the answer.
+    pub async fn verify(
+        &self,
+        slot: HashSlot,
+        password: Password,
+        stored: Option<String>,
+        deadline: Option<Instant>,
+    ) -> Result<Verification, Error> {
+        let exists = stored.is_some();
+        let phc = stored.unwrap_or_else(|| self.dummy.clone());
+        let Some(stored) = StoredHash::parse(&phc)? else {
+            // Not a PBKDF2-SHA256 hash with a 32-byte output (not one authd makes):
+            // the pbkdf2 crate checks it, on its own, padded all the same.
+            return self
+                .verify_other(slot, password, phc, exists, deadline)
+                .await;
+        };
+        let pad = self.failure_cost().saturating_sub(stored.rounds);
+        let job = Derivation {
+            password: password.as_bytes().to_vec(),
+            salt: stored.salt,
+            rounds: stored.rounds,
+        };
+        let matches = self
+            .pool
+            .verify(slot, deadline, job, stored.output, pad)
+            .await?;
+        let matches = exists && matches;
+        Ok(Verification {
+            matches,
+            needs_rehash: matches && stored.rounds != self.params.rounds(),
+        })
+    }
+
+    /// A stored hash the engine does not compute (another algorithm or output
+    /// length), checked by the pbkdf2 crate on a thread of the pool.
+    async fn verify_other(
+        &self,
+        slot: HashSlot,
+        password: Password,
+        phc: String,
+        exists: bool,
+        deadline: Option<Instant>,
+    ) -> Result<Verification, Error> {
+        let cost = self.failure_cost();
+        let rounds = self.pool.metrics.rounds.clone();
+        let matches = self
+            .pool
+            .run_in(slot, deadline, move || {
+                let (matches, spent) = verify_with_crate(&password, &phc)?;
+                rounds.inc_by(u64::from(spent));
+                if spent < cost {
+                    pad_now(cost - spent);
+                    rounds.inc_by(u64::from(cost - spent));
+                }
+                Ok::<_, Error>(matches)
+            })
+            .await??;
+        Ok(Verification {
+            matches: exists && matches,
+            // Another algorithm or output length: replace it with ours.
+            needs_rehash: exists && matches,
+        })
+    }
+}
+
+/// Random bytes of a new hash's salt (the pbkdf2 crate's default, 16).
+const SALT_BYTES: usize = 16;
+
+/// The same padding, computed on the calling thread.
+fn pad_now(rounds: u32) {
+    let job = pool::padding(rounds);
+    let engine = pbkdf2_lanes::Engine::with_backend(pbkdf2_lanes::Backend::Portable);
+    if let Some(engine) = engine {
+        let _ = std::hint::black_box(engine.derive_vec(&[pbkdf2_lanes::Job::new(
+            &job.password,
+            &job.salt,
+            job.rounds,
+        )]));
+    }
+}
+
+/// A PBKDF2-SHA256 PHC string with a 32-byte output, taken apart.
+struct StoredHash {
+    rounds: u32,
+    salt: Vec<u8>,
+    output: [u8; 32],
+}
+
+impl StoredHash {
+    /// `None` for a well-formed hash of another algorithm or output length; an
+    /// error for one that does not parse.
+    fn parse(phc: &str) -> Result<Option<Self>, Error> {
+        let hash: PasswordHash = phc
+            .parse()
+            .map_err(|e| anyhow::anyhow!("a stored password hash does not parse: {e}"))?;
+        let params = Params::try_from(&hash)
+            .map_err(|e| anyhow::anyhow!("a stored password hash has invalid parameters: {e}"))?;
+        let (Some(salt), Some(output)) = (hash.salt, hash.hash) else {
+            return Err(Error::Internal(anyhow::anyhow!(
+                "a stored password hash has no salt or no output"
+            )));
+        };
+        if hash.algorithm.as_str() != Algorithm::PBKDF2_SHA256_ID || params.output_len() != 32 {
+            return Ok(None);
+        }
+        let Ok(output) = <[u8; 32]>::try_from(output.as_bytes()) else {
+            return Ok(None);
+        };
+        Ok(Some(StoredHash {
+            rounds: params.rounds(),
+            salt: salt.as_ref().to_vec(),
+            output,
+        }))
+    }
+}
+
+/// The PHC string of a 32-byte PBKDF2-SHA256 output: the format the pbkdf2 crate
+/// writes and reads, so hashes made here and there verify on either side.
+fn phc_string(params: Params, salt: &[u8], output: &[u8; 32]) -> anyhow::Result<String> {
+    let hash = PasswordHash {
+        algorithm: Algorithm::Pbkdf2Sha256.into(),
+        version: None,
+        params: params
+            .try_into()
+            .map_err(|e| anyhow::anyhow!("encoding PBKDF2 parameters: {e}"))?,
+        salt: Some(Salt::new(salt).map_err(|e| anyhow::anyhow!("salt: {e}"))?),
+        hash: Some(Output::new(output).map_err(|e| anyhow::anyhow!("output: {e}"))?),
+    };
+    Ok(hash.to_string())
+}
+
+/// Hashes with the pbkdf2 crate on the calling thread (for `hash-bench`'s
+/// comparison and for tests that need a hash made by the crate).
+pub fn hash_now(password: &Password, params: Params) -> anyhow::Result<String> {
+    let hash = Pbkdf2::new(Algorithm::Pbkdf2Sha256, params)
+        .hash_password(password.as_bytes())
+        .map_err(|e| anyhow::anyhow!("hashing a password failed: {e}"))?;
+    Ok(hash.to_string())
+}
+
+/// Verifies with the pbkdf2 crate on the calling thread; also returns the rounds it cost.
+fn verify_with_crate(password: &Password, phc: &str) -> Result<(bool, u32), Error> {
+    let hash: PasswordHash = phc
+        .parse()
+        .map_err(|e| anyhow::anyhow!("a stored password hash does not parse: {e}"))?;
+    let params = Params::try_from(&hash)
+        .map_err(|e| anyhow::anyhow!("a stored password hash has invalid parameters: {e}"))?;
+    let matches = match Pbkdf2::SHA256.verify_password(password.as_bytes(), &hash) {
+        Ok(()) => true,
+        Err(pbkdf2::password_hash::Error::PasswordInvalid) => false,
+        Err(e) => {
+            return Err(Error::Internal(anyhow::anyhow!(
+                "verifying against a stored password hash failed: {e}"
+            )));
+        }
+    };
+    Ok((matches, params.rounds()))
+}
+
+/// A well-formed hash at the current cost that no password matches: random salt and
+/// random output. Verifying against it costs exactly what a real verification costs.
+fn dummy_hash(params: Params) -> anyhow::Result<String> {
+    let mut salt = [0u8; SALT_BYTES];
+    let mut output = [0u8; 32];
+    rand::fill(&mut salt);
+    rand::fill(&mut output);
+    phc_string(params, &salt, &output).context("building the dummy hash")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+
+    fn pw(s: &str) -> Password {
+        Password::parse(s).unwrap()
+    }
+
+    #[tokio::test]
+    async fn hashes_are_phc_strings_that_verify() {
+        let hasher = Hasher::new(
+            1000,
+            HashPool::new(1, 4, 0, pbkdf2_lanes::Engine::detect(), &Metrics::new()).unwrap(),
+        )
+        .unwrap();
+        let phc = hasher
+            .hash(hasher.reserve().unwrap(), pw("correct horse"), None)
+            .await
+            .unwrap();
+        assert!(phc.starts_with("$pbkdf2-sha256$i=1000,l=32$"), "{phc}");
+        let ok = hasher
+            .verify(
+                hasher.reserve().unwrap(),
+                pw("correct horse"),
+                Some(phc.clone()),
+                None,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            ok,
+            Verification {
+                matches: true,
+                needs_rehash: false
+            }
+        );
+        let bad = hasher
+            .verify(
+                hasher.reserve().unwrap(),
+                pw("wrong horse"),
+                Some(phc),
+                None,
+            )
+            .await
+            .unwrap();
+        assert!(!bad.matches);
+    }
+
+    #[tokio::test]
+    async fn unknown_users_never_match() {
+        let hasher = Hasher::new(
+            1000,
+            HashPool::new(1, 4, 0, pbkdf2_lanes::Engine::detect(), &Metrics::new()).unwrap(),
+        )
+        .unwrap();
+        assert!(hasher.dummy.starts_with("$pbkdf2-sha256$i=1000,l=32$"));
+        let v = hasher
+            .verify(hasher.reserve().unwrap(), pw("anything at all"), None, None)
+            .await
+            .unwrap();
+        assert_eq!(
+            v,
+            Verification {
+                matches: false,
+                needs_rehash: false
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn other_parameters_ask_for_a_rehash() {
+        let old = Hasher::new(
+            1000,
+            HashPool::new(1, 4, 0, pbkdf2_lanes::Engine::detect(), &Metrics::new()).unwrap(),
+        )
+        .unwrap();
+        let new = Hasher::new(
+            2000,
+            HashPool::new(1, 4, 0, pbkdf2_lanes::Engine::detect(), &Metrics::new()).unwrap(),
+        )
+        .unwrap();
+        let phc = old
+            .hash(old.reserve().unwrap(), pw("correct horse"), None)
+            .await
+            .unwrap();
+        let v = new
+            .verify(new.reserve().unwrap(), pw("correct horse"), Some(phc), None)
+            .await
+            .unwrap();
+        assert_eq!(
+            v,
+            Verification {
+                matches: true,
+                needs_rehash: true
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn every_failure_costs_the_dearest_stored_hash_and_a_success_is_not_padded() {
+        let metrics = Metrics::new();
+        let hasher = Hasher::new(
+            1000,
+            HashPool::new(1, 4, 0, pbkdf2_lanes::Engine::detect(), &metrics).unwrap(),
+        )
+        .unwrap();
+        let phc = hasher
+            .hash(hasher.reserve().unwrap(), pw("correct horse"), None)
+            .await
+            .unwrap();
+        hasher.set_highest_stored(5000);
+        assert_eq!(hasher.failure_cost(), 5000);
+        let rounds = || metrics.hash.rounds.get();
+        let spent = |before: u64| rounds() - before;
+        for (password, stored, expected) in [
+            ("wrong horse", Some(phc.clone()), 5000),
+            ("wrong horse", None, 5000),
+            ("correct horse", None, 5000),
+            ("correct horse", Some(phc.clone()), 1000),
+        ] {
+            let before = rounds();
+            hasher
+                .verify(hasher.reserve().unwrap(), pw(password), stored, None)
+                .await
+                .unwrap();
+            assert_eq!(spent(before), expected, "{password}");
+        }
+        // A stored cost below the current one changes nothing.
+        hasher.set_highest_stored(10);
+        assert_eq!(hasher.failure_cost(), 1000);
+    }
+
+    #[tokio::test]
+    async fn hashes_are_interchangeable_with_the_pbkdf2_crate_on_every_backend() {
+        use pbkdf2_lanes::{Backend, Engine};
+        for backend in Backend::ALL {
+            let Some(engine) = Engine::with_backend(backend) else {
+                continue;
+            };
+            let pool = HashPool::new(1, 4, 0, engine, &Metrics::new()).unwrap();
+            let hasher = Hasher::new(1000, pool).unwrap();
+            // Made by the engine, checked by the crate.
+            let ours = hasher
+                .hash(hasher.reserve().unwrap(), pw("correct horse"), None)
+                .await
+                .unwrap();
+            assert!(ours.starts_with("$pbkdf2-sha256$i=1000,l=32$"), "{ours}");
+            assert_eq!(
+                verify_with_crate(&pw("correct horse"), &ours).unwrap(),
+                (true, 1000),
+                "{backend:?}"
+            );
+            assert!(!verify_with_crate(&pw("wrong horse"), &ours).unwrap().0);
+            // Made by the crate (authd before the engine), checked by the engine.
+            let theirs = hash_now(&pw("correct horse"), Params::new(1000).unwrap()).unwrap();
+            for (password, expected) in [("correct horse", true), ("wrong horse", false)] {
+                let v = hasher
+                    .verify(
+                        hasher.reserve().unwrap(),
+                        pw(password),
+                        Some(theirs.clone()),
+                        None,
+                    )
+                    .await
+                    .unwrap();
+                assert_eq!(v.matches, expected, "{backend:?} {password}");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn checking_for_room_takes_no_place() {
+        let pool = HashPool::new(1, 1, 0, pbkdf2_lanes::Engine::detect(), &Metrics::new()).unwrap();
+        pool.check_room().unwrap();
+        let (a, b) = (pool.reserve().unwrap(), pool.reserve().unwrap());
+        assert!(matches!(pool.check_room(), Err(PoolError::Full { .. })));
+        drop(a);
+        pool.check_room().unwrap();
+        pool.check_room().unwrap();
+        let _c = pool.reserve().unwrap();
+        drop(b);
+        assert_eq!(pool.stats().rejected_full, 1);
+    }
+}
