@@ -1,8 +1,10 @@
-//! The load generator behind the `authbench` binary, and `authd hash-bench`.
+//! authbench: the load generator for authd.
 //!
-//! This module owns everything that *measures* authd from the outside; nothing in
-//! the server depends on it. It is a library module (not only a binary) so that the
-//! integration tests drive the same runner the binary does, against an app on port 0.
+//! This package owns everything that *measures* authd from the outside, and speaks
+//! to it only through the gRPC client generated from authd's proto (and the standard
+//! health client); nothing in the server depends on it. It is a library (not only a
+//! binary) so that its tests drive the same runner the binary does, against an authd
+//! started in-process on port 0.
 //!
 //! - [`cli`]: the `authbench` command line, checked and turned into a [`Plan`].
 //! - [`scenario`]: the operations (health, register, login, validate) and the weighted
@@ -12,16 +14,18 @@
 //!   and records every outcome.
 //! - [`report`]: the histogram-backed [`Recorder`](report::Recorder), the arithmetic
 //!   (QPS, percentiles, success rate) and the table / JSON renderings.
-//! - [`hashbench`]: `authd hash-bench`, the machine's PBKDF2 rate with the server's own
-//!   hashing code: the hash-bound limit no login or registration can beat.
+//!
+//! The hash-bound limit that the suite compares QPS with comes from `authd hash-bench`,
+//! a subcommand of authd itself (it runs the server's hashing code).
 //!
 //! What it must not do: hide queueing. Closed-loop latency is measured from the
 //! moment a request is sent; open-loop latency from the moment it was *meant* to be
 //! sent, so a stalled server cannot make its own queue invisible (no coordinated
 //! omission).
 
+#![forbid(unsafe_code)]
+
 pub mod cli;
-pub mod hashbench;
 mod progress;
 pub mod report;
 pub mod runner;
@@ -31,3 +35,9 @@ pub mod schedule;
 pub use report::Report;
 pub use runner::{Load, Plan, Stop, run};
 pub use scenario::{Mix, Operation, Scenario};
+
+/// The gRPC client generated from `proto/auth/v1/auth.proto`.
+pub mod pb {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("auth.v1");
+}

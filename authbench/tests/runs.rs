@@ -1,9 +1,11 @@
-//! authbench's runner against a real app: every scenario and load shape accounts
+//! authbench's runner against a real authd: every scenario and load shape accounts
 //! for every request it sends, and a server that refuses shows up as
 //! RESOURCE_EXHAUSTED in the report. Counts only; no timing is asserted.
 
-use crate::helpers::{TestApp, spawn_app, spawn_app_with};
-use authd::bench::{self, Load, Operation, Plan, Report, Scenario, Stop};
+mod server;
+
+use authbench::{self as bench, Load, Operation, Plan, Report, Scenario, Stop};
+use server::{TestApp, spawn_app, spawn_app_with};
 use std::time::Duration;
 use tonic::Code;
 

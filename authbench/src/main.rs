@@ -1,11 +1,11 @@
 //! The `authbench` binary: parse the command line, run the benchmark, print the report.
 //!
-//! Thin on purpose: the logic lives in `authd::bench`, where the tests drive it too.
+//! Thin on purpose: the logic lives in the `authbench` library, where the tests drive it too.
 //! Every failure (bad arguments, unreachable target, refused setup) ends with one
 //! `authbench: error: …` line on stderr and a non-zero exit; stdout carries only the
 //! report, so `authbench --json … | python3 …` always reads clean JSON.
 
-use authd::bench::cli::Args;
+use authbench::cli::Args;
 use clap::{Parser, error::ErrorKind};
 use std::{io::IsTerminal, process::ExitCode};
 
@@ -38,7 +38,7 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return fail(&format!("cannot start the async runtime: {e}"), 1),
     };
-    match runtime.block_on(authd::bench::run(&plan)) {
+    match runtime.block_on(authbench::run(&plan)) {
         Ok(report) if args.json => println!("{}", report.to_json()),
         Ok(report) => print!("{}", report.to_text()),
         Err(e) => return fail(&format!("{e:#}"), 1),

@@ -2,7 +2,7 @@
 //! cannot (combinations, the target URL) and turns it into a [`Plan`].
 //!
 //! Every mistake is reported as one line naming the option, before anything is
-//! sent; `src/bin/authbench.rs` prints it and exits non-zero.
+//! sent; `src/main.rs` prints it and exits non-zero.
 
 use super::{
     runner::{Load, Plan, Stop, default_connections},

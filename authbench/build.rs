@@ -1,0 +1,13 @@
+//! Compiles authd's wire contract (`../proto`) into a gRPC client with protox (a
+//! pure-Rust protobuf compiler, so no system `protoc`): the only way authbench
+//! knows authd.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    println!("cargo:rerun-if-changed=../proto");
+    let fds = protox::compile(["auth/v1/auth.proto"], ["../proto"])?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(false)
+        .compile_fds(fds)?;
+    Ok(())
+}

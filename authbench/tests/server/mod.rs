@@ -1,0 +1,48 @@
+//! A real authd for the runner to load: started in-process through its public
+//! `Application`, on 127.0.0.1:0, with a SQLite file of its own and cheap hashes.
+
+use authd::{
+    app::Application,
+    config::{Config, DatabaseUrl},
+};
+use tokio::{sync::oneshot, task::JoinHandle};
+
+pub struct TestApp {
+    pub addr: std::net::SocketAddr,
+    _dir: tempfile::TempDir,
+    _stop: oneshot::Sender<()>,
+    _task: JoinHandle<anyhow::Result<()>>,
+}
+
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(|_| {}).await
+}
+
+/// An authd with the test defaults, adjusted by `adjust`; stopped when dropped.
+pub async fn spawn_app_with(adjust: impl FnOnce(&mut Config)) -> TestApp {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let mut config = Config::defaults();
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    config.metrics_listen = "".parse().unwrap();
+    config.health_listen = "".parse().unwrap();
+    config.database_url = DatabaseUrl::Sqlite(dir.path().join("authd.db"));
+    config.pbkdf2_iterations = 1000;
+    config.token_keys = Some(
+        "bench:MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="
+            .parse()
+            .unwrap(),
+    );
+    adjust(&mut config);
+    let app = Application::build(config).await.expect("authd builds");
+    let addr = app.local_addr();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(app.run_until_stopped(async {
+        let _ = stopped.await;
+    }));
+    TestApp {
+        addr,
+        _dir: dir,
+        _stop: stop,
+        _task: task,
+    }
+}
