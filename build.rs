@@ -1,9 +1,29 @@
 //! Compiles `proto/` with protox (a pure-Rust protobuf compiler, so no system `protoc`)
 //! into tonic client and server code, and writes the encoded descriptor set that
 //! server reflection serves.
+//!
+//! The server is generated on authd's own codec (`crate::codec::RequestCodec`), which
+//! answers a request that does not decode with INVALID_ARGUMENT and a generic message.
+//! The client keeps prost's codec, for which an undecodable response is the server's
+//! fault (INTERNAL): it is generated in a second pass, into `client/`, reusing the
+//! message types of the first.
+//!
+//! It also builds the bundled password blocklist: `data/common-passwords.txt.gz` (see
+//! `data/README.md`) decompressed, every entry folded as `src/blocklist.rs` folds
+//! passwords (NFKC, then Unicode lowercase), sorted, deduplicated and written as an
+//! `fst::Set` to `OUT_DIR/common-passwords.fst`, which the binary embeds and searches
+//! in place. A test in `src/blocklist.rs` checks that both foldings agree.
 
 use prost::Message;
-use std::{env, fs, path::PathBuf};
+use std::{
+    env, fs,
+    io::Read as _,
+    path::{Path, PathBuf},
+};
+use unicode_normalization::UnicodeNormalization as _;
+
+/// The bundled list of common passwords, one a line (see data/README.md).
+const COMMON_PASSWORDS: &str = "data/common-passwords.txt.gz";
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protos = ["proto/auth/v1/auth.proto"];
@@ -15,8 +35,47 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     fs::write(out_dir.join("auth_descriptor.bin"), fds.encode_to_vec())?;
 
     tonic_prost_build::configure()
-        .build_client(true)
+        .build_client(false)
         .build_server(true)
+        .codec_path("crate::codec::RequestCodec")
+        .compile_fds(fds.clone())?;
+
+    let client_dir = out_dir.join("client");
+    fs::create_dir_all(&client_dir)?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(false)
+        .extern_path(".auth.v1", "crate::pb")
+        .out_dir(client_dir)
         .compile_fds(fds)?;
+
+    println!("cargo:rerun-if-changed={COMMON_PASSWORDS}");
+    common_passwords(
+        Path::new(COMMON_PASSWORDS),
+        &out_dir.join("common-passwords.fst"),
+    )?;
+    Ok(())
+}
+
+/// Writes the folded, deduplicated entries of the gzipped list at `list` as an
+/// `fst::Set` to `out`.
+fn common_passwords(list: &Path, out: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let named = |e: std::io::Error| format!("{}: {e}", list.display());
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(fs::File::open(list).map_err(named)?)
+        .read_to_string(&mut text)
+        .map_err(named)?;
+    let mut entries: Vec<String> = text
+        .split('\n')
+        .map(|line| line.strip_suffix('\r').unwrap_or(line))
+        .filter(|line| !line.is_empty())
+        // Exactly as `blocklist::fold`.
+        .map(|line| line.nfkc().collect::<String>().to_lowercase())
+        .collect();
+    entries.sort_unstable();
+    entries.dedup();
+    let mut set = fst::SetBuilder::new(std::io::BufWriter::new(fs::File::create(out)?))?;
+    set.extend_iter(&entries)?;
+    set.finish()?;
     Ok(())
 }
