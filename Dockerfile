@@ -16,16 +16,22 @@ ARG RUST_VERSION=1.95
 FROM rust:${RUST_VERSION}-bookworm AS build
 WORKDIR /src
 
-# 1. Dependencies only: the manifests, build.rs and the proto (build.rs compiles it),
-#    with empty targets. This layer is rebuilt only when Cargo.toml, Cargo.lock,
-#    build.rs or the proto change, not on every source edit.
+# 1. Dependencies only: the manifests, build.rs, the proto and data/ (build.rs compiles
+#    the proto and builds the password blocklist from data/), with empty targets. This
+#    layer is rebuilt only when Cargo.toml, Cargo.lock, build.rs, the proto or data/
+#    change, not on every source edit. The PBKDF2 engine is a dependency, built here
+#    whole. The load generator is a workspace member: only its manifest is needed
+#    (with empty targets), never built.
 COPY Cargo.toml Cargo.lock build.rs ./
+COPY pbkdf2-lanes ./pbkdf2-lanes
+COPY authbench/Cargo.toml ./authbench/
 COPY proto ./proto
-RUN mkdir -p src/bin \
+COPY data ./data
+RUN mkdir -p src authbench/src \
     && echo 'fn main() {}' > src/main.rs \
-    && echo 'fn main() {}' > src/bin/authbench.rs \
-    && touch src/lib.rs \
-    && cargo build --release --locked --bin authd \
+    && touch src/lib.rs authbench/src/lib.rs \
+    && echo 'fn main() {}' > authbench/src/main.rs \
+    && cargo build --release --locked -p authd --bin authd \
     && rm -rf src
 
 # 2. The sources. COPY keeps the files' own modification times, which can be older
@@ -33,7 +39,7 @@ RUN mkdir -p src/bin \
 COPY migrations ./migrations
 COPY src ./src
 RUN find src -name '*.rs' -exec touch {} + \
-    && cargo build --release --locked --bin authd \
+    && cargo build --release --locked -p authd --bin authd \
     && install -D -m 0755 target/release/authd /out/authd \
     && install -d -m 0750 /out/data
 
@@ -53,11 +59,12 @@ ENV AUTHD_LISTEN=0.0.0.0:50051 \
     AUTHD_LOG_FORMAT=json
 
 USER 65532:65532
-# gRPC, and GET /metrics for Prometheus (AUTHD_METRICS_LISTEN).
-EXPOSE 50051 9090
+# gRPC; the health-only port for probes (AUTHD_HEALTH_LISTEN); GET /metrics for
+# Prometheus (AUTHD_METRICS_LISTEN).
+EXPOSE 50051 50052 9090
 
 # `authd health` asks the server's own grpc.health.v1 service (on loopback, at the
-# port of AUTHD_LISTEN) and exits 0 only when it is SERVING.
+# health-only port) and exits 0 only when it is SERVING.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
     CMD ["/usr/local/bin/authd", "health", "--service", "auth.v1.AuthService"]
 

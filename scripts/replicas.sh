@@ -78,7 +78,7 @@ case "$database_url" in
 esac
 
 if [[ -z "$bin" ]]; then
-    bin="$root/target/release/authd"
+    bin="${CARGO_TARGET_DIR:-$root/target}/release/authd"
     if [[ ! -x "$bin" ]]; then
         echo "building $bin (cargo build --release --bin authd)"
         (cd "$root" && cargo build --release --locked --bin authd)
@@ -182,7 +182,10 @@ for i in $(seq 1 "$replicas"); do
     # Each replica its own metrics port (an AUTHD_METRICS_LISTEN shared by all would collide).
     metrics=""
     (( metrics_base_port > 0 )) && metrics="$host:$(( metrics_base_port + i - 1 ))"
-    AUTHD_LISTEN="$host:$port" AUTHD_METRICS_LISTEN="$metrics" "$bin" serve >"$log" 2>&1 &
+    # The health-only port is off: the replicas' gRPC ports serve health too, and one
+    # default port (50052) shared by all would collide.
+    AUTHD_LISTEN="$host:$port" AUTHD_METRICS_LISTEN="$metrics" AUTHD_HEALTH_LISTEN='' \
+        "$bin" serve >"$log" 2>&1 &
     pids+=("$!")
     echo "$!" >"$log_dir/replica-$i.pid"
     echo "replica $i: $host:$port, metrics ${metrics:-off} (pid $!, log $log)"

@@ -43,8 +43,9 @@ done < <(compgen -e | grep '^AUTHD_' | grep -v '^AUTHD_TEST_' || true)
 
 step "build (release): authd and examples/smoke.rs"
 (cd "$root" && cargo build --release --locked --bin authd --example smoke)
-authd="$root/target/release/authd"
-smoke="$root/target/release/examples/smoke"
+target_dir="${CARGO_TARGET_DIR:-$root/target}"
+authd="$target_dir/release/authd"
+smoke="$target_dir/release/examples/smoke"
 
 run_id="$$_$(date +%s)_$RANDOM"
 schema="authd_smoke_$run_id"
