@@ -22,9 +22,16 @@
 #                     full queue waits about 3x the 100-concurrency run, the p99 target
 #                     for overload; "default" leaves authd's own (64 per hash thread)
 #   BENCH_PORT        the server's port on 127.0.0.1 [a free one]
+#   BENCH_HEALTH_PORT the server's health-only port (AUTHD_HEALTH_LISTEN), which the
+#                     "health under register load" row probes, as Kubernetes does
+#                     [a free one]
 #   BENCH_POSTGRES_URL  also run the login and register rows against PostgreSQL at
 #                     this URL, each on a fresh schema that is dropped afterwards
 #                     (needs psql) [unset: SQLite only]
+#   BENCH_BASELINE_AUTHD  an authd binary of another revision (e.g. built from a
+#                     `git worktree` of it): the login and register rows at 100k and
+#                     600k are run with it too, in the same run, marked "baseline",
+#                     against its own hash-bound limit [unset: no baseline rows]
 # Needs: cargo, taskset (util-linux), python3. The whole suite takes about 4 minutes
 # after the build.
 set -euo pipefail
@@ -87,8 +94,9 @@ fi
 
 echo "== building release binaries" >&2
 cargo build --release --locked --bins >&2
-AUTHD=$ROOT/target/release/authd
-AUTHBENCH=$ROOT/target/release/authbench
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+AUTHD=$TARGET_DIR/release/authd
+AUTHBENCH=$TARGET_DIR/release/authbench
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/authd-bench.XXXXXX")
 SERVER_PID=
@@ -115,25 +123,36 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-PORT=${BENCH_PORT:-$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+PORT=${BENCH_PORT:-$(free_port)}
+HEALTH_PORT=${BENCH_HEALTH_PORT:-$(free_port)}
 TARGET=http://127.0.0.1:$PORT
+HEALTH_TARGET=http://127.0.0.1:$HEALTH_PORT
 TOKEN_KEY="bench:$(head -c 32 /dev/urandom | base64 | tr -d '\n')"
 
-# start_server ITERATIONS: a fresh authd on a fresh database, SERVING when it returns.
+# start_server ITERATIONS [BINARY]: a fresh authd (this revision's, or BINARY) on a
+# fresh database, SERVING when it returns.
 start_server() {
+    local binary=${2:-$AUTHD}
     stop_server
     rm -f "$WORK"/authd.db*
     local queue_env=()
     [[ $HASH_QUEUE != default ]] && queue_env=("AUTHD_HASH_QUEUE=$HASH_QUEUE")
+    # authbench is one client (127.0.0.1): its share is the whole in-flight cap, as
+    # the load of many clients would be.
     env AUTHD_LISTEN="127.0.0.1:$PORT" \
         AUTHD_DATABASE_URL="${DATABASE_URL:-sqlite://$WORK/authd.db}" \
         AUTHD_PBKDF2_ITERATIONS="$1" \
         AUTHD_HASH_THREADS="$HASH_THREADS" \
         "${queue_env[@]}" \
         AUTHD_TOKEN_KEYS="$TOKEN_KEY" \
+        AUTHD_MAX_IN_FLIGHT_PER_CLIENT=4096 \
         AUTHD_METRICS_LISTEN= \
+        AUTHD_HEALTH_LISTEN="127.0.0.1:$HEALTH_PORT" \
         AUTHD_LOG=warn \
-        taskset -c "$SERVER_CPUS" "$AUTHD" >>"$WORK/server.log" 2>&1 &
+        taskset -c "$SERVER_CPUS" "$binary" >>"$WORK/server.log" 2>&1 &
     SERVER_PID=$!
     if ! "$AUTHBENCH" health --target "$TARGET" --requests 1 --concurrency 1 \
         --wait 30s --json >/dev/null; then
@@ -147,11 +166,11 @@ peak_rss_kb() {
     awk '/^VmHWM:/ { print $2 }' "/proc/$SERVER_PID/status"
 }
 
-# bench OUTFILE ARGS...: authbench pinned to the client cores, JSON to OUTFILE.
+# bench OUTFILE TARGET ARGS...: authbench pinned to the client cores, JSON to OUTFILE.
 bench() {
-    local out=$1
-    shift
-    taskset -c "$CLIENT_CPUS" "$AUTHBENCH" "$@" --target "$TARGET" \
+    local out=$1 target=$2
+    shift 2
+    taskset -c "$CLIENT_CPUS" "$AUTHBENCH" "$@" --target "$target" \
         --threads "$CLIENT_THREADS" --json >"$out" ||
         die "authbench $* failed (server log: $(tail -n 3 "$WORK/server.log" | tr '\n' ' '))"
     kill -0 "$SERVER_PID" 2>/dev/null || die "authd exited during authbench $*"
@@ -163,9 +182,15 @@ bench() {
 hash_bench() {
     echo "== hash-bound limit, $1 (authd hash-bench on CPU $SERVER_CPUS," \
         "$HASH_THREADS thread(s))" >&2
-    for iterations in 100000 10000; do
+    for iterations in 600000 100000 10000; do
         taskset -c "$SERVER_CPUS" "$AUTHD" hash-bench --iterations "$iterations" \
-            --threads "$HASH_THREADS" --duration 5s --json >"$WORK/hash-$iterations-$1.json"
+            --threads "$HASH_THREADS" --duration 5s --compare --json \
+            >"$WORK/hash-$iterations-$1.json"
+        if [[ -n ${BENCH_BASELINE_AUTHD:-} ]]; then
+            taskset -c "$SERVER_CPUS" "$BENCH_BASELINE_AUTHD" hash-bench \
+                --iterations "$iterations" --threads "$HASH_THREADS" --duration 5s --json \
+                >"$WORK/hash-$iterations-$1-baseline.json"
+        fi
     done
 }
 hash_bench before
@@ -174,13 +199,15 @@ hash_bench before
 # Overload runs twice: with clients that ask again at once when refused (the closed
 # loop of the original report), and with clients that wait out the RetryInfo hint.
 SCENARIOS=(
+    "login|600000|login|100||"
     "login|100000|login|100||"
+    "register|100000|register|100||"
     "login|10000|login|100||"
     "login|10000|login|200||"
     "register|10000|register|300||"
     "register|10000|register|3000||"
     "register, clients back off|10000|register|3000||--backoff"
-    "health under register load|10000|health|100|register 3000 on its own connections|"
+    "health under register load|10000|health|100|register 3000 on the gRPC port|"
     "login overload|10000|login|2000||"
     "login overload, clients back off|10000|login|2000||--backoff"
     "register overload|10000|register|5000||"
@@ -192,6 +219,15 @@ if [[ -n ${BENCH_POSTGRES_URL:-} ]]; then
         "login, PostgreSQL|10000|login|100||"
         "register, PostgreSQL|10000|register|300||"
         "register overload, PostgreSQL, clients back off|10000|register|5000||--backoff"
+    )
+fi
+if [[ -n ${BENCH_BASELINE_AUTHD:-} ]]; then
+    [[ -x $BENCH_BASELINE_AUTHD ]] || die "BENCH_BASELINE_AUTHD: $BENCH_BASELINE_AUTHD is not an executable"
+    SCENARIOS+=(
+        "login, baseline|600000|login|100||"
+        "login, baseline|100000|login|100||"
+        "register, baseline|100000|register|100||"
+        "login, baseline|10000|login|100||"
     )
 fi
 PG_SCHEMA=
@@ -218,7 +254,9 @@ for row in "${SCENARIOS[@]}"; do
         [[ $BENCH_POSTGRES_URL == *\?* ]] && sep='&'
         DATABASE_URL="$BENCH_POSTGRES_URL${sep}options[search_path]=$PG_SCHEMA"
     fi
-    start_server "$iterations"
+    binary=$AUTHD
+    [[ $name == *baseline* ]] && binary=$BENCH_BASELINE_AUTHD
+    start_server "$iterations" "$binary"
     json=$WORK/run-$i.json
     background=
     if [[ -n $note ]]; then
@@ -231,8 +269,11 @@ for row in "${SCENARIOS[@]}"; do
         BG_PID=$!
         sleep 2
     fi
+    # Probes go to the health-only port, as the shipped Kubernetes manifests do.
+    target=$TARGET
+    [[ $scenario == health ]] && target=$HEALTH_TARGET
     # shellcheck disable=SC2086 # flags is a list of words
-    bench "$json" "$scenario" --concurrency "$concurrency" \
+    bench "$json" "$target" "$scenario" --concurrency "$concurrency" \
         --warmup "${WARMUP}s" --duration "${DURATION}s" $flags
     if [[ -n $BG_PID ]]; then
         wait "$BG_PID" || die "the background register load failed"
@@ -259,11 +300,16 @@ python3 - "$MANIFEST" "$WORK" >"$WORK/table.md" <<'PY'
 import json, sys
 
 manifest, work = sys.argv[1], sys.argv[2]
+import os
 limits, measured = {}, {}
-for it in (100000, 10000):
-    runs = [json.load(open(f"{work}/hash-{it}-{when}.json")) for when in ("before", "after")]
-    measured[it] = runs
-    limits[it] = max(runs, key=lambda h: h["hashes_per_second"])
+for it in (600000, 100000, 10000):
+    for kind in ("", "-baseline"):
+        paths = [f"{work}/hash-{it}-{when}{kind}.json" for when in ("before", "after")]
+        if not all(os.path.exists(p) for p in paths):
+            continue
+        runs = [json.load(open(p)) for p in paths]
+        measured[(it, kind)] = runs
+        limits[(it, kind)] = max(runs, key=lambda h: h["hashes_per_second"])
 
 def ms(x):
     return "—" if x is None else f"{x:.1f}"
@@ -290,7 +336,8 @@ for line in open(manifest):
     other_detail = ", ".join(f"{c} {n}" for c, n in codes.items()
                              if c not in ("OK", "RESOURCE_EXHAUSTED"))
     hashes = r["scenario"] in ("login", "register")
-    limit = limits[it]["hashes_per_second"] if hashes else None
+    kind = "-baseline" if "baseline" in name else ""
+    limit = limits[(it, kind)]["hashes_per_second"] if hashes else None
     rate = r["ok_qps"]
     print(f"| {name} | PBKDF2 {short(it)} | {conc} | {rate:.0f} | {ms(ok.get('avg'))} "
           f"| {ms(ok.get('p99'))} | {100 * r['ok'] / requests:.1f} % "
@@ -306,12 +353,22 @@ for line in open(manifest):
                      f"{100 * bref / max(b['requests'], 1):.1f} % RESOURCE_EXHAUSTED, "
                      f"p99 of its successes {ms((b.get('ok_latency_ms') or {}).get('p99'))} ms.")
 print()
-for it, h in limits.items():
-    before, after = (m["hashes_per_second"] for m in measured[it])
-    print(f"- Hash-bound limit at PBKDF2 {short(it)}: {h['hashes_per_second']:.1f} hashes/s "
-          f"on {h['threads']} thread(s) ({h['ms_per_hash']:.2f} ms per hash): the higher of "
-          f"{before:.1f} before and {after:.1f} after the scenarios, from "
-          f"`authd hash-bench --iterations {it} --threads {h['threads']} --duration 5s`.")
+for (it, kind), h in limits.items():
+    before, after = (m["hashes_per_second"] for m in measured[(it, kind)])
+    who = "the baseline's" if kind else "this revision's"
+    engine = f", engine {h['backend']}, batch {h['batch']}" if "backend" in h else ""
+    print(f"- Hash-bound limit at PBKDF2 {short(it)} ({who} authd{engine}): "
+          f"{h['hashes_per_second']:.1f} hashes/s on {h['threads']} thread(s) "
+          f"({h['ms_per_hash']:.2f} ms per batch): the higher of {before:.1f} before and "
+          f"{after:.1f} after the scenarios, from `authd hash-bench --iterations {it} "
+          f"--threads {h['threads']} --duration 5s`.")
+    crate = h.get("pbkdf2_crate")
+    if crate:
+        print(f"  In the same run the pbkdf2 crate (one hash at a time) did "
+              f"{crate['hashes_per_second']:.1f} hashes/s "
+              f"({crate['ns_per_compression']:.1f} ns per SHA-256 compression, against the "
+              f"engine's {h['ns_per_compression']:.1f}): engine / crate = "
+              f"{h['hashes_per_second'] / crate['hashes_per_second']:.2f}.")
 for n in notes:
     print(n)
 PY
