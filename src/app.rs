@@ -7,25 +7,35 @@
 
 use crate::{
     accounts::Accounts,
-    admission::{Admission, AdmissionLayer},
+    admission::{self, Admission, AdmissionSettings},
+    blocklist::Blocklist,
     config::{Config, DatabaseUrl},
     grpc::{AuthApi, MAX_MESSAGE_BYTES},
     health,
     metrics::{self, Metrics},
     password::{HashPool, Hasher, PoolSnapshot},
     pb::{self, auth_service_server::AuthServiceServer},
-    ratelimit::{RateLimitLayer, RateLimitStats, RateLimiter, Settings as RateLimitSettings},
+    ratelimit::{self, RateLimitStats, RateLimiter, Settings as RateLimitSettings},
     store::{PostgresSettings, SqliteSettings, Store, StoreSettings, WriterSnapshot},
     token::{KeyRing, Tokens},
-    trace::TraceLayer,
+    trace,
+    transport::{self, Limits, Protocol},
 };
 use anyhow::Context as _;
 use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
-use tokio::net::TcpListener;
-use tonic::transport::{Server, server::TcpIncoming};
+use tokio::{net::TcpListener, sync::watch};
+use tonic::service::Routes;
+use tower::Layer as _;
 
 /// How long, after the drain, the server may take to close its connections.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The gRPC framing of a message: a flag byte and a 4-byte length.
+const GRPC_FRAME_HEADER: usize = 5;
+
+/// File descriptors kept free for the database, Redis, the other listeners and logs
+/// when the connection cap is fitted under the process's limit.
+const RESERVED_FDS: u64 = 256;
 
 /// A built, bound, not yet serving authd.
 pub struct Application {
@@ -34,9 +44,13 @@ pub struct Application {
     accounts: Arc<Accounts>,
     admission: Arc<Admission>,
     rate_limiter: Arc<RateLimiter>,
+    blocklist: Arc<Blocklist>,
     metrics: Arc<Metrics>,
     metrics_listener: Option<TcpListener>,
     metrics_addr: Option<SocketAddr>,
+    health_listener: Option<std::net::TcpListener>,
+    health_addr: Option<SocketAddr>,
+    limits: Limits,
     config: Config,
 }
 
@@ -48,12 +62,18 @@ pub struct AppHandle {
     rate_limiter: Arc<RateLimiter>,
     metrics: Arc<Metrics>,
     metrics_addr: Option<SocketAddr>,
+    health_addr: Option<SocketAddr>,
 }
 
 impl AppHandle {
     /// Where `GET /metrics` answers (`None` when the endpoint is off).
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics_addr
+    }
+
+    /// Where the health-only port answers (`None` when it is off).
+    pub fn health_addr(&self) -> Option<SocketAddr> {
+        self.health_addr
     }
 
     /// The application's metrics, as the endpoint would show them now.
@@ -76,6 +96,11 @@ impl AppHandle {
         self.admission.in_flight()
     }
 
+    /// AuthService requests open (being received or in flight) for one client.
+    pub fn open_for(&self, client: std::net::IpAddr) -> u32 {
+        self.admission.open_for(client)
+    }
+
     /// Counters of the rate limiter, and which backend decides now.
     pub fn rate_limit_stats(&self) -> RateLimitStats {
         self.rate_limiter.stats()
@@ -94,11 +119,13 @@ fn store_settings(config: &Config) -> StoreSettings {
             readers: config.db_max_connections,
             acquire_timeout: config.db_acquire_timeout,
             max_batch: config.sqlite_max_batch as usize,
+            statement_timeout: config.db_statement_timeout,
         }),
         DatabaseUrl::Postgres(url) => StoreSettings::Postgres(PostgresSettings {
-            url: url.clone(),
+            url: url.expose().to_owned(),
             max_connections: config.db_max_connections,
             acquire_timeout: config.db_acquire_timeout,
+            statement_timeout: config.db_statement_timeout,
         }),
     }
 }
@@ -118,32 +145,77 @@ impl Application {
         // One registry per application, never the process-wide default: tests run
         // several applications in one process and count each one's requests.
         let metrics = Arc::new(Metrics::new());
+        // Before the store: a bad list file stops the start before anything is opened.
+        let blocklist = Arc::new(Blocklist::new(
+            config.password_blocklist.is_on(),
+            config.password_blocklist_file.as_deref(),
+            &metrics,
+        )?);
         let store = Store::open(store_settings(&config), &metrics).await?;
-        let pool = HashPool::new(config.hash_threads(), config.hash_queue(), &metrics)
-            .context("starting the password hashing threads")?;
+        let engine = config.hash_backend.engine()?;
+        let pool = HashPool::new(
+            config.hash_threads(),
+            config.hash_queue(),
+            config.hash_thread_nice,
+            engine,
+            &metrics,
+        )
+        .context("starting the password hashing threads")?;
         let hasher = Hasher::new(config.pbkdf2_iterations, pool)?;
         let tokens = Tokens::new(keys, config.token_ttl, &metrics);
         let accounts = Arc::new(Accounts::new(Arc::new(store), hasher, tokens));
+        // Failed logins cost as much as the most expensive stored hash from the first.
+        accounts
+            .refresh_hash_cost()
+            .await
+            .map_err(|e| anyhow::anyhow!("reading the highest stored password hash cost: {e}"))?;
         let listener = TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("cannot listen on {}", config.listen))?;
         let local_addr = listener.local_addr()?;
-        let metrics_listener = metrics::bind(config.metrics_listen.addr()).await?;
+        let metrics_listener = match config.metrics_listen.addr() {
+            Some(addr) => Some(transport::bind(addr, "metrics").await?),
+            None => None,
+        };
         let metrics_addr = match &metrics_listener {
             Some(listener) => Some(listener.local_addr()?),
             None => None,
         };
+        // A std listener: it is served by a runtime of its own, on its own thread.
+        let health_listener = match config.health_listen.addr() {
+            Some(addr) => Some(
+                std::net::TcpListener::bind(addr)
+                    .map_err(|e| anyhow::anyhow!("cannot listen for health on {addr}: {e}"))?,
+            ),
+            None => None,
+        };
+        let health_addr = match &health_listener {
+            Some(listener) => Some(listener.local_addr()?),
+            None => None,
+        };
+        let limits = connection_limits(&config);
         // Never fails on a Redis outage: the limiter starts degraded and keeps trying.
-        let rate_limiter = RateLimiter::start(RateLimitSettings::from(&config), &metrics).await?;
+        let rate_limiter = RateLimiter::start(rate_limit_settings(&config), &metrics).await?;
+        let admission = Admission::new(AdmissionSettings {
+            max_in_flight: config.max_in_flight,
+            max_per_client: config.max_in_flight_per_client(),
+            receive_timeout: config.receive_timeout,
+            max_body_bytes: MAX_MESSAGE_BYTES + GRPC_FRAME_HEADER,
+            trust_forwarded_for: config.trust_forwarded_for,
+        });
         Ok(Self {
             listener,
             local_addr,
             accounts,
-            admission: Admission::new(config.max_in_flight),
+            admission,
             rate_limiter,
+            blocklist,
             metrics,
             metrics_listener,
             metrics_addr,
+            health_listener,
+            health_addr,
+            limits,
             config,
         })
     }
@@ -161,6 +233,11 @@ impl Application {
         self.metrics_addr
     }
 
+    /// Where the health-only port answers (`None` when `AUTHD_HEALTH_LISTEN` is empty).
+    pub fn health_addr(&self) -> Option<SocketAddr> {
+        self.health_addr
+    }
+
     pub fn handle(&self) -> AppHandle {
         AppHandle {
             accounts: self.accounts.clone(),
@@ -168,6 +245,7 @@ impl Application {
             rate_limiter: self.rate_limiter.clone(),
             metrics: self.metrics.clone(),
             metrics_addr: self.metrics_addr,
+            health_addr: self.health_addr,
         }
     }
 
@@ -184,33 +262,57 @@ impl Application {
             accounts,
             admission,
             rate_limiter,
+            blocklist,
             metrics,
             metrics_listener,
             metrics_addr,
+            health_listener,
+            health_addr,
+            limits,
             config,
         } = self;
         let store = accounts.store().clone();
 
-        // The metrics endpoint answers from now until the very end, the drain included.
-        let (stop_metrics, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
+        // The gRPC port stops after the drain; the health and metrics ports answer from
+        // now until the very end, the drain included.
+        let (stop_serving, serving_stopped) = watch::channel(false);
+        let (stop_auxiliary, auxiliary_stopped) = watch::channel(false);
+        let auxiliary = Limits::auxiliary(&limits);
         let metrics_server = metrics_listener.map(|listener| {
-            tokio::spawn(metrics::serve(listener, metrics.clone(), async {
-                let _ = metrics_stopped.await;
-            }))
+            tokio::spawn(transport::serve(
+                "metrics",
+                listener,
+                Protocol::Http1,
+                auxiliary.clone(),
+                metrics.listener("metrics"),
+                metrics::router(metrics.clone()),
+                auxiliary_stopped.clone(),
+            ))
         });
 
         let (reporter, health_service) = tonic_health::server::health_reporter();
-        let first = health::probe(&store, Duration::from_secs(2)).await;
+        health::report_alive(&reporter).await;
+        let first = health::probe(&accounts).await;
         if let Err(why) = &first {
             tracing::error!(error = %why, "the database does not answer: NOT_SERVING");
         }
         health::report(&reporter, first.is_ok()).await;
         let checker = health::spawn_checker(
             reporter.clone(),
-            store.clone(),
+            accounts.clone(),
             config.health_interval,
             first.is_ok(),
         );
+        let health_server = match health_listener {
+            Some(listener) => Some(spawn_health_server(
+                listener,
+                auxiliary,
+                trace::layer(metrics.clone()).layer(health_service.clone()),
+                metrics.listener("health"),
+                auxiliary_stopped,
+            )?),
+            None => None,
+        };
 
         let reflection = || {
             tonic_reflection::server::Builder::configure()
@@ -222,32 +324,42 @@ impl Application {
         // grpcurl 1.8 speaks only v1alpha; newer clients use v1.
         let reflection_v1 = reflection().build_v1()?;
         let reflection_v1alpha = reflection().build_v1alpha()?;
-        let auth = AuthServiceServer::new(AuthApi::new(accounts.clone()))
+        let auth = AuthServiceServer::new(AuthApi::new(accounts.clone(), blocklist))
             .max_decoding_message_size(MAX_MESSAGE_BYTES);
-
-        let (stop_serving, serving_stopped) = tokio::sync::oneshot::channel::<()>();
-        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-        let server = Server::builder()
-            // Outermost: every request, refused or not, gets an id, a log line and metrics.
-            .layer(TraceLayer::new(metrics.clone()))
-            // Then: a request refused by a rate limit never takes an admission slot.
-            .layer(RateLimitLayer::new(rate_limiter))
-            .layer(AdmissionLayer::new(admission.clone()))
-            .add_service(health_service)
+        let routes = Routes::new(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
-            .add_service(auth)
-            .serve_with_incoming_shutdown(incoming, async {
-                let _ = serving_stopped.await;
-            });
-        let mut server = tokio::spawn(server);
+            .add_service(auth);
+        let grpc = tower::ServiceBuilder::new()
+            .map_request(|request: http::Request<hyper::body::Incoming>| {
+                request.map(tonic::body::Body::new)
+            })
+            // Outermost: every request, refused or not, gets an id, a log line and metrics.
+            .layer(trace::layer(metrics.clone()))
+            // Then: a request refused by a rate limit never takes an admission slot.
+            .layer(ratelimit::layer(rate_limiter))
+            .layer(admission::layer(admission.clone()))
+            .service(routes);
+        let mut server = tokio::spawn(transport::serve(
+            "grpc",
+            listener,
+            Protocol::Http2,
+            limits.clone(),
+            metrics.listener("grpc"),
+            grpc,
+            serving_stopped,
+        ));
         tracing::info!(
             listen = %local_addr,
+            health = %health_addr.map_or_else(|| "off".to_owned(), |a| a.to_string()),
             metrics = %metrics_addr.map_or_else(|| "off".to_owned(), |a| a.to_string()),
             database = %config.database_url,
             pbkdf2_iterations = config.pbkdf2_iterations,
             hash_threads = config.hash_threads(),
+            hash_backend = accounts.hasher().pool().engine().backend().name(),
+            hash_lanes = accounts.hasher().pool().engine().lanes(),
             hash_queue = config.hash_queue(),
+            max_connections = limits.max_connections,
             "authd is serving"
         );
 
@@ -259,8 +371,8 @@ impl Application {
             // The server stopped on its own: that is an error, not a shutdown.
             checker.abort();
             store.close().await;
-            stop_metrics_server(stop_metrics, metrics_server).await;
-            result.context("the gRPC server task failed")??;
+            stop_auxiliary_servers(stop_auxiliary, metrics_server, health_server).await;
+            result.context("the gRPC server task failed")?;
             anyhow::bail!("the gRPC server stopped unexpectedly");
         }
 
@@ -277,33 +389,139 @@ impl Application {
                 "the drain timed out; abandoning the requests still in flight"
             );
         }
-        let _ = stop_serving.send(());
+        let _ = stop_serving.send(true);
         match tokio::time::timeout(CLOSE_TIMEOUT, &mut server).await {
-            Ok(result) => result.context("the gRPC server task failed")??,
+            Ok(result) => result.context("the gRPC server task failed")?,
             Err(_) => {
                 tracing::warn!("connections did not close in time; closing them");
                 server.abort();
             }
         }
         store.close().await;
-        stop_metrics_server(stop_metrics, metrics_server).await;
+        stop_auxiliary_servers(stop_auxiliary, metrics_server, health_server).await;
         tracing::info!("authd stopped");
         Ok(())
     }
 }
 
-/// Stops the metrics endpoint and waits (briefly) for it; a failure is only logged:
-/// the metrics must never decide how authd exits.
-async fn stop_metrics_server(
-    stop: tokio::sync::oneshot::Sender<()>,
-    server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+/// What the rate limiter needs from the configuration.
+fn rate_limit_settings(c: &Config) -> RateLimitSettings {
+    RateLimitSettings {
+        rules: c.rate_limits.clone().unwrap_or_default(),
+        redis_url: c.redis_url.clone(),
+        prefix: c.rate_limit_prefix.clone(),
+        redis_timeout: c.redis_timeout,
+        failure: c.rate_limit_failure,
+        trust_forwarded_for: c.trust_forwarded_for,
+        max_local_keys: c.rate_limit_max_keys as usize,
+    }
+}
+
+/// The bounds of the gRPC port's connections, from the configuration, with the
+/// connection cap fitted under the process's file-descriptor limit (raised to its
+/// hard limit first): running out of descriptors would fail accepts, database
+/// connections and log files alike.
+fn connection_limits(config: &Config) -> Limits {
+    let mut max_connections = u64::from(config.max_connections);
+    if let Some(fds) = transport::raise_fd_limit() {
+        let fits =
+            fds.saturating_sub(RESERVED_FDS + transport::AUXILIARY_MAX_CONNECTIONS as u64 * 2);
+        if max_connections > fits {
+            tracing::warn!(
+                max_connections,
+                fd_limit = fds,
+                "AUTHD_MAX_CONNECTIONS is above what the open-file limit allows; using {fits}"
+            );
+            max_connections = fits.max(1);
+        }
+    }
+    let max_connections = max_connections as usize;
+    Limits {
+        max_connections,
+        max_connections_per_client: (config.max_connections_per_client() as usize)
+            .min(max_connections),
+        handshake_timeout: config.handshake_timeout,
+        idle_timeout: config.idle_timeout,
+        keepalive_interval: Some(config.keepalive_interval),
+        keepalive_timeout: config.keepalive_timeout,
+        max_concurrent_streams: config.max_streams_per_connection,
+    }
+}
+
+/// Serves `service` (health only) on `listener` from a thread of its own with a
+/// single-threaded runtime: however busy the main runtime's workers are with
+/// AuthService requests, probes are answered by a thread that does nothing else.
+fn spawn_health_server<S, B>(
+    listener: std::net::TcpListener,
+    limits: Limits,
+    service: S,
+    metrics: metrics::ListenerMetrics,
+    stopped: watch::Receiver<bool>,
+) -> anyhow::Result<std::thread::JoinHandle<()>>
+where
+    S: tower::Service<
+            http::Request<tonic::body::Body>,
+            Response = http::Response<B>,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<transport::BoxError>,
+{
+    listener.set_nonblocking(true)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the health runtime")?;
+    let service = tower::ServiceBuilder::new()
+        .map_request(|request: http::Request<hyper::body::Incoming>| {
+            request.map(tonic::body::Body::new)
+        })
+        .service(service);
+    let thread = std::thread::Builder::new()
+        .name("authd-health".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                // Registered with this thread's runtime, so it is polled here.
+                match TcpListener::from_std(listener) {
+                    Ok(listener) => {
+                        transport::serve(
+                            "health",
+                            listener,
+                            Protocol::Http2,
+                            limits,
+                            metrics,
+                            service,
+                            stopped,
+                        )
+                        .await
+                    }
+                    Err(e) => tracing::error!(error = %e, "the health port cannot be served"),
+                }
+            })
+        })
+        .context("starting the health thread")?;
+    Ok(thread)
+}
+
+/// Stops the health and metrics ports and waits (briefly) for them.
+async fn stop_auxiliary_servers(
+    stop: watch::Sender<bool>,
+    metrics_server: Option<tokio::task::JoinHandle<()>>,
+    health_server: Option<std::thread::JoinHandle<()>>,
 ) {
-    let _ = stop.send(());
-    let Some(mut server) = server else { return };
-    match tokio::time::timeout(CLOSE_TIMEOUT, &mut server).await {
-        Ok(Ok(Ok(()))) => {}
-        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "the metrics endpoint failed"),
-        Ok(Err(e)) => tracing::warn!(error = %e, "the metrics endpoint task failed"),
-        Err(_) => server.abort(),
+    let _ = stop.send(true);
+    if let Some(mut server) = metrics_server
+        && tokio::time::timeout(CLOSE_TIMEOUT, &mut server)
+            .await
+            .is_err()
+    {
+        server.abort();
+    }
+    if let Some(thread) = health_server {
+        // `serve` returns within its close grace once stopped.
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
     }
 }

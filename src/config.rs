@@ -2,13 +2,24 @@
 //! environment variable, with its default shown by `authd --help`.
 //!
 //! Values are parsed and checked here, so a bad value stops the start with one
-//! clear line. Secrets (token keys) are never printed: `--help` hides their
-//! environment values and their `Debug` is redacted.
+//! clear line. Secrets (the database and Redis URLs, the token keys) are never
+//! printed: `--help` hides their environment values, a bad value's error names the
+//! option but not the value (`secret::parser`), `Display` and `Debug` redact them,
+//! and each can be read from a file (`*_FILE`) so that it shows in neither `ps` nor
+//! the environment. [`secrets_on_command_line`] finds those given as flags anyway.
 
-use crate::ratelimit::{FailureMode, RateLimits, RedisUrl};
+use crate::ratelimit::{FailureMode, RateLimits};
+use crate::secret::{self, RedisUrl, SecretUrl};
 use crate::token::KeyRing;
-use clap::{Parser, Subcommand, ValueEnum};
-use std::{fmt, net::SocketAddr, path::PathBuf, str::FromStr, time::Duration};
+use anyhow::Context as _;
+use clap::{ArgMatches, Parser, Subcommand, ValueEnum, parser::ValueSource};
+use std::{
+    fmt,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    str::FromStr,
+    time::Duration,
+};
 
 /// authd: a gRPC authentication service (Register, Login, ValidateToken).
 ///
@@ -42,6 +53,13 @@ pub enum Command {
         /// How long each thread hashes (e.g. 3s, 10s).
         #[arg(long, default_value = "3s", value_parser = positive_duration)]
         duration: Duration,
+        /// Hashes per batch [default: the engine's lanes, as under load; 1 is the rate
+        /// of requests that come one at a time].
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+        batch: Option<u32>,
+        /// Also measure the pbkdf2 crate (one hash at a time), in the same run.
+        #[arg(long)]
+        compare: bool,
         /// Print the result as JSON.
         #[arg(long)]
         json: bool,
@@ -50,10 +68,13 @@ pub enum Command {
     /// 1 with one line saying why otherwise (NOT_SERVING, SERVICE_UNKNOWN, unreachable,
     /// timeout). For container healthchecks and exec probes.
     Health {
-        /// The server, HOST:PORT [default: loopback on the port of --listen].
+        /// The server, HOST:PORT [default: loopback on the port of --health-listen, or of
+        /// --listen when the health port is off].
         #[arg(long)]
         addr: Option<String>,
-        /// The service to ask about; empty means the whole server.
+        /// The service to ask about: empty (the whole server) or auth.v1.AuthService
+        /// for readiness (NOT_SERVING while the database does not answer); liveness
+        /// for liveness (SERVING as long as the process serves, whatever the database).
         #[arg(long, default_value = "")]
         service: String,
         /// Longest the check may take, connecting included.
@@ -75,13 +96,19 @@ pub struct Config {
 
     /// Database URL: sqlite://PATH (created if missing) or
     /// postgres://USER:PASSWORD@HOST:PORT/DB[?sslmode=require] (shared by replicas).
+    #[arg(long, env = "AUTHD_DATABASE_URL", default_value = "sqlite://authd.db",
+          hide_env_values = true, value_parser = secret::parser::<DatabaseUrl>(), global = true)]
+    pub database_url: DatabaseUrl,
+
+    /// File holding the database URL (surrounding whitespace ignored), instead of
+    /// --database-url: keeps its password out of `ps` and the environment. Read at start.
     #[arg(
         long,
-        env = "AUTHD_DATABASE_URL",
-        default_value = "sqlite://authd.db",
+        env = "AUTHD_DATABASE_URL_FILE",
+        conflicts_with = "database_url",
         global = true
     )]
-    pub database_url: DatabaseUrl,
+    pub database_url_file: Option<PathBuf>,
 
     /// Connections in the database read pool.
     #[arg(long, env = "AUTHD_DB_MAX_CONNECTIONS", default_value_t = 8,
@@ -92,6 +119,14 @@ pub struct Config {
     #[arg(long, env = "AUTHD_DB_ACQUIRE_TIMEOUT", default_value = "5s",
           value_parser = positive_duration, global = true)]
     pub db_acquire_timeout: Duration,
+
+    /// Longest one database statement may run once it has a connection, then the
+    /// request fails with UNAVAILABLE (PostgreSQL's statement_timeout; authd also gives
+    /// up on its own shortly after, for a database that stopped answering). A store
+    /// operation takes at most AUTHD_DB_ACQUIRE_TIMEOUT plus about twice this.
+    #[arg(long, env = "AUTHD_DB_STATEMENT_TIMEOUT", default_value = "2s",
+          value_parser = positive_duration, global = true)]
+    pub db_statement_timeout: Duration,
 
     /// Most registrations the SQLite writer commits in one transaction.
     #[arg(long, env = "AUTHD_SQLITE_MAX_BATCH", default_value_t = 256,
@@ -119,24 +154,102 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..=1_000_000), global = true)]
     pub max_in_flight: u32,
 
-    /// Token keys, KID:BASE64KEY,… (each key at least 32 bytes); the first signs, all
-    /// verify [default: a random key, with a warning].
+    /// AuthService requests one client (IP address; the x-forwarded-for client with
+    /// --trust-forwarded-for) may have open at once, being received or in flight; beyond
+    /// it RESOURCE_EXHAUSTED [default: a quarter of --max-in-flight].
+    #[arg(long, env = "AUTHD_MAX_IN_FLIGHT_PER_CLIENT",
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000), global = true)]
+    pub max_in_flight_per_client: Option<u32>,
+
+    /// Longest a request may take to arrive, from its headers to the end of its body; a
+    /// request not received by then gets DEADLINE_EXCEEDED. It holds no in-flight place
+    /// until it has arrived.
+    #[arg(long, env = "AUTHD_RECEIVE_TIMEOUT", default_value = "5s",
+          value_parser = positive_duration, global = true)]
+    pub receive_timeout: Duration,
+
+    /// Connections the gRPC port keeps open at once; beyond it a new connection is closed
+    /// at once (kept below the process's file-descriptor limit).
+    #[arg(long, env = "AUTHD_MAX_CONNECTIONS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000), global = true)]
+    pub max_connections: u32,
+
+    /// Connections one client IP address may keep open on the gRPC port [default: a tenth
+    /// of --max-connections].
+    #[arg(long, env = "AUTHD_MAX_CONNECTIONS_PER_CLIENT",
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000), global = true)]
+    pub max_connections_per_client: Option<u32>,
+
+    /// HTTP/2 streams (requests) one connection may have open at once (advertised to the
+    /// client in SETTINGS_MAX_CONCURRENT_STREAMS).
+    #[arg(long, env = "AUTHD_MAX_STREAMS_PER_CONNECTION", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..=100_000), global = true)]
+    pub max_streams_per_connection: u32,
+
+    /// Longest a new connection may take to send the HTTP/2 preface (on the metrics port:
+    /// a request's whole headers); then it is closed.
+    #[arg(long, env = "AUTHD_HANDSHAKE_TIMEOUT", default_value = "10s",
+          value_parser = positive_duration, global = true)]
+    pub handshake_timeout: Duration,
+
+    /// A connection with no request open for this long is closed (gracefully: GOAWAY).
+    #[arg(long, env = "AUTHD_IDLE_TIMEOUT", default_value = "5m",
+          value_parser = positive_duration, global = true)]
+    pub idle_timeout: Duration,
+
+    /// How often an HTTP/2 connection is pinged; a peer that does not answer within
+    /// --keepalive-timeout is closed (dead peers, half-open connections).
+    #[arg(long, env = "AUTHD_KEEPALIVE_INTERVAL", default_value = "30s",
+          value_parser = positive_duration, global = true)]
+    pub keepalive_interval: Duration,
+
+    /// How long an HTTP/2 keepalive ping may go unanswered.
+    #[arg(long, env = "AUTHD_KEEPALIVE_TIMEOUT", default_value = "20s",
+          value_parser = positive_duration, global = true)]
+    pub keepalive_timeout: Duration,
+
+    /// Address of a plaintext port that serves only grpc.health.v1, on a thread of its own,
+    /// so probes answer however busy the gRPC port is; empty or "off" turns it off.
     #[arg(
         long,
-        env = "AUTHD_TOKEN_KEYS",
-        hide_env_values = true,
-        conflicts_with = "token_keys_file",
+        env = "AUTHD_HEALTH_LISTEN",
+        default_value = "0.0.0.0:50052",
         global = true
     )]
+    pub health_listen: MetricsListen,
+
+    /// PBKDF2 engine: auto picks the fastest this CPU runs (sha-ni, then avx2, then
+    /// portable); naming one forces it, and the start fails if the CPU lacks it.
+    #[arg(
+        long,
+        env = "AUTHD_HASH_BACKEND",
+        default_value = "auto",
+        value_enum,
+        global = true
+    )]
+    pub hash_backend: HashBackend,
+
+    /// Nice value of the hashing threads (0 to 19): above 0, the threads that answer
+    /// requests and probes run first when the cores are busy hashing.
+    #[arg(long, env = "AUTHD_HASH_THREAD_NICE", default_value_t = 10,
+          value_parser = clap::value_parser!(u8).range(0..=19), global = true)]
+    pub hash_thread_nice: u8,
+
+    /// Token keys, KID:BASE64KEY,… (each key at least 32 bytes); the first signs, all
+    /// verify [default: a random key, with a warning].
+    #[arg(long, env = "AUTHD_TOKEN_KEYS", hide_env_values = true,
+          conflicts_with = "token_keys_file", value_parser = secret::parser::<KeyRing>(),
+          global = true)]
     pub token_keys: Option<KeyRing>,
 
     /// File holding the token keys in the AUTHD_TOKEN_KEYS format.
     #[arg(long, env = "AUTHD_TOKEN_KEYS_FILE", global = true)]
     pub token_keys_file: Option<PathBuf>,
 
-    /// Lifetime of issued tokens (e.g. 15m, 1h, 1d).
+    /// Lifetime of issued tokens (e.g. 15m, 1h, 1d), at most 7d: a token cannot be
+    /// revoked before it expires.
     #[arg(long, env = "AUTHD_TOKEN_TTL", default_value = "1h",
-          value_parser = positive_duration, global = true)]
+          value_parser = token_ttl, global = true)]
     pub token_ttl: Duration,
 
     /// How often health checks the database.
@@ -152,8 +265,18 @@ pub struct Config {
     /// Redis for rate limits shared by every replica: redis://[:PASSWORD@]HOST:PORT[/DB]
     /// [default: none; the rules are enforced per replica, in process].
     #[arg(long, env = "AUTHD_REDIS_URL", hide_env_values = true,
-          value_parser = RedisUrl::value_parser(), global = true)]
+          value_parser = secret::parser::<RedisUrl>(), global = true)]
     pub redis_url: Option<RedisUrl>,
+
+    /// File holding the Redis URL (surrounding whitespace ignored), instead of
+    /// --redis-url: keeps its password out of `ps` and the environment. Read at start.
+    #[arg(
+        long,
+        env = "AUTHD_REDIS_URL_FILE",
+        conflicts_with = "redis_url",
+        global = true
+    )]
+    pub redis_url_file: Option<PathBuf>,
 
     /// Rate-limit rules, METHOD:KEY=LIMIT/WINDOW,… where METHOD is an RPC name or *, and
     /// KEY is peer, global or header:NAME; e.g. Login:peer=20/1s,*:global=2000/1s
@@ -194,6 +317,31 @@ pub struct Config {
           global = true)]
     pub trust_forwarded_for: bool,
 
+    /// Most keys the in-process rate limiter tracks; beyond it, requests with keys not
+    /// yet tracked share one overflow count per rule (memory stays bounded whatever
+    /// clients send).
+    #[arg(long, env = "AUTHD_RATE_LIMIT_MAX_KEYS", default_value_t = 100_000,
+          value_parser = clap::value_parser!(u32).range(1..=100_000_000), global = true)]
+    pub rate_limit_max_keys: u32,
+
+    /// The bundled list of the 100,000 most common passwords (SecLists): on refuses them at
+    /// Register, compared after NFKC and case-insensitively; off turns the list off (the
+    /// --password-blocklist-file list and the rule that a password must not be the
+    /// username still apply).
+    #[arg(
+        long,
+        env = "AUTHD_PASSWORD_BLOCKLIST",
+        default_value = "on",
+        value_enum,
+        global = true
+    )]
+    pub password_blocklist: Switch,
+
+    /// A file of more passwords to refuse, one per line (UTF-8, at most 64 MiB; empty lines
+    /// and a trailing \r ignored), compared like the bundled list. Read at start.
+    #[arg(long, env = "AUTHD_PASSWORD_BLOCKLIST_FILE", global = true)]
+    pub password_blocklist_file: Option<PathBuf>,
+
     /// Address of the Prometheus endpoint (GET /metrics, plain HTTP); empty or "off"
     /// turns it off.
     #[arg(
@@ -220,12 +368,58 @@ pub struct Config {
     pub log_format: LogFormat,
 }
 
+/// Which PBKDF2 kernels hash passwords.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum HashBackend {
+    /// The fastest this CPU runs.
+    Auto,
+    /// x86-64 SHA extensions, four chains interleaved per core.
+    #[value(name = "sha-ni")]
+    ShaNi,
+    /// x86-64 AVX2, eight chains per core (for CPUs without SHA extensions).
+    Avx2,
+    /// One chain at a time on the sha2 crate's compression; runs everywhere.
+    Portable,
+}
+
+impl HashBackend {
+    /// The engine this names, or why this CPU cannot run it.
+    pub fn engine(self) -> anyhow::Result<pbkdf2_lanes::Engine> {
+        use pbkdf2_lanes::{Backend, Engine};
+        let backend = match self {
+            HashBackend::Auto => return Ok(Engine::detect()),
+            HashBackend::ShaNi => Backend::ShaNi,
+            HashBackend::Avx2 => Backend::Avx2,
+            HashBackend::Portable => Backend::Portable,
+        };
+        Engine::with_backend(backend).ok_or_else(|| {
+            anyhow::anyhow!(
+                "--hash-backend {}: this CPU does not have the instructions it needs",
+                backend.name()
+            )
+        })
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     /// Human-readable lines.
     Text,
     /// One JSON object per line.
     Json,
+}
+
+/// A feature that is on or off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Switch {
+    On,
+    Off,
+}
+
+impl Switch {
+    pub fn is_on(self) -> bool {
+        self == Switch::On
+    }
 }
 
 impl Config {
@@ -244,12 +438,37 @@ impl Config {
         }
     }
 
+    /// In-flight requests per client, resolving the default.
+    pub fn max_in_flight_per_client(&self) -> u32 {
+        self.max_in_flight_per_client
+            .unwrap_or((self.max_in_flight / 4).max(1))
+    }
+
+    /// Connections per client, resolving the default.
+    pub fn max_connections_per_client(&self) -> u32 {
+        self.max_connections_per_client
+            .unwrap_or((self.max_connections / 10).max(1))
+    }
+
     /// Hash queue bound, resolving the default.
     pub fn hash_queue(&self) -> usize {
         match self.hash_queue {
             Some(n) => n as usize,
             None => 64 * self.hash_threads(),
         }
+    }
+
+    /// Reads the secrets named by `--database-url-file` and `--redis-url-file` into
+    /// `database_url` and `redis_url`; `main` calls it before serving or migrating.
+    /// An error names the option and the file, never what the file holds.
+    pub fn read_secret_files(&mut self) -> anyhow::Result<()> {
+        if let Some(path) = &self.database_url_file {
+            self.database_url = read_secret_file("--database-url-file", path)?;
+        }
+        if let Some(path) = &self.redis_url_file {
+            self.redis_url = Some(read_secret_file("--redis-url-file", path)?);
+        }
+        Ok(())
     }
 
     /// The configured key ring, read from the file if one is named; `None` when no
@@ -273,6 +492,47 @@ impl Config {
             .map_err(|e| anyhow::anyhow!("token keys file {}: {e}", path.display()))?;
         Ok(Some(ring))
     }
+}
+
+/// Reads one secret from a file: the whole file, surrounding whitespace trimmed.
+fn read_secret_file<T: FromStr<Err = String>>(option: &str, path: &Path) -> anyhow::Result<T> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("{option} {}: cannot read the file", path.display()))?;
+    let text = text.trim();
+    if text.is_empty() {
+        anyhow::bail!("{option} {}: the file is empty", path.display());
+    }
+    text.parse()
+        .map_err(|why| anyhow::anyhow!("{option} {}: {why}", path.display()))
+}
+
+/// The secret-bearing options given as flags on this command line, which every local
+/// user can read (`ps`, `/proc/PID/cmdline`), each with the forms that keep it out
+/// of sight. A database URL counts only when it holds a password.
+pub fn secrets_on_command_line(matches: &ArgMatches) -> Vec<(&'static str, &'static str)> {
+    let on_command_line = |id: &str| matches.value_source(id) == Some(ValueSource::CommandLine);
+    let mut found = Vec::new();
+    if on_command_line("database_url")
+        && matches
+            .get_one::<DatabaseUrl>("database_url")
+            .is_some_and(DatabaseUrl::has_secret)
+    {
+        found.push((
+            "--database-url",
+            "AUTHD_DATABASE_URL or --database-url-file",
+        ));
+    }
+    if on_command_line("redis_url")
+        && matches
+            .get_one::<RedisUrl>("redis_url")
+            .is_some_and(RedisUrl::has_secret)
+    {
+        found.push(("--redis-url", "AUTHD_REDIS_URL or --redis-url-file"));
+    }
+    if on_command_line("token_keys") {
+        found.push(("--token-keys", "AUTHD_TOKEN_KEYS or --token-keys-file"));
+    }
+    found
 }
 
 impl Cli {
@@ -328,16 +588,86 @@ pub enum DatabaseUrl {
     Sqlite(PathBuf),
     /// A `postgres://` URL, kept whole for sqlx (which reads `sslmode` and the
     /// other parameters from it); printed with its password hidden.
-    Postgres(String),
+    Postgres(SecretUrl),
+}
+
+impl DatabaseUrl {
+    /// Whether printing the URL hides anything (a PostgreSQL password).
+    pub fn has_secret(&self) -> bool {
+        match self {
+            DatabaseUrl::Sqlite(_) => false,
+            DatabaseUrl::Postgres(url) => url.has_secret(),
+        }
+    }
+}
+
+/// Connection parameters sqlx reads from a PostgreSQL URL; it logs any other one
+/// with its value, at warn, when it connects.
+const SQLX_POSTGRES_PARAMETERS: [&str; 17] = [
+    "sslmode",
+    "ssl-mode",
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+];
+
+/// Refuses a parameter that looks like a secret but that sqlx does not know (say,
+/// libpq's `sslpassword`): sqlx would ignore it and log its value.
+fn check_postgres_parameters(url: &str) -> Result<(), String> {
+    let Some((_, query)) = url.split_once('?') else {
+        return Ok(());
+    };
+    let query = query.split_once('#').map_or(query, |(q, _)| q);
+    for name in query
+        .split('&')
+        .map(|pair| pair.split('=').next().unwrap_or(pair))
+    {
+        // Decoded as sqlx decodes it (form encoding: `+` is a space).
+        let decoded = name.replace('+', " ");
+        let decoded = percent_encoding::percent_decode_str(&decoded).decode_utf8_lossy();
+        let known = SQLX_POSTGRES_PARAMETERS.contains(&decoded.as_ref())
+            || decoded == "options"
+            || decoded.starts_with("options[");
+        if !known && secret::is_secret_parameter(name) {
+            return Err(format!(
+                "the PostgreSQL URL parameter {decoded:?} is not supported (only \
+                 \"password\" is; any other would be ignored and logged with its value)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A URL scheme as RFC 3986 spells one; anything else before a `:` may be a secret.
+fn is_scheme(s: &str) -> bool {
+    s.len() <= 32
+        && s.starts_with(|c: char| c.is_ascii_alphabetic())
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
 }
 
 impl FromStr for DatabaseUrl {
     type Err = String;
 
+    /// Parses a database URL. The error never quotes the URL: it may hold a password.
     fn from_str(url: &str) -> Result<Self, Self::Err> {
-        let (scheme, rest) = url
-            .split_once(':')
-            .ok_or_else(|| format!("{url:?} is not a URL (expected sqlite://PATH)"))?;
+        const NOT_A_URL: &str = "not a URL (expected sqlite://PATH or postgres://…)";
+        let (scheme, rest) = url.split_once(':').ok_or(NOT_A_URL)?;
+        if !is_scheme(scheme) {
+            return Err(NOT_A_URL.into());
+        }
         match scheme {
             "sqlite" => {
                 let path = rest.strip_prefix("//").unwrap_or(rest);
@@ -357,9 +687,11 @@ impl FromStr for DatabaseUrl {
                 Ok(DatabaseUrl::Sqlite(PathBuf::from(path)))
             }
             "postgres" | "postgresql" => {
+                // sqlx's errors name the part that is wrong, never the password.
                 sqlx::postgres::PgConnectOptions::from_str(url)
                     .map_err(|e| format!("invalid PostgreSQL URL: {e}"))?;
-                Ok(DatabaseUrl::Postgres(url.to_owned()))
+                check_postgres_parameters(url)?;
+                Ok(DatabaseUrl::Postgres(SecretUrl::new(url)))
             }
             other => Err(format!(
                 "unsupported database URL scheme {other:?} (expected sqlite://PATH or postgres://…)"
@@ -372,7 +704,7 @@ impl fmt::Display for DatabaseUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             DatabaseUrl::Sqlite(path) => write!(f, "sqlite://{}", path.display()),
-            DatabaseUrl::Postgres(url) => f.write_str(&redact_password(url)),
+            DatabaseUrl::Postgres(url) => fmt::Display::fmt(url, f),
         }
     }
 }
@@ -383,28 +715,23 @@ impl fmt::Debug for DatabaseUrl {
     }
 }
 
-/// `scheme://user:secret@host/…` → `scheme://user:***@host/…`.
-fn redact_password(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) if userinfo.contains(':') => {
-            let user = userinfo.split(':').next().unwrap_or_default();
-            format!("{scheme}://{user}:***@{host}{tail}")
-        }
-        _ => url.to_owned(),
-    }
-}
-
 fn positive_duration(s: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 15m, 1h)"))?;
     if d.is_zero() {
         return Err("must be greater than zero".into());
     }
     Ok(d)
+}
+
+fn token_ttl(s: &str) -> Result<Duration, String> {
+    let ttl = positive_duration(s)?;
+    if ttl > crate::token::MAX_TTL {
+        return Err(format!(
+            "must be at most {} (a token cannot be revoked before it expires)",
+            humantime::format_duration(crate::token::MAX_TTL)
+        ));
+    }
+    Ok(ttl)
 }
 
 fn log_filter(s: &str) -> Result<String, String> {
@@ -432,9 +759,33 @@ mod tests {
         assert_eq!(c.token_ttl, Duration::from_secs(3600));
         assert_eq!(c.log_format, LogFormat::Text);
         assert_eq!(c.hash_queue(), 64 * c.hash_threads());
+        assert_eq!(c.db_statement_timeout, Duration::from_secs(2));
         assert_eq!(
             c.metrics_listen,
             MetricsListen(Some("0.0.0.0:9090".parse().unwrap()))
+        );
+    }
+
+    #[test]
+    fn the_password_blocklist_is_on_by_default_and_takes_on_or_off() {
+        let c = Config::defaults();
+        assert_eq!(c.password_blocklist, Switch::On);
+        assert_eq!(c.password_blocklist_file, None);
+        let parse = |args: &[&str]| {
+            matches(args).map(|m| {
+                <Cli as clap::FromArgMatches>::from_arg_matches(&m)
+                    .unwrap()
+                    .config
+            })
+        };
+        let off = parse(&["--password-blocklist", "off"]).unwrap();
+        assert_eq!(off.password_blocklist, Switch::Off);
+        let err = parse(&["--password-blocklist", "maybe"]).unwrap_err();
+        assert!(err.contains("[possible values: on, off]"), "{err}");
+        let file = parse(&["--password-blocklist-file", "/etc/authd/blocked.txt"]).unwrap();
+        assert_eq!(
+            file.password_blocklist_file,
+            Some(PathBuf::from("/etc/authd/blocked.txt"))
         );
     }
 
@@ -494,6 +845,126 @@ mod tests {
     }
 
     #[test]
+    fn database_url_errors_never_quote_the_url() {
+        for bad in [
+            "postgres://u:s3cret@db:notaport/x",
+            "host=db password=s3cret",
+            "s3cret",
+            "user:s3cret@db/x",
+            "postgres://u@db/x?sslpassword=s3cret",
+            "postgres://u@db/x?Password=s3cret",
+            "postgres://u@db/x?%73slpassword=s3cret",
+        ] {
+            let err = bad.parse::<DatabaseUrl>().unwrap_err();
+            assert!(!err.contains("s3cret"), "{bad}: {err}");
+        }
+        // sqlx's own error quotes the sslmode value, which is not a secret: the URL's
+        // password is not in it.
+        let err = "postgres://u:hunter2@db/x?sslmode=maybe"
+            .parse::<DatabaseUrl>()
+            .unwrap_err();
+        assert!(!err.contains("hunter2"), "{err}");
+        let err = "postgres://u@db/x?sslpassword=s3cret"
+            .parse::<DatabaseUrl>()
+            .unwrap_err();
+        assert!(
+            err.contains(r#"parameter "sslpassword" is not supported"#),
+            "{err}"
+        );
+        // The parameters sqlx reads are fine, the password among them.
+        let url: DatabaseUrl = "postgres://u@db/x?password=s3cret&options[search_path]=a"
+            .parse()
+            .unwrap();
+        assert!(url.has_secret());
+        assert_eq!(
+            url.to_string(),
+            "postgres://u@db/x?password=***&options[search_path]=a"
+        );
+    }
+
+    fn matches(args: &[&str]) -> Result<ArgMatches, String> {
+        Cli::command()
+            .mut_args(|a| a.env(None::<&str>))
+            .try_get_matches_from(std::iter::once("authd").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn secrets_given_as_flags_are_found_wherever_they_stand() {
+        const KEY: &str = "k:MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+        let found = |args: &[&str]| -> Vec<&'static str> {
+            secrets_on_command_line(&matches(args).unwrap())
+                .into_iter()
+                .map(|(flag, _)| flag)
+                .collect()
+        };
+        assert!(found(&[]).is_empty());
+        assert!(found(&["--database-url", "sqlite://x.db"]).is_empty());
+        assert!(found(&["--database-url", "postgres://u@db/x"]).is_empty());
+        assert!(found(&["--redis-url", "redis://cache"]).is_empty());
+        assert_eq!(
+            found(&["--database-url", "postgres://u:p@db/x", "--token-keys", KEY]),
+            ["--database-url", "--token-keys"]
+        );
+        // Global options after the subcommand count too.
+        assert_eq!(
+            found(&["migrate", "--database-url", "postgres://u@db/x?password=p"]),
+            ["--database-url"]
+        );
+        assert_eq!(found(&["--redis-url", "redis://:p@cache"]), ["--redis-url"]);
+    }
+
+    #[test]
+    fn secret_files_are_read_trimmed_and_conflict_with_the_direct_form() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("db");
+        let redis = dir.path().join("redis");
+        std::fs::write(&db, "\n  postgres://u:s3cret@db/x \n").unwrap();
+        std::fs::write(&redis, "redis://:s3cret@cache\n").unwrap();
+        let (db, redis) = (db.to_str().unwrap(), redis.to_str().unwrap());
+        let cli = |args: &[&str]| {
+            <Cli as clap::FromArgMatches>::from_arg_matches(&matches(args).unwrap()).unwrap()
+        };
+        let mut config = cli(&["--database-url-file", db, "--redis-url-file", redis]).config;
+        config.read_secret_files().unwrap();
+        assert_eq!(
+            config.database_url,
+            "postgres://u:s3cret@db/x".parse().unwrap()
+        );
+        assert_eq!(
+            config.redis_url.as_ref().unwrap().expose(),
+            "redis://:s3cret@cache"
+        );
+
+        for (option, other, value) in [
+            ("--database-url-file", "--database-url", "sqlite://x.db"),
+            ("--redis-url-file", "--redis-url", "redis://cache"),
+        ] {
+            let err = matches(&[option, db, other, value]).unwrap_err();
+            assert!(err.contains("cannot be used with"), "{err}");
+        }
+
+        let missing = dir.path().join("missing");
+        let mut config = cli(&["--database-url-file", missing.to_str().unwrap()]).config;
+        let err = format!("{:#}", config.read_secret_files().unwrap_err());
+        assert!(err.starts_with("--database-url-file "), "{err}");
+        assert!(err.contains("missing: cannot read the file"), "{err}");
+
+        std::fs::write(dir.path().join("bad"), "postgres://u:s3cret@db:port/x").unwrap();
+        let bad = dir.path().join("bad");
+        let mut config = cli(&["--database-url-file", bad.to_str().unwrap()]).config;
+        let err = format!("{:#}", config.read_secret_files().unwrap_err());
+        assert!(err.contains("invalid PostgreSQL URL"), "{err}");
+        assert!(!err.contains("s3cret"), "{err}");
+
+        std::fs::write(dir.path().join("empty"), " \n").unwrap();
+        let empty = dir.path().join("empty");
+        let mut config = cli(&["--redis-url-file", empty.to_str().unwrap()]).config;
+        let err = format!("{:#}", config.read_secret_files().unwrap_err());
+        assert!(err.ends_with("the file is empty"), "{err}");
+    }
+
+    #[test]
     fn bad_values_are_refused_with_a_message() {
         let parse = |args: &[&str]| {
             Cli::command()
@@ -524,6 +995,11 @@ mod tests {
                 .contains("greater than zero")
         );
         assert!(parse(&["--listen", "nowhere"]).is_err());
+        for absurd in ["8d", "9223372036854775807s", "1000years"] {
+            let err = parse(&["--token-ttl", absurd]).unwrap_err();
+            assert!(err.contains("must be at most 7days"), "{absurd}: {err}");
+        }
+        assert!(parse(&["--token-ttl", "7d"]).is_ok());
         assert!(parse(&["--pbkdf2-iterations", "1000", "migrate"]).is_ok());
     }
 }

@@ -6,57 +6,79 @@
 //!
 //! # Layout
 //!
-//! A request passes each box once, top to bottom; nothing calls back up the stack.
+//! A request passes each box once, top to bottom; nothing calls back up the stack,
+//! and the imports run the same way: every layer and the handler stand on the
+//! bottom floor (`rpc`, `error`), never on each other.
 //!
 //! ```text
-//! tonic Server
-//!   trace::TraceLayer           request id, one log event and the request metrics per request
-//!   ratelimit::RateLimitLayer   per-rule sliding windows, on Redis or in process (reject)
-//!   admission::AdmissionLayer   deadline, concurrency cap and drain (reject, never queue)
-//!   grpc::AuthService           proto <-> domain; the one place errors become a Status
-//!   accounts::Accounts          the register / login / validate use cases
-//!     store::Store              SQLite (reader pool + one batching writer) or PostgreSQL (pool)
-//!     password::Hasher          PBKDF2 on a bounded thread pool, off the async runtime
-//!     token::Tokens             JWT HS256 with a key ring (kid -> key)
+//! transport                     accept loop and per-connection bounds (hyper, HTTP/2)
+//!   trace                       request id, one log event and the request metrics per request
+//!   ratelimit::layer            per-rule sliding windows, on Redis or in process (reject)
+//!   admission                   whole request first, fair share per client, in-flight cap,
+//!                               deadline, drain (reject, never queue)
+//!   codec                       protobuf decoding; malformed -> INVALID_ARGUMENT, generic
+//!   grpc                        proto <-> domain, for auth.v1.AuthService
+//!   accounts                    the register / login / validate use cases
+//!     store                     SQLite (reader pool + one batching writer) or PostgreSQL (pool)
+//!     password                  the PBKDF2 policy, on a bounded pool of hashing threads
+//!     token                     JWT HS256 with a key ring (kid -> key)
 //! ```
 //!
-//! - [`config`]: the one `Config` (flags and `AUTHD_*` environment variables).
+//! The bottom floor, which every module above may import:
+//! - `rpc`: which RPC a path is, the exempt rule, the request extensions (request
+//!   id, deadline, user id) and who sent a request.
+//! - `error`: the domain error, and its one mapping to a gRPC `Status`.
+//! - `middleware`: the Layer/Service shell the three layers share.
+//! - `metrics`: the Prometheus registry of one application, its metrics, and the
+//!   router of the plain-HTTP port (`GET /metrics`).
+//!
+//! Around the request path:
 //! - [`app`]: [`app::Application`] binds, wires everything and runs until shut down;
-//!   `main.rs` and the integration tests start the service through it.
-//! - [`bench`]: the `authbench` load generator and `authd hash-bench`; measures the
-//!   service from outside and is used by nothing in it.
+//!   `main.rs`, the integration tests and authbench's tests start the service through it.
+//! - [`config`]: the one `Config` (flags and `AUTHD_*` environment variables).
+//! - `secret`: secret-bearing settings: URLs printed with their passwords hidden, and
+//!   the value parser whose errors never quote a secret.
 //! - [`credentials`]: `Username` and `Password`, parsed and normalized at the edge.
-//! - [`health`]: drives the `grpc.health.v1` status from periodic store checks.
+//! - `blocklist`: the common-password list (bundled, plus an organization's file) and
+//!   the rule that a new password is neither on it nor the username; checked before hashing.
+//! - `health`: readiness from store probes and real request failures; liveness.
 //! - [`healthcheck`]: `authd health`, the client side: one check, turned into an exit status.
-//! - [`metrics`]: the Prometheus registry of one application, its metrics, and the
-//!   `GET /metrics` endpoint (`AUTHD_METRICS_LISTEN`).
-//! - [`ratelimit`]: the rules of `AUTHD_RATE_LIMITS`, the Redis script and the local fallback.
+//! - [`password`]: also `authd hash-bench` (`password::bench`), this machine's hashing rate.
 //! - [`telemetry`]: the `tracing` subscriber (text or JSON lines).
-//! - [`trace`]: the outermost layer: request ids, one log event per request, request metrics.
+//!
+//! The load generator is a package of its own (`authbench/`), a gRPC client of authd
+//! and nothing more.
 #![forbid(unsafe_code)]
 
-pub mod accounts;
-pub mod admission;
+pub(crate) mod accounts;
+pub(crate) mod admission;
 pub mod app;
-pub mod bench;
+pub(crate) mod blocklist;
+pub(crate) mod codec;
 pub mod config;
 pub mod credentials;
-pub mod error;
-pub mod grpc;
-pub mod health;
+pub(crate) mod error;
+pub(crate) mod grpc;
+pub(crate) mod health;
 pub mod healthcheck;
-pub mod metrics;
+pub(crate) mod metrics;
+pub(crate) mod middleware;
 pub mod password;
 pub mod ratelimit;
-pub mod store;
+pub(crate) mod rpc;
+pub(crate) mod secret;
+pub(crate) mod store;
 pub mod telemetry;
 pub mod token;
-pub mod trace;
+pub(crate) mod trace;
+pub(crate) mod transport;
 
 /// Code generated from `proto/auth/v1/auth.proto`.
 pub mod pb {
     #![allow(clippy::all, missing_docs)]
     tonic::include_proto!("auth.v1");
+    // The client, generated apart on prost's own codec (see build.rs).
+    include!(concat!(env!("OUT_DIR"), "/client/auth.v1.rs"));
 
     /// The encoded descriptor set of `auth.v1`, served by reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("auth_descriptor");

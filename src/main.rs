@@ -2,17 +2,30 @@
 
 use authd::{
     app::{self, Application},
-    config::{Cli, Command},
+    config::{self, Cli, Command},
     telemetry,
 };
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Parsed in two steps to keep the matches: they tell where each value came from.
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if let Err(e) = telemetry::init(&cli.config.log, cli.config.log_format) {
         eprintln!("authd: error: {e:#}");
         return ExitCode::FAILURE;
+    }
+    let exposed = config::secrets_on_command_line(&matches);
+    if !exposed.is_empty() {
+        let options: Vec<&str> = exposed.iter().map(|(flag, _)| *flag).collect();
+        let instead: Vec<&str> = exposed.iter().map(|(_, instead)| *instead).collect();
+        tracing::warn!(
+            options = options.join(", "),
+            instead = instead.join("; "),
+            "secrets given on the command line are visible to every local user (ps, \
+             /proc/PID/cmdline): set them through the environment or a file instead"
+        );
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -35,9 +48,10 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let config = cli.config;
+    let mut config = cli.config;
     match cli.command.unwrap_or(Command::Serve) {
         Command::Migrate => {
+            config.read_secret_files()?;
             app::migrate(&config).await?;
             tracing::info!(database = %config.database_url, "migrations applied");
             Ok(())
@@ -46,14 +60,22 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             iterations,
             threads,
             duration,
+            batch,
+            compare,
             json,
-        } => authd::bench::hashbench::run_command(&config, iterations, threads, duration, json),
+        } => {
+            use authd::password::bench;
+            let batch = batch.map(|b| b as usize);
+            let options = bench::options(&config, iterations, threads, duration, batch, compare);
+            bench::run_command(&config, options, json)
+        }
         Command::Health {
             addr,
             service,
             timeout,
         } => authd::healthcheck::run(&config, addr.as_deref(), &service, timeout).await,
         Command::Serve => {
+            config.read_secret_files()?;
             let app = Application::build(config).await?;
             app.run_until_stopped(shutdown_signal()).await
         }

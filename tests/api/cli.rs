@@ -62,7 +62,7 @@ fn help_documents_every_option_with_its_variable_and_default() {
 #[test]
 fn bad_configuration_stops_the_start_with_one_clear_line() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 7] = [
         (&["--pbkdf2-iterations", "999"], "--pbkdf2-iterations"),
         (&["--token-keys", "k:c2hvcnQ="], "at least 32 bytes"),
         (&["--log-format", "xml"], "--log-format"),
@@ -71,6 +71,12 @@ fn bad_configuration_stops_the_start_with_one_clear_line() {
             "unsupported database URL scheme",
         ),
         (&["--token-ttl", "soon"], "--token-ttl"),
+        // A lifetime no Login could add to the clock without overflowing.
+        (
+            &["--token-ttl", "9223372036854775807s"],
+            "must be at most 7days",
+        ),
+        (&["--token-ttl", "8d"], "must be at most 7days"),
     ];
     for (args, expected) in cases {
         let out = authd().args(args).current_dir(dir.path()).output().unwrap();
@@ -142,15 +148,31 @@ pub(crate) struct Running {
     pub(crate) metrics_addr: String,
 }
 
-/// Starts the binary on 127.0.0.1:0 (metrics too) with JSON logs and waits until it serves.
+/// Starts the binary on 127.0.0.1:0 (metrics too) with JSON logs and waits until it
+/// serves. The database is a SQLite file in `dir` unless `envs` names one.
 pub(crate) fn spawn_authd(dir: &std::path::Path, envs: &[(&str, String)]) -> Running {
-    let mut child = authd()
-        .env("AUTHD_LISTEN", "127.0.0.1:0")
-        .env("AUTHD_METRICS_LISTEN", "127.0.0.1:0")
-        .env(
+    spawn_authd_command(authd(), dir, envs)
+}
+
+/// Like [`spawn_authd`], with the binary started by `command` (e.g. under `prlimit`).
+pub(crate) fn spawn_authd_command(
+    mut command: Command,
+    dir: &std::path::Path,
+    envs: &[(&str, String)],
+) -> Running {
+    if !envs
+        .iter()
+        .any(|(k, _)| k.starts_with("AUTHD_DATABASE_URL"))
+    {
+        command.env(
             "AUTHD_DATABASE_URL",
             format!("sqlite://{}", dir.join("s.db").display()),
-        )
+        );
+    }
+    let mut child = command
+        .env("AUTHD_LISTEN", "127.0.0.1:0")
+        .env("AUTHD_METRICS_LISTEN", "127.0.0.1:0")
+        .env("AUTHD_HEALTH_LISTEN", "127.0.0.1:0")
         .env("AUTHD_PBKDF2_ITERATIONS", "1000")
         .env("AUTHD_LOG_FORMAT", "json")
         .envs(envs.iter().map(|(k, v)| (k, v)))

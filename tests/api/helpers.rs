@@ -25,7 +25,8 @@ pub const TEST_KID: &str = "test";
 pub const TEST_KEY: &[u8; 32] = b"0123456789abcdef0123456789abcdef";
 /// Cheap hashes: the minimum PBKDF2 allows.
 pub const FAST_ITERATIONS: u32 = 1000;
-/// A hash that takes on the order of a second, to hold a hash thread busy.
+/// A hash that takes half a second or more (a single stream of the fastest engine
+/// here), to hold a hash thread busy; tests that race it allow it a fifth of that.
 pub const SLOW_ITERATIONS: u32 = 5_000_000;
 
 pub fn key_spec(kid: &str, key: &[u8]) -> String {
@@ -102,7 +103,7 @@ impl TestDb {
                 conn.close().await.ok();
             }
             DatabaseUrl::Postgres(url) => {
-                let mut conn = PgConnection::connect(url)
+                let mut conn = PgConnection::connect(url.expose())
                     .await
                     .expect("connect to PostgreSQL");
                 sqlx::query(statement)
@@ -132,7 +133,7 @@ impl TestDb {
                 hash
             }
             DatabaseUrl::Postgres(url) => {
-                let mut conn = PgConnection::connect(url)
+                let mut conn = PgConnection::connect(url.expose())
                     .await
                     .expect("connect to PostgreSQL");
                 let hash = sqlx::query_scalar::<_, String>(SQL)
@@ -234,6 +235,8 @@ pub fn test_config(url: DatabaseUrl) -> Config {
     config.listen = "127.0.0.1:0".parse().unwrap();
     // Every test app serves its own metrics, on a port of its own.
     config.metrics_listen = "127.0.0.1:0".parse().unwrap();
+    // And its own health-only port.
+    config.health_listen = "127.0.0.1:0".parse().unwrap();
     config.database_url = url;
     config.pbkdf2_iterations = FAST_ITERATIONS;
     config.token_keys = Some(key_spec(TEST_KID, TEST_KEY).parse().unwrap());
@@ -417,7 +420,17 @@ pub fn authd_command() -> std::process::Command {
             cmd.env_remove(key);
         }
     }
+    // Never the default health port (0.0.0.0:50052): tests run side by side.
+    cmd.env("AUTHD_HEALTH_LISTEN", "127.0.0.1:0");
     cmd
+}
+
+/// The value of one series in the Prometheus text format, e.g.
+/// `authd_connections_open{listener="grpc"}` (labels as the encoder writes them).
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
 }
 
 /// Polls `condition` every few milliseconds for up to 10 s.
@@ -466,12 +479,40 @@ pub fn unique_name(prefix: &str) -> String {
 }
 
 /// A TCP proxy in front of a server, which a test can cut (every connection
-/// dropped, new ones refused) and restore: a database that stops answering.
+/// dropped, new ones refused: a database that is down), stall (connections kept
+/// open, new ones accepted, but no byte forwarded either way: a database that is
+/// black-holed, unreachable without a word) and restore.
 pub struct TcpProxy {
     pub addr: std::net::SocketAddr,
     open: Arc<std::sync::atomic::AtomicBool>,
+    /// `true` while no byte is forwarded.
+    stalled: tokio::sync::watch::Sender<bool>,
     connections: Arc<std::sync::Mutex<Vec<JoinHandle<()>>>>,
     accept: JoinHandle<()>,
+}
+
+/// Copies `from` to `to` until `from` closes, holding every byte read while the
+/// proxy is stalled (as a black hole would, until it is lifted).
+async fn forward(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut stalled: tokio::sync::watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if stalled.wait_for(|stalled| !stalled).await.is_err() {
+            return;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+    let _ = to.shutdown().await;
 }
 
 impl TcpProxy {
@@ -480,20 +521,26 @@ impl TcpProxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let open = Arc::new(AtomicBool::new(true));
+        let stalled = tokio::sync::watch::Sender::new(false);
         let connections = Arc::new(std::sync::Mutex::new(Vec::new()));
         let accept = tokio::spawn({
-            let (open, connections) = (open.clone(), connections.clone());
+            let (open, connections, stalled) = (open.clone(), connections.clone(), stalled.clone());
             async move {
-                while let Ok((mut inbound, _)) = listener.accept().await {
+                while let Ok((inbound, _)) = listener.accept().await {
                     if !open.load(Ordering::SeqCst) {
                         continue; // dropped: the client sees the connection closed
                     }
                     let upstream = upstream.clone();
+                    let stalled = stalled.subscribe();
                     let task = tokio::spawn(async move {
-                        if let Ok(mut outbound) = tokio::net::TcpStream::connect(&upstream).await {
-                            let _ =
-                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                        }
+                        let Ok(outbound) = tokio::net::TcpStream::connect(&upstream).await else {
+                            return;
+                        };
+                        let (in_read, in_write) = inbound.into_split();
+                        let (out_read, out_write) = outbound.into_split();
+                        let up = forward(in_read, out_write, stalled.clone());
+                        let down = forward(out_read, in_write, stalled);
+                        tokio::join!(up, down);
                     });
                     connections.lock().unwrap().push(task);
                 }
@@ -502,6 +549,7 @@ impl TcpProxy {
         Self {
             addr,
             open,
+            stalled,
             connections,
             accept,
         }
@@ -515,8 +563,14 @@ impl TcpProxy {
         }
     }
 
-    /// Lets connections through again.
+    /// Keeps every connection open and accepts new ones, but forwards nothing.
+    pub fn stall(&self) {
+        self.stalled.send_replace(true);
+    }
+
+    /// Lets connections through again (and what a stall held back).
     pub fn restore(&self) {
+        self.stalled.send_replace(false);
         self.open.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 }

@@ -68,6 +68,7 @@ async fn shutdown_reports_not_serving_refuses_new_work_and_finishes_work_in_flig
         app.health_status("auth.v1.AuthService").await,
         ServingStatus::Serving
     );
+    assert_eq!(app.health_status("liveness").await, ServingStatus::Serving);
 
     let in_flight = tokio::spawn({
         let mut client = app.client.clone();
@@ -97,6 +98,8 @@ async fn shutdown_reports_not_serving_refuses_new_work_and_finishes_work_in_flig
         app.health_status("auth.v1.AuthService").await,
         ServingStatus::NotServing
     );
+    // Draining is not dying: a liveness probe must not restart the process now.
+    assert_eq!(app.health_status("liveness").await, ServingStatus::Serving);
     assert!(
         !in_flight.is_finished(),
         "the drain was observed while the request was in flight"

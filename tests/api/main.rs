@@ -1,14 +1,21 @@
 //! Integration tests: authd on 127.0.0.1:0, a real SQLite file, a real tonic client.
 
-mod bench;
+mod blocklist;
 mod cli;
 mod errors;
+mod h2raw;
 mod helpers;
+mod input;
 mod lifecycle;
 mod load;
 mod metrics;
+mod outage;
 mod ratelimit;
 mod reflection;
 mod register;
 mod replicas;
+mod secrets;
+mod storage;
+mod timing;
 mod tokens;
+mod transport;

@@ -5,6 +5,7 @@ use crate::helpers::{
     Backend, TcpProxy, TestDb, expect_code, host_of, login, ok_and_taken, register, spawn_app_on,
     wait_until, with_host,
 };
+use crate::timing::rounds_of_a_failed_login;
 use authd::config::DatabaseUrl;
 use futures::future::join_all;
 use std::time::{Duration, Instant};
@@ -54,8 +55,8 @@ async fn an_unreachable_database_gives_unavailable_and_not_serving_until_it_retu
     let DatabaseUrl::Postgres(direct) = &db.url else {
         unreachable!()
     };
-    let proxy = TcpProxy::start(host_of(direct)).await;
-    let proxied = with_host(direct, proxy.addr);
+    let proxy = TcpProxy::start(host_of(direct.expose())).await;
+    let proxied = with_host(direct.expose(), proxy.addr);
     let acquire_timeout = Duration::from_secs(1);
     let mut app = spawn_app_on(&db, |c| {
         c.database_url = proxied.parse().unwrap();
@@ -99,4 +100,31 @@ async fn an_unreachable_database_gives_unavailable_and_not_serving_until_it_retu
     app.login("sam", "a fine password").await.unwrap();
     let mut client = app.client.clone();
     login(&mut client, "SAM", "a fine password").await.unwrap();
+}
+
+#[tokio::test]
+async fn a_replica_learns_the_hash_costs_other_replicas_store() {
+    let Some(db) = TestDb::new(Backend::Postgres, "replica_hash_costs").await else {
+        return;
+    };
+    let mut cheap = spawn_app_on(&db, |c| {
+        c.pbkdf2_iterations = 1000;
+        c.health_interval = Duration::from_millis(100);
+    })
+    .await;
+    let mut dear = spawn_app_on(&db, |c| c.pbkdf2_iterations = 20_000).await;
+    assert_eq!(rounds_of_a_failed_login(&mut cheap, "nobody").await, 1000);
+
+    // Another replica stores a dearer hash: the next readiness probe reads it, and
+    // from then on this replica's failures cost as much as that user's would.
+    dear.register("dear", "a fine password").await.unwrap();
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while rounds_of_a_failed_login(&mut cheap, "nobody").await != 20_000 {
+        assert!(
+            Instant::now() < give_up,
+            "the replica never learnt the dearer stored cost"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(rounds_of_a_failed_login(&mut cheap, "dear").await, 20_000);
 }
