@@ -11,10 +11,13 @@
 //! UNAVAILABLE, never fill the pool and have others told it is full.
 
 use crate::{
+    audit::{Audit, Caller},
     credentials::{Password, Username},
     error::Error,
+    metrics::LoginOutcome,
     password::Hasher,
     store::{NewUser, Store},
+    throttle::{Attempt, Throttle},
     token::{Tokens, VerifiedToken},
 };
 use std::{
@@ -34,14 +37,24 @@ pub struct Accounts {
     store: Arc<Store>,
     hasher: Hasher,
     tokens: Tokens,
+    throttle: Arc<Throttle>,
+    audit: Audit,
 }
 
 impl Accounts {
-    pub fn new(store: Arc<Store>, hasher: Hasher, tokens: Tokens) -> Self {
+    pub fn new(
+        store: Arc<Store>,
+        hasher: Hasher,
+        tokens: Tokens,
+        throttle: Arc<Throttle>,
+        audit: Audit,
+    ) -> Self {
         Self {
             store,
             hasher,
             tokens,
+            throttle,
+            audit,
         }
     }
 
@@ -76,6 +89,7 @@ impl Accounts {
         username: Username,
         password: Password,
         deadline: Option<Instant>,
+        caller: &Caller,
     ) -> Result<String, Error> {
         // When the pool is full, the request is refused before it costs a query.
         self.hasher.check_room()?;
@@ -94,19 +108,87 @@ impl Accounts {
                 password_hash,
             })
             .await?;
+        self.audit.registered(caller, &id);
         Ok(id)
     }
 
     /// Checks the credentials and issues a token. An unknown user and a wrong
-    /// password fail the same way, after the same amount of hashing.
+    /// password fail the same way, after the same amount of hashing, and count alike
+    /// for the login throttle, which refuses before any of that.
     pub async fn login(
         &self,
         username: Username,
         password: Password,
         deadline: Option<Instant>,
+        caller: &Caller,
     ) -> Result<Session, Error> {
+        let attempt = self.throttled(&username, caller).await?;
+        let user = match self.check_password(&username, password, deadline).await {
+            Ok(user) => user,
+            Err(CheckFailure::Wrong(user_id)) => {
+                self.login_failed(attempt.as_ref(), caller, &username, user_id.as_deref())
+                    .await;
+                return Err(Error::InvalidCredentials);
+            }
+            Err(CheckFailure::Error(e)) => return Err(e),
+        };
+        if let Some(attempt) = &attempt {
+            self.throttle.succeeded(attempt).await;
+        }
+        self.throttle.count_login(LoginOutcome::Ok);
+        self.audit.login_succeeded(caller, &user.id);
+        let issued = self.tokens.issue(&user.id, &user.username)?;
+        Ok(Session {
+            user_id: user.id,
+            access_token: issued.token,
+            expires_at: issued.expires_at,
+        })
+    }
+
+    /// Asks the login throttle whether an attempt for `username` may go on; a refusal
+    /// is counted and audited here, before any store or hashing work.
+    async fn throttled(
+        &self,
+        username: &Username,
+        caller: &Caller,
+    ) -> Result<Option<Attempt>, Error> {
+        match self.throttle.check(username, caller.client).await {
+            Err(Error::Throttled { scope, retry_after }) => {
+                self.throttle.count_login(LoginOutcome::Throttled);
+                self.audit
+                    .login_throttled(caller, username, scope.label(), retry_after);
+                Err(Error::Throttled { scope, retry_after })
+            }
+            other => other,
+        }
+    }
+
+    /// A wrong password or an unknown username: counted, audited.
+    async fn login_failed(
+        &self,
+        attempt: Option<&Attempt>,
+        caller: &Caller,
+        username: &Username,
+        user_id: Option<&str>,
+    ) {
+        if let Some(attempt) = attempt {
+            self.throttle.failed(attempt).await;
+        }
+        self.throttle.count_login(LoginOutcome::Failed);
+        self.audit.login_failed(caller, username, user_id);
+    }
+
+    /// Verifies a password against the stored hash of `username` (against a dummy
+    /// hash of the same cost when there is none) and rehashes it when its parameters
+    /// are not the current ones.
+    async fn check_password(
+        &self,
+        username: &Username,
+        password: Password,
+        deadline: Option<Instant>,
+    ) -> Result<crate::store::User, CheckFailure> {
         self.hasher.check_room()?;
-        let user = self.store.find_user(&username).await?;
+        let user = self.store.find_user(username).await?;
         let slot = self.hasher.reserve()?;
         let stored = user.as_ref().map(|u| u.password_hash.clone());
         let verification = self
@@ -115,17 +197,12 @@ impl Accounts {
             .await?;
         let user = match user {
             Some(user) if verification.matches => user,
-            _ => return Err(Error::InvalidCredentials),
+            other => return Err(CheckFailure::Wrong(other.map(|u| u.id))),
         };
         if verification.needs_rehash {
             self.rehash(&user.id, password, deadline).await;
         }
-        let issued = self.tokens.issue(&user.id, &user.username)?;
-        Ok(Session {
-            user_id: user.id,
-            access_token: issued.token,
-            expires_at: issued.expires_at,
-        })
+        Ok(user)
     }
 
     /// Replaces a hash made with other parameters. Best effort: the login has
@@ -158,5 +235,19 @@ impl Accounts {
 
     pub fn validate(&self, token: &str) -> Result<VerifiedToken, Error> {
         Ok(self.tokens.verify(token)?)
+    }
+}
+
+/// Why a password check did not yield the user.
+enum CheckFailure {
+    /// A wrong password (the user's id) or an unknown username (`None`).
+    Wrong(Option<String>),
+    /// Anything else: full, unavailable, past its deadline.
+    Error(Error),
+}
+
+impl<E: Into<Error>> From<E> for CheckFailure {
+    fn from(e: E) -> Self {
+        CheckFailure::Error(e.into())
     }
 }

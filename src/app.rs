@@ -8,6 +8,7 @@
 use crate::{
     accounts::Accounts,
     admission::{self, Admission, AdmissionSettings},
+    audit::Audit,
     blocklist::Blocklist,
     config::{Config, DatabaseUrl},
     grpc::{AuthApi, MAX_MESSAGE_BYTES},
@@ -17,6 +18,7 @@ use crate::{
     pb::{self, auth_service_server::AuthServiceServer},
     ratelimit::{self, RateLimitStats, RateLimiter, Settings as RateLimitSettings},
     store::{PostgresSettings, SqliteSettings, Store, StoreSettings, WriterSnapshot},
+    throttle::{Settings as ThrottleSettings, Throttle, UsernameDigest},
     token::{KeyRing, Tokens},
     trace,
     transport::{self, Limits, Protocol},
@@ -162,8 +164,21 @@ impl Application {
         )
         .context("starting the password hashing threads")?;
         let hasher = Hasher::new(config.pbkdf2_iterations, pool)?;
-        let tokens = Tokens::new(keys, config.token_ttl, &metrics);
-        let accounts = Arc::new(Accounts::new(Arc::new(store), hasher, tokens));
+        let tokens = Tokens::new(keys.clone(), config.token_ttl, &metrics);
+        let digest = UsernameDigest::new(keys.derive_key("authd username digest v1"));
+        let throttle = Throttle::new(
+            throttle_settings(&config)?,
+            digest.clone(),
+            metrics.throttle.clone(),
+        )?;
+        throttle.connect().await;
+        let accounts = Arc::new(Accounts::new(
+            Arc::new(store),
+            hasher,
+            tokens,
+            throttle,
+            Audit::new(digest),
+        ));
         // Failed logins cost as much as the most expensive stored hash from the first.
         accounts
             .refresh_hash_cost()
@@ -324,8 +339,12 @@ impl Application {
         // grpcurl 1.8 speaks only v1alpha; newer clients use v1.
         let reflection_v1 = reflection().build_v1()?;
         let reflection_v1alpha = reflection().build_v1alpha()?;
-        let auth = AuthServiceServer::new(AuthApi::new(accounts.clone(), blocklist))
-            .max_decoding_message_size(MAX_MESSAGE_BYTES);
+        let auth = AuthServiceServer::new(AuthApi::new(
+            accounts.clone(),
+            blocklist,
+            config.trust_forwarded_for,
+        ))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES);
         let routes = Routes::new(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
@@ -402,6 +421,39 @@ impl Application {
         tracing::info!("authd stopped");
         Ok(())
     }
+}
+
+/// What the login throttle needs from the configuration; refuses an across-clients
+/// threshold that one client could reach alone.
+fn throttle_settings(c: &Config) -> anyhow::Result<ThrottleSettings> {
+    if c.login_failures > 0 && c.login_account_failures <= c.login_failures {
+        anyhow::bail!(
+            "--login-account-failures ({}) must be greater than --login-failures ({}), so that \
+             one client alone cannot throttle an account for everyone",
+            c.login_account_failures,
+            c.login_failures
+        );
+    }
+    if c.login_delay > c.login_delay_max {
+        anyhow::bail!("--login-delay must not be longer than --login-delay-max");
+    }
+    // A client's count must outlive the account count it fed, or a lone client
+    // whose count expired could feed the account again.
+    if c.login_account_delay_max > c.login_delay_max {
+        anyhow::bail!("--login-account-delay-max must not be longer than --login-delay-max");
+    }
+    Ok(ThrottleSettings {
+        failures: c.login_failures,
+        delay: c.login_delay,
+        delay_max: c.login_delay_max,
+        account_failures: c.login_account_failures,
+        account_delay_max: c.login_account_delay_max,
+        max_entries: c.login_throttle_max_entries as usize,
+        redis_url: c.redis_url.clone(),
+        prefix: format!("{}:", c.rate_limit_prefix),
+        redis_timeout: c.redis_timeout,
+        failure: c.rate_limit_failure,
+    })
 }
 
 /// What the rate limiter needs from the configuration.

@@ -342,6 +342,45 @@ pub struct Config {
     #[arg(long, env = "AUTHD_PASSWORD_BLOCKLIST_FILE", global = true)]
     pub password_blocklist_file: Option<PathBuf>,
 
+    /// Consecutive failed logins of one client (its address, as the rate limiter's peer
+    /// key sees it) for one username before that client's next attempts for it are
+    /// refused for --login-delay, doubling per further failure; a success resets the
+    /// count. Unknown usernames are counted alike. 0 turns the login throttle off.
+    #[arg(long, env = "AUTHD_LOGIN_FAILURES", default_value_t = 5,
+          value_parser = clap::value_parser!(u32).range(0..=1000), global = true)]
+    pub login_failures: u32,
+
+    /// The first delay of a throttled client; it doubles with each further failure.
+    #[arg(long, env = "AUTHD_LOGIN_DELAY", default_value = "1s",
+          value_parser = positive_duration, global = true)]
+    pub login_delay: Duration,
+
+    /// The longest delay of one client for one username.
+    #[arg(long, env = "AUTHD_LOGIN_DELAY_MAX", default_value = "15m",
+          value_parser = positive_duration, global = true)]
+    pub login_delay_max: Duration,
+
+    /// Failed logins for one username across all clients (only each client's first
+    /// --login-failures count, so one address alone never reaches it) before every
+    /// client that has not logged in to it before is delayed too. Must be greater
+    /// than --login-failures.
+    #[arg(long, env = "AUTHD_LOGIN_ACCOUNT_FAILURES", default_value_t = 20,
+          value_parser = clap::value_parser!(u32).range(1..=100_000), global = true)]
+    pub login_account_failures: u32,
+
+    /// The longest delay of the across-clients count: short, so that the owner, told
+    /// when to retry, gets in while a distributed attack makes a guess or so per delay
+    /// (at most --login-delay-max).
+    #[arg(long, env = "AUTHD_LOGIN_ACCOUNT_DELAY_MAX", default_value = "1m",
+          value_parser = positive_duration, global = true)]
+    pub login_account_delay_max: Duration,
+
+    /// Most entries of the in-process login throttle (used without Redis, or while it
+    /// fails): about 150 bytes each, so the default bounds it near 15 MiB.
+    #[arg(long, env = "AUTHD_LOGIN_THROTTLE_MAX_ENTRIES", default_value_t = 100_000,
+          value_parser = clap::value_parser!(u32).range(1..=100_000_000), global = true)]
+    pub login_throttle_max_entries: u32,
+
     /// Address of the Prometheus endpoint (GET /metrics, plain HTTP); empty or "off"
     /// turns it off.
     #[arg(

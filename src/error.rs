@@ -72,6 +72,13 @@ pub enum Error {
         /// Until every refusing rule has a free slot.
         retry_after: Duration,
     },
+    /// The login throttle refused the attempt (too many failed logins for this
+    /// username); the same for every username, known or not.
+    #[error("too many failed logins for this account; retry later")]
+    Throttled {
+        scope: crate::throttle::Scope,
+        retry_after: Duration,
+    },
     #[error("deadline exceeded before the work could be done")]
     DeadlineExceeded,
     /// The request's body did not arrive within the receive timeout.
@@ -149,6 +156,27 @@ impl Error {
                 metadata.insert("ratelimit-limit", MetadataValue::from(*limit));
                 metadata.insert("ratelimit-remaining", MetadataValue::from(0u32));
                 metadata.insert("ratelimit-reset", MetadataValue::from(whole_seconds(*wait)));
+                status
+            }
+            Error::Throttled {
+                scope,
+                retry_after: wait,
+            } => {
+                let mut details = ErrorDetails::with_retry_info(Some(*wait));
+                details.add_quota_failure_violation(
+                    scope.subject(),
+                    match scope {
+                        crate::throttle::Scope::Client => {
+                            "failed logins for this account from this client"
+                        }
+                        crate::throttle::Scope::Account => "failed logins for this account",
+                    },
+                );
+                let mut status =
+                    Status::with_error_details(Code::ResourceExhausted, self.to_string(), details);
+                status
+                    .metadata_mut()
+                    .insert("retry-after", retry_after(*wait));
                 status
             }
             Error::DeadlineExceeded | Error::ReceiveTimeout => {

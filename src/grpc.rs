@@ -9,6 +9,7 @@
 
 use crate::{
     accounts::Accounts,
+    audit::Caller,
     blocklist::{Blocklist, Refusal},
     credentials::{Password, Username},
     error::{Error, FieldViolation},
@@ -16,7 +17,7 @@ use crate::{
         LoginRequest, LoginResponse, RegisterRequest, RegisterResponse, ValidateTokenRequest,
         ValidateTokenResponse, auth_service_server::AuthService,
     },
-    rpc::{Deadline, RequestId, UserId},
+    rpc::{self, Deadline, RequestId, UserId},
 };
 use std::{
     future::Future,
@@ -32,13 +33,32 @@ pub const MAX_MESSAGE_BYTES: usize = 4 * 1024;
 pub struct AuthApi {
     accounts: Arc<Accounts>,
     blocklist: Arc<Blocklist>,
+    /// Whether the client is the first `x-forwarded-for` hop (as for rate limits).
+    trust_forwarded_for: bool,
 }
 
 impl AuthApi {
-    pub(crate) fn new(accounts: Arc<Accounts>, blocklist: Arc<Blocklist>) -> Self {
+    pub(crate) fn new(
+        accounts: Arc<Accounts>,
+        blocklist: Arc<Blocklist>,
+        trust_forwarded_for: bool,
+    ) -> Self {
         Self {
             accounts,
             blocklist,
+            trust_forwarded_for,
+        }
+    }
+
+    /// Who sent `request`: its id, and the client the rate limiter's `peer` key counts.
+    fn caller<T>(&self, request: &Request<T>) -> Caller {
+        Caller {
+            request_id: request_id(request).map(|id| id.as_str().to_owned()),
+            client: rpc::client_ip(
+                request.metadata().as_ref(),
+                rpc::peer_ip(request.extensions()),
+                self.trust_forwarded_for,
+            ),
         }
     }
 }
@@ -154,11 +174,15 @@ impl AuthService for AuthApi {
         request: Request<RegisterRequest>,
     ) -> Result<Response<RegisterResponse>, Status> {
         let (deadline, request_id) = (deadline(&request), request_id(&request));
+        let caller = self.caller(&request);
         let req = request.into_inner();
         let work = async {
             let (username, password) = credentials(&req.username, &req.password)?;
             check_new_password(&self.blocklist, "password", &username, &password)?;
-            let user_id = self.accounts.register(username, password, deadline).await?;
+            let user_id = self
+                .accounts
+                .register(username, password, deadline, &caller)
+                .await?;
             Ok(RegisterResponse { user_id })
         };
         respond("Register", request_id, work, |r| &r.user_id).await
@@ -169,10 +193,14 @@ impl AuthService for AuthApi {
         request: Request<LoginRequest>,
     ) -> Result<Response<LoginResponse>, Status> {
         let (deadline, request_id) = (deadline(&request), request_id(&request));
+        let caller = self.caller(&request);
         let req = request.into_inner();
         let work = async {
             let (username, password) = credentials(&req.username, &req.password)?;
-            let session = self.accounts.login(username, password, deadline).await?;
+            let session = self
+                .accounts
+                .login(username, password, deadline, &caller)
+                .await?;
             Ok(LoginResponse {
                 access_token: session.access_token,
                 token_type: "Bearer".into(),

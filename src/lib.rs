@@ -41,6 +41,7 @@
 //! - [`credentials`]: `Username` and `Password`, parsed and normalized at the edge.
 //! - `blocklist`: the common-password list (bundled, plus an organization's file) and
 //!   the rule that a new password is neither on it nor the username; checked before hashing.
+//! - [`audit`]: the audit trail, one event per security outcome on `authd::audit`.
 //! - `health`: readiness from store probes and real request failures; liveness.
 //! - [`healthcheck`]: `authd health`, the client side: one check, turned into an exit status.
 //! - [`password`]: also `authd hash-bench` (`password::bench`), this machine's hashing rate.
@@ -53,6 +54,7 @@
 pub(crate) mod accounts;
 pub(crate) mod admission;
 pub mod app;
+pub mod audit;
 pub(crate) mod blocklist;
 pub(crate) mod codec;
 pub mod config;
@@ -69,6 +71,7 @@ pub(crate) mod rpc;
 pub(crate) mod secret;
 pub(crate) mod store;
 pub mod telemetry;
+pub mod throttle;
 pub mod token;
 pub(crate) mod trace;
 pub(crate) mod transport;

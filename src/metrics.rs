@@ -140,6 +140,26 @@ pub(crate) struct BlocklistMetrics {
     pub refusals: IntCounterVec,
 }
 
+/// Logins by outcome, and the login throttle (`throttle`).
+#[derive(Clone)]
+pub(crate) struct ThrottleMetrics {
+    /// ok, failed, throttled.
+    pub logins: [IntCounter; 3],
+    /// Refusals by scope: client, account.
+    pub refusals: [IntCounter; 2],
+    pub redis_errors: IntCounter,
+    pub fallback_active: IntGauge,
+    pub local_entries: IntGauge,
+}
+
+/// The outcomes of a login attempt, as `authd_logins_total` labels them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LoginOutcome {
+    Ok = 0,
+    Failed = 1,
+    Throttled = 2,
+}
+
 /// The connections of the listeners (gRPC, health, metrics), by `listener`.
 pub(crate) struct ConnectionMetrics {
     pub open: IntGaugeVec,
@@ -171,6 +191,7 @@ pub struct Metrics {
     pub(crate) tokens: TokenMetrics,
     pub(crate) connections: ConnectionMetrics,
     pub(crate) blocklist: BlocklistMetrics,
+    pub(crate) throttle: ThrottleMetrics,
     /// Run before each scrape, for values read from elsewhere (connection pools).
     refreshers: Mutex<Vec<Box<dyn Fn() + Send + Sync>>>,
 }
@@ -428,6 +449,49 @@ impl Metrics {
                 &["reason"],
             ),
         };
+        let logins = counter_vec(
+            "authd_logins_total",
+            "Login attempts by outcome: ok, failed (wrong password or unknown username), \
+             throttled (refused by the login throttle before any hashing).",
+            &["outcome"],
+        );
+        let refusals = counter_vec(
+            "authd_login_throttle_refusals_total",
+            "Attempts the login throttle refused, by the count that refused them: client \
+             (this client's failures for the username) or account (the username's failures \
+             across clients).",
+            &["scope"],
+        );
+        let throttle = ThrottleMetrics {
+            logins: ["ok", "failed", "throttled"].map(|o| logins.with_label_values(&[o])),
+            refusals: ["client", "account"].map(|s| refusals.with_label_values(&[s])),
+            redis_errors: registered(
+                &r,
+                IntCounter::new(
+                    "authd_login_throttle_redis_errors_total",
+                    "Login throttle calls to Redis that failed or timed out (the counts then \
+                     fall back to this replica's, or refuse under AUTHD_RATE_LIMIT_FAILURE=closed).",
+                )
+                .expect("valid"),
+            ),
+            fallback_active: registered(
+                &r,
+                IntGauge::new(
+                    "authd_login_throttle_fallback_active",
+                    "1 while the login throttle counts in process because Redis fails.",
+                )
+                .expect("valid"),
+            ),
+            local_entries: registered(
+                &r,
+                IntGauge::new(
+                    "authd_login_throttle_local_entries",
+                    "Entries of the in-process login throttle (at most \
+                     AUTHD_LOGIN_THROTTLE_MAX_ENTRIES).",
+                )
+                .expect("valid"),
+            ),
+        };
         registered(
             &r,
             IntGaugeVec::new(
@@ -454,6 +518,7 @@ impl Metrics {
             tokens,
             connections,
             blocklist,
+            throttle,
             refreshers: Mutex::new(Vec::new()),
         }
     }

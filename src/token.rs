@@ -112,6 +112,15 @@ impl KeyRing {
         self.keys.iter().map(|k| k.kid.as_str())
     }
 
+    /// A 32-byte key for another purpose (`label`), derived from the signing key:
+    /// the same on every replica that shares the ring, and unrelated to the key itself.
+    pub fn derive_key(&self, label: &str) -> [u8; 32] {
+        mac(&self.signer().secret, label.as_bytes())
+            .finalize()
+            .into_bytes()
+            .into()
+    }
+
     fn signer(&self) -> &Key {
         // A ring is never empty: `from_str` refuses an empty list.
         &self.keys[0]

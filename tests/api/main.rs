@@ -16,6 +16,7 @@ mod register;
 mod replicas;
 mod secrets;
 mod storage;
+mod throttle;
 mod timing;
 mod tokens;
 mod transport;

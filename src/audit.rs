@@ -1,0 +1,106 @@
+//! The audit trail: one structured event per security-relevant outcome, on the log
+//! target `authd::audit`, so operators can route it apart from the request log
+//! (e.g. `AUTHD_LOG=info,authd::audit=info` and a JSON pipeline that splits on
+//! `target`).
+//!
+//! Every event has `event` (what happened), `outcome`, `request_id`, `peer` (the
+//! client address, as the rate limiter's `peer` key sees it) and, when known,
+//! `user_id`; the log line carries the time. Never a password or a token. A failed
+//! or throttled login names the account only by `account`, a keyed digest of the
+//! username (people type their password into the username field), the same digest
+//! the login throttle keys on, so events of one account correlate across replicas
+//! that share the token signing key.
+
+use crate::{credentials::Username, throttle::UsernameDigest};
+use std::{net::IpAddr, time::Duration};
+
+/// The log target of every audit event.
+pub const TARGET: &str = "authd::audit";
+
+/// Who made a request: what every audit event says about it.
+#[derive(Debug, Clone, Default)]
+pub struct Caller {
+    pub request_id: Option<String>,
+    pub client: Option<IpAddr>,
+}
+
+impl Caller {
+    fn peer(&self) -> String {
+        self.client
+            .map_or_else(|| "unknown".to_owned(), |ip| ip.to_string())
+    }
+
+    fn request_id(&self) -> &str {
+        self.request_id.as_deref().unwrap_or("")
+    }
+}
+
+/// Writes the audit events.
+#[derive(Clone)]
+pub struct Audit {
+    digest: UsernameDigest,
+}
+
+impl Audit {
+    pub fn new(digest: UsernameDigest) -> Self {
+        Self { digest }
+    }
+
+    pub fn registered(&self, caller: &Caller, user_id: &str) {
+        tracing::info!(
+            target: TARGET,
+            event = "registered",
+            outcome = "ok",
+            request_id = caller.request_id(),
+            peer = %caller.peer(),
+            user_id,
+            "user registered"
+        );
+    }
+
+    pub fn login_succeeded(&self, caller: &Caller, user_id: &str) {
+        tracing::info!(
+            target: TARGET,
+            event = "login",
+            outcome = "ok",
+            request_id = caller.request_id(),
+            peer = %caller.peer(),
+            user_id,
+            "login succeeded"
+        );
+    }
+
+    /// A wrong password (`user_id` known) or an unknown username (`None`).
+    pub fn login_failed(&self, caller: &Caller, username: &Username, user_id: Option<&str>) {
+        tracing::info!(
+            target: TARGET,
+            event = "login",
+            outcome = "failed",
+            request_id = caller.request_id(),
+            peer = %caller.peer(),
+            user_id,
+            account = %self.digest.of(username),
+            "login failed"
+        );
+    }
+
+    pub fn login_throttled(
+        &self,
+        caller: &Caller,
+        username: &Username,
+        scope: &str,
+        retry_after: Duration,
+    ) {
+        tracing::info!(
+            target: TARGET,
+            event = "login",
+            outcome = "throttled",
+            request_id = caller.request_id(),
+            peer = %caller.peer(),
+            account = %self.digest.of(username),
+            scope,
+            retry_after_ms = u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX),
+            "login throttled"
+        );
+    }
+}
