@@ -304,7 +304,7 @@ async fn replicas_share_the_counts_through_redis_and_the_delay_doubles() {
     let _: () = redis::cmd("HSET")
         .arg(pair)
         .arg("l")
-        .arg(last - 3600_000 - 1000)
+        .arg(last - 3_600_000 - 1000)
         .query_async(&mut redis)
         .await
         .unwrap();
