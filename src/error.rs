@@ -72,6 +72,10 @@ pub enum Error {
         /// Until every refusing rule has a free slot.
         retry_after: Duration,
     },
+    /// Mutual TLS: the client's certificate identity is not on `AUTHD_TLS_ALLOW` for
+    /// the method (or the client has none). The identity is not echoed.
+    #[error("the client certificate is not allowed to call this method")]
+    PermissionDenied,
     #[error("deadline exceeded before the work could be done")]
     DeadlineExceeded,
     /// The request's body did not arrive within the receive timeout.
@@ -151,6 +155,7 @@ impl Error {
                 metadata.insert("ratelimit-reset", MetadataValue::from(whole_seconds(*wait)));
                 status
             }
+            Error::PermissionDenied => Status::permission_denied(self.to_string()),
             Error::DeadlineExceeded | Error::ReceiveTimeout => {
                 Status::deadline_exceeded(self.to_string())
             }
