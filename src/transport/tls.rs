@@ -19,7 +19,7 @@ use arc_swap::ArcSwap;
 use std::{
     fmt,
     path::{Path, PathBuf},
-    sync::Arc,
+    sync::{Arc, Mutex},
     time::{Duration, SystemTime},
 };
 use tokio::sync::watch;
@@ -110,16 +110,20 @@ type Stamp = Option<(SystemTime, u64)>;
 pub(crate) struct ServerTls {
     current: ArcSwap<ServerConfig>,
     files: TlsFiles,
+    /// What the files looked like just before they were last read.
+    last: Mutex<Vec<Stamp>>,
     metrics: TlsMetrics,
 }
 
 impl ServerTls {
     /// Reads the files; an error (one line naming the option) stops the start.
     pub(crate) fn load(files: TlsFiles, metrics: TlsMetrics) -> Result<Arc<Self>, LoadError> {
+        let stamps = stamps(&files);
         let loaded = load(&files)?;
         let tls = Self {
             current: ArcSwap::new(loaded.config.clone()),
             files,
+            last: Mutex::new(stamps),
             metrics,
         };
         tls.show(&loaded);
@@ -144,20 +148,18 @@ impl ServerTls {
         }
     }
 
-    fn stamps(&self) -> Vec<Stamp> {
-        let mut paths = vec![&self.files.cert, &self.files.key];
-        paths.extend(&self.files.client_ca);
-        paths.into_iter().map(|p| stamp(p)).collect()
-    }
-
-    /// Reads the files again if any changed since `last`; `last` becomes what they
-    /// look like now either way, so a bad file is reported once, not at every poll.
-    fn reload_if_changed(&self, last: &mut Vec<Stamp>) {
-        let now = self.stamps();
-        if now == *last {
-            return;
+    /// Reads the files again if any changed since they were last read; what they
+    /// look like now is remembered either way, so a bad file is reported once, not at
+    /// every poll.
+    fn reload_if_changed(&self) {
+        let now = stamps(&self.files);
+        {
+            let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+            if now == *last {
+                return;
+            }
+            *last = now;
         }
-        *last = now;
         match load(&self.files) {
             Ok(loaded) => {
                 self.current.store(loaded.config.clone());
@@ -183,9 +185,6 @@ impl ServerTls {
     ) -> tokio::task::JoinHandle<()> {
         let tls = self.clone();
         tokio::spawn(async move {
-            // The files as they were when first read (close enough: a change between
-            // the read and now is seen at the next poll, or read twice).
-            let mut last = tls.stamps();
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             tick.tick().await;
@@ -194,21 +193,18 @@ impl ServerTls {
                     () = super::stopped(&mut shutdown) => return,
                     _ = tick.tick() => {}
                 }
-                // Small files, read off the async workers.
+                // Small files, read off the async workers; one read at a time.
                 let t = tls.clone();
-                let mut stamps = std::mem::take(&mut last);
-                last = match tokio::task::spawn_blocking(move || {
-                    t.reload_if_changed(&mut stamps);
-                    stamps
-                })
-                .await
-                {
-                    Ok(stamps) => stamps,
-                    Err(_) => tls.stamps(),
-                };
+                let _ = tokio::task::spawn_blocking(move || t.reload_if_changed()).await;
             }
         })
     }
+}
+
+fn stamps(files: &TlsFiles) -> Vec<Stamp> {
+    let mut paths = vec![&files.cert, &files.key];
+    paths.extend(&files.client_ca);
+    paths.into_iter().map(|p| stamp(p)).collect()
 }
 
 fn stamp(path: &Path) -> Stamp {
@@ -450,6 +446,21 @@ mod tests {
         assert!(err.ends_with("no PEM certificate in the file"), "{err}");
         let body: String = key_pem.lines().nth(1).unwrap().to_owned();
         assert!(!err.contains(&body));
+
+        let garbage = dir.path().join("garbage.pem");
+        std::fs::write(
+            &garbage,
+            "-----BEGIN CERTIFICATE-----\nnot base64 %%%\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let err = load(&TlsFiles {
+            cert: garbage,
+            ..files.clone()
+        })
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(err.starts_with("--tls-cert"), "{err}");
 
         let corrupt = dir.path().join("corrupt.pem");
         std::fs::write(

@@ -17,5 +17,6 @@ mod replicas;
 mod secrets;
 mod storage;
 mod timing;
+mod tls;
 mod tokens;
 mod transport;
