@@ -98,7 +98,9 @@ const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 /// Serves `service` on every connection `listener` accepts, within `limits`, until
 /// `shutdown` turns true; then stops accepting and waits for the connections to
-/// close gracefully. Dropping the returned future closes them all at once.
+/// close gracefully. Dropping the returned future closes them all at once. With
+/// `tls`, every connection speaks TLS (HTTP/2 only).
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn serve<S, B>(
     name: &'static str,
     listener: TcpListener,
