@@ -6,6 +6,7 @@
 //! `main.rs` and every integration test start authd through this same code.
 
 use crate::{
+    access,
     accounts::Accounts,
     admission::{self, Admission, AdmissionSettings},
     audit::Audit,
@@ -21,7 +22,10 @@ use crate::{
     throttle::{Settings as ThrottleSettings, Throttle, UsernameDigest},
     token::{KeyRing, Tokens},
     trace,
-    transport::{self, Limits, Protocol},
+    transport::{
+        self, Limits, Protocol,
+        tls::{ServerTls, TlsFiles},
+    },
 };
 use anyhow::Context as _;
 use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
@@ -53,6 +57,7 @@ pub struct Application {
     health_listener: Option<std::net::TcpListener>,
     health_addr: Option<SocketAddr>,
     limits: Limits,
+    tls: Option<Arc<ServerTls>>,
     config: Config,
 }
 
@@ -147,6 +152,33 @@ impl Application {
         // One registry per application, never the process-wide default: tests run
         // several applications in one process and count each one's requests.
         let metrics = Arc::new(Metrics::new());
+        // Before anything is opened: a bad certificate or key stops the start with
+        // one line naming the option.
+        let tls = match (&config.tls_cert, &config.tls_key) {
+            (Some(cert), Some(key)) => {
+                let files = TlsFiles {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    client_ca: config.tls_client_ca.clone(),
+                };
+                Some(ServerTls::load(files, metrics.tls.clone())?)
+            }
+            (None, None) => None,
+            _ => anyhow::bail!(
+                "--tls-cert (AUTHD_TLS_CERT) and --tls-key (AUTHD_TLS_KEY) go together"
+            ),
+        };
+        if tls.is_none() && (config.tls_client_ca.is_some() || config.tls_allow.is_some()) {
+            anyhow::bail!(
+                "--tls-client-ca (AUTHD_TLS_CLIENT_CA) and --tls-allow (AUTHD_TLS_ALLOW) need \
+                 --tls-cert and --tls-key"
+            );
+        }
+        if config.tls_allow.is_some() && config.tls_client_ca.is_none() {
+            anyhow::bail!(
+                "--tls-allow (AUTHD_TLS_ALLOW) needs --tls-client-ca (AUTHD_TLS_CLIENT_CA)"
+            );
+        }
         // Before the store: a bad list file stops the start before anything is opened.
         let blocklist = Arc::new(Blocklist::new(
             config.password_blocklist.is_on(),
@@ -231,6 +263,7 @@ impl Application {
             health_listener,
             health_addr,
             limits,
+            tls,
             config,
         })
     }
@@ -284,6 +317,7 @@ impl Application {
             health_listener,
             health_addr,
             limits,
+            tls,
             config,
         } = self;
         let store = accounts.store().clone();
@@ -298,6 +332,7 @@ impl Application {
                 "metrics",
                 listener,
                 Protocol::Http1,
+                None,
                 auxiliary.clone(),
                 metrics.listener("metrics"),
                 metrics::router(metrics.clone()),
@@ -355,14 +390,21 @@ impl Application {
             })
             // Outermost: every request, refused or not, gets an id, a log line and metrics.
             .layer(trace::layer(metrics.clone()))
+            // Mutual TLS: an identity not allowed for the method costs nothing further.
+            .layer(access::layer(config.tls_allow.clone().unwrap_or_default()))
             // Then: a request refused by a rate limit never takes an admission slot.
             .layer(ratelimit::layer(rate_limiter))
             .layer(admission::layer(admission.clone()))
             .service(routes);
+        // Stops when the gRPC port does.
+        let reloader = tls
+            .as_ref()
+            .map(|tls| tls.spawn_reloader(config.tls_reload, serving_stopped.clone()));
         let mut server = tokio::spawn(transport::serve(
             "grpc",
             listener,
             Protocol::Http2,
+            tls.clone(),
             limits.clone(),
             metrics.listener("grpc"),
             grpc,
@@ -379,6 +421,11 @@ impl Application {
             hash_lanes = accounts.hasher().pool().engine().lanes(),
             hash_queue = config.hash_queue(),
             max_connections = limits.max_connections,
+            tls = match (&tls, &config.tls_client_ca) {
+                (None, _) => "off",
+                (Some(_), None) => "on",
+                (Some(_), Some(_)) => "mutual",
+            },
             "authd is serving"
         );
 
@@ -389,6 +436,9 @@ impl Application {
         if let Some(result) = served {
             // The server stopped on its own: that is an error, not a shutdown.
             checker.abort();
+            if let Some(reloader) = reloader {
+                reloader.abort();
+            }
             store.close().await;
             stop_auxiliary_servers(stop_auxiliary, metrics_server, health_server).await;
             result.context("the gRPC server task failed")?;
@@ -543,6 +593,8 @@ where
                             "health",
                             listener,
                             Protocol::Http2,
+                            // Always plaintext: for probes (the kubelet's speaks no TLS).
+                            None,
                             limits,
                             metrics,
                             service,

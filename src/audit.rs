@@ -4,8 +4,8 @@
 //! `target`).
 //!
 //! Every event has `event` (what happened), `outcome`, `request_id`, `peer` (the
-//! client address, as the rate limiter's `peer` key sees it) and, when known,
-//! `user_id`; the log line carries the time. Never a password or a token. A failed
+//! client address, as the rate limiter's `peer` key sees it), `client` (the
+//! client certificate's identity, under mutual TLS) and, when known, `user_id`; the log line carries the time. Never a password or a token. A failed
 //! or throttled login names the account only by `account`, a keyed digest of the
 //! username (people type their password into the username field), the same digest
 //! the login throttle keys on, so events of one account correlate across replicas
@@ -22,12 +22,18 @@ pub const TARGET: &str = "authd::audit";
 pub struct Caller {
     pub request_id: Option<String>,
     pub client: Option<IpAddr>,
+    /// The client certificate's identity, under mutual TLS.
+    pub identity: Option<String>,
 }
 
 impl Caller {
     fn peer(&self) -> String {
         self.client
             .map_or_else(|| "unknown".to_owned(), |ip| ip.to_string())
+    }
+
+    fn identity(&self) -> Option<&str> {
+        self.identity.as_deref()
     }
 
     fn request_id(&self) -> &str {
@@ -53,6 +59,7 @@ impl Audit {
             outcome = "ok",
             request_id = caller.request_id(),
             peer = %caller.peer(),
+            client = caller.identity(),
             user_id,
             "user registered"
         );
@@ -65,6 +72,7 @@ impl Audit {
             outcome = "ok",
             request_id = caller.request_id(),
             peer = %caller.peer(),
+            client = caller.identity(),
             user_id,
             "login succeeded"
         );
@@ -78,6 +86,7 @@ impl Audit {
             outcome = "failed",
             request_id = caller.request_id(),
             peer = %caller.peer(),
+            client = caller.identity(),
             user_id,
             account = %self.digest.of(username),
             "login failed"
@@ -97,6 +106,7 @@ impl Audit {
             outcome = "throttled",
             request_id = caller.request_id(),
             peer = %caller.peer(),
+            client = caller.identity(),
             account = %self.digest.of(username),
             scope,
             retry_after_ms = u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX),

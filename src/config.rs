@@ -8,6 +8,7 @@
 //! and each can be read from a file (`*_FILE`) so that it shows in neither `ps` nor
 //! the environment. [`secrets_on_command_line`] finds those given as flags anyway.
 
+use crate::access::AllowList;
 use crate::ratelimit::{FailureMode, RateLimits};
 use crate::secret::{self, RedisUrl, SecretUrl};
 use crate::token::KeyRing;
@@ -80,6 +81,20 @@ pub enum Command {
         /// Longest the check may take, connecting included.
         #[arg(long, default_value = "2s", value_parser = positive_duration)]
         timeout: Duration,
+        /// Speak TLS, trusting the CAs of this PEM bundle (the gRPC port with
+        /// AUTHD_TLS_CERT; the health-only port is always plaintext) [default with
+        /// an https:// address: the Mozilla roots].
+        #[arg(long = "tls-ca")]
+        tls_ca: Option<PathBuf>,
+        /// PEM certificate to present to a server with mutual TLS (AUTHD_TLS_CLIENT_CA).
+        #[arg(long = "tls-cert", id = "health_tls_cert", requires = "health_tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// PEM private key of --tls-cert.
+        #[arg(long = "tls-key", id = "health_tls_key", requires = "health_tls_cert")]
+        tls_key: Option<PathBuf>,
+        /// The name the server's certificate must carry [default: the host of --addr].
+        #[arg(long = "tls-server-name")]
+        tls_server_name: Option<String>,
     },
 }
 
@@ -208,6 +223,37 @@ pub struct Config {
           value_parser = positive_duration, global = true)]
     pub keepalive_timeout: Duration,
 
+    /// PEM file of the gRPC port's certificate, then its intermediates: with --tls-key the
+    /// port speaks only TLS (HTTP/2 over TLS 1.2 or 1.3, ALPN h2) [default: none;
+    /// plaintext]. Re-read when it changes (see --tls-reload). Given before any subcommand.
+    #[arg(long, env = "AUTHD_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM file of the private key of --tls-cert (PKCS#8, PKCS#1 or SEC1). Re-read when it
+    /// changes.
+    #[arg(long, env = "AUTHD_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// PEM bundle of the CAs client certificates must chain to: mutual TLS, a client
+    /// without such a certificate fails the handshake [default: none; no client
+    /// certificate asked]. Re-read when it changes.
+    #[arg(long, env = "AUTHD_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+
+    /// How often the TLS files are checked for changes (modification time and size);
+    /// new connections use the new files, open ones keep theirs.
+    #[arg(long, env = "AUTHD_TLS_RELOAD", default_value = "10s",
+          value_parser = positive_duration)]
+    pub tls_reload: Duration,
+
+    /// Client identities allowed per AuthService method under mutual TLS,
+    /// METHOD:IDENTITY,… with METHOD an RPC name or *; e.g.
+    /// Register:spiffe://corp/ns/web/sa/signup. A method named here refuses other clients
+    /// with PERMISSION_DENIED; others are open to every client certificate
+    /// [default: none; every method open].
+    #[arg(long, env = "AUTHD_TLS_ALLOW", requires = "tls_client_ca")]
+    pub tls_allow: Option<AllowList>,
+
     /// Address of a plaintext port that serves only grpc.health.v1, on a thread of its own,
     /// so probes answer however busy the gRPC port is; empty or "off" turns it off.
     #[arg(
@@ -279,7 +325,8 @@ pub struct Config {
     pub redis_url_file: Option<PathBuf>,
 
     /// Rate-limit rules, METHOD:KEY=LIMIT/WINDOW,… where METHOD is an RPC name or *, and
-    /// KEY is peer, global or header:NAME; e.g. Login:peer=20/1s,*:global=2000/1s
+    /// KEY is peer, global, client-cert (the mutual-TLS identity) or header:NAME; e.g.
+    /// Login:peer=20/1s,*:global=2000/1s
     /// [default: none; nothing is limited].
     #[arg(long, env = "AUTHD_RATE_LIMITS", global = true)]
     pub rate_limits: Option<RateLimits>,

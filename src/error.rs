@@ -79,6 +79,10 @@ pub enum Error {
         scope: crate::throttle::Scope,
         retry_after: Duration,
     },
+    /// Mutual TLS: the client's certificate identity is not on `AUTHD_TLS_ALLOW` for
+    /// the method (or the client has none). The identity is not echoed.
+    #[error("the client certificate is not allowed to call this method")]
+    PermissionDenied,
     #[error("deadline exceeded before the work could be done")]
     DeadlineExceeded,
     /// The request's body did not arrive within the receive timeout.
@@ -179,6 +183,7 @@ impl Error {
                     .insert("retry-after", retry_after(*wait));
                 status
             }
+            Error::PermissionDenied => Status::permission_denied(self.to_string()),
             Error::DeadlineExceeded | Error::ReceiveTimeout => {
                 Status::deadline_exceeded(self.to_string())
             }

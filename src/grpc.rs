@@ -59,6 +59,7 @@ impl AuthApi {
                 rpc::peer_ip(request.extensions()),
                 self.trust_forwarded_for,
             ),
+            identity: rpc::client_identity(request.extensions()).map(|i| i.as_str().to_owned()),
         }
     }
 }

@@ -6,16 +6,22 @@
 //! one-line message says why (NOT_SERVING, SERVICE_UNKNOWN, unreachable, timeout).
 //! The names authd reports: `""` and `auth.v1.AuthService` for readiness (they follow
 //! the database), `liveness` for liveness (SERVING while the process serves).
-//! It owns nothing of the server: it is a client, and it talks plain-text HTTP/2 to
-//! loopback or a pod address, never TLS.
+//! It owns nothing of the server: it is a client. It talks plain-text HTTP/2 (to the
+//! health-only port, on loopback or a pod address), or TLS to an `https://` address
+//! or when given [`ClientTls`] options (`--tls-ca`, and `--tls-cert`/`--tls-key` for
+//! a server that asks for a client certificate).
 
 use crate::config::Config;
 use std::{
     fmt,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    path::PathBuf,
     time::Duration,
 };
-use tonic::{Code, transport::Endpoint};
+use tonic::{
+    Code,
+    transport::{Certificate, ClientTlsConfig, Endpoint, Identity},
+};
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
@@ -37,6 +43,8 @@ pub enum Unhealthy {
     Timeout { target: String, after: Duration },
     /// The address given is not usable.
     BadAddress { addr: String, cause: String },
+    /// A TLS option is not usable (a file that cannot be read).
+    BadTls { cause: String },
 }
 
 impl fmt::Display for Unhealthy {
@@ -57,11 +65,60 @@ impl fmt::Display for Unhealthy {
                 humantime::format_duration(*after)
             ),
             Unhealthy::BadAddress { addr, cause } => write!(f, "--addr {addr:?}: {cause}"),
+            Unhealthy::BadTls { cause } => f.write_str(cause),
         }
     }
 }
 
 impl std::error::Error for Unhealthy {}
+
+/// The client side of TLS: whom to trust, what to present, which name to expect.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientTls {
+    /// PEM bundle of the CAs the server's certificate must chain to [default: the
+    /// Mozilla roots of webpki-roots].
+    pub ca: Option<PathBuf>,
+    /// PEM certificate (and chain) to present, for a server with mutual TLS.
+    pub cert: Option<PathBuf>,
+    /// PEM private key of `cert`.
+    pub key: Option<PathBuf>,
+    /// The name the server's certificate must carry [default: the host of the address].
+    pub server_name: Option<String>,
+}
+
+impl ClientTls {
+    /// Whether any option is set (which means TLS, whatever the address's scheme).
+    pub fn is_set(&self) -> bool {
+        *self != ClientTls::default()
+    }
+
+    /// tonic's TLS configuration; an error names the option and the file, never what
+    /// the file holds.
+    pub fn config(&self) -> Result<ClientTlsConfig, String> {
+        let read = |option: &str, path: &PathBuf| {
+            std::fs::read(path)
+                .map_err(|e| format!("{option} {}: cannot read the file: {e}", path.display()))
+        };
+        let mut config = ClientTlsConfig::new();
+        config = match &self.ca {
+            Some(path) => config.ca_certificate(Certificate::from_pem(read("--tls-ca", path)?)),
+            None => config.with_webpki_roots(),
+        };
+        match (&self.cert, &self.key) {
+            (Some(cert), Some(key)) => {
+                let identity =
+                    Identity::from_pem(read("--tls-cert", cert)?, read("--tls-key", key)?);
+                config = config.identity(identity);
+            }
+            (None, None) => {}
+            _ => return Err("--tls-cert and --tls-key go together".into()),
+        }
+        if let Some(name) = &self.server_name {
+            config = config.domain_name(name.clone());
+        }
+        Ok(config)
+    }
+}
 
 /// `authd health`: checks `service` at `addr` (by default the loopback address on the
 /// port of `--listen`), prints `… SERVING` on stdout when healthy, and returns the
@@ -71,6 +128,7 @@ pub async fn run(
     addr: Option<&str>,
     service: &str,
     timeout: Duration,
+    tls: &ClientTls,
 ) -> anyhow::Result<()> {
     let addr = match addr {
         Some(addr) => addr.to_owned(),
@@ -78,25 +136,37 @@ pub async fn run(
         // gRPC port is. Otherwise the gRPC port, which serves health too.
         None => local_addr(config.health_listen.addr().unwrap_or(config.listen)).to_string(),
     };
-    check(&addr, service, timeout).await?;
+    check(&addr, service, timeout, tls).await?;
     println!("{}: SERVING", describe(&addr, service));
     Ok(())
 }
 
-/// Asks `addr` (`HOST:PORT` or `http://HOST:PORT`) whether `service` is SERVING;
+/// Asks `addr` (`HOST:PORT`, `http://HOST:PORT` or `https://HOST:PORT`) whether
+/// `service` is SERVING, over TLS for `https://` or when `tls` has an option set;
 /// connecting and asking together take at most `timeout`.
-pub async fn check(addr: &str, service: &str, timeout: Duration) -> Result<(), Unhealthy> {
-    let url = to_url(addr).map_err(|cause| Unhealthy::BadAddress {
+pub async fn check(
+    addr: &str,
+    service: &str,
+    timeout: Duration,
+    tls: &ClientTls,
+) -> Result<(), Unhealthy> {
+    let url = to_url(addr, tls.is_set()).map_err(|cause| Unhealthy::BadAddress {
         addr: addr.to_owned(),
         cause,
     })?;
     let target = describe(addr, service);
-    let endpoint = Endpoint::from_shared(url.clone())
+    let mut endpoint = Endpoint::from_shared(url.clone())
         .map_err(|e| Unhealthy::BadAddress {
             addr: addr.to_owned(),
             cause: error_chain(&e),
         })?
         .connect_timeout(timeout);
+    if url.starts_with("https://") {
+        let config = tls.config().map_err(|cause| Unhealthy::BadTls { cause })?;
+        endpoint = endpoint.tls_config(config).map_err(|e| Unhealthy::BadTls {
+            cause: format!("TLS options: {}", error_chain(&e)),
+        })?;
+    }
     let ask = async {
         let channel = endpoint
             .connect()
@@ -177,15 +247,19 @@ fn describe(addr: &str, service: &str) -> String {
     }
 }
 
-/// `HOST:PORT` → `http://HOST:PORT`; an `http://` URL is kept; TLS and paths are refused.
-fn to_url(addr: &str) -> Result<String, String> {
+/// `HOST:PORT` → `http://HOST:PORT` (`https://` when `tls`); `http://` and `https://`
+/// URLs are kept; other schemes and paths are refused.
+fn to_url(addr: &str, tls: bool) -> Result<String, String> {
     let addr = addr.trim();
     let url = match addr.split_once("://") {
+        None if tls => format!("https://{addr}"),
         None => format!("http://{addr}"),
-        Some(("http", _)) => addr.to_owned(),
-        Some(("https", _)) => {
-            return Err("TLS is not supported: authd serves plain-text HTTP/2".into());
+        Some(("http", _)) if tls => {
+            return Err(
+                "TLS options given with an http:// address (use https:// or HOST:PORT)".into(),
+            );
         }
+        Some(("http" | "https", _)) => addr.to_owned(),
         Some((scheme, _)) => return Err(format!("unsupported scheme {scheme:?}")),
     };
     let uri: http::Uri = url.parse().map_err(|e| format!("not HOST:PORT ({e})"))?;
@@ -217,14 +291,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn addresses_become_plain_text_urls() {
-        assert_eq!(to_url("127.0.0.1:50051").unwrap(), "http://127.0.0.1:50051");
-        assert_eq!(to_url("http://authd:50051/").unwrap(), "http://authd:50051");
-        assert_eq!(to_url("[::1]:50051").unwrap(), "http://[::1]:50051");
-        assert!(to_url("https://authd:50051").unwrap_err().contains("TLS"));
-        assert!(to_url("authd").is_err(), "a port is required");
-        assert!(to_url("authd:50051/x").is_err());
-        assert!(to_url("ftp://authd:21").is_err());
+    fn addresses_become_urls() {
+        let url = |a: &str| to_url(a, false);
+        assert_eq!(url("127.0.0.1:50051").unwrap(), "http://127.0.0.1:50051");
+        assert_eq!(url("http://authd:50051/").unwrap(), "http://authd:50051");
+        assert_eq!(url("[::1]:50051").unwrap(), "http://[::1]:50051");
+        assert_eq!(url("https://authd:50051").unwrap(), "https://authd:50051");
+        assert!(url("authd").is_err(), "a port is required");
+        assert!(url("authd:50051/x").is_err());
+        assert!(url("ftp://authd:21").is_err());
+        // With TLS options: https, whether said or not; http:// is a contradiction.
+        assert_eq!(to_url("authd:1", true).unwrap(), "https://authd:1");
+        assert_eq!(to_url("https://authd:1", true).unwrap(), "https://authd:1");
+        assert!(to_url("http://authd:1", true).unwrap_err().contains("TLS"));
     }
 
     #[test]
@@ -294,13 +373,13 @@ mod tests {
     async fn each_answer_of_a_real_server_is_told_apart() {
         let addr = health_server().await;
         let t = Duration::from_secs(5);
-        assert_eq!(check(&addr, "", t).await, Ok(()));
+        assert_eq!(check(&addr, "", t, &ClientTls::default()).await, Ok(()));
         assert!(matches!(
-            check(&addr, "auth.v1.AuthService", t).await,
+            check(&addr, "auth.v1.AuthService", t, &ClientTls::default()).await,
             Err(Unhealthy::NotServing { .. })
         ));
         assert!(matches!(
-            check(&addr, "no.such.Service", t).await,
+            check(&addr, "no.such.Service", t, &ClientTls::default()).await,
             Err(Unhealthy::ServiceUnknown { .. })
         ));
     }
@@ -311,7 +390,7 @@ mod tests {
         let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = silent.local_addr().unwrap().to_string();
         let started = std::time::Instant::now();
-        let err = check(&addr, "", Duration::from_millis(300))
+        let err = check(&addr, "", Duration::from_millis(300), &ClientTls::default())
             .await
             .unwrap_err();
         assert!(matches!(err, Unhealthy::Timeout { .. }), "{err:?}");
@@ -327,7 +406,9 @@ mod tests {
             .unwrap()
             .port();
         let addr = format!("127.0.0.1:{port}");
-        let err = check(&addr, "", Duration::from_secs(2)).await.unwrap_err();
+        let err = check(&addr, "", Duration::from_secs(2), &ClientTls::default())
+            .await
+            .unwrap_err();
         assert!(
             matches!(err, Unhealthy::Unreachable { .. }),
             "{err:?}: {err}"

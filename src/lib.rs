@@ -11,8 +11,10 @@
 //! bottom floor (`rpc`, `error`), never on each other.
 //!
 //! ```text
-//! transport                     accept loop and per-connection bounds (hyper, HTTP/2)
+//! transport                     accept loop and per-connection bounds (hyper, HTTP/2), TLS
+//!                               and mutual TLS (rustls, files reloaded live)
 //!   trace                       request id, one log event and the request metrics per request
+//!   access                      mutual TLS allow-list: identity per method (PERMISSION_DENIED)
 //!   ratelimit::layer            per-rule sliding windows, on Redis or in process (reject)
 //!   admission                   whole request first, fair share per client, in-flight cap,
 //!                               deadline, drain (reject, never queue)
@@ -26,7 +28,7 @@
 //!
 //! The bottom floor, which every module above may import:
 //! - `rpc`: which RPC a path is, the exempt rule, the request extensions (request
-//!   id, deadline, user id) and who sent a request.
+//!   id, deadline, user id, client certificate identity) and who sent a request.
 //! - `error`: the domain error, and its one mapping to a gRPC `Status`.
 //! - `middleware`: the Layer/Service shell the three layers share.
 //! - `metrics`: the Prometheus registry of one application, its metrics, and the
@@ -51,6 +53,7 @@
 //! and nothing more.
 #![forbid(unsafe_code)]
 
+pub(crate) mod access;
 pub(crate) mod accounts;
 pub(crate) mod admission;
 pub mod app;

@@ -73,7 +73,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             addr,
             service,
             timeout,
-        } => authd::healthcheck::run(&config, addr.as_deref(), &service, timeout).await,
+            tls_ca,
+            tls_cert,
+            tls_key,
+            tls_server_name,
+        } => {
+            let tls = authd::healthcheck::ClientTls {
+                ca: tls_ca,
+                cert: tls_cert,
+                key: tls_key,
+                server_name: tls_server_name,
+            };
+            authd::healthcheck::run(&config, addr.as_deref(), &service, timeout, &tls).await
+        }
         Command::Serve => {
             config.read_secret_files()?;
             let app = Application::build(config).await?;

@@ -160,6 +160,21 @@ pub(crate) enum LoginOutcome {
     Throttled = 2,
 }
 
+/// TLS on the gRPC port: the certificates in force and their reloads.
+#[derive(Clone)]
+pub(crate) struct TlsMetrics {
+    pub expiry: IntGaugeVec,
+    pub reloads: IntCounterVec,
+    pub handshake_errors: IntCounter,
+}
+
+impl TlsMetrics {
+    /// The expiry gauge of one certificate (`server` or `client_ca`).
+    pub(crate) fn expiry(&self, certificate: &str) -> IntGauge {
+        self.expiry.with_label_values(&[certificate])
+    }
+}
+
 /// The connections of the listeners (gRPC, health, metrics), by `listener`.
 pub(crate) struct ConnectionMetrics {
     pub open: IntGaugeVec,
@@ -192,6 +207,7 @@ pub struct Metrics {
     pub(crate) connections: ConnectionMetrics,
     pub(crate) blocklist: BlocklistMetrics,
     pub(crate) throttle: ThrottleMetrics,
+    pub(crate) tls: TlsMetrics,
     /// Run before each scrape, for values read from elsewhere (connection pools).
     refreshers: Mutex<Vec<Box<dyn Fn() + Send + Sync>>>,
 }
@@ -492,6 +508,25 @@ impl Metrics {
                 .expect("valid"),
             ),
         };
+        let tls = TlsMetrics {
+            expiry: gauge_vec(
+                "authd_tls_certificate_expiry_timestamp_seconds",
+                "When the certificate in force expires (notAfter, Unix seconds): server is the \
+                 certificate of AUTHD_TLS_CERT, client_ca the first of AUTHD_TLS_CLIENT_CA to expire.",
+                &["certificate"],
+            ),
+            reloads: counter_vec(
+                "authd_tls_reloads_total",
+                "Changes of the TLS files read, by outcome: ok (in force for new connections) or \
+                 error (refused; the configuration before stays in force).",
+                &["outcome"],
+            ),
+            handshake_errors: counter(
+                "authd_tls_handshake_errors_total",
+                "TLS handshakes that failed (no client certificate, an untrusted one, a protocol \
+                 error); their connections are closed.",
+            ),
+        };
         registered(
             &r,
             IntGaugeVec::new(
@@ -519,6 +554,7 @@ impl Metrics {
             connections,
             blocklist,
             throttle,
+            tls,
             refreshers: Mutex::new(Vec::new()),
         }
     }

@@ -5,8 +5,9 @@
 //!   code declares; nothing else in authd spells a path. Health and reflection are
 //!   [exempt](Rpc::is_exempt): never rate-limited, never refused for load.
 //! - The request extensions that travel down the stack: the [`RequestId`] (set by the
-//!   trace layer), the [`Deadline`] (set by admission control), and, on the way back
-//!   up, the [`UserId`] a handler acted for.
+//!   trace layer), the [`Deadline`] (set by admission control), the
+//!   [`ClientIdentity`] of a mutual-TLS client (set by the transport, per connection)
+//!   and, on the way back up, the [`UserId`] a handler acted for.
 //! - Who sent a request: [`peer_ip`] and [`client_ip`].
 //!
 //! It imports nothing of authd's: every other module may import it.
@@ -133,6 +134,25 @@ pub struct Deadline(pub Instant);
 /// (tonic carries them into the HTTP response), and the trace layer logs it.
 #[derive(Debug, Clone)]
 pub struct UserId(pub String);
+
+/// Who a mutual-TLS client is: its certificate's first URI SAN (e.g. a SPIFFE id),
+/// else its first DNS SAN, else its subject CN. The transport puts it in the
+/// extensions of every request of a connection whose client presented a certificate
+/// that chains to `AUTHD_TLS_CLIENT_CA`; requests without one have none.
+/// At most 512 bytes, no control characters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ClientIdentity(pub(crate) std::sync::Arc<str>);
+
+impl ClientIdentity {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The identity of the client certificate a request came with, if any.
+pub(crate) fn client_identity(extensions: &http::Extensions) -> Option<&ClientIdentity> {
+    extensions.get::<ClientIdentity>()
+}
 
 /// The IP address of the connection a request came on, if it came over TCP.
 pub(crate) fn peer_ip(extensions: &http::Extensions) -> Option<IpAddr> {

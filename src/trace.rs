@@ -6,7 +6,8 @@
 //!   the request's extensions ([`RequestId`], for the handlers' own logs) and sent
 //!   back in the response's `x-request-id`.
 //! - The event carries the method, the peer, the gRPC code, the latency, the request
-//!   id and, when a handler put a [`UserId`] in the response, the user. Never a
+//!   id, under mutual TLS the client certificate's identity (`client`) and, when a
+//!   handler put a [`UserId`] in the response, the user. Never a
 //!   request or response body: passwords and tokens cannot reach the log from here.
 //!   Health and reflection are logged at debug level only (probes every few seconds
 //!   would bury everything else) but counted like the rest.
@@ -24,7 +25,7 @@
 use crate::{
     metrics::{CODE_NAMES, Metrics},
     middleware::{BoxFuture, Middleware, MiddlewareLayer, Request, Response},
-    rpc::{RequestId, Rpc, UserId},
+    rpc::{self, ClientIdentity, RequestId, Rpc, UserId},
 };
 use http::HeaderValue;
 use std::{net::SocketAddr, sync::Arc, time::Instant};
@@ -72,12 +73,14 @@ impl Middleware for Trace {
             .extensions()
             .get::<TcpConnectInfo>()
             .and_then(|info| info.remote_addr());
+        let client = rpc::client_identity(req.extensions()).cloned();
         req.extensions_mut().insert(RequestId(request_id.clone()));
         let mut pending = Pending::start(
             self.metrics.clone(),
             rpc,
             request_id,
             peer,
+            client,
             unknown_path,
             started,
         );
@@ -109,6 +112,8 @@ struct Pending {
     rpc: Rpc,
     request_id: HeaderValue,
     peer: Option<SocketAddr>,
+    /// The client certificate's identity, under mutual TLS.
+    client: Option<ClientIdentity>,
     unknown_path: Option<String>,
     started: Instant,
     finished: bool,
@@ -120,6 +125,7 @@ impl Pending {
         rpc: Rpc,
         request_id: HeaderValue,
         peer: Option<SocketAddr>,
+        client: Option<ClientIdentity>,
         unknown_path: Option<String>,
         started: Instant,
     ) -> Self {
@@ -129,6 +135,7 @@ impl Pending {
             rpc,
             request_id,
             peer,
+            client,
             unknown_path,
             started,
             finished: false,
@@ -149,6 +156,7 @@ impl Pending {
         let code = CODE_NAMES[code];
         let peer = self.peer.map(tracing::field::display);
         let user_id = user.map(|u| u.0.as_str());
+        let client = self.client.as_ref().map(ClientIdentity::as_str);
         let path = self.unknown_path.as_deref();
         if rpc.is_exempt() {
             tracing::debug!(
@@ -156,6 +164,7 @@ impl Pending {
                 service = rpc.service(),
                 method = rpc.method(),
                 peer,
+                client,
                 code,
                 latency_ms,
                 "request"
@@ -167,6 +176,7 @@ impl Pending {
                 method = rpc.method(),
                 path,
                 peer,
+                client,
                 code,
                 latency_ms,
                 user_id,

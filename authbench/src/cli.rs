@@ -5,11 +5,11 @@
 //! sent; `src/main.rs` prints it and exits non-zero.
 
 use super::{
-    runner::{Load, Plan, Stop, default_connections},
+    runner::{Load, Plan, Stop, TlsOptions, default_connections},
     scenario::{Mix, Scenario},
 };
 use clap::Parser;
-use std::time::Duration;
+use std::{path::PathBuf, time::Duration};
 
 /// authbench: a gRPC load generator for authd.
 ///
@@ -28,9 +28,27 @@ pub struct Args {
     #[arg(value_enum)]
     pub scenario: Scenario,
 
-    /// The server: http://HOST:PORT (the scheme may be left out).
+    /// The server: http://HOST:PORT or https://HOST:PORT (the scheme may be left out:
+    /// https with a --tls-* option, else http).
     #[arg(long, visible_alias = "addr", default_value = "http://127.0.0.1:50051")]
     pub target: String,
+
+    /// TLS: trust the CAs of this PEM bundle [default with an https:// target: the
+    /// Mozilla roots].
+    #[arg(long)]
+    pub tls_ca: Option<PathBuf>,
+
+    /// TLS: the PEM certificate to present to a server with mutual TLS.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// TLS: the PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// TLS: the name the server's certificate must carry [default: the target's host].
+    #[arg(long)]
+    pub tls_server_name: Option<String>,
 
     /// Closed loop: keep this many requests in flight [default: 50].
     #[arg(short, long, conflicts_with = "rate")]
@@ -105,7 +123,13 @@ impl Args {
     /// Checks the options together and builds the plan. `progress` says whether to
     /// draw a progress bar (the binary passes "stderr is a terminal").
     pub fn plan(&self, progress: bool) -> Result<Plan, String> {
-        let target = normalize_target(&self.target)?;
+        let tls = TlsOptions {
+            ca: self.tls_ca.clone(),
+            cert: self.tls_cert.clone(),
+            key: self.tls_key.clone(),
+            server_name: self.tls_server_name.clone(),
+        };
+        let target = normalize_target(&self.target, tls.is_set())?;
         let load = match (self.rate, self.concurrency) {
             (Some(rate), _) => Load::Open { rate },
             (None, concurrency) => Load::Closed {
@@ -139,17 +163,22 @@ impl Args {
         plan.wait = self.wait;
         plan.backoff = self.backoff;
         plan.progress = progress;
+        if plan.target.starts_with("https://") {
+            plan.tls = Some(tls);
+        }
         plan.check()?;
         Ok(plan)
     }
 }
 
-/// `host:port` becomes `http://host:port`; anything but a plain-text `http://` URL
-/// with a host and port-or-default is refused.
-pub fn normalize_target(raw: &str) -> Result<String, String> {
+/// `host:port` becomes `http://host:port` (`https://` when `tls`); anything but an
+/// `http://` or `https://` URL with a host and port-or-default is refused.
+pub fn normalize_target(raw: &str, tls: bool) -> Result<String, String> {
     let raw = raw.trim();
     let url = if raw.contains("://") {
         raw.to_string()
+    } else if tls {
+        format!("https://{raw}")
     } else {
         format!("http://{raw}")
     };
@@ -157,16 +186,16 @@ pub fn normalize_target(raw: &str) -> Result<String, String> {
         .parse()
         .map_err(|e| format!("--target {raw:?} is not a URL: {e}"))?;
     match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => {
+        Some("http") if tls => {
             return Err(format!(
-                "--target {raw:?}: TLS is not supported; use an http:// target (authd \
-                 serves plain HTTP/2 behind a TLS-terminating proxy)"
+                "--target {raw:?}: --tls-* options given with an http:// target (use https://)"
             ));
         }
+        Some("http" | "https") => {}
         other => {
             return Err(format!(
-                "--target {raw:?}: unsupported scheme {:?} (expected http://HOST:PORT)",
+                "--target {raw:?}: unsupported scheme {:?} (expected http://HOST:PORT or \
+                 https://HOST:PORT)",
                 other.unwrap_or("")
             ));
         }
@@ -273,7 +302,10 @@ mod tests {
             (&["login", "--users", "0"][..], "--users"),
             (&["login", "--mix", "login=1"][..], "only to the mixed"),
             (&["mixed", "--mix", "logout=1"][..], "unknown operation"),
-            (&["login", "--target", "https://x:1"][..], "TLS"),
+            (
+                &["login", "--target", "http://x:1", "--tls-ca", "ca.pem"][..],
+                "http:// target",
+            ),
             (&["login", "--target", "ftp://x:1"][..], "scheme"),
             (&["login", "--target", "http://x:1/api"][..], "path"),
             (&["login", "--threads", "0"][..], "--threads"),
@@ -287,13 +319,21 @@ mod tests {
     #[test]
     fn targets_are_normalized() {
         assert_eq!(
-            normalize_target("127.0.0.1:50051").unwrap(),
+            normalize_target("127.0.0.1:50051", false).unwrap(),
             "http://127.0.0.1:50051"
         );
         assert_eq!(
-            normalize_target("http://[::1]:7/").unwrap(),
+            normalize_target("http://[::1]:7/", false).unwrap(),
             "http://[::1]:7"
         );
-        assert!(normalize_target("http://").is_err());
+        assert!(normalize_target("http://", false).is_err());
+        assert_eq!(
+            normalize_target("https://authd:50051", false).unwrap(),
+            "https://authd:50051"
+        );
+        assert_eq!(
+            normalize_target("authd:50051", true).unwrap(),
+            "https://authd:50051"
+        );
     }
 }

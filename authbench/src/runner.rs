@@ -80,7 +80,7 @@ pub enum Stop {
 /// Everything a run needs to know. Build one with [`Plan::new`] and adjust fields.
 #[derive(Debug, Clone)]
 pub struct Plan {
-    /// `http://host:port`.
+    /// `http://host:port` or `https://host:port`.
     pub target: String,
     pub scenario: Scenario,
     /// The weights of the `mixed` scenario (ignored by the others).
@@ -103,6 +103,53 @@ pub struct Plan {
     pub backoff: bool,
     /// Draw a progress bar on stderr.
     pub progress: bool,
+    /// TLS, for an `https://` target.
+    pub tls: Option<TlsOptions>,
+}
+
+/// The client side of TLS: whom to trust, what to present, which name to expect.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsOptions {
+    /// PEM bundle of the CAs to trust [default: the Mozilla roots].
+    pub ca: Option<std::path::PathBuf>,
+    /// PEM certificate to present (mutual TLS), with `key`.
+    pub cert: Option<std::path::PathBuf>,
+    pub key: Option<std::path::PathBuf>,
+    /// The name the server's certificate must carry [default: the target's host].
+    pub server_name: Option<String>,
+}
+
+impl TlsOptions {
+    /// Whether any option is set.
+    pub fn is_set(&self) -> bool {
+        *self != TlsOptions::default()
+    }
+
+    /// tonic's TLS configuration; an error names the option and the file.
+    fn config(&self) -> anyhow::Result<tonic::transport::ClientTlsConfig> {
+        use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+        let read = |option: &str, path: &std::path::PathBuf| {
+            std::fs::read(path).with_context(|| format!("{option} {}", path.display()))
+        };
+        let mut config = ClientTlsConfig::new();
+        config = match &self.ca {
+            Some(path) => config.ca_certificate(Certificate::from_pem(read("--tls-ca", path)?)),
+            None => config.with_webpki_roots(),
+        };
+        match (&self.cert, &self.key) {
+            (Some(cert), Some(key)) => {
+                let identity =
+                    Identity::from_pem(read("--tls-cert", cert)?, read("--tls-key", key)?);
+                config = config.identity(identity);
+            }
+            (None, None) => {}
+            _ => bail!("--tls-cert and --tls-key go together"),
+        }
+        if let Some(name) = &self.server_name {
+            config = config.domain_name(name.clone());
+        }
+        Ok(config)
+    }
 }
 
 impl Plan {
@@ -123,6 +170,7 @@ impl Plan {
             wait: Duration::ZERO,
             backoff: false,
             progress: false,
+            tls: None,
         }
     }
 
@@ -249,12 +297,18 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
 
 /// Opens the connections, retrying until `plan.wait` has passed.
 async fn connect(plan: &Plan) -> anyhow::Result<Vec<Channel>> {
-    let endpoint = Endpoint::from_shared(plan.target.clone())
+    let mut endpoint = Endpoint::from_shared(plan.target.clone())
         .map_err(|e| anyhow!("{:?} is not a valid target URL: {e}", plan.target))?
         .connect_timeout(plan.connect_timeout)
         .tcp_nodelay(true)
         // Requests waiting for the connection's dispatcher: an open loop may have many.
         .buffer_size(64 * 1024);
+    if plan.target.starts_with("https://") {
+        let tls = plan.tls.clone().unwrap_or_default().config()?;
+        endpoint = endpoint
+            .tls_config(tls)
+            .map_err(|e| anyhow!("TLS options: {}", error_chain(&e)))?;
+    }
     let give_up_at = Instant::now() + plan.wait;
     let first = loop {
         // connect_timeout covers TCP; the outer timeout covers a target that accepts

@@ -4,6 +4,7 @@
 //! bounded here: odd or long header values are hashed.
 
 use super::{Check, KeyKind, RateLimits};
+use crate::rpc::ClientIdentity;
 use std::net::IpAddr;
 
 /// Header values longer than this, or with other characters than `[A-Za-z0-9._-]`,
@@ -37,6 +38,7 @@ impl Keys {
         method: &str,
         headers: &http::HeaderMap,
         peer: Option<IpAddr>,
+        identity: Option<&ClientIdentity>,
     ) -> Vec<Check> {
         let mut checks = Vec::new();
         for (index, rule) in rules.rules().iter().enumerate() {
@@ -64,6 +66,11 @@ impl Keys {
                     // with a peer rule for clients that omit it.
                     None => continue,
                 },
+                KeyKind::ClientCert => match identity {
+                    Some(identity) => key.push_str(&identity_key(identity.as_str())),
+                    // No certificate: the rule does not apply (pair it with a peer rule).
+                    None => continue,
+                },
             }
             checks.push(Check {
                 rule: index,
@@ -73,6 +80,31 @@ impl Keys {
             });
         }
         checks
+    }
+}
+
+/// Identities longer than this, or with other characters than those of URIs and DNS
+/// names (`[A-Za-z0-9._~:/@+=%-]`), are hashed into the key.
+const MAX_RAW_IDENTITY_KEY: usize = 128;
+
+/// The key part for a client certificate's identity: the identity itself when
+/// short and plain (a SPIFFE id, a DNS name), otherwise `#` and a hash of it (`#`
+/// is in no plain identity, so the two never collide).
+fn identity_key(identity: &str) -> String {
+    let plain = identity.bytes().all(|b| {
+        b.is_ascii_alphanumeric()
+            || matches!(
+                b,
+                b'.' | b'_' | b'~' | b':' | b'/' | b'@' | b'+' | b'=' | b'%' | b'-'
+            )
+    });
+    if plain && identity.len() <= MAX_RAW_IDENTITY_KEY {
+        identity.to_owned()
+    } else {
+        use sha2::Digest as _;
+        let digest = sha2::Sha256::digest(identity.as_bytes());
+        let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+        format!("#sha256:{hex}")
     }
 }
 
@@ -114,7 +146,7 @@ mod tests {
             );
         }
         planner
-            .plan(&rules, method, &map, Some(peer.parse().unwrap()))
+            .plan(&rules, method, &map, Some(peer.parse().unwrap()), None)
             .into_iter()
             .map(|c| c.key)
             .collect()
@@ -158,6 +190,43 @@ mod tests {
         assert_eq!(
             long[2].len(),
             "p:*:header:x-client-id:1000:sha256:".len() + 32
+        );
+    }
+
+    #[test]
+    fn client_cert_keys_count_each_identity_and_skip_requests_without_one() {
+        let rules: RateLimits = "*:client-cert=5/1s".parse().unwrap();
+        let planner = Keys::new(&rules, "p", false);
+        let plan = |identity: Option<&str>| -> Vec<String> {
+            let identity = identity.map(|i| ClientIdentity(i.into()));
+            planner
+                .plan(
+                    &rules,
+                    "Login",
+                    &http::HeaderMap::new(),
+                    None,
+                    identity.as_ref(),
+                )
+                .into_iter()
+                .map(|c| c.key)
+                .collect()
+        };
+        assert_eq!(
+            plan(Some("spiffe://corp/ns/web/sa/signup")),
+            ["p:*:client-cert:1000:spiffe://corp/ns/web/sa/signup"]
+        );
+        assert_eq!(plan(Some("web.corp")), ["p:*:client-cert:1000:web.corp"]);
+        assert!(plan(None).is_empty());
+        // Odd or long identities are hashed, never confused with a plain one.
+        let odd = plan(Some("CN with spaces"));
+        assert!(
+            odd[0].starts_with("p:*:client-cert:1000:#sha256:"),
+            "{odd:?}"
+        );
+        let long = "a".repeat(300);
+        assert_eq!(
+            plan(Some(&long))[0].len(),
+            "p:*:client-cert:1000:#sha256:".len() + 32
         );
     }
 

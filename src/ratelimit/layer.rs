@@ -38,7 +38,8 @@ impl Middleware for RateLimiter {
         // `/auth.v1.AuthService/Login` → `Login` (an unknown path counts for `*` rules).
         let method = path.rsplit('/').next().unwrap_or_default();
         let peer = rpc::peer_ip(req.extensions());
-        let checks = self.plan(method, req.headers(), peer);
+        let identity = rpc::client_identity(req.extensions());
+        let checks = self.plan(method, req.headers(), peer, identity);
         if checks.is_empty() {
             return Box::pin(inner.call(req));
         }

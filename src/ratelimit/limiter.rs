@@ -320,8 +320,9 @@ impl RateLimiter {
         method: &str,
         headers: &http::HeaderMap,
         peer: Option<IpAddr>,
+        identity: Option<&crate::rpc::ClientIdentity>,
     ) -> Vec<Check> {
-        self.keys.plan(&self.rules, method, headers, peer)
+        self.keys.plan(&self.rules, method, headers, peer, identity)
     }
 
     /// Decides `checks` (from [`plan`](Self::plan), not empty): the quota left, or
@@ -486,7 +487,7 @@ mod tests {
             Arc::new(SystemClock),
         );
         let map = http::HeaderMap::new();
-        let checks = l.plan("Login", &map, Some("10.0.0.7".parse().unwrap()));
+        let checks = l.plan("Login", &map, Some("10.0.0.7".parse().unwrap()), None);
         let quota = l.decide(&checks).await.unwrap();
         assert_eq!(quota.remaining, 0);
         assert_eq!(quota.limit, 1);
@@ -517,7 +518,7 @@ mod tests {
         // once the first burst has left the 2 s window. The clock moves only when told.
         let clock = Arc::new(ManualClock::new());
         let l = limiter("Login:global=50/2s", clock.clone());
-        let checks = l.plan("Login", &http::HeaderMap::new(), None);
+        let checks = l.plan("Login", &http::HeaderMap::new(), None, None);
         let passed = |n: usize| {
             let l = &l;
             let checks = &checks;

@@ -22,6 +22,10 @@ pub enum KeyKind {
     /// The value of a request header, e.g. `x-client-id`; requests without the
     /// header are not counted by the rule.
     Header(http::HeaderName),
+    /// The identity of the client's certificate under mutual TLS (`client-cert`);
+    /// requests without one (plaintext, or TLS without a client CA) are not counted
+    /// by the rule.
+    ClientCert,
 }
 
 /// One rule: at most `limit` requests of `method` per `window` for each key.
@@ -57,6 +61,7 @@ impl Rule {
             KeyKind::Peer => " per client address".to_owned(),
             KeyKind::Global => " in total".to_owned(),
             KeyKind::Header(name) => format!(" per {name} value"),
+            KeyKind::ClientCert => " per client certificate".to_owned(),
         };
         format!(
             "at most {} {what} per {}{per}",
@@ -74,6 +79,7 @@ impl Rule {
             KeyKind::Peer => format!("{method}:peer:{window_ms}"),
             KeyKind::Global => format!("{method}:global:{window_ms}"),
             KeyKind::Header(name) => format!("{method}:header:{name}:{window_ms}"),
+            KeyKind::ClientCert => format!("{method}:client-cert:{window_ms}"),
         }
     }
 }
@@ -88,6 +94,7 @@ impl fmt::Display for Rule {
             KeyKind::Peer => write!(f, "{method}:peer={}/{window}", self.limit),
             KeyKind::Global => write!(f, "{method}:global={}/{window}", self.limit),
             KeyKind::Header(name) => write!(f, "{method}:header:{name}={}/{window}", self.limit),
+            KeyKind::ClientCert => write!(f, "{method}:client-cert={}/{window}", self.limit),
         }
     }
 }
@@ -120,6 +127,7 @@ impl FromStr for Rule {
         let key = match key {
             "peer" => KeyKind::Peer,
             "global" => KeyKind::Global,
+            "client-cert" => KeyKind::ClientCert,
             _ => match key.strip_prefix("header:") {
                 Some("") => {
                     return Err("header: needs a header name, e.g. header:x-client-id".into());
@@ -130,7 +138,7 @@ impl FromStr for Rule {
                 ),
                 None => {
                     return Err(format!(
-                        "unknown key {key:?} (expected peer, global or header:NAME)"
+                        "unknown key {key:?} (expected peer, global, client-cert or header:NAME)"
                     ));
                 }
             },
@@ -250,6 +258,7 @@ mod tests {
             (" login : global = 5 / 500ms ", "Login:global=5/500ms"),
             ("*:header:X-Client-Id=100/1m", "*:header:x-client-id=100/1m"),
             ("ValidateToken:peer=1000/1h", "ValidateToken:peer=1000/1h"),
+            ("*:client-cert=1000/1s", "*:client-cert=1000/1s"),
             ("Register:global=10/1m 30s", "Register:global=10/1m30s"),
         ] {
             let rules = parse(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
@@ -282,7 +291,7 @@ mod tests {
             ("peer=20/1s", "expected METHOD:KEY=LIMIT/WINDOW"),
             (
                 "Login:ip=20/1s",
-                r#"unknown key "ip" (expected peer, global or header:NAME)"#,
+                r#"unknown key "ip" (expected peer, global, client-cert or header:NAME)"#,
             ),
             ("Login:header:=20/1s", "needs a header name"),
             ("Login:header:bad header=20/1s", "not a valid header name"),

@@ -1,11 +1,13 @@
-//! One connection: the HTTP settings that bound it, the requests open on it (for
-//! the idle timeout), and its graceful close on idleness or shutdown.
+//! One connection: its TLS handshake when the listener has TLS, the HTTP settings
+//! that bound it, the requests open on it (for the idle timeout), and its graceful
+//! close on idleness or shutdown.
 
 use super::{
     BoxError, Limits, Protocol, Slot,
     io::{FirstBytes, HTTP2_PREFACE_LEN},
+    tls::ServerTls,
 };
-use crate::metrics::ListenerMetrics;
+use crate::{metrics::ListenerMetrics, rpc::ClientIdentity};
 use hyper::body::Incoming;
 use hyper_util::{
     rt::{TokioExecutor, TokioIo, TokioTimer},
@@ -23,7 +25,12 @@ use std::{
     task::{Context, Poll},
     time::Duration,
 };
-use tokio::{net::TcpStream, sync::watch, time::Instant};
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    net::TcpStream,
+    sync::watch,
+    time::Instant,
+};
 use tonic::transport::server::TcpConnectInfo;
 
 /// Stream resets a peer may make the server send (malformed requests and the
@@ -42,9 +49,10 @@ pub(super) async fn serve<S, B>(
     peer: SocketAddr,
     local: Option<SocketAddr>,
     protocol: Protocol,
+    tls: Option<Arc<ServerTls>>,
     limits: Arc<Limits>,
     service: S,
-    shutdown: watch::Receiver<bool>,
+    mut shutdown: watch::Receiver<bool>,
     metrics: ListenerMetrics,
     _slot: Slot,
 ) where
@@ -59,6 +67,75 @@ pub(super) async fn serve<S, B>(
     super::tune(&stream);
     metrics.open.inc();
     let _open = scopeguard(metrics.open.clone());
+    let info = TcpConnectInfo {
+        local_addr: local,
+        remote_addr: Some(peer),
+    };
+    let Some(tls) = tls else {
+        let within = limits.handshake_timeout;
+        return serve_http(
+            stream, within, protocol, info, None, limits, service, shutdown, metrics,
+        )
+        .await;
+    };
+    // The TLS handshake, then the HTTP/2 preface, within one handshake timeout: a
+    // client that connects and sends no ClientHello (or stalls in the middle) is
+    // closed when it passes, as a plaintext one that sends no preface is.
+    let started = Instant::now();
+    let handshake = tokio::select! {
+        handshake = tokio::time::timeout(limits.handshake_timeout, tls.acceptor().accept(stream)) => handshake,
+        () = super::stopped(&mut shutdown) => return,
+    };
+    let stream = match handshake {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(e)) => {
+            tls.handshake_failed();
+            tracing::debug!(peer = %peer, error = %e, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            metrics.handshake_timeouts.inc();
+            tracing::debug!(peer = %peer, "TLS handshake timed out");
+            return;
+        }
+    };
+    let identity = stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .and_then(|cert| super::tls::identity(cert));
+    let within = limits.handshake_timeout.saturating_sub(started.elapsed());
+    serve_http(
+        stream, within, protocol, info, identity, limits, service, shutdown, metrics,
+    )
+    .await;
+}
+
+/// Serves HTTP on an established byte stream (plain TCP, or TLS once its handshake
+/// is done), whose first bytes must arrive `within`.
+#[allow(clippy::too_many_arguments)]
+async fn serve_http<IO, S, B>(
+    stream: IO,
+    within: Duration,
+    protocol: Protocol,
+    info: TcpConnectInfo,
+    identity: Option<ClientIdentity>,
+    limits: Arc<Limits>,
+    service: S,
+    shutdown: watch::Receiver<bool>,
+    metrics: ListenerMetrics,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: tower::Service<http::Request<Incoming>, Response = http::Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let peer = info.remote_addr;
     let activity = Arc::new(Activity::new());
     let needed = match protocol {
         Protocol::Http2 => HTTP2_PREFACE_LEN,
@@ -67,15 +144,13 @@ pub(super) async fn serve<S, B>(
     let io = TokioIo::new(FirstBytes::new(
         stream,
         needed,
-        limits.handshake_timeout,
+        within,
         metrics.handshake_timeouts.clone(),
     ));
     let service = TowerToHyperService::new(Tracked {
         inner: service,
-        info: TcpConnectInfo {
-            local_addr: local,
-            remote_addr: Some(peer),
-        },
+        info,
+        identity,
         activity: activity.clone(),
     });
     let closed = match protocol {
@@ -104,7 +179,7 @@ pub(super) async fn serve<S, B>(
         }
     };
     if let Err(e) = closed {
-        tracing::debug!(peer = %peer, error = %e, "connection closed with an error");
+        tracing::debug!(peer = ?peer, error = %e, "connection closed with an error");
     }
 }
 
@@ -240,12 +315,14 @@ fn scopeguard(gauge: prometheus::IntGauge) -> GaugeGuard {
     GaugeGuard(gauge)
 }
 
-/// Adds the connection's addresses to every request, and counts it open until its
-/// response body has been sent (or dropped).
+/// Adds the connection's addresses (and its client's identity, under mutual TLS) to
+/// every request, and counts it open until its response body has been sent (or
+/// dropped).
 #[derive(Clone)]
 struct Tracked<S> {
     inner: S,
     info: TcpConnectInfo,
+    identity: Option<ClientIdentity>,
     activity: Arc<Activity>,
 }
 
@@ -267,6 +344,9 @@ where
         // hyper calls a fresh clone for each request (`oneshot`), so no swap is needed.
         let open = self.activity.begin();
         request.extensions_mut().insert(self.info.clone());
+        if let Some(identity) = &self.identity {
+            request.extensions_mut().insert(identity.clone());
+        }
         let response = self.inner.call(request);
         Box::pin(async move {
             let response = response.await?;

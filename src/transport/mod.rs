@@ -11,6 +11,8 @@
 //!   backs off, doubling from 1 ms up to 1 s, instead of spinning;
 //! - a connection must send its first bytes (the HTTP/2 preface, or an HTTP/1 request)
 //!   within the handshake timeout, and HTTP/1 request headers must be complete by then;
+//!   with TLS ([`tls`]), the TLS handshake and then the preface within that one timeout,
+//!   on a connection that already holds its place under the caps;
 //! - HTTP/2: a bounded number of concurrent streams per connection, keepalive pings
 //!   (a peer that stops answering them is closed), and a bound on the stream resets a
 //!   peer may provoke before the connection is closed;
@@ -20,10 +22,12 @@
 //!   gracefully: requests in flight finish, new ones go elsewhere.
 //!
 //! Each request carries tonic's `TcpConnectInfo` in its extensions, as under tonic's
-//! own server. This module knows nothing of gRPC or of what the services do.
+//! own server, and under mutual TLS the client's `rpc::ClientIdentity`. This module
+//! knows nothing of gRPC or of what the services do.
 
 mod connection;
 mod io;
+pub(crate) mod tls;
 
 use prometheus::IntCounter;
 use std::{
@@ -94,11 +98,14 @@ const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 /// Serves `service` on every connection `listener` accepts, within `limits`, until
 /// `shutdown` turns true; then stops accepting and waits for the connections to
-/// close gracefully. Dropping the returned future closes them all at once.
+/// close gracefully. Dropping the returned future closes them all at once. With
+/// `tls`, every connection speaks TLS (HTTP/2 only).
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn serve<S, B>(
     name: &'static str,
     listener: TcpListener,
     protocol: Protocol,
+    tls: Option<Arc<tls::ServerTls>>,
     limits: Limits,
     metrics: ListenerMetrics,
     service: S,
@@ -167,6 +174,7 @@ pub(crate) async fn serve<S, B>(
             peer,
             local,
             protocol,
+            tls.clone(),
             limits.clone(),
             service.clone(),
             shutdown.clone(),

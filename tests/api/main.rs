@@ -18,5 +18,6 @@ mod secrets;
 mod storage;
 mod throttle;
 mod timing;
+mod tls;
 mod tokens;
 mod transport;

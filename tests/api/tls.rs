@@ -1,0 +1,739 @@
+//! TLS and mutual TLS on the gRPC port, with certificates made here (rcgen): the
+//! services over TLS, refused handshakes, the client identity in rate limits, logs
+//! and the allow-list, live rotation of the certificate files, bad files.
+
+use crate::helpers::{Backend, TestDb, metric, test_config, wait_until};
+use authd::{
+    app::{AppHandle, Application},
+    config::Config,
+    pb::{ValidateTokenRequest, auth_service_client::AuthServiceClient},
+};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose, SanType,
+};
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use tokio::{sync::oneshot, task::JoinHandle};
+use tonic::{
+    Code,
+    transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity},
+};
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+/// A certificate authority of the test's own.
+struct Ca {
+    issuer: CertifiedIssuer<'static, KeyPair>,
+}
+
+/// A certificate and its key, PEM.
+#[derive(Clone)]
+struct Pair {
+    cert: String,
+    key: String,
+}
+
+impl Ca {
+    fn new(name: &str) -> Self {
+        let mut params = CertificateParams::default();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let issuer = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+        Self { issuer }
+    }
+
+    fn pem(&self) -> String {
+        self.issuer.pem()
+    }
+
+    /// A server certificate for `localhost`, expiring at the start of `year`.
+    fn server(&self, year: i32) -> Pair {
+        let mut params = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+        params
+            .subject_alt_names
+            .push(SanType::IpAddress("127.0.0.1".parse().unwrap()));
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.not_after = rcgen::date_time_ymd(year, 1, 1);
+        self.sign(params)
+    }
+
+    /// A client certificate whose first URI SAN is `uri`.
+    fn client(&self, uri: &str) -> Pair {
+        let mut params = CertificateParams::default();
+        params.distinguished_name.push(DnType::CommonName, "client");
+        params.subject_alt_names = vec![SanType::URI(uri.try_into().unwrap())];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        self.sign(params)
+    }
+
+    fn sign(&self, params: CertificateParams) -> Pair {
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        Pair {
+            cert: cert.pem(),
+            key: key.serialize_pem(),
+        }
+    }
+}
+
+/// Unix seconds of the start of `year` (as `Ca::server` sets `notAfter`).
+fn start_of(year: i32) -> i64 {
+    rcgen::date_time_ymd(year, 1, 1).unix_timestamp()
+}
+
+/// The TLS files of a server, in a directory of their own.
+struct Files {
+    dir: tempfile::TempDir,
+}
+
+impl Files {
+    fn new(server: &Pair, client_ca: Option<&Ca>) -> Self {
+        let files = Self {
+            dir: tempfile::tempdir().unwrap(),
+        };
+        files.write("cert.pem", &server.cert);
+        files.write("key.pem", &server.key);
+        if let Some(ca) = client_ca {
+            files.write("client-ca.pem", &ca.pem());
+        }
+        files
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Replaces a file whole (a new file renamed over it), as Kubernetes swaps a
+    /// Secret's files.
+    fn write(&self, name: &str, content: &str) {
+        let next = self.path(&format!(".{name}.next"));
+        std::fs::write(&next, content).unwrap();
+        std::fs::rename(&next, self.path(name)).unwrap();
+    }
+
+    fn configure(&self, config: &mut Config, mutual: bool) {
+        config.tls_cert = Some(self.path("cert.pem"));
+        config.tls_key = Some(self.path("key.pem"));
+        if mutual {
+            config.tls_client_ca = Some(self.path("client-ca.pem"));
+        }
+        config.tls_reload = Duration::from_millis(20);
+    }
+}
+
+/// authd serving TLS on 127.0.0.1:0.
+struct TlsApp {
+    addr: SocketAddr,
+    handle: AppHandle,
+    _db: TestDb,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+async fn spawn_tls(files: &Files, mutual: bool, adjust: impl FnOnce(&mut Config)) -> TlsApp {
+    let db = TestDb::new(Backend::Sqlite, "").await.unwrap();
+    let mut config = test_config(db.url.clone());
+    files.configure(&mut config, mutual);
+    adjust(&mut config);
+    let app = Application::build(config).await.expect("the app builds");
+    let addr = app.local_addr();
+    let handle = app.handle();
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(app.run_until_stopped(async {
+        let _ = rx.await;
+    }));
+    TlsApp {
+        addr,
+        handle,
+        _db: db,
+        shutdown: Some(tx),
+        task,
+    }
+}
+
+impl TlsApp {
+    fn metrics(&self) -> String {
+        self.handle.render_metrics()
+    }
+
+    fn reloads(&self, outcome: &str) -> f64 {
+        let series = format!("authd_tls_reloads_total{{outcome=\"{outcome}\"}}");
+        metric(&self.metrics(), &series).unwrap_or(0.0)
+    }
+
+    fn expiry(&self) -> Option<f64> {
+        metric(
+            &self.metrics(),
+            "authd_tls_certificate_expiry_timestamp_seconds{certificate=\"server\"}",
+        )
+    }
+
+    async fn stop(mut self) {
+        let _ = self.shutdown.take().unwrap().send(());
+        tokio::time::timeout(Duration::from_secs(30), self.task)
+            .await
+            .expect("stops in time")
+            .unwrap()
+            .unwrap();
+    }
+}
+
+/// A lazy TLS channel to `addr` trusting `ca`, presenting `identity` if given.
+fn tls_channel(addr: SocketAddr, ca: &str, identity: Option<&Pair>) -> Channel {
+    let mut tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca))
+        .domain_name("localhost");
+    if let Some(pair) = identity {
+        tls = tls.identity(Identity::from_pem(&pair.cert, &pair.key));
+    }
+    Endpoint::from_shared(format!("https://{addr}"))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect_timeout(Duration::from_secs(5))
+        .connect_lazy()
+}
+
+/// Why a call on `channel` fails: its code and its whole error chain, in words.
+async fn failure(channel: &Channel) -> (Code, String) {
+    let mut client = AuthServiceClient::new(channel.clone());
+    let request = ValidateTokenRequest {
+        access_token: "not-a-token".into(),
+    };
+    let status = client.validate_token(request).await.unwrap_err();
+    let mut chain = status.message().to_owned();
+    let mut source = std::error::Error::source(&status);
+    while let Some(e) = source {
+        chain.push_str(&format!(": {e}"));
+        source = e.source();
+    }
+    (status.code(), chain)
+}
+
+/// One ValidateToken call (with a token that is not one): UNAUTHENTICATED means
+/// the request went through TLS and every layer to the handler.
+async fn validate(channel: &Channel) -> Code {
+    let mut client = AuthServiceClient::new(channel.clone());
+    let request = ValidateTokenRequest {
+        access_token: "not-a-token".into(),
+    };
+    match client.validate_token(request).await {
+        Ok(_) => Code::Ok,
+        Err(status) => status.code(),
+    }
+}
+
+#[tokio::test]
+async fn tls_serves_the_api_health_and_reflection_on_one_port() {
+    let ca = Ca::new("server-ca");
+    let files = Files::new(&ca.server(2040), None);
+    let app = spawn_tls(&files, false, |_| {}).await;
+    let channel = tls_channel(app.addr, &ca.pem(), None);
+
+    let mut client = AuthServiceClient::new(channel.clone());
+    crate::helpers::register(&mut client, "tls-user", "correct horse battery")
+        .await
+        .unwrap();
+    let token = crate::helpers::login(&mut client, "tls-user", "correct horse battery")
+        .await
+        .unwrap()
+        .access_token;
+    let valid = client
+        .validate_token(ValidateTokenRequest {
+            access_token: token,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(valid.username, "tls-user");
+
+    let health = HealthClient::new(channel.clone())
+        .check(HealthCheckRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(health.status, 1, "SERVING");
+
+    use tonic_reflection::pb::v1::{
+        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+    };
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut answers = ServerReflectionClient::new(channel)
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let answer = answers.message().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = answer.message_response else {
+        panic!("{answer:?}");
+    };
+    let names: Vec<_> = list.service.iter().map(|s| s.name.as_str()).collect();
+    assert!(names.contains(&"auth.v1.AuthService"), "{names:?}");
+
+    // Plaintext to the TLS port is refused; the health-only port stays plaintext.
+    let plain = Endpoint::from_shared(format!("http://{}", app.addr))
+        .unwrap()
+        .connect_lazy();
+    let (code, chain) = failure(&plain).await;
+    assert!(
+        matches!(code, Code::Unavailable | Code::Unknown),
+        "{code:?} {chain}"
+    );
+    let probe = Channel::from_shared(format!("http://{}", app.handle.health_addr().unwrap()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let status = HealthClient::new(probe)
+        .check(HealthCheckRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .status;
+    assert_eq!(status, 1);
+
+    assert_eq!(app.expiry(), Some(start_of(2040) as f64));
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn mutual_tls_refuses_clients_without_a_certificate_of_the_client_ca() {
+    let server_ca = Ca::new("server-ca");
+    let client_ca = Ca::new("client-ca");
+    let other_ca = Ca::new("other-ca");
+    let files = Files::new(&server_ca.server(2040), Some(&client_ca));
+    let app = spawn_tls(&files, true, |_| {}).await;
+
+    let trusted = client_ca.client("spiffe://corp/ns/web/sa/api");
+    let good = tls_channel(app.addr, &server_ca.pem(), Some(&trusted));
+    assert_eq!(validate(&good).await, Code::Unauthenticated);
+
+    let without = tls_channel(app.addr, &server_ca.pem(), None);
+    let untrusted = other_ca.client("spiffe://corp/ns/web/sa/api");
+    let other = tls_channel(app.addr, &server_ca.pem(), Some(&untrusted));
+    for (channel, alert) in [(without, "CertificateRequired"), (other, "UnknownCA")] {
+        let (code, chain) = failure(&channel).await;
+        assert!(
+            matches!(code, Code::Unavailable | Code::Unknown),
+            "{code:?} {chain}"
+        );
+        assert!(chain.contains(alert), "{chain}");
+    }
+
+    // The server counts a failed handshake once it has sent its alert: soon after.
+    wait_until("both failed handshakes are counted", || {
+        metric(&app.metrics(), "authd_tls_handshake_errors_total") >= Some(2.0)
+    })
+    .await;
+    // The one that got in still works.
+    assert_eq!(validate(&good).await, Code::Unauthenticated);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_client_identity_is_a_rate_limit_key() {
+    let server_ca = Ca::new("server-ca");
+    let client_ca = Ca::new("client-ca");
+    let files = Files::new(&server_ca.server(2040), Some(&client_ca));
+    // A long window: nothing here depends on the clock.
+    let app = spawn_tls(&files, true, |c| {
+        c.rate_limits = Some("*:client-cert=2/1h".parse().unwrap());
+    })
+    .await;
+    let a = tls_channel(
+        app.addr,
+        &server_ca.pem(),
+        Some(&client_ca.client("spiffe://corp/a")),
+    );
+    let b = tls_channel(
+        app.addr,
+        &server_ca.pem(),
+        Some(&client_ca.client("spiffe://corp/b")),
+    );
+    assert_eq!(validate(&a).await, Code::Unauthenticated);
+    assert_eq!(validate(&a).await, Code::Unauthenticated);
+    assert_eq!(validate(&a).await, Code::ResourceExhausted);
+    // Another identity from the same address has a count of its own.
+    assert_eq!(validate(&b).await, Code::Unauthenticated);
+    assert_eq!(validate(&b).await, Code::Unauthenticated);
+    assert_eq!(validate(&b).await, Code::ResourceExhausted);
+    // A second connection with the first identity shares its count.
+    let a2 = tls_channel(
+        app.addr,
+        &server_ca.pem(),
+        Some(&client_ca.client("spiffe://corp/a")),
+    );
+    assert_eq!(validate(&a2).await, Code::ResourceExhausted);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_allow_list_refuses_other_identities_with_permission_denied() {
+    let server_ca = Ca::new("server-ca");
+    let client_ca = Ca::new("client-ca");
+    let files = Files::new(&server_ca.server(2040), Some(&client_ca));
+    let app = spawn_tls(&files, true, |c| {
+        c.tls_allow = Some(
+            "Register:spiffe://corp/ns/web/sa/signup,ValidateToken:spiffe://corp/ns/web/sa/signup"
+                .parse()
+                .unwrap(),
+        );
+    })
+    .await;
+    let signup = tls_channel(
+        app.addr,
+        &server_ca.pem(),
+        Some(&client_ca.client("spiffe://corp/ns/web/sa/signup")),
+    );
+    let other = tls_channel(
+        app.addr,
+        &server_ca.pem(),
+        Some(&client_ca.client("spiffe://corp/ns/web/sa/other")),
+    );
+    let mut signup_client = AuthServiceClient::new(signup.clone());
+    let mut other_client = AuthServiceClient::new(other.clone());
+    crate::helpers::register(&mut signup_client, "allowed", "correct horse battery")
+        .await
+        .unwrap();
+    let denied = crate::helpers::register(&mut other_client, "denied", "correct horse battery")
+        .await
+        .unwrap_err();
+    assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
+    assert!(!denied.message().contains("other"), "{denied:?}");
+    assert_eq!(validate(&other).await, Code::PermissionDenied);
+    // Login is not on the list: open to every client certificate.
+    crate::helpers::login(&mut other_client, "allowed", "correct horse battery")
+        .await
+        .unwrap();
+    // Health and reflection are never restricted.
+    HealthClient::new(other)
+        .check(HealthCheckRequest::default())
+        .await
+        .unwrap();
+    assert_eq!(validate(&signup).await, Code::Unauthenticated);
+    app.stop().await;
+}
+
+/// The certificate a new TLS connection to `addr` is shown (trusting `ca`).
+async fn presented_certificate(addr: SocketAddr, ca: &str) -> Result<Vec<u8>, std::io::Error> {
+    use tokio_rustls::rustls::{self, pki_types::CertificateDer, pki_types::pem::PemObject};
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca.as_bytes()).unwrap())
+        .unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let tls = connector.connect(name, tcp).await?;
+    let (_, connection) = tls.get_ref();
+    assert_eq!(connection.alpn_protocol(), Some(&b"h2"[..]));
+    Ok(connection.peer_certificates().unwrap()[0].to_vec())
+}
+
+fn der_of(pem: &str) -> Vec<u8> {
+    use tokio_rustls::rustls::pki_types::{CertificateDer, pem::PemObject};
+    CertificateDer::from_pem_slice(pem.as_bytes())
+        .unwrap()
+        .to_vec()
+}
+
+#[tokio::test]
+async fn a_new_certificate_serves_new_connections_and_open_ones_stay() {
+    let old_ca = Ca::new("old-ca");
+    let new_ca = Ca::new("new-ca");
+    let old = old_ca.server(2040);
+    let files = Files::new(&old, None);
+    let app = spawn_tls(&files, false, |_| {}).await;
+    // This client trusts only the old CA: after the rotation it could not connect
+    // again, so its calls succeeding means its connection was kept.
+    let kept = tls_channel(app.addr, &old_ca.pem(), None);
+    assert_eq!(validate(&kept).await, Code::Unauthenticated);
+    assert_eq!(
+        presented_certificate(app.addr, &old_ca.pem())
+            .await
+            .unwrap(),
+        der_of(&old.cert)
+    );
+
+    let new = new_ca.server(2041);
+    files.write("key.pem", &new.key);
+    files.write("cert.pem", &new.cert);
+    wait_until("the new certificate is in force", || {
+        app.expiry() == Some(start_of(2041) as f64)
+    })
+    .await;
+    assert!(app.reloads("ok") >= 1.0);
+
+    assert_eq!(validate(&kept).await, Code::Unauthenticated);
+    assert_eq!(
+        presented_certificate(app.addr, &new_ca.pem())
+            .await
+            .unwrap(),
+        der_of(&new.cert)
+    );
+    assert!(
+        presented_certificate(app.addr, &old_ca.pem())
+            .await
+            .is_err()
+    );
+    let fresh = tls_channel(app.addr, &new_ca.pem(), None);
+    assert_eq!(validate(&fresh).await, Code::Unauthenticated);
+    let stale = tls_channel(app.addr, &old_ca.pem(), None);
+    assert_eq!(validate(&stale).await, Code::Unavailable);
+    assert_eq!(validate(&kept).await, Code::Unauthenticated);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_bad_new_file_is_refused_and_the_old_certificate_stays() {
+    let ca = Ca::new("server-ca");
+    let old = ca.server(2040);
+    let files = Files::new(&old, None);
+    let app = spawn_tls(&files, false, |_| {}).await;
+
+    files.write(
+        "cert.pem",
+        "-----BEGIN CERTIFICATE-----\nnot base64 %%%\n-----END CERTIFICATE-----\n",
+    );
+    wait_until("the corrupt file is refused", || {
+        app.reloads("error") >= 1.0
+    })
+    .await;
+    assert_eq!(
+        presented_certificate(app.addr, &ca.pem()).await.unwrap(),
+        der_of(&old.cert)
+    );
+
+    // A certificate whose key is not the one in the key file: refused too.
+    let other = ca.server(2041);
+    files.write("cert.pem", &other.cert);
+    wait_until("the mismatched pair is refused", || {
+        app.reloads("error") >= 2.0
+    })
+    .await;
+    assert_eq!(
+        presented_certificate(app.addr, &ca.pem()).await.unwrap(),
+        der_of(&old.cert)
+    );
+    assert_eq!(app.expiry(), Some(start_of(2040) as f64));
+    assert_eq!(app.reloads("ok"), 0.0);
+
+    // Its key arrives: now the pair is good and in force.
+    files.write("key.pem", &other.key);
+    wait_until("the good pair is in force", || app.reloads("ok") >= 1.0).await;
+    assert_eq!(
+        presented_certificate(app.addr, &ca.pem()).await.unwrap(),
+        der_of(&other.cert)
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_bad_file_at_start_stops_the_start_naming_the_option() {
+    let ca = Ca::new("server-ca");
+    let good = ca.server(2040);
+    let other = ca.server(2040);
+    let db = TestDb::new(Backend::Sqlite, "").await.unwrap();
+    let cases: [(&str, &str, &str); 3] = [
+        ("garbage", &good.key, "--tls-cert (AUTHD_TLS_CERT)"),
+        (&good.cert, "garbage", "--tls-key (AUTHD_TLS_KEY)"),
+        (&good.cert, &other.key, "--tls-key (AUTHD_TLS_KEY)"),
+    ];
+    for (cert, key, option) in cases {
+        let files = Files::new(
+            &Pair {
+                cert: cert.into(),
+                key: key.into(),
+            },
+            None,
+        );
+        let mut config = test_config(db.url.clone());
+        files.configure(&mut config, false);
+        let err = match Application::build(config).await {
+            Ok(_) => panic!("{option}: the start went on"),
+            Err(e) => format!("{e:#}"),
+        };
+        assert!(err.starts_with(option), "{err}");
+        assert!(!err.contains('\n'), "{err}");
+        assert!(!err.contains("PRIVATE KEY"), "{err}");
+    }
+
+    // The binary: one line, exit 1.
+    let files = Files::new(
+        &Pair {
+            cert: good.cert.clone(),
+            key: other.key.clone(),
+        },
+        None,
+    );
+    let out = crate::helpers::authd_command()
+        .env("AUTHD_LISTEN", "127.0.0.1:0")
+        .env("AUTHD_METRICS_LISTEN", "")
+        .env(
+            "AUTHD_DATABASE_URL",
+            format!("sqlite://{}", files.path("a.db").display()),
+        )
+        .env("AUTHD_TLS_CERT", files.path("cert.pem"))
+        .env("AUTHD_TLS_KEY", files.path("key.pem"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("authd: error: --tls-key (AUTHD_TLS_KEY) ")
+            && last.ends_with("the key does not match the certificate of --tls-cert"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn a_client_that_sends_no_client_hello_is_closed_at_the_handshake_timeout() {
+    use tokio::io::AsyncReadExt as _;
+    let ca = Ca::new("server-ca");
+    let files = Files::new(&ca.server(2040), None);
+    let app = spawn_tls(&files, false, |c| {
+        // Long enough for a real handshake on a busy machine.
+        c.handshake_timeout = Duration::from_secs(2);
+        // One connection from this address at a time: the silent one holds it.
+        c.max_connections_per_client = Some(1);
+    })
+    .await;
+    let mut silent = tokio::net::TcpStream::connect(app.addr).await.unwrap();
+    let series = "authd_connections_open{listener=\"grpc\"}";
+    wait_until("the silent connection is open", || {
+        metric(&app.metrics(), series) == Some(1.0)
+    })
+    .await;
+    // Meanwhile, a TLS client from the same address is turned away at once.
+    let refused = presented_certificate(app.addr, &ca.pem()).await;
+    assert!(refused.is_err());
+
+    let mut buf = [0u8; 16];
+    let read = tokio::time::timeout(Duration::from_secs(10), silent.read(&mut buf))
+        .await
+        .expect("closed by the server, not left open");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    let timeouts = metric(
+        &app.metrics(),
+        "authd_connections_handshake_timeouts_total{listener=\"grpc\"}",
+    );
+    assert_eq!(timeouts, Some(1.0));
+    // The slot is free again once the connection's task has ended.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while presented_certificate(app.addr, &ca.pem()).await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slot stays taken"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn authd_health_checks_a_tls_port() {
+    let server_ca = Ca::new("server-ca");
+    let client_ca = Ca::new("client-ca");
+    let files = Files::new(&server_ca.server(2040), Some(&client_ca));
+    files.write("ca.pem", &server_ca.pem());
+    let client = client_ca.client("spiffe://corp/probe");
+    files.write("client.pem", &client.cert);
+    files.write("client.key", &client.key);
+    let app = spawn_tls(&files, true, |_| {}).await;
+    let addr = app.addr.to_string();
+    let (ca, cert, key) = (
+        files.path("ca.pem"),
+        files.path("client.pem"),
+        files.path("client.key"),
+    );
+    let run = move |with_cert: bool| {
+        let mut command = crate::helpers::authd_command();
+        command
+            .arg("health")
+            .args(["--addr", &addr])
+            .arg("--tls-ca")
+            .arg(&ca)
+            .args(["--tls-server-name", "localhost"]);
+        if with_cert {
+            command
+                .arg("--tls-cert")
+                .arg(&cert)
+                .arg("--tls-key")
+                .arg(&key);
+        }
+        command.output().unwrap()
+    };
+    let (ok, without) = tokio::task::spawn_blocking(move || (run(true), run(false)))
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&ok.stdout);
+    assert!(
+        ok.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(stdout.ends_with("(server): SERVING\n"), "{stdout}");
+    // The server asks for a client certificate: without one, no answer.
+    assert_eq!(without.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&without.stderr);
+    assert!(stderr.contains("unreachable"), "{stderr}");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_request_log_names_the_client_identity() {
+    let server_ca = Ca::new("server-ca");
+    let client_ca = Ca::new("client-ca");
+    let files = Files::new(&server_ca.server(2040), Some(&client_ca));
+    let envs = [
+        (
+            "AUTHD_TLS_CERT",
+            files.path("cert.pem").display().to_string(),
+        ),
+        ("AUTHD_TLS_KEY", files.path("key.pem").display().to_string()),
+        (
+            "AUTHD_TLS_CLIENT_CA",
+            files.path("client-ca.pem").display().to_string(),
+        ),
+        (
+            "AUTHD_TOKEN_KEYS",
+            crate::helpers::key_spec(crate::helpers::TEST_KID, crate::helpers::TEST_KEY),
+        ),
+    ];
+    let running = crate::cli::spawn_authd(files.dir.path(), &envs);
+    let addr: SocketAddr = running.addr.parse().unwrap();
+    let channel = tls_channel(
+        addr,
+        &server_ca.pem(),
+        Some(&client_ca.client("spiffe://corp/ns/web/sa/logged")),
+    );
+    assert_eq!(validate(&channel).await, Code::Unauthenticated);
+    drop(channel);
+    let (status, log) = running.terminate().await;
+    assert!(status.success());
+    let request = log
+        .iter()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+        .find(|event| event["message"] == "request" && event["method"] == "ValidateToken")
+        .expect("the request is logged");
+    assert_eq!(request["client"], "spiffe://corp/ns/web/sa/logged");
+    assert_eq!(request["code"], "UNAUTHENTICATED");
+    let serving = log.iter().find(|l| l.contains("authd is serving")).unwrap();
+    assert!(serving.contains(r#""tls":"mutual""#), "{serving}");
+}
