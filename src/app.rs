@@ -6,7 +6,7 @@
 //! `main.rs` and every integration test start authd through this same code.
 
 use crate::{
-    accounts::Accounts,
+    accounts::{Accounts, SessionSettings},
     admission::{self, Admission, AdmissionSettings},
     blocklist::Blocklist,
     config::{Config, DatabaseUrl},
@@ -163,7 +163,17 @@ impl Application {
         .context("starting the password hashing threads")?;
         let hasher = Hasher::new(config.pbkdf2_iterations, pool)?;
         let tokens = Tokens::new(keys, config.token_ttl, &metrics);
-        let accounts = Arc::new(Accounts::new(Arc::new(store), hasher, tokens));
+        let sessions = SessionSettings {
+            refresh_ttl: config.refresh_ttl,
+            token_ttl: config.token_ttl,
+        };
+        let accounts = Arc::new(Accounts::new(
+            Arc::new(store),
+            hasher,
+            tokens,
+            sessions,
+            &metrics,
+        ));
         // Failed logins cost as much as the most expensive stored hash from the first.
         accounts
             .refresh_hash_cost()
@@ -297,6 +307,8 @@ impl Application {
             tracing::error!(error = %why, "the database does not answer: NOT_SERVING");
         }
         health::report(&reporter, first.is_ok()).await;
+        // Revocations from every replica, and the purge of old sessions.
+        let upkeep = tokio::spawn(accounts.clone().upkeep(config.revocation_delay / 2));
         let checker = health::spawn_checker(
             reporter.clone(),
             accounts.clone(),
@@ -370,6 +382,7 @@ impl Application {
         if let Some(result) = served {
             // The server stopped on its own: that is an error, not a shutdown.
             checker.abort();
+            upkeep.abort();
             store.close().await;
             stop_auxiliary_servers(stop_auxiliary, metrics_server, health_server).await;
             result.context("the gRPC server task failed")?;
@@ -390,6 +403,7 @@ impl Application {
             );
         }
         let _ = stop_serving.send(true);
+        upkeep.abort();
         match tokio::time::timeout(CLOSE_TIMEOUT, &mut server).await {
             Ok(result) => result.context("the gRPC server task failed")?,
             Err(_) => {

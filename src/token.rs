@@ -56,17 +56,21 @@ pub enum TokenError {
     Expired,
     #[error("token issued by someone else")]
     WrongIssuer,
+    /// Valid, but its session has ended (Logout, reuse, password change).
+    #[error("the token's session has ended")]
+    Revoked,
 }
 
 impl TokenError {
     /// Every kind, in the order of [`TokenError::index`].
-    const ALL: [TokenError; 6] = [
+    const ALL: [TokenError; 7] = [
         TokenError::Malformed,
         TokenError::UnsupportedAlgorithm,
         TokenError::UnknownKey,
         TokenError::BadSignature,
         TokenError::Expired,
         TokenError::WrongIssuer,
+        TokenError::Revoked,
     ];
 
     /// A metric label: `authd_tokens_validated_total{outcome=…}`.
@@ -78,6 +82,7 @@ impl TokenError {
             TokenError::BadSignature => "bad_signature",
             TokenError::Expired => "expired",
             TokenError::WrongIssuer => "wrong_issuer",
+            TokenError::Revoked => "revoked",
         }
     }
 
@@ -200,6 +205,12 @@ struct Claims {
     iat: u64,
     exp: u64,
     iss: String,
+    /// The session (absent from tokens issued before sessions existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sid: Option<String>,
+    /// Unique per token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    jti: Option<String>,
 }
 
 /// A token just issued.
@@ -215,6 +226,10 @@ pub struct VerifiedToken {
     pub user_id: String,
     pub username: String,
     pub expires_at: SystemTime,
+    /// The `sid` claim: the session the token belongs to.
+    pub session_id: Option<String>,
+    /// The `iat` claim (Unix seconds).
+    pub issued_at: u64,
 }
 
 /// Issues and verifies tokens with a key ring and a lifetime.
@@ -240,8 +255,37 @@ impl Tokens {
     }
 
     pub fn issue(&self, user_id: &str, username: &Username) -> anyhow::Result<IssuedToken> {
+        self.issue_with(user_id, username, None, None)
+    }
+
+    /// A token of session `sid` (with a fresh `jti`) that expires at the token
+    /// lifetime or at `not_after` (the session's end), whichever comes first.
+    pub fn issue_in_session(
+        &self,
+        user_id: &str,
+        username: &Username,
+        sid: &str,
+        not_after: SystemTime,
+    ) -> anyhow::Result<IssuedToken> {
+        let end = not_after
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        self.issue_with(user_id, username, Some(sid), Some(end))
+    }
+
+    fn issue_with(
+        &self,
+        user_id: &str,
+        username: &Username,
+        sid: Option<&str>,
+        not_after: Option<u64>,
+    ) -> anyhow::Result<IssuedToken> {
         let now = unix_now();
-        let exp = now.saturating_add(self.ttl.as_secs().max(1));
+        let mut exp = now.saturating_add(self.ttl.as_secs().max(1));
+        if let Some(end) = not_after {
+            exp = exp.min(end.max(now + 1));
+        }
         // Unreachable with a TTL of at most `MAX_TTL` and a sane clock; refused
         // rather than issued as a token that this server would call malformed.
         let expires_at = unix_time(exp).ok_or_else(|| {
@@ -259,6 +303,8 @@ impl Tokens {
             iat: now,
             exp,
             iss: ISSUER.into(),
+            sid: sid.map(str::to_owned),
+            jti: sid.map(|_| uuid::Uuid::now_v7().simple().to_string()),
         };
         let mut token = format!(
             "{}.{}",
@@ -274,7 +320,19 @@ impl Tokens {
 
     /// Checks a token and counts the outcome.
     pub fn verify(&self, token: &str) -> Result<VerifiedToken, TokenError> {
-        let result = self.check(token);
+        self.verify_unless(token, |_| false)
+    }
+
+    /// Checks a token, refuses it as [`TokenError::Revoked`] when `revoked` says so
+    /// of a token that is otherwise valid, and counts the outcome.
+    pub fn verify_unless(
+        &self,
+        token: &str,
+        revoked: impl FnOnce(&VerifiedToken) -> bool,
+    ) -> Result<VerifiedToken, TokenError> {
+        let result = self
+            .check(token)
+            .and_then(|v| if revoked(&v) { Err(TokenError::Revoked) } else { Ok(v) });
         match &result {
             Ok(_) => self.valid.inc(),
             Err(e) => self.refused[e.index()].inc(),
@@ -282,7 +340,8 @@ impl Tokens {
         result
     }
 
-    fn check(&self, token: &str) -> Result<VerifiedToken, TokenError> {
+    /// Checks a token without counting it (Logout reads the session it names).
+    pub(crate) fn check(&self, token: &str) -> Result<VerifiedToken, TokenError> {
         let mut parts = token.split('.');
         let (Some(header_b64), Some(claims_b64), Some(signature_b64), None) =
             (parts.next(), parts.next(), parts.next(), parts.next())
@@ -323,6 +382,8 @@ impl Tokens {
             user_id: claims.sub,
             username: claims.name,
             expires_at,
+            session_id: claims.sid,
+            issued_at: claims.iat,
         })
     }
 }
