@@ -457,7 +457,10 @@ impl Accounts {
         let mut after = (cursor.saturating_sub(POLL_LOOKBACK_MS), String::new());
         let mut read = 0;
         loop {
-            let page = self.store.ended_since((after.0, &after.1), POLL_PAGE).await?;
+            let page = self
+                .store
+                .ended_since((after.0, &after.1), POLL_PAGE)
+                .await?;
             for ended in &page {
                 self.revocations.insert(&ended.id, ended.ended_at, now);
             }

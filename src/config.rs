@@ -758,7 +758,9 @@ fn refresh_ttl(s: &str) -> Result<Duration, String> {
 fn revocation_delay(s: &str) -> Result<Duration, String> {
     let delay = positive_duration(s)?;
     if delay < Duration::from_millis(10) {
-        return Err("must be at least 10ms (each replica polls the database every half of it)".into());
+        return Err(
+            "must be at least 10ms (each replica polls the database every half of it)".into(),
+        );
     }
     Ok(delay)
 }

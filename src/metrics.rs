@@ -13,8 +13,8 @@
 
 use crate::rpc::Rpc;
 use prometheus::{
-    Encoder as _, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder, core::Collector,
+    Encoder as _, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder, core::Collector,
 };
 use std::{
     sync::{Arc, Mutex, OnceLock},

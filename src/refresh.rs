@@ -45,8 +45,8 @@ impl RefreshToken {
 
     /// The token after this one, in the session whose rotation key is `key`.
     pub fn next(&self, key: &RotationKey) -> Self {
-        let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(&key.0)
-            .expect("HMAC accepts any key length");
+        let mut mac =
+            <Hmac<Sha256> as KeyInit>::new_from_slice(&key.0).expect("HMAC accepts any key length");
         mac.update(b"authd refresh token rotation\0");
         mac.update(&self.0);
         Self(mac.finalize().into_bytes().into())

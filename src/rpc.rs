@@ -221,7 +221,10 @@ mod tests {
         assert!(!Rpc::Login.is_exempt() && !Rpc::Unknown.is_exempt());
         assert_eq!(Rpc::auth_method("login"), Some(Rpc::Login));
         assert_eq!(Rpc::auth_method("Refresh"), Some(Rpc::Refresh));
-        assert_eq!(Rpc::auth_method("changepassword"), Some(Rpc::ChangePassword));
+        assert_eq!(
+            Rpc::auth_method("changepassword"),
+            Some(Rpc::ChangePassword)
+        );
         assert_eq!(Rpc::auth_method("Check"), None);
     }
 

@@ -330,9 +330,13 @@ impl Tokens {
         token: &str,
         revoked: impl FnOnce(&VerifiedToken) -> bool,
     ) -> Result<VerifiedToken, TokenError> {
-        let result = self
-            .check(token)
-            .and_then(|v| if revoked(&v) { Err(TokenError::Revoked) } else { Ok(v) });
+        let result = self.check(token).and_then(|v| {
+            if revoked(&v) {
+                Err(TokenError::Revoked)
+            } else {
+                Ok(v)
+            }
+        });
         match &result {
             Ok(_) => self.valid.inc(),
             Err(e) => self.refused[e.index()].inc(),

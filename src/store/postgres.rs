@@ -18,10 +18,10 @@
 //! large table may take longer than any request should.
 
 use super::{
-    Lease, NewUser, StoreError,
-    session::{EndReason, Ended, EndedSession, NewSession, Purged, Rotated, Rotation, session_ops}, User, acquire, find_user_query, insert_user_query,
-    iterations_from_column, operation_limit, sql, unix_millis, update_password_hash_query,
-    user_from_row, watch_pool, within,
+    Lease, NewUser, StoreError, User, acquire, find_user_query, insert_user_query,
+    iterations_from_column, operation_limit,
+    session::{EndReason, Ended, EndedSession, NewSession, Purged, Rotated, Rotation, session_ops},
+    sql, unix_millis, update_password_hash_query, user_from_row, watch_pool, within,
 };
 use crate::{credentials::Username, metrics::Metrics};
 use anyhow::Context as _;

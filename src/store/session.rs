@@ -168,12 +168,11 @@ pub(super) mod sql {
 /// `PgConnection`). Each runs inside a transaction its caller holds.
 macro_rules! session_ops {
     ($conn:ty, $row:ty) => {
-        use $crate::store::session::{
-            EndReason, Ended, EndedSession, LiveSession, NewSession, Purged, Rotated, Rotation,
-            sql,
-        };
-        use $crate::refresh::RotationKey;
         use sqlx::Row as _;
+        use $crate::refresh::RotationKey;
+        use $crate::store::session::{
+            EndReason, Ended, EndedSession, LiveSession, NewSession, Purged, Rotated, Rotation, sql,
+        };
 
         pub(crate) async fn insert_session(
             conn: &mut $conn,
@@ -191,10 +190,7 @@ macro_rules! session_ops {
             Ok(())
         }
 
-        async fn live(
-            conn: &mut $conn,
-            row: &$row,
-        ) -> Result<LiveSession, sqlx::Error> {
+        async fn live(conn: &mut $conn, row: &$row) -> Result<LiveSession, sqlx::Error> {
             let id: String = row.try_get("id")?;
             let user_id: String = row.try_get("user_id")?;
             let expires_at: i64 = row.try_get("expires_at")?;
@@ -233,10 +229,7 @@ macro_rules! session_ops {
             Ok(done.rows_affected() == 1)
         }
 
-        pub(crate) async fn rotate(
-            conn: &mut $conn,
-            r: &Rotation,
-        ) -> Result<Rotated, sqlx::Error> {
+        pub(crate) async fn rotate(conn: &mut $conn, r: &Rotation) -> Result<Rotated, sqlx::Error> {
             let digest = r.presented.digest();
             // 1. The token that works now: rotate from it, if this request wins.
             let current = sqlx::query(sql::FIND_CURRENT)

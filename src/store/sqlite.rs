@@ -19,10 +19,10 @@
 //! `-wal` and `-shm` files with the database file's permissions.
 
 use super::{
-    NewUser, StoreError,
-    session::{EndReason, Ended, EndedSession, NewSession, Purged, Rotated, Rotation, session_ops}, User, acquire, find_user_query, insert_user_query, iterations_from_column,
-    operation_limit, sql, unix_millis, update_password_hash_query, user_from_row, watch_pool,
-    within,
+    NewUser, StoreError, User, acquire, find_user_query, insert_user_query, iterations_from_column,
+    operation_limit,
+    session::{EndReason, Ended, EndedSession, NewSession, Purged, Rotated, Rotation, session_ops},
+    sql, unix_millis, update_password_hash_query, user_from_row, watch_pool, within,
 };
 use crate::{credentials::Username, metrics::Metrics};
 use anyhow::Context as _;
@@ -124,7 +124,9 @@ mod ops {
 
 /// A writer answer of the wrong kind: a bug, reported as an internal error.
 fn unexpected() -> StoreError {
-    StoreError::Other(anyhow::anyhow!("the SQLite writer answered another kind of write"))
+    StoreError::Other(anyhow::anyhow!(
+        "the SQLite writer answered another kind of write"
+    ))
 }
 
 enum Command {
