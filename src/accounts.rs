@@ -25,7 +25,7 @@ use crate::{
     password::Hasher,
     refresh::{RefreshToken, RotationKey},
     revocation::{CLOCK_SKEW, Revocations},
-    store::{EndReason, LiveSession, NewSession, NewUser, Rotated, Rotation, Store, unix_millis},
+    store::{EndReason, LiveSession, NewSession, NewUser, Refreshed, Rotation, Store, unix_millis},
     token::{TokenError, Tokens, VerifiedToken},
 };
 use prometheus::{Gauge, IntCounter};
@@ -281,7 +281,7 @@ impl Accounts {
             grace_ms: millis(RETRY_GRACE),
         };
         match self.store.rotate(rotation).await? {
-            Rotated::Rotated {
+            Refreshed::Rotated {
                 session,
                 refresh_token,
                 replay,
@@ -296,7 +296,7 @@ impl Accounts {
                 }
                 self.session_tokens(session, refresh_token)
             }
-            Rotated::Reused {
+            Refreshed::Reused {
                 session_id,
                 ended_now,
             } => {
@@ -311,7 +311,7 @@ impl Accounts {
                 }
                 Err(Error::InvalidRefreshToken("refresh token reused"))
             }
-            Rotated::Refused(why) => Err(Error::InvalidRefreshToken(why)),
+            Refreshed::Refused(why) => Err(Error::InvalidRefreshToken(why)),
         }
     }
 

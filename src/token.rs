@@ -447,6 +447,34 @@ mod tests {
     }
 
     #[test]
+    fn session_tokens_carry_sid_and_a_unique_jti_and_end_with_their_session() {
+        let t = tokens(KEY_A);
+        let alice = Username::parse("alice").unwrap();
+        let far = SystemTime::now() + Duration::from_secs(3600);
+        let a = t.issue_in_session("id", &alice, "sid-1", far).unwrap();
+        let b = t.issue_in_session("id", &alice, "sid-1", far).unwrap();
+        let v = t.verify(&a.token).unwrap();
+        assert_eq!(v.session_id.as_deref(), Some("sid-1"));
+        let claims =
+            |token: &str| -> Claims { decode_json(token.split('.').nth(1).unwrap()).unwrap() };
+        let (ca, cb) = (claims(&a.token), claims(&b.token));
+        assert!(ca.jti.is_some());
+        assert_ne!(ca.jti, cb.jti);
+        // A session that ends in 10 s caps its tokens' lifetime (60 s here).
+        let soon = SystemTime::now() + Duration::from_secs(10);
+        let capped = t.issue_in_session("id", &alice, "sid-1", soon).unwrap();
+        assert!(capped.expires_at <= soon);
+        // Refused when the caller says its session ended, and counted as revoked.
+        assert_eq!(
+            t.verify_unless(&a.token, |v| v.session_id.as_deref() == Some("sid-1")),
+            Err(TokenError::Revoked)
+        );
+        // Tokens without a session have neither claim.
+        let plain = claims(&t.issue("id", &alice).unwrap().token);
+        assert!(plain.sid.is_none() && plain.jti.is_none());
+    }
+
+    #[test]
     fn issued_and_validated_tokens_are_counted_by_outcome() {
         let metrics = Metrics::new();
         let t = Tokens::new(KEY_A.parse().unwrap(), Duration::from_secs(60), &metrics);

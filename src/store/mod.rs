@@ -27,7 +27,7 @@ mod session;
 mod sqlite;
 
 pub use session::{
-    EndReason, Ended, EndedSession, LiveSession, NewSession, Purged, Rotated, Rotation,
+    EndReason, Ended, EndedSession, LiveSession, NewSession, Purged, Refreshed, Rotation,
 };
 
 pub use postgres::PostgresSettings;
@@ -461,7 +461,7 @@ impl Store {
     }
 
     /// Runs a Refresh: rotation, the retry rule, or reuse (see `session`).
-    pub async fn rotate(&self, rotation: Rotation) -> Result<Rotated, StoreError> {
+    pub async fn rotate(&self, rotation: Rotation) -> Result<Refreshed, StoreError> {
         timed!(self, rotate_session, s => s.rotate(rotation).await)
     }
 

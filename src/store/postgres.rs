@@ -20,7 +20,9 @@
 use super::{
     Lease, NewUser, StoreError, User, acquire, find_user_query, insert_user_query,
     iterations_from_column, operation_limit,
-    session::{EndReason, Ended, EndedSession, NewSession, Purged, Rotated, Rotation, session_ops},
+    session::{
+        EndReason, Ended, EndedSession, NewSession, Purged, Refreshed, Rotation, session_ops,
+    },
     sql, unix_millis, update_password_hash_query, user_from_row, watch_pool, within,
 };
 use crate::{credentials::Username, metrics::Metrics};
@@ -199,12 +201,12 @@ impl PostgresStore {
 
     pub(crate) async fn insert_session(&self, session: NewSession) -> Result<(), StoreError> {
         let mut conn = self.connection().await?;
-        let inserted = within(self.limit, ops::insert_session(&mut *conn, &session)).await?;
+        let inserted = within(self.limit, ops::insert_session(&mut conn, &session)).await?;
         conn.finish();
         Ok(inserted?)
     }
 
-    pub(crate) async fn rotate(&self, rotation: Rotation) -> Result<Rotated, StoreError> {
+    pub(crate) async fn rotate(&self, rotation: Rotation) -> Result<Refreshed, StoreError> {
         in_transaction!(self, |tx| ops::rotate(tx, &rotation).await?)
     }
 
@@ -256,7 +258,7 @@ impl PostgresStore {
         limit: i64,
     ) -> Result<Vec<EndedSession>, StoreError> {
         let mut conn = self.connection().await?;
-        let rows = within(self.limit, ops::ended_since(&mut *conn, after, limit)).await?;
+        let rows = within(self.limit, ops::ended_since(&mut conn, after, limit)).await?;
         conn.finish();
         Ok(rows?)
     }

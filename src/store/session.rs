@@ -81,7 +81,7 @@ pub struct LiveSession {
 
 /// What a Refresh came to.
 #[derive(Debug, Clone)]
-pub enum Rotated {
+pub enum Refreshed {
     /// The next refresh token is in place. `replay`: it was put in place moments
     /// ago, by the rotation this request repeats (the retry rule); nothing changed.
     Rotated {
@@ -171,7 +171,8 @@ macro_rules! session_ops {
         use sqlx::Row as _;
         use $crate::refresh::RotationKey;
         use $crate::store::session::{
-            EndReason, Ended, EndedSession, LiveSession, NewSession, Purged, Rotated, Rotation, sql,
+            EndReason, Ended, EndedSession, LiveSession, NewSession, Purged, Refreshed, Rotation,
+            sql,
         };
 
         pub(crate) async fn insert_session(
@@ -229,7 +230,10 @@ macro_rules! session_ops {
             Ok(done.rows_affected() == 1)
         }
 
-        pub(crate) async fn rotate(conn: &mut $conn, r: &Rotation) -> Result<Rotated, sqlx::Error> {
+        pub(crate) async fn rotate(
+            conn: &mut $conn,
+            r: &Rotation,
+        ) -> Result<Refreshed, sqlx::Error> {
             let digest = r.presented.digest();
             // 1. The token that works now: rotate from it, if this request wins.
             let current = sqlx::query(sql::FIND_CURRENT)
@@ -239,7 +243,7 @@ macro_rules! session_ops {
             if let Some(row) = current {
                 let expires_at: i64 = row.try_get("expires_at")?;
                 if expires_at <= r.now {
-                    return Ok(Rotated::Refused("the session has expired"));
+                    return Ok(Refreshed::Refused("the session has expired"));
                 }
                 let id: String = row.try_get("id")?;
                 let next = r.presented.next(&rotation_key(&row)?);
@@ -257,7 +261,7 @@ macro_rules! session_ops {
                     .rows_affected()
                     == 1;
                 if won {
-                    return Ok(Rotated::Rotated {
+                    return Ok(Refreshed::Rotated {
                         session: live(conn, &row).await?,
                         refresh_token: next,
                         replay: false,
@@ -276,13 +280,13 @@ macro_rules! session_ops {
                 let ended_at: Option<i64> = row.try_get("ended_at")?;
                 let expires_at: i64 = row.try_get("expires_at")?;
                 if ended_at.is_some() {
-                    return Ok(Rotated::Reused {
+                    return Ok(Refreshed::Reused {
                         session_id: id,
                         ended_now: false,
                     });
                 }
                 if expires_at <= r.now {
-                    return Ok(Rotated::Refused("the session has expired"));
+                    return Ok(Refreshed::Refused("the session has expired"));
                 }
                 let within_grace =
                     rotated_at.is_some_and(|at| r.now.saturating_sub(at) <= r.grace_ms);
@@ -290,18 +294,18 @@ macro_rules! session_ops {
                     let next = r.presented.next(&rotation_key(&row)?);
                     let current: String = row.try_get("refresh_digest")?;
                     if next.digest() == current {
-                        return Ok(Rotated::Rotated {
+                        return Ok(Refreshed::Rotated {
                             session: live(conn, &row).await?,
                             refresh_token: next,
                             replay: true,
                         });
                     }
-                    return Ok(Rotated::Refused(
+                    return Ok(Refreshed::Refused(
                         "the refresh token does not lead to the session's current one",
                     ));
                 }
                 let ended_now = end_one(conn, &id, EndReason::Reuse, r.now).await?;
-                return Ok(Rotated::Reused {
+                return Ok(Refreshed::Reused {
                     session_id: id,
                     ended_now,
                 });
@@ -313,12 +317,12 @@ macro_rules! session_ops {
                 .await?;
             if let Some(id) = retired {
                 let ended_now = end_one(conn, &id, EndReason::Reuse, r.now).await?;
-                return Ok(Rotated::Reused {
+                return Ok(Refreshed::Reused {
                     session_id: id,
                     ended_now,
                 });
             }
-            Ok(Rotated::Refused("unknown refresh token"))
+            Ok(Refreshed::Refused("unknown refresh token"))
         }
 
         pub(crate) async fn end_user_sessions(

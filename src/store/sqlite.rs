@@ -21,7 +21,9 @@
 use super::{
     NewUser, StoreError, User, acquire, find_user_query, insert_user_query, iterations_from_column,
     operation_limit,
-    session::{EndReason, Ended, EndedSession, NewSession, Purged, Rotated, Rotation, session_ops},
+    session::{
+        EndReason, Ended, EndedSession, NewSession, Purged, Refreshed, Rotation, session_ops,
+    },
     sql, unix_millis, update_password_hash_query, user_from_row, watch_pool, within,
 };
 use crate::{credentials::Username, metrics::Metrics};
@@ -111,7 +113,7 @@ enum Write {
 /// What a write came to, for the caller to unwrap (each write has one kind).
 enum Answer {
     Done,
-    Rotated(Rotated),
+    Refreshed(Refreshed),
     Ended(Option<Ended>),
     EndedIds(Vec<String>),
     Purged(Purged),
@@ -285,9 +287,9 @@ impl SqliteStore {
         self.write(Write::InsertSession(session)).await.map(drop)
     }
 
-    pub(crate) async fn rotate(&self, rotation: Rotation) -> Result<Rotated, StoreError> {
+    pub(crate) async fn rotate(&self, rotation: Rotation) -> Result<Refreshed, StoreError> {
         match self.write(Write::Rotate(rotation)).await? {
-            Answer::Rotated(r) => Ok(r),
+            Answer::Refreshed(r) => Ok(r),
             _ => Err(unexpected()),
         }
     }
@@ -369,7 +371,7 @@ impl SqliteStore {
         limit: i64,
     ) -> Result<Vec<EndedSession>, StoreError> {
         let mut conn = acquire(&self.readers, &self.reader_wait).await?;
-        let rows = within(self.limit, ops::ended_since(&mut *conn, after, limit)).await?;
+        let rows = within(self.limit, ops::ended_since(&mut conn, after, limit)).await?;
         conn.finish();
         Ok(rows?)
     }
@@ -576,7 +578,7 @@ async fn apply(
                 ops::insert_session(conn, session).await?;
                 Ok(Answer::Done)
             }
-            Write::Rotate(rotation) => Ok(Answer::Rotated(ops::rotate(conn, rotation).await?)),
+            Write::Rotate(rotation) => Ok(Answer::Refreshed(ops::rotate(conn, rotation).await?)),
             Write::EndByDigest { digest, all, now } => Ok(Answer::Ended(
                 ops::end_by_digest(conn, digest, *all, *now).await?,
             )),
