@@ -144,9 +144,14 @@ async fn respond<T>(
 ) -> Result<Response<T>, Status> {
     match work.await {
         Ok(body) => {
-            let user = UserId(user_id(&body).to_owned());
+            // Logout and ChangePassword answer for no user id of their own.
+            let user = Some(user_id(&body))
+                .filter(|id| !id.is_empty())
+                .map(|id| UserId(id.to_owned()));
             let mut response = Response::new(body);
-            response.extensions_mut().insert(user);
+            if let Some(user) = user {
+                response.extensions_mut().insert(user);
+            }
             Ok(response)
         }
         Err(err) => {
