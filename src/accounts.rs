@@ -456,7 +456,8 @@ impl Accounts {
         let now = unix_millis();
         let mut after = (cursor.saturating_sub(POLL_LOOKBACK_MS), String::new());
         let mut read = 0;
-        loop {
+        // SQLite: one process, whose every end went into the set when it was made.
+        while self.store.is_shared() {
             let page = self
                 .store
                 .ended_since((after.0, &after.1), POLL_PAGE)
@@ -509,7 +510,9 @@ impl Accounts {
         let mut cursor = unix_millis().saturating_sub(self.keep_ms());
         let mut poll = tokio::time::interval(poll_every);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut purge = tokio::time::interval(PURGE_INTERVAL);
+        // The first purge a minute after the start, not at once.
+        let mut purge =
+            tokio::time::interval_at(tokio::time::Instant::now() + PURGE_INTERVAL, PURGE_INTERVAL);
         purge.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failing = false;
         loop {

@@ -541,6 +541,12 @@ impl Store {
         each_backend!(self, s => s.close().await)
     }
 
+    /// Whether other processes may write to this database (PostgreSQL, shared by
+    /// replicas); a SQLite file has one process, which knows all it writes.
+    pub fn is_shared(&self) -> bool {
+        matches!(self.backend, Backend::Postgres(_))
+    }
+
     /// The SQLite writer's counters; `None` for other backends.
     pub fn writer_stats(&self) -> Option<WriterSnapshot> {
         match &self.backend {
