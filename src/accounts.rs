@@ -1,4 +1,5 @@
-//! The use cases: register, log in, validate a token.
+//! The use cases: register, log in, validate a token, and the session lifecycle
+//! (refresh, logout, change the password; docs/sessions.md).
 //!
 //! [`Accounts`] owns the store, the hasher and the token issuer, and knows nothing
 //! of gRPC or of which database it talks to. Inputs arrive parsed ([`Username`],
@@ -9,28 +10,83 @@
 //! takes nothing), look the user up, and only then take the place (which may still
 //! be refused). So a database that is slow or gone makes requests fail with
 //! UNAVAILABLE, never fill the pool and have others told it is full.
+//!
+//! Sessions: every Login stores one (a write); Refresh, Logout and ChangePassword
+//! change it in one store operation each, whose outcome the database decides.
+//! Sessions ended here go into this replica's [`Revocations`] at once; those ended
+//! on other replicas arrive through [`Accounts::upkeep`], which polls the store for
+//! sessions ended since its last look and purges the ones no token needs any more.
+//! ValidateToken reads only the in-memory set.
 
 use crate::{
     audit::{Audit, Caller},
     credentials::{Password, Username},
     error::Error,
-    metrics::LoginOutcome,
+    metrics::{LoginOutcome, Metrics},
     password::Hasher,
-    store::{NewUser, Store},
+    refresh::{RefreshToken, RotationKey},
+    revocation::{CLOCK_SKEW, Revocations},
+    store::{EndReason, LiveSession, NewSession, NewUser, Refreshed, Rotation, Store, unix_millis},
     throttle::{Attempt, Throttle},
-    token::{Tokens, VerifiedToken},
+    token::{TokenError, Tokens, VerifiedToken},
 };
+use prometheus::{Gauge, IntCounter};
 use std::{
-    sync::Arc,
-    time::{Instant, SystemTime},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-/// A successful login.
+/// How long after a rotation the refresh token it replaced still gets the same
+/// answer (a retry whose answer was lost, or two requests at once).
+pub const RETRY_GRACE: Duration = Duration::from_secs(10);
+/// Each revocation poll reads back this far before the latest end it has seen:
+/// ends written with a clock a little behind, or committed a little late.
+const POLL_LOOKBACK_MS: i64 = 5_000;
+/// Ended sessions read per query of a poll.
+const POLL_PAGE: i64 = 1_000;
+/// How often ended and expired sessions are deleted, and how many per statement.
+const PURGE_INTERVAL: Duration = Duration::from_secs(60);
+const PURGE_BATCH: i64 = 1_000;
+/// The most revoked sessions one replica holds (see `revocation`): about 100 MB.
+pub const MAX_REVOKED_SESSIONS: usize = 1_000_000;
+
+/// A successful login or refresh: an access token and the session it belongs to.
 #[derive(Debug, Clone)]
 pub struct Session {
     pub user_id: String,
     pub access_token: String,
     pub expires_at: SystemTime,
+    /// Redacted in `Debug`.
+    pub refresh_token: RefreshToken,
+    pub refresh_expires_at: SystemTime,
+    pub session_id: String,
+}
+
+/// How sessions live.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionSettings {
+    /// A session's longest life, from its login (`AUTHD_REFRESH_TTL`).
+    pub refresh_ttl: Duration,
+    /// The access tokens' lifetime (`AUTHD_TOKEN_TTL`): how long an end matters.
+    pub token_ttl: Duration,
+}
+
+struct SessionCounters {
+    started: IntCounter,
+    refreshed: IntCounter,
+    /// By [`EndReason`], in the order of [`EndReason::ALL`].
+    ended: [IntCounter; 4],
+    poll_errors: IntCounter,
+}
+
+impl SessionCounters {
+    fn ended(&self, reason: EndReason, n: usize) {
+        let i = EndReason::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap_or(0);
+        self.ended[i].inc_by(n as u64);
+    }
 }
 
 pub struct Accounts {
@@ -39,6 +95,19 @@ pub struct Accounts {
     tokens: Tokens,
     throttle: Arc<Throttle>,
     audit: Audit,
+    settings: SessionSettings,
+    revocations: Revocations,
+    counters: SessionCounters,
+    /// When the poller last read every replica's ends.
+    synced: Arc<Mutex<Instant>>,
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn system_time(unix_ms: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(u64::try_from(unix_ms).unwrap_or(0))
 }
 
 impl Accounts {
@@ -48,13 +117,38 @@ impl Accounts {
         tokens: Tokens,
         throttle: Arc<Throttle>,
         audit: Audit,
+        settings: SessionSettings,
+        metrics: &Metrics,
     ) -> Self {
+        let m = &metrics.sessions;
+        let revocations = Revocations::new(
+            settings.token_ttl,
+            MAX_REVOKED_SESSIONS,
+            m.revoked.clone(),
+            m.revocations_evicted.clone(),
+        );
+        let counters = SessionCounters {
+            started: m.started.clone(),
+            refreshed: m.refreshed.clone(),
+            ended: EndReason::ALL.map(|r| m.ended.with_label_values(&[r.label()])),
+            poll_errors: m.poll_errors.clone(),
+        };
+        let synced = Arc::new(Mutex::new(Instant::now()));
+        let (age, since): (Gauge, _) = (m.sync_age.clone(), synced.clone());
+        metrics.on_scrape(move || {
+            let at = *since.lock().unwrap_or_else(|e| e.into_inner());
+            age.set(at.elapsed().as_secs_f64());
+        });
         Self {
             store,
             hasher,
             tokens,
             throttle,
             audit,
+            settings,
+            revocations,
+            counters,
+            synced,
         }
     }
 
@@ -137,12 +231,7 @@ impl Accounts {
         }
         self.throttle.count_login(LoginOutcome::Ok);
         self.audit.login_succeeded(caller, &user.id);
-        let issued = self.tokens.issue(&user.id, &user.username)?;
-        Ok(Session {
-            user_id: user.id,
-            access_token: issued.token,
-            expires_at: issued.expires_at,
-        })
+        self.start_session(user.id, user.username).await
     }
 
     /// Asks the login throttle whether an attempt for `username` may go on; a refusal
@@ -205,6 +294,197 @@ impl Accounts {
         Ok(user)
     }
 
+    /// Stores a new session of the user and issues its first tokens.
+    async fn start_session(&self, user_id: String, username: Username) -> Result<Session, Error> {
+        let now = unix_millis();
+        let refresh_token = RefreshToken::random();
+        let session = LiveSession {
+            id: uuid::Uuid::now_v7().to_string(),
+            user_id,
+            username: username.as_str().to_owned(),
+            expires_at: now.saturating_add(millis(self.settings.refresh_ttl)),
+        };
+        self.store
+            .insert_session(NewSession {
+                id: session.id.clone(),
+                user_id: session.user_id.clone(),
+                rotation_key: RotationKey::random(),
+                refresh_digest: refresh_token.digest(),
+                created_at: now,
+                expires_at: session.expires_at,
+            })
+            .await?;
+        self.counters.started.inc();
+        self.session_tokens(session, refresh_token)
+    }
+
+    /// The answer of a Login or a Refresh: a new access token of the session.
+    fn session_tokens(
+        &self,
+        session: LiveSession,
+        refresh_token: RefreshToken,
+    ) -> Result<Session, Error> {
+        let refresh_expires_at = system_time(session.expires_at);
+        let username = Username::from_store(session.username);
+        let issued = self.tokens.issue_in_session(
+            &session.user_id,
+            &username,
+            &session.id,
+            refresh_expires_at,
+        )?;
+        Ok(Session {
+            user_id: session.user_id,
+            access_token: issued.token,
+            expires_at: issued.expires_at,
+            refresh_token,
+            refresh_expires_at,
+            session_id: session.id,
+        })
+    }
+
+    /// Rotates a refresh token (see `store::session` for the rule).
+    pub async fn refresh(&self, presented: &str, caller: &Caller) -> Result<Session, Error> {
+        let presented = RefreshToken::parse(presented)
+            .ok_or(Error::InvalidRefreshToken("malformed refresh token"))?;
+        let now = unix_millis();
+        let rotation = Rotation {
+            presented,
+            now,
+            grace_ms: millis(RETRY_GRACE),
+        };
+        match self.store.rotate(rotation).await? {
+            Refreshed::Rotated {
+                session,
+                refresh_token,
+                replay,
+            } => {
+                if replay {
+                    tracing::debug!(
+                        session_id = session.id,
+                        "a refresh token rotated moments ago was presented again: same answer"
+                    );
+                } else {
+                    self.counters.refreshed.inc();
+                }
+                self.audit
+                    .refreshed(caller, &session.user_id, &session.id, replay);
+                self.session_tokens(session, refresh_token)
+            }
+            Refreshed::Reused {
+                session_id,
+                ended_now,
+            } => {
+                self.revocations.insert(&session_id, now, now);
+                if ended_now {
+                    self.counters.ended(EndReason::Reuse, 1);
+                    self.audit
+                        .session_ended(caller, &session_id, EndReason::Reuse.label());
+                }
+                Err(Error::InvalidRefreshToken("refresh token reused"))
+            }
+            Refreshed::Refused(why) => Err(Error::InvalidRefreshToken(why)),
+        }
+    }
+
+    /// Ends the session named by either token (both: the sessions of both), or
+    /// with `all`, every session of its user. Returns how many this call ended.
+    pub async fn logout(
+        &self,
+        refresh_token: Option<&str>,
+        access_token: Option<&str>,
+        all: bool,
+        caller: &Caller,
+    ) -> Result<u32, Error> {
+        let now = unix_millis();
+        // Both tokens are checked before anything ends.
+        let access = access_token
+            .map(|token| {
+                let verified = self.tokens.check(token)?;
+                match (&verified.session_id, all) {
+                    (Some(_), _) | (None, true) => Ok(verified),
+                    // A token from before sessions names no session to end.
+                    (None, false) => Err(Error::InvalidToken(TokenError::Malformed)),
+                }
+            })
+            .transpose()?;
+        let refresh = refresh_token
+            .map(|token| {
+                RefreshToken::parse(token)
+                    .ok_or(Error::InvalidRefreshToken("malformed refresh token"))
+            })
+            .transpose()?;
+        let mut ended = Vec::new();
+        let mut named = Vec::new();
+        if let Some(token) = refresh {
+            let outcome = self
+                .store
+                .end_by_digest(&token.digest(), all, now)
+                .await?
+                .ok_or(Error::InvalidRefreshToken(
+                    "unknown or expired refresh token",
+                ))?;
+            ended.extend(outcome.ended_now);
+            named.extend(outcome.named);
+        }
+        if let Some(token) = access {
+            let sid = token.session_id.unwrap_or_default();
+            let outcome = self.store.end_by_id(&sid, &token.user_id, all, now).await?;
+            ended.extend(outcome.ended_now);
+            named.extend(outcome.named);
+        }
+        for id in ended.iter().chain(&named) {
+            self.revocations.insert(id, now, now);
+        }
+        ended.sort();
+        ended.dedup();
+        self.counters.ended(EndReason::Logout, ended.len());
+        for id in &ended {
+            self.audit
+                .session_ended(caller, id, EndReason::Logout.label());
+        }
+        Ok(u32::try_from(ended.len()).unwrap_or(u32::MAX))
+    }
+
+    /// Checks the current password as Login does, stores a hash of the new one and
+    /// ends every session of the user. Returns how many sessions it ended.
+    pub async fn change_password(
+        &self,
+        username: Username,
+        current: Password,
+        new: Password,
+        deadline: Option<Instant>,
+        caller: &Caller,
+    ) -> Result<u32, Error> {
+        // The current-password check is a login attempt: throttled and counted alike.
+        let attempt = self.throttled(&username, caller).await?;
+        let user = match self.check_password(&username, current, deadline).await {
+            Ok(user) => user,
+            Err(CheckFailure::Wrong(user_id)) => {
+                self.login_failed(attempt.as_ref(), caller, &username, user_id.as_deref())
+                    .await;
+                return Err(Error::InvalidCredentials);
+            }
+            Err(CheckFailure::Error(e)) => return Err(e),
+        };
+        if let Some(attempt) = &attempt {
+            self.throttle.succeeded(attempt).await;
+        }
+        let slot = self.hasher.reserve()?;
+        let hash = self.hasher.hash(slot, new, deadline).await?;
+        let now = unix_millis();
+        let ended = self.store.change_password(&user.id, hash, now).await?;
+        for id in &ended {
+            self.revocations.insert(id, now, now);
+        }
+        self.counters.ended(EndReason::PasswordChange, ended.len());
+        self.audit.password_changed(caller, &user.id, ended.len());
+        // The hash replaced may have been the most expensive one stored.
+        if let Err(e) = self.refresh_hash_cost().await {
+            tracing::warn!(error = %e, "reading the highest stored hash cost failed");
+        }
+        Ok(u32::try_from(ended.len()).unwrap_or(u32::MAX))
+    }
+
     /// Replaces a hash made with other parameters. Best effort: the login has
     /// already succeeded, so a full queue or a failed write only postpones it.
     async fn rehash(&self, user_id: &str, password: Password, deadline: Option<Instant>) {
@@ -233,8 +513,112 @@ impl Accounts {
         }
     }
 
+    /// Checks a token: signature, expiry, and whether its session has ended (in
+    /// memory: no database query).
     pub fn validate(&self, token: &str) -> Result<VerifiedToken, Error> {
-        Ok(self.tokens.verify(token)?)
+        Ok(self.tokens.verify_unless(token, |v| {
+            self.revocations
+                .is_revoked(v.session_id.as_deref().unwrap_or_default(), v.issued_at)
+        })?)
+    }
+
+    /// How long an end matters: until the last access token it refuses expires.
+    fn keep_ms(&self) -> i64 {
+        millis(self.settings.token_ttl + CLOCK_SKEW)
+    }
+
+    /// Reads the sessions ended (on any replica) since `cursor`, the latest end
+    /// seen, into the revocation set; forgets the entries no token needs.
+    async fn poll_revocations(&self, cursor: &mut i64) -> Result<usize, Error> {
+        let now = unix_millis();
+        let mut after = (cursor.saturating_sub(POLL_LOOKBACK_MS), String::new());
+        let mut read = 0;
+        // SQLite: one process, whose every end went into the set when it was made.
+        while self.store.is_shared() {
+            let page = self
+                .store
+                .ended_since((after.0, &after.1), POLL_PAGE)
+                .await?;
+            for ended in &page {
+                self.revocations.insert(&ended.id, ended.ended_at, now);
+            }
+            read += page.len();
+            let Some(last) = page.last() else { break };
+            *cursor = (*cursor).max(last.ended_at);
+            after = (last.ended_at, last.id.clone());
+            if (page.len() as i64) < POLL_PAGE {
+                break;
+            }
+        }
+        self.revocations.forget_expired(now);
+        *self.synced.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        Ok(read)
+    }
+
+    /// Deletes sessions that expired, and sessions ended so long ago that no
+    /// access token of theirs is valid (every poller has read them by then).
+    async fn purge_sessions(&self) -> Result<(), Error> {
+        let now = unix_millis();
+        let ended_before = now
+            .saturating_sub(self.keep_ms())
+            .saturating_sub(POLL_LOOKBACK_MS);
+        // A few batches per pass: the table shrinks steadily, no statement is long.
+        for _ in 0..10 {
+            let purged = self
+                .store
+                .purge_sessions(now, ended_before, PURGE_BATCH)
+                .await?;
+            self.counters
+                .ended(EndReason::Expired, purged.expired as usize);
+            if purged.expired < PURGE_BATCH as u64 && purged.ended < PURGE_BATCH as u64 {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// The session upkeep of one replica, until the task is aborted: polls for
+    /// ended sessions every `poll_every` (half of `AUTHD_REVOCATION_DELAY`) and
+    /// purges every minute. While the database cannot be reached, ValidateToken
+    /// keeps answering from the set it has (see docs/sessions.md); the failure is
+    /// counted, logged once per outage, and `authd_revocation_sync_age_seconds` grows.
+    pub async fn upkeep(self: Arc<Self>, poll_every: Duration) {
+        // Everything ended recently enough to matter, on the first poll.
+        let mut cursor = unix_millis().saturating_sub(self.keep_ms());
+        let mut poll = tokio::time::interval(poll_every);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The first purge a minute after the start, not at once.
+        let mut purge =
+            tokio::time::interval_at(tokio::time::Instant::now() + PURGE_INTERVAL, PURGE_INTERVAL);
+        purge.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                _ = poll.tick() => match self.poll_revocations(&mut cursor).await {
+                    Ok(_) if failing => {
+                        failing = false;
+                        tracing::info!("reading ended sessions works again");
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        self.counters.poll_errors.inc();
+                        if !failing {
+                            failing = true;
+                            tracing::warn!(
+                                error = %e,
+                                "cannot read the sessions ended on other replicas; \
+                                 validating with the revocations known so far"
+                            );
+                        }
+                    }
+                },
+                _ = purge.tick() => {
+                    if let Err(e) = self.purge_sessions().await {
+                        tracing::warn!(error = %e, "purging ended and expired sessions failed");
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -7,7 +7,7 @@
 
 use crate::{
     access,
-    accounts::Accounts,
+    accounts::{Accounts, SessionSettings},
     admission::{self, Admission, AdmissionSettings},
     audit::Audit,
     blocklist::Blocklist,
@@ -204,12 +204,18 @@ impl Application {
             metrics.throttle.clone(),
         )?;
         throttle.connect().await;
+        let sessions = SessionSettings {
+            refresh_ttl: config.refresh_ttl,
+            token_ttl: config.token_ttl,
+        };
         let accounts = Arc::new(Accounts::new(
             Arc::new(store),
             hasher,
             tokens,
             throttle,
             Audit::new(digest),
+            sessions,
+            &metrics,
         ));
         // Failed logins cost as much as the most expensive stored hash from the first.
         accounts
@@ -347,6 +353,8 @@ impl Application {
             tracing::error!(error = %why, "the database does not answer: NOT_SERVING");
         }
         health::report(&reporter, first.is_ok()).await;
+        // Revocations from every replica, and the purge of old sessions.
+        let upkeep = tokio::spawn(accounts.clone().upkeep(config.revocation_delay / 2));
         let checker = health::spawn_checker(
             reporter.clone(),
             accounts.clone(),
@@ -439,6 +447,7 @@ impl Application {
             if let Some(reloader) = reloader {
                 reloader.abort();
             }
+            upkeep.abort();
             store.close().await;
             stop_auxiliary_servers(stop_auxiliary, metrics_server, health_server).await;
             result.context("the gRPC server task failed")?;
@@ -459,6 +468,7 @@ impl Application {
             );
         }
         let _ = stop_serving.send(true);
+        upkeep.abort();
         match tokio::time::timeout(CLOSE_TIMEOUT, &mut server).await {
             Ok(result) => result.context("the gRPC server task failed")?,
             Err(_) => {

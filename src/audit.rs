@@ -113,4 +113,49 @@ impl Audit {
             "login throttled"
         );
     }
+
+    /// A refresh token rotated (`replay`: a retry within the grace, answered alike).
+    pub fn refreshed(&self, caller: &Caller, user_id: &str, session_id: &str, replay: bool) {
+        tracing::info!(
+            target: TARGET,
+            event = "refresh",
+            outcome = "ok",
+            request_id = caller.request_id(),
+            peer = %caller.peer(),
+            client = caller.identity(),
+            user_id,
+            session_id,
+            replay,
+            "session refreshed"
+        );
+    }
+
+    /// A session ended: `reason` is logout or reuse (password changes have their event).
+    pub fn session_ended(&self, caller: &Caller, session_id: &str, reason: &str) {
+        tracing::info!(
+            target: TARGET,
+            event = "session_ended",
+            outcome = reason,
+            request_id = caller.request_id(),
+            peer = %caller.peer(),
+            client = caller.identity(),
+            session_id,
+            reason,
+            "session ended"
+        );
+    }
+
+    pub fn password_changed(&self, caller: &Caller, user_id: &str, sessions_ended: usize) {
+        tracing::info!(
+            target: TARGET,
+            event = "password_changed",
+            outcome = "ok",
+            request_id = caller.request_id(),
+            peer = %caller.peer(),
+            client = caller.identity(),
+            user_id,
+            sessions_ended,
+            "password changed; every session ended"
+        );
+    }
 }

@@ -292,11 +292,24 @@ pub struct Config {
     #[arg(long, env = "AUTHD_TOKEN_KEYS_FILE", global = true)]
     pub token_keys_file: Option<PathBuf>,
 
-    /// Lifetime of issued tokens (e.g. 15m, 1h, 1d), at most 7d: a token cannot be
-    /// revoked before it expires.
-    #[arg(long, env = "AUTHD_TOKEN_TTL", default_value = "1h",
+    /// Lifetime of access tokens (e.g. 5m, 15m, 1h), at most 7d; never past their
+    /// session's end. Short, since Refresh issues new ones.
+    #[arg(long, env = "AUTHD_TOKEN_TTL", default_value = "15m",
           value_parser = token_ttl, global = true)]
     pub token_ttl: Duration,
+
+    /// Longest a session lives from its Login, however often it is refreshed (e.g. 12h,
+    /// 30d), at most 365d; then the user logs in again.
+    #[arg(long, env = "AUTHD_REFRESH_TTL", default_value = "30d",
+          value_parser = refresh_ttl, global = true)]
+    pub refresh_ttl: Duration,
+
+    /// How soon every replica refuses the access tokens of a session ended on another
+    /// (each polls the database for ended sessions every half of it); at once on the
+    /// replica that ended it. At least 10ms.
+    #[arg(long, env = "AUTHD_REVOCATION_DELAY", default_value = "1s",
+          value_parser = revocation_delay, global = true)]
+    pub revocation_delay: Duration,
 
     /// How often health checks the database.
     #[arg(long, env = "AUTHD_HEALTH_INTERVAL", default_value = "5s",
@@ -820,6 +833,24 @@ fn token_ttl(s: &str) -> Result<Duration, String> {
     Ok(ttl)
 }
 
+fn refresh_ttl(s: &str) -> Result<Duration, String> {
+    let ttl = positive_duration(s)?;
+    if ttl > Duration::from_secs(365 * 24 * 3600) {
+        return Err("must be at most 365d".into());
+    }
+    Ok(ttl)
+}
+
+fn revocation_delay(s: &str) -> Result<Duration, String> {
+    let delay = positive_duration(s)?;
+    if delay < Duration::from_millis(10) {
+        return Err(
+            "must be at least 10ms (each replica polls the database every half of it)".into(),
+        );
+    }
+    Ok(delay)
+}
+
 fn log_filter(s: &str) -> Result<String, String> {
     tracing_subscriber::EnvFilter::try_new(s)
         .map(|_| s.to_owned())
@@ -842,7 +873,9 @@ mod tests {
         assert_eq!(c.listen, "0.0.0.0:50051".parse().unwrap());
         assert_eq!(c.database_url, DatabaseUrl::Sqlite("authd.db".into()));
         assert_eq!(c.pbkdf2_iterations, 600_000);
-        assert_eq!(c.token_ttl, Duration::from_secs(3600));
+        assert_eq!(c.token_ttl, Duration::from_secs(15 * 60));
+        assert_eq!(c.refresh_ttl, Duration::from_secs(30 * 24 * 3600));
+        assert_eq!(c.revocation_delay, Duration::from_secs(1));
         assert_eq!(c.log_format, LogFormat::Text);
         assert_eq!(c.hash_queue(), 64 * c.hash_threads());
         assert_eq!(c.db_statement_timeout, Duration::from_secs(2));

@@ -56,6 +56,10 @@ pub enum Error {
     InvalidCredentials,
     #[error("invalid token: {0}")]
     InvalidToken(#[from] crate::token::TokenError),
+    /// A refresh token that is malformed, unknown, of an ended or expired session,
+    /// or reused; the reason goes to the log, the client sees [`INVALID_TOKEN`].
+    #[error("invalid refresh token: {0}")]
+    InvalidRefreshToken(&'static str),
     /// The server is full (hash queue or admission cap); retry after the hint.
     #[error("server overloaded: {what}")]
     Overloaded {
@@ -130,7 +134,9 @@ impl Error {
             }
             Error::AlreadyExists => Status::already_exists(self.to_string()),
             Error::InvalidCredentials => Status::unauthenticated(self.to_string()),
-            Error::InvalidToken(_) => Status::unauthenticated(INVALID_TOKEN),
+            Error::InvalidToken(_) | Error::InvalidRefreshToken(_) => {
+                Status::unauthenticated(INVALID_TOKEN)
+            }
             Error::Overloaded {
                 retry_after: wait, ..
             } => {

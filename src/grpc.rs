@@ -14,8 +14,9 @@ use crate::{
     credentials::{Password, Username},
     error::{Error, FieldViolation},
     pb::{
-        LoginRequest, LoginResponse, RegisterRequest, RegisterResponse, ValidateTokenRequest,
-        ValidateTokenResponse, auth_service_server::AuthService,
+        ChangePasswordRequest, ChangePasswordResponse, LoginRequest, LoginResponse, LogoutRequest,
+        LogoutResponse, RefreshRequest, RefreshResponse, RegisterRequest, RegisterResponse,
+        ValidateTokenRequest, ValidateTokenResponse, auth_service_server::AuthService,
     },
     rpc::{self, Deadline, RequestId, UserId},
 };
@@ -83,8 +84,18 @@ fn check_new_password(
 }
 
 fn credentials(username: &str, password: &str) -> Result<(Username, Password), Error> {
+    let (username, passwords) = credentials_with(username, &[("password", password)])?;
+    let [password] = passwords;
+    Ok((username, password))
+}
+
+/// Parses a username and the named password fields, reporting every bad one.
+fn credentials_with<const N: usize>(
+    username: &str,
+    passwords: &[(&'static str, &str); N],
+) -> Result<(Username, [Password; N]), Error> {
     let username = Username::parse(username);
-    let password = Password::parse(password);
+    let parsed = passwords.map(|(_, raw)| Password::parse(raw));
     let mut violations = Vec::new();
     if let Err(description) = &username {
         violations.push(FieldViolation {
@@ -92,16 +103,29 @@ fn credentials(username: &str, password: &str) -> Result<(Username, Password), E
             description: description.clone(),
         });
     }
-    if let Err(description) = &password {
-        violations.push(FieldViolation {
-            field: "password",
-            description: description.clone(),
-        });
+    for ((field, _), result) in passwords.iter().zip(&parsed) {
+        if let Err(description) = result {
+            violations.push(FieldViolation {
+                field,
+                description: description.clone(),
+            });
+        }
     }
-    match (username, password) {
-        (Ok(u), Ok(p)) => Ok((u, p)),
+    match username {
+        Ok(u) if violations.is_empty() => Ok((u, parsed.map(|p| p.expect("checked above")))),
         _ => Err(Error::InvalidArgument(violations)),
     }
+}
+
+/// Refuses an empty token field.
+fn required(field: &'static str, value: &str) -> Result<(), Error> {
+    if value.is_empty() {
+        return Err(Error::InvalidArgument(vec![FieldViolation {
+            field,
+            description: "must not be empty".into(),
+        }]));
+    }
+    Ok(())
 }
 
 /// A `google.protobuf.Timestamp`, saturating where the platform's time could exceed
@@ -141,9 +165,14 @@ async fn respond<T>(
 ) -> Result<Response<T>, Status> {
     match work.await {
         Ok(body) => {
-            let user = UserId(user_id(&body).to_owned());
+            // Logout and ChangePassword answer for no user id of their own.
+            let user = Some(user_id(&body))
+                .filter(|id| !id.is_empty())
+                .map(|id| UserId(id.to_owned()));
             let mut response = Response::new(body);
-            response.extensions_mut().insert(user);
+            if let Some(user) = user {
+                response.extensions_mut().insert(user);
+            }
             Ok(response)
         }
         Err(err) => {
@@ -160,6 +189,9 @@ async fn respond<T>(
                 }
                 Error::InvalidToken(reason) => {
                     tracing::info!(method, request_id, reason = reason.label(), "token refused")
+                }
+                Error::InvalidRefreshToken(reason) => {
+                    tracing::info!(method, request_id, reason, "refresh token refused")
                 }
                 _ => {}
             }
@@ -207,6 +239,9 @@ impl AuthService for AuthApi {
                 token_type: "Bearer".into(),
                 expires_at: Some(timestamp(session.expires_at)),
                 user_id: session.user_id,
+                refresh_token: session.refresh_token.expose(),
+                refresh_expires_at: Some(timestamp(session.refresh_expires_at)),
+                session_id: session.session_id,
             })
         };
         respond("Login", request_id, work, |r| &r.user_id).await
@@ -230,8 +265,91 @@ impl AuthService for AuthApi {
                 user_id: token.user_id,
                 username: token.username,
                 expires_at: Some(timestamp(token.expires_at)),
+                session_id: token.session_id.unwrap_or_default(),
             })
         };
         respond("ValidateToken", request_id, work, |r| &r.user_id).await
+    }
+
+    async fn refresh(
+        &self,
+        request: Request<RefreshRequest>,
+    ) -> Result<Response<RefreshResponse>, Status> {
+        let request_id = request_id(&request);
+        let caller = self.caller(&request);
+        let req = request.into_inner();
+        let work = async {
+            required("refresh_token", &req.refresh_token)?;
+            let session = self.accounts.refresh(&req.refresh_token, &caller).await?;
+            Ok(RefreshResponse {
+                access_token: session.access_token,
+                token_type: "Bearer".into(),
+                expires_at: Some(timestamp(session.expires_at)),
+                user_id: session.user_id,
+                refresh_token: session.refresh_token.expose(),
+                refresh_expires_at: Some(timestamp(session.refresh_expires_at)),
+                session_id: session.session_id,
+            })
+        };
+        respond("Refresh", request_id, work, |r| &r.user_id).await
+    }
+
+    async fn logout(
+        &self,
+        request: Request<LogoutRequest>,
+    ) -> Result<Response<LogoutResponse>, Status> {
+        let request_id = request_id(&request);
+        let caller = self.caller(&request);
+        let req = request.into_inner();
+        let work = async {
+            if req.refresh_token.is_empty() && req.access_token.is_empty() {
+                return Err(Error::InvalidArgument(vec![FieldViolation {
+                    field: "refresh_token",
+                    description: "give refresh_token or access_token (or both)".into(),
+                }]));
+            }
+            let given = |t: &str| (!t.is_empty()).then_some(t.to_owned());
+            let (refresh, access) = (given(&req.refresh_token), given(&req.access_token));
+            let ended = self
+                .accounts
+                .logout(
+                    refresh.as_deref(),
+                    access.as_deref(),
+                    req.all_sessions,
+                    &caller,
+                )
+                .await?;
+            Ok(LogoutResponse {
+                sessions_ended: ended,
+            })
+        };
+        respond("Logout", request_id, work, |_| "").await
+    }
+
+    async fn change_password(
+        &self,
+        request: Request<ChangePasswordRequest>,
+    ) -> Result<Response<ChangePasswordResponse>, Status> {
+        let (deadline, request_id) = (deadline(&request), request_id(&request));
+        let caller = self.caller(&request);
+        let req = request.into_inner();
+        let work = async {
+            let (username, [current, new]) = credentials_with(
+                &req.username,
+                &[
+                    ("current_password", req.current_password.as_str()),
+                    ("new_password", req.new_password.as_str()),
+                ],
+            )?;
+            check_new_password(&self.blocklist, "new_password", &username, &new)?;
+            let ended = self
+                .accounts
+                .change_password(username, current, new, deadline, &caller)
+                .await?;
+            Ok(ChangePasswordResponse {
+                sessions_ended: ended,
+            })
+        };
+        respond("ChangePassword", request_id, work, |_| "").await
     }
 }

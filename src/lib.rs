@@ -1,6 +1,7 @@
 //! authd: a gRPC authentication service.
 //!
-//! It serves `auth.v1.AuthService` (Register, Login, ValidateToken), the standard
+//! It serves `auth.v1.AuthService` (Register, Login, ValidateToken, and the session
+//! lifecycle: Refresh, Logout, ChangePassword), the standard
 //! `grpc.health.v1.Health` service and server reflection. Passwords are stored as
 //! PBKDF2-SHA256 PHC strings; tokens are stateless JWTs signed with HMAC-SHA256.
 //!
@@ -20,7 +21,8 @@
 //!                               deadline, drain (reject, never queue)
 //!   codec                       protobuf decoding; malformed -> INVALID_ARGUMENT, generic
 //!   grpc                        proto <-> domain, for auth.v1.AuthService
-//!   accounts                    the register / login / validate use cases
+//!   accounts                    the register / login / validate / session use cases
+//!     revocation                ended sessions in memory, for ValidateToken
 //!     store                     SQLite (reader pool + one batching writer) or PostgreSQL (pool)
 //!     password                  the PBKDF2 policy, on a bounded pool of hashing threads
 //!     token                     JWT HS256 with a key ring (kid -> key)
@@ -41,6 +43,7 @@
 //! - `secret`: secret-bearing settings: URLs printed with their passwords hidden, and
 //!   the value parser whose errors never quote a secret.
 //! - [`credentials`]: `Username` and `Password`, parsed and normalized at the edge.
+//! - `refresh`: refresh tokens (random, rotated by a per-session key, stored as a digest).
 //! - `blocklist`: the common-password list (bundled, plus an organization's file) and
 //!   the rule that a new password is neither on it nor the username; checked before hashing.
 //! - [`audit`]: the audit trail, one event per security outcome on `authd::audit`.
@@ -70,6 +73,8 @@ pub(crate) mod metrics;
 pub(crate) mod middleware;
 pub mod password;
 pub mod ratelimit;
+pub(crate) mod refresh;
+pub(crate) mod revocation;
 pub(crate) mod rpc;
 pub(crate) mod secret;
 pub(crate) mod store;

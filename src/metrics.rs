@@ -13,8 +13,8 @@
 
 use crate::rpc::Rpc;
 use prometheus::{
-    Encoder as _, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder, core::Collector,
+    Encoder as _, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder, core::Collector,
 };
 use std::{
     sync::{Arc, Mutex, OnceLock},
@@ -135,6 +135,17 @@ pub(crate) struct TokenMetrics {
     pub validated: IntCounterVec,
 }
 
+/// Sessions: started, refreshed, ended; the revocation set and its poller.
+pub(crate) struct SessionMetrics {
+    pub started: IntCounter,
+    pub refreshed: IntCounter,
+    pub ended: IntCounterVec,
+    pub revoked: IntGauge,
+    pub revocations_evicted: IntCounter,
+    pub poll_errors: IntCounter,
+    pub sync_age: Gauge,
+}
+
 /// New passwords the blocklist refused, by reason.
 pub(crate) struct BlocklistMetrics {
     pub refusals: IntCounterVec,
@@ -208,6 +219,7 @@ pub struct Metrics {
     pub(crate) blocklist: BlocklistMetrics,
     pub(crate) throttle: ThrottleMetrics,
     pub(crate) tls: TlsMetrics,
+    pub(crate) sessions: SessionMetrics,
     /// Run before each scrape, for values read from elsewhere (connection pools).
     refreshers: Mutex<Vec<Box<dyn Fn() + Send + Sync>>>,
 }
@@ -527,6 +539,46 @@ impl Metrics {
                  error); their connections are closed.",
             ),
         };
+        let sessions = SessionMetrics {
+            started: counter(
+                "authd_sessions_started_total",
+                "Sessions started (one per successful Login).",
+            ),
+            refreshed: counter(
+                "authd_sessions_refreshed_total",
+                "Refresh tokens rotated (a retried Refresh answered with the same token is not \
+                 a second rotation).",
+            ),
+            ended: counter_vec(
+                "authd_sessions_ended_total",
+                "Sessions ended, by reason (logout, reuse: a rotated refresh token was presented \
+                 again, password_change, expired: purged at their end without being ended).",
+                &["reason"],
+            ),
+            revoked: gauge(
+                "authd_revoked_sessions",
+                "Ended sessions this replica refuses access tokens of (kept until their last \
+                 token expires).",
+            ),
+            revocations_evicted: counter(
+                "authd_revocations_evicted_total",
+                "Revoked sessions evicted because the set was full; tokens issued before the \
+                 evicted end are refused from then on.",
+            ),
+            poll_errors: counter(
+                "authd_revocation_poll_errors_total",
+                "Polls for sessions ended on other replicas that failed (database unreachable).",
+            ),
+            sync_age: registered(
+                &r,
+                Gauge::with_opts(opts(
+                    "authd_revocation_sync_age_seconds",
+                    "Seconds since this replica last read the sessions ended on every replica \
+                     (read at scrape time; grows while the database is unreachable).",
+                ))
+                .expect("valid"),
+            ),
+        };
         registered(
             &r,
             IntGaugeVec::new(
@@ -555,6 +607,7 @@ impl Metrics {
             blocklist,
             throttle,
             tls,
+            sessions,
             refreshers: Mutex::new(Vec::new()),
         }
     }

@@ -28,6 +28,9 @@ pub(crate) enum Rpc {
     Register,
     Login,
     ValidateToken,
+    Refresh,
+    Logout,
+    ChangePassword,
     HealthCheck,
     HealthWatch,
     ReflectionV1,
@@ -38,10 +41,13 @@ pub(crate) enum Rpc {
 
 impl Rpc {
     /// Every value, in the order of [`Rpc::index`].
-    pub(crate) const ALL: [Rpc; 8] = [
+    pub(crate) const ALL: [Rpc; 11] = [
         Rpc::Register,
         Rpc::Login,
         Rpc::ValidateToken,
+        Rpc::Refresh,
+        Rpc::Logout,
+        Rpc::ChangePassword,
         Rpc::HealthCheck,
         Rpc::HealthWatch,
         Rpc::ReflectionV1,
@@ -50,7 +56,14 @@ impl Rpc {
     ];
 
     /// The methods of `auth.v1.AuthService` (a unit test keeps them in step with the proto).
-    pub(crate) const AUTH_METHODS: [Rpc; 3] = [Rpc::Register, Rpc::Login, Rpc::ValidateToken];
+    pub(crate) const AUTH_METHODS: [Rpc; 6] = [
+        Rpc::Register,
+        Rpc::Login,
+        Rpc::ValidateToken,
+        Rpc::Refresh,
+        Rpc::Logout,
+        Rpc::ChangePassword,
+    ];
 
     /// The RPC a request path (`/package.Service/Method`) names.
     pub(crate) fn of_path(path: &str) -> Rpc {
@@ -67,7 +80,12 @@ impl Rpc {
     /// The fully qualified service name (`unknown` for [`Rpc::Unknown`]).
     pub(crate) fn service(self) -> &'static str {
         match self {
-            Rpc::Register | Rpc::Login | Rpc::ValidateToken => AUTH,
+            Rpc::Register
+            | Rpc::Login
+            | Rpc::ValidateToken
+            | Rpc::Refresh
+            | Rpc::Logout
+            | Rpc::ChangePassword => AUTH,
             Rpc::HealthCheck | Rpc::HealthWatch => HEALTH,
             Rpc::ReflectionV1 => REFLECTION_V1,
             Rpc::ReflectionV1Alpha => REFLECTION_V1ALPHA,
@@ -81,6 +99,9 @@ impl Rpc {
             Rpc::Register => "Register",
             Rpc::Login => "Login",
             Rpc::ValidateToken => "ValidateToken",
+            Rpc::Refresh => "Refresh",
+            Rpc::Logout => "Logout",
+            Rpc::ChangePassword => "ChangePassword",
             Rpc::HealthCheck => "Check",
             Rpc::HealthWatch => "Watch",
             Rpc::ReflectionV1 | Rpc::ReflectionV1Alpha => "ServerReflectionInfo",
@@ -219,6 +240,11 @@ mod tests {
         assert!(Rpc::HealthCheck.is_exempt() && Rpc::ReflectionV1Alpha.is_exempt());
         assert!(!Rpc::Login.is_exempt() && !Rpc::Unknown.is_exempt());
         assert_eq!(Rpc::auth_method("login"), Some(Rpc::Login));
+        assert_eq!(Rpc::auth_method("Refresh"), Some(Rpc::Refresh));
+        assert_eq!(
+            Rpc::auth_method("changepassword"),
+            Some(Rpc::ChangePassword)
+        );
         assert_eq!(Rpc::auth_method("Check"), None);
     }
 

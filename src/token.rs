@@ -56,17 +56,21 @@ pub enum TokenError {
     Expired,
     #[error("token issued by someone else")]
     WrongIssuer,
+    /// Valid, but its session has ended (Logout, reuse, password change).
+    #[error("the token's session has ended")]
+    Revoked,
 }
 
 impl TokenError {
     /// Every kind, in the order of [`TokenError::index`].
-    const ALL: [TokenError; 6] = [
+    const ALL: [TokenError; 7] = [
         TokenError::Malformed,
         TokenError::UnsupportedAlgorithm,
         TokenError::UnknownKey,
         TokenError::BadSignature,
         TokenError::Expired,
         TokenError::WrongIssuer,
+        TokenError::Revoked,
     ];
 
     /// A metric label: `authd_tokens_validated_total{outcome=…}`.
@@ -78,6 +82,7 @@ impl TokenError {
             TokenError::BadSignature => "bad_signature",
             TokenError::Expired => "expired",
             TokenError::WrongIssuer => "wrong_issuer",
+            TokenError::Revoked => "revoked",
         }
     }
 
@@ -209,6 +214,12 @@ struct Claims {
     iat: u64,
     exp: u64,
     iss: String,
+    /// The session (absent from tokens issued before sessions existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sid: Option<String>,
+    /// Unique per token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    jti: Option<String>,
 }
 
 /// A token just issued.
@@ -224,6 +235,10 @@ pub struct VerifiedToken {
     pub user_id: String,
     pub username: String,
     pub expires_at: SystemTime,
+    /// The `sid` claim: the session the token belongs to.
+    pub session_id: Option<String>,
+    /// The `iat` claim (Unix seconds).
+    pub issued_at: u64,
 }
 
 /// Issues and verifies tokens with a key ring and a lifetime.
@@ -249,8 +264,37 @@ impl Tokens {
     }
 
     pub fn issue(&self, user_id: &str, username: &Username) -> anyhow::Result<IssuedToken> {
+        self.issue_with(user_id, username, None, None)
+    }
+
+    /// A token of session `sid` (with a fresh `jti`) that expires at the token
+    /// lifetime or at `not_after` (the session's end), whichever comes first.
+    pub fn issue_in_session(
+        &self,
+        user_id: &str,
+        username: &Username,
+        sid: &str,
+        not_after: SystemTime,
+    ) -> anyhow::Result<IssuedToken> {
+        let end = not_after
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        self.issue_with(user_id, username, Some(sid), Some(end))
+    }
+
+    fn issue_with(
+        &self,
+        user_id: &str,
+        username: &Username,
+        sid: Option<&str>,
+        not_after: Option<u64>,
+    ) -> anyhow::Result<IssuedToken> {
         let now = unix_now();
-        let exp = now.saturating_add(self.ttl.as_secs().max(1));
+        let mut exp = now.saturating_add(self.ttl.as_secs().max(1));
+        if let Some(end) = not_after {
+            exp = exp.min(end.max(now + 1));
+        }
         // Unreachable with a TTL of at most `MAX_TTL` and a sane clock; refused
         // rather than issued as a token that this server would call malformed.
         let expires_at = unix_time(exp).ok_or_else(|| {
@@ -268,6 +312,8 @@ impl Tokens {
             iat: now,
             exp,
             iss: ISSUER.into(),
+            sid: sid.map(str::to_owned),
+            jti: sid.map(|_| uuid::Uuid::now_v7().simple().to_string()),
         };
         let mut token = format!(
             "{}.{}",
@@ -283,7 +329,23 @@ impl Tokens {
 
     /// Checks a token and counts the outcome.
     pub fn verify(&self, token: &str) -> Result<VerifiedToken, TokenError> {
-        let result = self.check(token);
+        self.verify_unless(token, |_| false)
+    }
+
+    /// Checks a token, refuses it as [`TokenError::Revoked`] when `revoked` says so
+    /// of a token that is otherwise valid, and counts the outcome.
+    pub fn verify_unless(
+        &self,
+        token: &str,
+        revoked: impl FnOnce(&VerifiedToken) -> bool,
+    ) -> Result<VerifiedToken, TokenError> {
+        let result = self.check(token).and_then(|v| {
+            if revoked(&v) {
+                Err(TokenError::Revoked)
+            } else {
+                Ok(v)
+            }
+        });
         match &result {
             Ok(_) => self.valid.inc(),
             Err(e) => self.refused[e.index()].inc(),
@@ -291,7 +353,8 @@ impl Tokens {
         result
     }
 
-    fn check(&self, token: &str) -> Result<VerifiedToken, TokenError> {
+    /// Checks a token without counting it (Logout reads the session it names).
+    pub(crate) fn check(&self, token: &str) -> Result<VerifiedToken, TokenError> {
         let mut parts = token.split('.');
         let (Some(header_b64), Some(claims_b64), Some(signature_b64), None) =
             (parts.next(), parts.next(), parts.next(), parts.next())
@@ -332,6 +395,8 @@ impl Tokens {
             user_id: claims.sub,
             username: claims.name,
             expires_at,
+            session_id: claims.sid,
+            issued_at: claims.iat,
         })
     }
 }
@@ -388,6 +453,34 @@ mod tests {
         assert_eq!(v.user_id, "id-1");
         assert_eq!(v.username, "alice");
         assert_eq!(v.expires_at, issued.expires_at);
+    }
+
+    #[test]
+    fn session_tokens_carry_sid_and_a_unique_jti_and_end_with_their_session() {
+        let t = tokens(KEY_A);
+        let alice = Username::parse("alice").unwrap();
+        let far = SystemTime::now() + Duration::from_secs(3600);
+        let a = t.issue_in_session("id", &alice, "sid-1", far).unwrap();
+        let b = t.issue_in_session("id", &alice, "sid-1", far).unwrap();
+        let v = t.verify(&a.token).unwrap();
+        assert_eq!(v.session_id.as_deref(), Some("sid-1"));
+        let claims =
+            |token: &str| -> Claims { decode_json(token.split('.').nth(1).unwrap()).unwrap() };
+        let (ca, cb) = (claims(&a.token), claims(&b.token));
+        assert!(ca.jti.is_some());
+        assert_ne!(ca.jti, cb.jti);
+        // A session that ends in 10 s caps its tokens' lifetime (60 s here).
+        let soon = SystemTime::now() + Duration::from_secs(10);
+        let capped = t.issue_in_session("id", &alice, "sid-1", soon).unwrap();
+        assert!(capped.expires_at <= soon);
+        // Refused when the caller says its session ended, and counted as revoked.
+        assert_eq!(
+            t.verify_unless(&a.token, |v| v.session_id.as_deref() == Some("sid-1")),
+            Err(TokenError::Revoked)
+        );
+        // Tokens without a session have neither claim.
+        let plain = claims(&t.issue("id", &alice).unwrap().token);
+        assert!(plain.sid.is_none() && plain.jti.is_none());
     }
 
     #[test]

@@ -79,12 +79,12 @@ pub struct Args {
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
 
-    /// Users registered before the run, for login and validate.
+    /// Users registered before the run, for login, validate and refresh (one session each).
     #[arg(long, default_value_t = 100)]
     pub users: usize,
 
     /// Weights of the mixed scenario: OPERATION=WEIGHT,… with operations health,
-    /// register, login and validate.
+    /// register, login, validate and refresh.
     #[arg(long)]
     pub mix: Option<Mix>,
 

@@ -92,7 +92,7 @@ impl OpRecorder {
 /// few recorders (behind uncontended locks) rather than owning one each, because a
 /// histogram is ~100 KiB and a closed loop may have thousands of workers.
 pub struct Recorder {
-    ops: [Option<OpRecorder>; 4],
+    ops: [Option<OpRecorder>; Operation::ALL.len()],
     first_send: Option<Instant>,
     first_done: Option<Instant>,
     last_done: Option<Instant>,

@@ -26,7 +26,8 @@ use super::{
     schedule,
 };
 use crate::pb::{
-    LoginRequest, RegisterRequest, ValidateTokenRequest, auth_service_client::AuthServiceClient,
+    LoginRequest, RefreshRequest, RegisterRequest, ValidateTokenRequest,
+    auth_service_client::AuthServiceClient,
 };
 use anyhow::{Context as _, anyhow, bail};
 use std::{
@@ -400,6 +401,10 @@ struct Fixtures {
     users: Vec<String>,
     /// Tokens for validations.
     tokens: Vec<String>,
+    /// The refresh token of each session started during setup, for refreshes: held
+    /// while one is in flight (a refresh token is used by one request at a time),
+    /// replaced by the one its answer carries.
+    refresh_tokens: Vec<tokio::sync::Mutex<String>>,
 }
 
 impl Fixtures {
@@ -417,7 +422,8 @@ async fn prepare(
     progress: &Progress,
 ) -> anyhow::Result<Fixtures> {
     let run_id = format!("ab{:08x}", rand::random::<u32>());
-    let needs_users = mix.uses(Operation::Login) || mix.uses(Operation::Validate);
+    let needs_sessions = mix.uses(Operation::Validate) || mix.uses(Operation::Refresh);
+    let needs_users = mix.uses(Operation::Login) || needs_sessions;
     let users: Vec<String> = if needs_users {
         (0..plan.users).map(|i| format!("{run_id}-u{i}")).collect()
     } else {
@@ -450,8 +456,8 @@ async fn prepare(
         run_bounded(jobs).await?;
     }
 
-    let mut tokens = Vec::new();
-    if mix.uses(Operation::Validate) {
+    let mut sessions = Vec::new();
+    if needs_sessions {
         progress.phase(format!("logging in {} users for tokens", users.len()));
         let jobs = users.iter().cloned().enumerate().map(|(i, username)| {
             let mut client = client(i);
@@ -463,7 +469,10 @@ async fn prepare(
                         password: PASSWORD.into(),
                     };
                     match client.login(request).await {
-                        Ok(response) => return Ok(response.into_inner().access_token),
+                        Ok(response) => {
+                            let response = response.into_inner();
+                            return Ok((response.access_token, response.refresh_token));
+                        }
                         Err(status) if patience.wait_after(&status).await => {}
                         Err(status) => bail!(
                             "preparing tokens: logging in {username}: {}",
@@ -473,14 +482,19 @@ async fn prepare(
                 }
             }
         });
-        tokens = run_bounded(jobs).await?;
+        sessions = run_bounded(jobs).await?;
     }
+    let (tokens, refresh_tokens): (Vec<String>, Vec<String>) = sessions.into_iter().unzip();
 
     Ok(Fixtures {
         run_id,
         registered: AtomicU64::new(0),
         users,
         tokens,
+        refresh_tokens: refresh_tokens
+            .into_iter()
+            .map(tokio::sync::Mutex::new)
+            .collect(),
     })
 }
 
@@ -609,6 +623,19 @@ impl Shared {
                     let access_token = fixtures.tokens[pick % fixtures.tokens.len()].clone();
                     let request = deadline(ValidateTokenRequest { access_token }, timeout);
                     auth.validate_token(request).await.map(drop)
+                }
+                Operation::Refresh => {
+                    let slot = &fixtures.refresh_tokens[pick % fixtures.refresh_tokens.len()];
+                    let mut refresh_token = slot.lock().await;
+                    let request = deadline(
+                        RefreshRequest {
+                            refresh_token: refresh_token.clone(),
+                        },
+                        timeout,
+                    );
+                    auth.refresh(request)
+                        .await
+                        .map(|r| *refresh_token = r.into_inner().refresh_token)
                 }
             }
         };

@@ -19,14 +19,18 @@ pub enum Operation {
     Login,
     /// `ValidateToken` with a token obtained during setup: no hashing, no database.
     Validate,
+    /// `Refresh` of a session started during setup: one rotation (a write), no
+    /// hashing. Each session's refresh token is used by one request at a time.
+    Refresh,
 }
 
 impl Operation {
-    pub const ALL: [Operation; 4] = [
+    pub const ALL: [Operation; 5] = [
         Operation::Health,
         Operation::Register,
         Operation::Login,
         Operation::Validate,
+        Operation::Refresh,
     ];
 
     /// A dense index, for per-operation arrays.
@@ -40,6 +44,7 @@ impl Operation {
             Operation::Register => "register",
             Operation::Login => "login",
             Operation::Validate => "validate",
+            Operation::Refresh => "refresh",
         }
     }
 
@@ -66,6 +71,8 @@ pub enum Scenario {
     Login,
     /// Token validations, with tokens from logins done first.
     Validate,
+    /// Refresh-token rotations, of sessions from logins done first.
+    Refresh,
     /// A weighted mix of the above (see --mix).
     Mixed,
 }
@@ -77,6 +84,7 @@ impl Scenario {
             Scenario::Register => "register",
             Scenario::Login => "login",
             Scenario::Validate => "validate",
+            Scenario::Refresh => "refresh",
             Scenario::Mixed => "mixed",
         }
     }
@@ -88,6 +96,7 @@ impl Scenario {
             Scenario::Register => Mix::only(Operation::Register),
             Scenario::Login => Mix::only(Operation::Login),
             Scenario::Validate => Mix::only(Operation::Validate),
+            Scenario::Refresh => Mix::only(Operation::Refresh),
             Scenario::Mixed => mixed.clone(),
         }
     }
@@ -99,18 +108,21 @@ impl fmt::Display for Scenario {
     }
 }
 
-/// Relative weights of the operations, e.g. `login=8,register=1,validate=1`.
+/// How many operations there are.
+const OPS: usize = Operation::ALL.len();
+
+/// Relative weights of the operations, e.g. `login=8,register=1,validate=1,refresh=1`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mix {
-    weights: [u32; 4],
+    weights: [u32; OPS],
 }
 
 impl Mix {
     /// The default of the `mixed` scenario.
-    pub const DEFAULT: &'static str = "login=8,register=1,validate=1";
+    pub const DEFAULT: &'static str = "login=8,register=1,validate=1,refresh=1";
 
     pub fn only(op: Operation) -> Self {
-        let mut weights = [0; 4];
+        let mut weights = [0; OPS];
         weights[op.index()] = 1;
         Self { weights }
     }
@@ -137,14 +149,14 @@ impl Mix {
         let divisor = self.weights.iter().copied().fold(0, gcd).max(1);
         let weights = self.weights.map(|w| i64::from(w / divisor));
         let total: i64 = weights.iter().sum();
-        let mut current = [0i64; 4];
+        let mut current = [0i64; OPS];
         let mut wheel = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
         for _ in 0..total {
             for (c, w) in current.iter_mut().zip(weights) {
                 *c += w;
             }
             // The first maximum wins ties, so the wheel is deterministic.
-            let best = (0..4)
+            let best = (0..OPS)
                 .filter(|&i| weights[i] > 0)
                 .max_by(|&a, &b| current[a].cmp(&current[b]).then(b.cmp(&a)))
                 .expect("a mix has at least one positive weight");
@@ -159,15 +171,15 @@ impl FromStr for Mix {
     type Err = String;
 
     fn from_str(spec: &str) -> Result<Self, Self::Err> {
-        let mut weights = [0u32; 4];
-        let mut seen = [false; 4];
+        let mut weights = [0u32; OPS];
+        let mut seen = [false; OPS];
         for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (name, weight) = part.split_once('=').ok_or_else(|| {
                 format!("{part:?} is not OPERATION=WEIGHT (e.g. {})", Mix::DEFAULT)
             })?;
             let op = Operation::from_name(name.trim()).ok_or_else(|| {
                 format!(
-                    "unknown operation {:?} (expected health, register, login or validate)",
+                    "unknown operation {:?} (expected health, register, login, validate or refresh)",
                     name.trim()
                 )
             })?;
@@ -221,8 +233,9 @@ mod tests {
         assert_eq!(mix.weight(Operation::Login), 8);
         assert_eq!(mix.weight(Operation::Register), 1);
         assert_eq!(mix.weight(Operation::Validate), 1);
+        assert_eq!(mix.weight(Operation::Refresh), 1);
         assert_eq!(mix.weight(Operation::Health), 0);
-        assert_eq!(mix.to_string(), "register=1,login=8,validate=1");
+        assert_eq!(mix.to_string(), "register=1,login=8,validate=1,refresh=1");
         assert_eq!(mix.to_string().parse::<Mix>().unwrap(), mix);
     }
 
@@ -245,8 +258,9 @@ mod tests {
     #[test]
     fn the_wheel_has_each_operation_as_often_as_its_weight() {
         let wheel = Mix::DEFAULT.parse::<Mix>().unwrap().wheel();
-        assert_eq!(wheel.len(), 10);
+        assert_eq!(wheel.len(), 11);
         assert_eq!(count(&wheel, Operation::Login), 8);
+        assert_eq!(count(&wheel, Operation::Refresh), 1);
         assert_eq!(count(&wheel, Operation::Register), 1);
         assert_eq!(count(&wheel, Operation::Validate), 1);
     }

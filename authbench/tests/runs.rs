@@ -36,6 +36,7 @@ async fn every_scenario_accounts_for_every_request() {
         Scenario::Register,
         Scenario::Login,
         Scenario::Validate,
+        Scenario::Refresh,
         Scenario::Mixed,
     ] {
         let plan = plan(
@@ -66,7 +67,9 @@ async fn a_mix_reports_each_operation() {
         Load::Closed { concurrency: 3 },
         Stop::Requests(50),
     );
-    plan.mix = "login=2,register=1,validate=1,health=1".parse().unwrap();
+    plan.mix = "login=2,register=1,validate=1,health=1,refresh=1"
+        .parse()
+        .unwrap();
     let report = bench::run(&plan).await.expect("the run completes");
     assert_accounted(&report, 50);
     let ops: Vec<Operation> = report.operations.iter().map(|(op, _)| *op).collect();
@@ -76,12 +79,13 @@ async fn a_mix_reports_each_operation() {
             Operation::Health,
             Operation::Register,
             Operation::Login,
-            Operation::Validate
+            Operation::Validate,
+            Operation::Refresh
         ]
     );
     let per_op: u64 = report.operations.iter().map(|(_, r)| r.requests).sum();
     assert_eq!(per_op, 50);
-    // Each worker walks the 5-long wheel, so every operation gets a share.
+    // Each worker walks the 6-long wheel, so every operation gets a share.
     assert!(report.operations.iter().all(|(_, r)| r.requests > 0));
 }
 

@@ -260,6 +260,9 @@ mod tests {
             ("ValidateToken:peer=1000/1h", "ValidateToken:peer=1000/1h"),
             ("*:client-cert=1000/1s", "*:client-cert=1000/1s"),
             ("Register:global=10/1m 30s", "Register:global=10/1m30s"),
+            ("refresh:peer=10/1s", "Refresh:peer=10/1s"),
+            ("Logout:global=100/1s", "Logout:global=100/1s"),
+            ("changepassword:peer=3/1m", "ChangePassword:peer=3/1m"),
         ] {
             let rules = parse(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
             assert_eq!(rules.to_string(), shown, "{text:?}");

@@ -23,7 +23,12 @@
 //! see instead of waiting for its next probe; the store knows nothing of who listens.
 
 mod postgres;
+mod session;
 mod sqlite;
+
+pub use session::{
+    EndReason, Ended, EndedSession, LiveSession, NewSession, Purged, Refreshed, Rotation,
+};
 
 pub use postgres::PostgresSettings;
 pub use sqlite::{SqliteSettings, WriterSnapshot};
@@ -251,6 +256,12 @@ struct Operations {
     update_password_hash: OperationMetrics,
     max_hash_iterations: OperationMetrics,
     probe: OperationMetrics,
+    insert_session: OperationMetrics,
+    rotate_session: OperationMetrics,
+    end_sessions: OperationMetrics,
+    change_password: OperationMetrics,
+    ended_sessions: OperationMetrics,
+    purge_sessions: OperationMetrics,
 }
 
 impl Operations {
@@ -261,6 +272,12 @@ impl Operations {
             update_password_hash: OperationMetrics::new(metrics, backend, "update_password_hash"),
             max_hash_iterations: OperationMetrics::new(metrics, backend, "max_hash_iterations"),
             probe: OperationMetrics::new(metrics, backend, "probe"),
+            insert_session: OperationMetrics::new(metrics, backend, "insert_session"),
+            rotate_session: OperationMetrics::new(metrics, backend, "rotate_session"),
+            end_sessions: OperationMetrics::new(metrics, backend, "end_sessions"),
+            change_password: OperationMetrics::new(metrics, backend, "change_password"),
+            ended_sessions: OperationMetrics::new(metrics, backend, "ended_sessions"),
+            purge_sessions: OperationMetrics::new(metrics, backend, "purge_sessions"),
         }
     }
 }
@@ -438,6 +455,68 @@ impl Store {
         timed!(self, update_password_hash, s => s.update_password_hash(id, hash).await)
     }
 
+    /// Stores a new session (Login).
+    pub async fn insert_session(&self, session: NewSession) -> Result<(), StoreError> {
+        timed!(self, insert_session, s => s.insert_session(session).await)
+    }
+
+    /// Runs a Refresh: rotation, the retry rule, or reuse (see `session`).
+    pub async fn rotate(&self, rotation: Rotation) -> Result<Refreshed, StoreError> {
+        timed!(self, rotate_session, s => s.rotate(rotation).await)
+    }
+
+    /// Logout by a refresh token's digest; `None` when no live or ended session has it.
+    pub async fn end_by_digest(
+        &self,
+        digest: &str,
+        all: bool,
+        now: i64,
+    ) -> Result<Option<Ended>, StoreError> {
+        timed!(self, end_sessions, s => s.end_by_digest(digest, all, now).await)
+    }
+
+    /// Logout by a verified access token's session id and user.
+    pub async fn end_by_id(
+        &self,
+        id: &str,
+        user_id: &str,
+        all: bool,
+        now: i64,
+    ) -> Result<Ended, StoreError> {
+        timed!(self, end_sessions, s => s.end_by_id(id, user_id, all, now).await)
+    }
+
+    /// Stores a new password hash and ends every session of the user, in one
+    /// transaction; returns the sessions ended.
+    pub async fn change_password(
+        &self,
+        id: &str,
+        hash: String,
+        now: i64,
+    ) -> Result<Vec<String>, StoreError> {
+        timed!(self, change_password, s => s.change_password(id, hash, now).await)
+    }
+
+    /// Sessions ended after `after` (ended_at, id), in that order, at most `limit`.
+    pub async fn ended_since(
+        &self,
+        after: (i64, &str),
+        limit: i64,
+    ) -> Result<Vec<EndedSession>, StoreError> {
+        timed!(self, ended_sessions, s => s.ended_since(after, limit).await)
+    }
+
+    /// Deletes up to `limit` sessions that expired by `now`, and up to `limit`
+    /// that ended by `ended_before`.
+    pub async fn purge_sessions(
+        &self,
+        now: i64,
+        ended_before: i64,
+        limit: i64,
+    ) -> Result<Purged, StoreError> {
+        timed!(self, purge_sessions, s => s.purge(now, ended_before, limit).await)
+    }
+
     /// The highest PBKDF2 iteration count of any stored hash (0 with no users).
     pub async fn max_hash_iterations(&self) -> Result<u32, StoreError> {
         timed!(self, max_hash_iterations, s => s.max_hash_iterations().await)
@@ -462,6 +541,12 @@ impl Store {
         each_backend!(self, s => s.close().await)
     }
 
+    /// Whether other processes may write to this database (PostgreSQL, shared by
+    /// replicas); a SQLite file has one process, which knows all it writes.
+    pub fn is_shared(&self) -> bool {
+        matches!(self.backend, Backend::Postgres(_))
+    }
+
     /// The SQLite writer's counters; `None` for other backends.
     pub fn writer_stats(&self) -> Option<WriterSnapshot> {
         match &self.backend {
@@ -481,7 +566,7 @@ impl Backend {
     }
 }
 
-fn unix_millis() -> i64 {
+pub(crate) fn unix_millis() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))

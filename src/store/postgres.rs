@@ -19,8 +19,11 @@
 
 use super::{
     Lease, NewUser, StoreError, User, acquire, find_user_query, insert_user_query,
-    iterations_from_column, operation_limit, sql, unix_millis, update_password_hash_query,
-    user_from_row, watch_pool, within,
+    iterations_from_column, operation_limit,
+    session::{
+        EndReason, Ended, EndedSession, NewSession, Purged, Refreshed, Rotation, session_ops,
+    },
+    sql, unix_millis, update_password_hash_query, user_from_row, watch_pool, within,
 };
 use crate::{credentials::Username, metrics::Metrics};
 use anyhow::Context as _;
@@ -30,6 +33,31 @@ use sqlx::{
     postgres::{PgConnectOptions, PgPoolOptions},
 };
 use std::{fmt, str::FromStr, time::Duration};
+
+/// The session statements on a pooled connection.
+mod ops {
+    super::session_ops!(sqlx::PgConnection, sqlx::postgres::PgRow);
+}
+
+/// Runs `$body` (which uses `$tx`, a `&mut PgConnection`) in a transaction on a
+/// pooled connection, bounded by the operation limit, and commits it.
+macro_rules! in_transaction {
+    ($store:expr, |$tx:ident| $body:expr) => {{
+        let mut conn = $store.connection().await?;
+        let result = within($store.limit, async {
+            let mut transaction = conn.begin().await?;
+            let value = {
+                let $tx: &mut PgConnection = &mut transaction;
+                $body
+            };
+            transaction.commit().await?;
+            Ok::<_, sqlx::Error>(value)
+        })
+        .await?;
+        conn.finish();
+        result.map_err(StoreError::from)
+    }};
+}
 
 /// How to reach PostgreSQL.
 #[derive(Clone)]
@@ -169,6 +197,70 @@ impl PostgresStore {
         .await?;
         conn.finish();
         Ok(iterations_from_column(max?))
+    }
+
+    pub(crate) async fn insert_session(&self, session: NewSession) -> Result<(), StoreError> {
+        let mut conn = self.connection().await?;
+        let inserted = within(self.limit, ops::insert_session(&mut conn, &session)).await?;
+        conn.finish();
+        Ok(inserted?)
+    }
+
+    pub(crate) async fn rotate(&self, rotation: Rotation) -> Result<Refreshed, StoreError> {
+        in_transaction!(self, |tx| ops::rotate(tx, &rotation).await?)
+    }
+
+    pub(crate) async fn end_by_digest(
+        &self,
+        digest: &str,
+        all: bool,
+        now: i64,
+    ) -> Result<Option<Ended>, StoreError> {
+        in_transaction!(self, |tx| ops::end_by_digest(tx, digest, all, now).await?)
+    }
+
+    pub(crate) async fn end_by_id(
+        &self,
+        id: &str,
+        user_id: &str,
+        all: bool,
+        now: i64,
+    ) -> Result<Ended, StoreError> {
+        in_transaction!(self, |tx| ops::end_by_id(tx, id, user_id, all, now).await?)
+    }
+
+    pub(crate) async fn change_password(
+        &self,
+        id: &str,
+        hash: String,
+        now: i64,
+    ) -> Result<Vec<String>, StoreError> {
+        in_transaction!(self, |tx| {
+            update_password_hash_query(id, &hash, now)
+                .execute(&mut *tx)
+                .await?;
+            ops::end_user_sessions(tx, id, EndReason::PasswordChange, now).await?
+        })
+    }
+
+    pub(crate) async fn purge(
+        &self,
+        now: i64,
+        ended_before: i64,
+        limit: i64,
+    ) -> Result<Purged, StoreError> {
+        in_transaction!(self, |tx| ops::purge(tx, now, ended_before, limit).await?)
+    }
+
+    pub(crate) async fn ended_since(
+        &self,
+        after: (i64, &str),
+        limit: i64,
+    ) -> Result<Vec<EndedSession>, StoreError> {
+        let mut conn = self.connection().await?;
+        let rows = within(self.limit, ops::ended_since(&mut conn, after, limit)).await?;
+        conn.finish();
+        Ok(rows?)
     }
 
     pub(crate) async fn probe(&self) -> Result<u32, StoreError> {

@@ -20,8 +20,11 @@
 
 use super::{
     NewUser, StoreError, User, acquire, find_user_query, insert_user_query, iterations_from_column,
-    operation_limit, sql, unix_millis, update_password_hash_query, user_from_row, watch_pool,
-    within,
+    operation_limit,
+    session::{
+        EndReason, Ended, EndedSession, NewSession, Purged, Refreshed, Rotation, session_ops,
+    },
+    sql, unix_millis, update_password_hash_query, user_from_row, watch_pool, within,
 };
 use crate::{credentials::Username, metrics::Metrics};
 use anyhow::Context as _;
@@ -77,13 +80,61 @@ struct WriterStats {
 
 enum Write {
     Insert(NewUser),
-    UpdateHash { id: String, hash: String },
+    UpdateHash {
+        id: String,
+        hash: String,
+    },
+    InsertSession(NewSession),
+    Rotate(Rotation),
+    EndByDigest {
+        digest: String,
+        all: bool,
+        now: i64,
+    },
+    EndById {
+        id: String,
+        user_id: String,
+        all: bool,
+        now: i64,
+    },
+    /// A new hash, and every session of the user ended, in one transaction.
+    ChangePassword {
+        id: String,
+        hash: String,
+        now: i64,
+    },
+    Purge {
+        now: i64,
+        ended_before: i64,
+        limit: i64,
+    },
+}
+
+/// What a write came to, for the caller to unwrap (each write has one kind).
+enum Answer {
+    Done,
+    Refreshed(Refreshed),
+    Ended(Option<Ended>),
+    EndedIds(Vec<String>),
+    Purged(Purged),
+}
+
+/// The session statements on the writer's connection.
+mod ops {
+    super::session_ops!(sqlx::SqliteConnection, sqlx::sqlite::SqliteRow);
+}
+
+/// A writer answer of the wrong kind: a bug, reported as an internal error.
+fn unexpected() -> StoreError {
+    StoreError::Other(anyhow::anyhow!(
+        "the SQLite writer answered another kind of write"
+    ))
 }
 
 enum Command {
     Write {
         write: Write,
-        reply: oneshot::Sender<Result<(), StoreError>>,
+        reply: oneshot::Sender<Result<Answer, StoreError>>,
     },
     /// Answered by the writer once it has committed what came before.
     Ping(oneshot::Sender<Result<(), StoreError>>),
@@ -216,7 +267,7 @@ impl SqliteStore {
         })
     }
 
-    async fn write(&self, write: Write) -> Result<(), StoreError> {
+    async fn write(&self, write: Write) -> Result<Answer, StoreError> {
         let (reply, result) = oneshot::channel();
         within(self.limit, async {
             self.writer
@@ -229,7 +280,100 @@ impl SqliteStore {
     }
 
     pub(crate) async fn insert_user(&self, user: NewUser) -> Result<(), StoreError> {
-        self.write(Write::Insert(user)).await
+        self.write(Write::Insert(user)).await.map(drop)
+    }
+
+    pub(crate) async fn insert_session(&self, session: NewSession) -> Result<(), StoreError> {
+        self.write(Write::InsertSession(session)).await.map(drop)
+    }
+
+    pub(crate) async fn rotate(&self, rotation: Rotation) -> Result<Refreshed, StoreError> {
+        match self.write(Write::Rotate(rotation)).await? {
+            Answer::Refreshed(r) => Ok(r),
+            _ => Err(unexpected()),
+        }
+    }
+
+    pub(crate) async fn end_by_digest(
+        &self,
+        digest: &str,
+        all: bool,
+        now: i64,
+    ) -> Result<Option<Ended>, StoreError> {
+        let write = Write::EndByDigest {
+            digest: digest.to_owned(),
+            all,
+            now,
+        };
+        match self.write(write).await? {
+            Answer::Ended(e) => Ok(e),
+            _ => Err(unexpected()),
+        }
+    }
+
+    pub(crate) async fn end_by_id(
+        &self,
+        id: &str,
+        user_id: &str,
+        all: bool,
+        now: i64,
+    ) -> Result<Ended, StoreError> {
+        let write = Write::EndById {
+            id: id.to_owned(),
+            user_id: user_id.to_owned(),
+            all,
+            now,
+        };
+        match self.write(write).await? {
+            Answer::Ended(Some(e)) => Ok(e),
+            _ => Err(unexpected()),
+        }
+    }
+
+    pub(crate) async fn change_password(
+        &self,
+        id: &str,
+        hash: String,
+        now: i64,
+    ) -> Result<Vec<String>, StoreError> {
+        let write = Write::ChangePassword {
+            id: id.to_owned(),
+            hash,
+            now,
+        };
+        match self.write(write).await? {
+            Answer::EndedIds(ids) => Ok(ids),
+            _ => Err(unexpected()),
+        }
+    }
+
+    pub(crate) async fn purge(
+        &self,
+        now: i64,
+        ended_before: i64,
+        limit: i64,
+    ) -> Result<Purged, StoreError> {
+        let write = Write::Purge {
+            now,
+            ended_before,
+            limit,
+        };
+        match self.write(write).await? {
+            Answer::Purged(p) => Ok(p),
+            _ => Err(unexpected()),
+        }
+    }
+
+    /// A read through the reader pool (WAL: it sees every committed write).
+    pub(crate) async fn ended_since(
+        &self,
+        after: (i64, &str),
+        limit: i64,
+    ) -> Result<Vec<EndedSession>, StoreError> {
+        let mut conn = acquire(&self.readers, &self.reader_wait).await?;
+        let rows = within(self.limit, ops::ended_since(&mut conn, after, limit)).await?;
+        conn.finish();
+        Ok(rows?)
     }
 
     pub(crate) async fn update_password_hash(
@@ -242,6 +386,7 @@ impl SqliteStore {
             hash,
         })
         .await
+        .map(drop)
     }
 
     pub(crate) async fn find_user(&self, username: &Username) -> Result<Option<User>, StoreError> {
@@ -360,7 +505,7 @@ async fn run_writer(
     }
 }
 
-type Pending = (Write, oneshot::Sender<Result<(), StoreError>>);
+type Pending = (Write, oneshot::Sender<Result<Answer, StoreError>>);
 
 /// Commits a batch in one transaction and answers every write in it.
 async fn commit(
@@ -409,7 +554,7 @@ async fn commit(
 async fn apply(
     conn: &mut SqliteConnection,
     batch: &[Pending],
-) -> Result<Vec<Result<(), StoreError>>, sqlx::Error> {
+) -> Result<Vec<Result<Answer, StoreError>>, sqlx::Error> {
     sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await?;
     let now = unix_millis();
     let mut outcomes = Vec::with_capacity(batch.len());
@@ -418,7 +563,7 @@ async fn apply(
             Write::Insert(user) => {
                 let inserted = insert_user_query(user, now).execute(&mut *conn).await?;
                 if inserted.rows_affected() == 1 {
-                    Ok(())
+                    Ok(Answer::Done)
                 } else {
                     Err(StoreError::Duplicate)
                 }
@@ -427,8 +572,39 @@ async fn apply(
                 update_password_hash_query(id, hash, now)
                     .execute(&mut *conn)
                     .await?;
-                Ok(())
+                Ok(Answer::Done)
             }
+            Write::InsertSession(session) => {
+                ops::insert_session(conn, session).await?;
+                Ok(Answer::Done)
+            }
+            Write::Rotate(rotation) => Ok(Answer::Refreshed(ops::rotate(conn, rotation).await?)),
+            Write::EndByDigest { digest, all, now } => Ok(Answer::Ended(
+                ops::end_by_digest(conn, digest, *all, *now).await?,
+            )),
+            Write::EndById {
+                id,
+                user_id,
+                all,
+                now,
+            } => Ok(Answer::Ended(Some(
+                ops::end_by_id(conn, id, user_id, *all, *now).await?,
+            ))),
+            Write::ChangePassword { id, hash, now } => {
+                update_password_hash_query(id, hash, *now)
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(Answer::EndedIds(
+                    ops::end_user_sessions(conn, id, EndReason::PasswordChange, *now).await?,
+                ))
+            }
+            Write::Purge {
+                now,
+                ended_before,
+                limit,
+            } => Ok(Answer::Purged(
+                ops::purge(conn, *now, *ended_before, *limit).await?,
+            )),
         };
         outcomes.push(outcome);
     }

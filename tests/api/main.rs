@@ -15,6 +15,7 @@ mod reflection;
 mod register;
 mod replicas;
 mod secrets;
+mod sessions;
 mod storage;
 mod throttle;
 mod timing;

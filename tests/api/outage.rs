@@ -291,6 +291,7 @@ async fn a_write_locked_sqlite_database_gives_unavailable_not_a_hang() {
     })
     .await;
     app.register("first", PASSWORD).await.unwrap();
+    let token = app.login("first", PASSWORD).await.unwrap().access_token;
     let DatabaseUrl::Sqlite(path) = &db.url else {
         unreachable!()
     };
@@ -311,8 +312,10 @@ async fn a_write_locked_sqlite_database_gives_unavailable_not_a_hang() {
     assert!(started.elapsed() < Duration::from_secs(4));
     assert_eq!(app.health_status("").await, ServingStatus::NotServing);
     assert_eq!(app.health_status("liveness").await, ServingStatus::Serving);
-    // Reads do not wait for the writer (WAL).
-    app.login("first", PASSWORD).await.unwrap();
+    // Validation needs no database; a login now writes its session, so it waits
+    // for the writer like a registration.
+    app.validate(&token).await.unwrap();
+    expect_code(app.login("first", PASSWORD).await, Code::Unavailable);
 
     sqlx::query("COMMIT").execute(&mut locker).await.unwrap();
     until_ready_is(&mut app, ServingStatus::Serving).await;

@@ -62,8 +62,8 @@ async fn issued_tokens_verify_with_an_independent_jwt_library(db: TestDb) {
     assert_eq!(decoded.claims.iss, "authd");
     assert_eq!(
         decoded.claims.exp - decoded.claims.iat,
-        3600,
-        "the default lifetime is 1h"
+        15 * 60,
+        "the default lifetime is 15m"
     );
     let expires_at = session.expires_at.expect("expires_at is set");
     assert_eq!(expires_at.seconds as u64, decoded.claims.exp);

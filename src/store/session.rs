@@ -1,0 +1,449 @@
+//! Sessions in the store: the rows, the statements, and the rotation rule.
+//!
+//! Both backends run the same statements, through the same code ([`session_ops`]
+//! is instantiated once per connection type), inside one transaction per
+//! operation: SQLite's batching writer (which runs every write of a batch in its
+//! transaction, one after the other) and a PostgreSQL transaction. Races between
+//! requests, on one replica or many, are decided by the database: every change is a
+//! conditional `UPDATE … WHERE refresh_digest = …` (or `ended_at IS NULL`) whose
+//! count of affected rows says whether this request won.
+//!
+//! Refresh tokens are never stored: only their SHA-256 digests (hex), and each
+//! session's rotation key, which derives a session's next token from the one
+//! presented (`refresh`): so a Refresh repeated with the token just rotated (a
+//! retry, or two requests at once) is answered with the same next token. Exactly
+//! one request performs a rotation (its conditional `UPDATE` affects the row); the
+//! others find the token one step back and are given the winner's result.
+
+use crate::refresh::{RefreshToken, RotationKey};
+
+/// Why a session ended: the `end_reason` column and the `reason` label of
+/// `authd_sessions_ended_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndReason {
+    Logout,
+    Reuse,
+    PasswordChange,
+    Expired,
+}
+
+impl EndReason {
+    pub const ALL: [EndReason; 4] = [
+        EndReason::Logout,
+        EndReason::Reuse,
+        EndReason::PasswordChange,
+        EndReason::Expired,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            EndReason::Logout => "logout",
+            EndReason::Reuse => "reuse",
+            EndReason::PasswordChange => "password_change",
+            EndReason::Expired => "expired",
+        }
+    }
+}
+
+/// A session about to be stored (by Login).
+#[derive(Debug, Clone)]
+pub struct NewSession {
+    pub id: String,
+    pub user_id: String,
+    pub rotation_key: RotationKey,
+    /// Hex SHA-256 of the refresh token.
+    pub refresh_digest: String,
+    pub created_at: i64,
+    pub expires_at: i64,
+}
+
+/// A Refresh, as the store runs it.
+#[derive(Debug, Clone)]
+pub struct Rotation {
+    /// The refresh token presented.
+    pub presented: RefreshToken,
+    /// Unix milliseconds, now.
+    pub now: i64,
+    /// How long after a rotation the token it replaced may be presented again and
+    /// be answered with the same next token (the retry rule).
+    pub grace_ms: i64,
+}
+
+/// A live session after a rotation.
+#[derive(Debug, Clone)]
+pub struct LiveSession {
+    pub id: String,
+    pub user_id: String,
+    pub username: String,
+    /// Unix milliseconds.
+    pub expires_at: i64,
+}
+
+/// What a Refresh came to.
+#[derive(Debug, Clone)]
+pub enum Refreshed {
+    /// The next refresh token is in place. `replay`: it was put in place moments
+    /// ago, by the rotation this request repeats (the retry rule); nothing changed.
+    Rotated {
+        session: LiveSession,
+        refresh_token: RefreshToken,
+        replay: bool,
+    },
+    /// The token had been rotated already: the session is ended (by this request
+    /// when `ended_now`, else it had ended before).
+    Reused { session_id: String, ended_now: bool },
+    /// Refused without ending anything: why, for the log.
+    Refused(&'static str),
+}
+
+/// Sessions one request ended.
+#[derive(Debug, Clone, Default)]
+pub struct Ended {
+    /// The sessions this request ended (empty when they had ended already).
+    pub ended_now: Vec<String>,
+    /// The session the request named (ended now or before).
+    pub named: Option<String>,
+}
+
+/// A session that ended: what the revocation pollers read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndedSession {
+    pub id: String,
+    /// Unix milliseconds.
+    pub ended_at: i64,
+}
+
+/// What one purge pass deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Purged {
+    /// Sessions that reached their end without being ended.
+    pub expired: u64,
+    /// Sessions ended long enough ago that no access token of theirs is valid.
+    pub ended: u64,
+}
+
+pub(super) mod sql {
+    pub const INSERT_SESSION: &str = "INSERT INTO sessions \
+         (id, user_id, rotation_key, refresh_digest, created_at, expires_at) \
+         VALUES ($1, $2, $3, $4, $5, $6)";
+    pub const FIND_CURRENT: &str = "SELECT id, user_id, rotation_key, expires_at FROM sessions \
+         WHERE refresh_digest = $1 AND ended_at IS NULL";
+    /// Before a rotation from the current token: the previous one is retired.
+    pub const RETIRE_PREVIOUS: &str = "INSERT INTO retired_refresh_tokens (digest, session_id) \
+         SELECT previous_digest, id FROM sessions \
+         WHERE refresh_digest = $1 AND previous_digest IS NOT NULL AND ended_at IS NULL \
+         ON CONFLICT DO NOTHING";
+    /// The conditional update that decides a race: one request affects the row.
+    pub const ROTATE_CURRENT: &str = "UPDATE sessions \
+         SET previous_digest = refresh_digest, refresh_digest = $1, rotated_at = $2 \
+         WHERE id = $3 AND refresh_digest = $4 AND ended_at IS NULL AND expires_at > $2";
+    pub const FIND_BY_PREVIOUS: &str = "SELECT id, user_id, rotation_key, refresh_digest, \
+         rotated_at, ended_at, expires_at FROM sessions WHERE previous_digest = $1";
+    pub const FIND_RETIRED: &str =
+        "SELECT session_id FROM retired_refresh_tokens WHERE digest = $1";
+    pub const USERNAME: &str = "SELECT username FROM users WHERE id = $1";
+    pub const END_SESSION: &str = "UPDATE sessions SET ended_at = $1, end_reason = $2 \
+         WHERE id = $3 AND ended_at IS NULL";
+    pub const END_USER_SESSIONS: &str = "UPDATE sessions SET ended_at = $1, end_reason = $2 \
+         WHERE user_id = $3 AND ended_at IS NULL AND expires_at > $1 RETURNING id";
+    /// Logout by refresh token: the session of any of its refresh tokens.
+    pub const FIND_BY_ANY_DIGEST: &str = "SELECT id, user_id, ended_at, expires_at FROM sessions \
+         WHERE refresh_digest = $1 OR previous_digest = $1 \
+         UNION ALL \
+         SELECT s.id, s.user_id, s.ended_at, s.expires_at \
+         FROM retired_refresh_tokens r JOIN sessions s ON s.id = r.session_id \
+         WHERE r.digest = $1";
+    pub const SESSION_USER: &str = "SELECT user_id FROM sessions WHERE id = $1";
+    /// Keyset pages of ended sessions, through the index on `ended_at`.
+    pub const ENDED_SINCE: &str = "SELECT id, ended_at FROM sessions \
+         WHERE ended_at IS NOT NULL AND (ended_at > $1 OR (ended_at = $1 AND id > $2)) \
+         ORDER BY ended_at, id LIMIT $3";
+    pub const PURGE_EXPIRED: &str = "DELETE FROM sessions WHERE id IN \
+         (SELECT id FROM sessions WHERE ended_at IS NULL AND expires_at <= $1 LIMIT $2)";
+    pub const PURGE_ENDED: &str = "DELETE FROM sessions WHERE id IN \
+         (SELECT id FROM sessions WHERE ended_at <= $1 LIMIT $2)";
+}
+
+/// The session operations, written once for a connection type (`SqliteConnection`,
+/// `PgConnection`). Each runs inside a transaction its caller holds.
+macro_rules! session_ops {
+    ($conn:ty, $row:ty) => {
+        use sqlx::Row as _;
+        use $crate::refresh::RotationKey;
+        use $crate::store::session::{
+            EndReason, Ended, EndedSession, LiveSession, NewSession, Purged, Refreshed, Rotation,
+            sql,
+        };
+
+        pub(crate) async fn insert_session(
+            conn: &mut $conn,
+            s: &NewSession,
+        ) -> Result<(), sqlx::Error> {
+            sqlx::query(sql::INSERT_SESSION)
+                .bind(s.id.as_str())
+                .bind(s.user_id.as_str())
+                .bind(s.rotation_key.to_hex())
+                .bind(s.refresh_digest.as_str())
+                .bind(s.created_at)
+                .bind(s.expires_at)
+                .execute(&mut *conn)
+                .await?;
+            Ok(())
+        }
+
+        async fn live(conn: &mut $conn, row: &$row) -> Result<LiveSession, sqlx::Error> {
+            let id: String = row.try_get("id")?;
+            let user_id: String = row.try_get("user_id")?;
+            let expires_at: i64 = row.try_get("expires_at")?;
+            let username: String = sqlx::query_scalar(sql::USERNAME)
+                .bind(user_id.as_str())
+                .fetch_optional(&mut *conn)
+                .await?
+                .unwrap_or_default();
+            Ok(LiveSession {
+                id,
+                user_id,
+                username,
+                expires_at,
+            })
+        }
+
+        fn rotation_key(row: &$row) -> Result<RotationKey, sqlx::Error> {
+            let text: String = row.try_get("rotation_key")?;
+            RotationKey::from_hex(&text).ok_or_else(|| {
+                sqlx::Error::Decode("a session's rotation key is not 64 hex digits".into())
+            })
+        }
+
+        async fn end_one(
+            conn: &mut $conn,
+            id: &str,
+            reason: EndReason,
+            now: i64,
+        ) -> Result<bool, sqlx::Error> {
+            let done = sqlx::query(sql::END_SESSION)
+                .bind(now)
+                .bind(reason.label())
+                .bind(id)
+                .execute(&mut *conn)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        pub(crate) async fn rotate(
+            conn: &mut $conn,
+            r: &Rotation,
+        ) -> Result<Refreshed, sqlx::Error> {
+            let digest = r.presented.digest();
+            // 1. The token that works now: rotate from it, if this request wins.
+            let current = sqlx::query(sql::FIND_CURRENT)
+                .bind(digest.as_str())
+                .fetch_optional(&mut *conn)
+                .await?;
+            if let Some(row) = current {
+                let expires_at: i64 = row.try_get("expires_at")?;
+                if expires_at <= r.now {
+                    return Ok(Refreshed::Refused("the session has expired"));
+                }
+                let id: String = row.try_get("id")?;
+                let next = r.presented.next(&rotation_key(&row)?);
+                sqlx::query(sql::RETIRE_PREVIOUS)
+                    .bind(digest.as_str())
+                    .execute(&mut *conn)
+                    .await?;
+                let won = sqlx::query(sql::ROTATE_CURRENT)
+                    .bind(next.digest())
+                    .bind(r.now)
+                    .bind(id.as_str())
+                    .bind(digest.as_str())
+                    .execute(&mut *conn)
+                    .await?
+                    .rows_affected()
+                    == 1;
+                if won {
+                    return Ok(Refreshed::Rotated {
+                        session: live(conn, &row).await?,
+                        refresh_token: next,
+                        replay: false,
+                    });
+                }
+                // Another request rotated it first: it is the previous token now.
+            }
+            // 2. The token just rotated: the same answer within the grace, else reuse.
+            let previous = sqlx::query(sql::FIND_BY_PREVIOUS)
+                .bind(digest.as_str())
+                .fetch_optional(&mut *conn)
+                .await?;
+            if let Some(row) = previous {
+                let id: String = row.try_get("id")?;
+                let rotated_at: Option<i64> = row.try_get("rotated_at")?;
+                let ended_at: Option<i64> = row.try_get("ended_at")?;
+                let expires_at: i64 = row.try_get("expires_at")?;
+                if ended_at.is_some() {
+                    return Ok(Refreshed::Reused {
+                        session_id: id,
+                        ended_now: false,
+                    });
+                }
+                if expires_at <= r.now {
+                    return Ok(Refreshed::Refused("the session has expired"));
+                }
+                let within_grace =
+                    rotated_at.is_some_and(|at| r.now.saturating_sub(at) <= r.grace_ms);
+                if within_grace {
+                    let next = r.presented.next(&rotation_key(&row)?);
+                    let current: String = row.try_get("refresh_digest")?;
+                    if next.digest() == current {
+                        return Ok(Refreshed::Rotated {
+                            session: live(conn, &row).await?,
+                            refresh_token: next,
+                            replay: true,
+                        });
+                    }
+                    return Ok(Refreshed::Refused(
+                        "the refresh token does not lead to the session's current one",
+                    ));
+                }
+                let ended_now = end_one(conn, &id, EndReason::Reuse, r.now).await?;
+                return Ok(Refreshed::Reused {
+                    session_id: id,
+                    ended_now,
+                });
+            }
+            // 3. A token rotated out before that: reuse.
+            let retired: Option<String> = sqlx::query_scalar(sql::FIND_RETIRED)
+                .bind(digest.as_str())
+                .fetch_optional(&mut *conn)
+                .await?;
+            if let Some(id) = retired {
+                let ended_now = end_one(conn, &id, EndReason::Reuse, r.now).await?;
+                return Ok(Refreshed::Reused {
+                    session_id: id,
+                    ended_now,
+                });
+            }
+            Ok(Refreshed::Refused("unknown refresh token"))
+        }
+
+        pub(crate) async fn end_user_sessions(
+            conn: &mut $conn,
+            user_id: &str,
+            reason: EndReason,
+            now: i64,
+        ) -> Result<Vec<String>, sqlx::Error> {
+            sqlx::query_scalar(sql::END_USER_SESSIONS)
+                .bind(now)
+                .bind(reason.label())
+                .bind(user_id)
+                .fetch_all(&mut *conn)
+                .await
+        }
+
+        /// Logout by refresh token. `None`: no session has (had) that token, or
+        /// the session expired (the token is as good as unknown).
+        pub(crate) async fn end_by_digest(
+            conn: &mut $conn,
+            digest: &str,
+            all: bool,
+            now: i64,
+        ) -> Result<Option<Ended>, sqlx::Error> {
+            let Some(row) = sqlx::query(sql::FIND_BY_ANY_DIGEST)
+                .bind(digest)
+                .fetch_optional(&mut *conn)
+                .await?
+            else {
+                return Ok(None);
+            };
+            let id: String = row.try_get("id")?;
+            let user_id: String = row.try_get("user_id")?;
+            let ended_at: Option<i64> = row.try_get("ended_at")?;
+            let expires_at: i64 = row.try_get("expires_at")?;
+            if ended_at.is_none() && expires_at <= now {
+                return Ok(None);
+            }
+            end_named(conn, id, user_id, all, now).await.map(Some)
+        }
+
+        /// Logout by access token (already verified): its session, or all of its
+        /// user's.
+        pub(crate) async fn end_by_id(
+            conn: &mut $conn,
+            id: &str,
+            user_id: &str,
+            all: bool,
+            now: i64,
+        ) -> Result<Ended, sqlx::Error> {
+            // The session's owner as stored, if it is still stored; else the token's.
+            let owner: Option<String> = sqlx::query_scalar(sql::SESSION_USER)
+                .bind(id)
+                .fetch_optional(&mut *conn)
+                .await?;
+            let owner = owner.unwrap_or_else(|| user_id.to_owned());
+            end_named(conn, id.to_owned(), owner, all, now).await
+        }
+
+        async fn end_named(
+            conn: &mut $conn,
+            id: String,
+            user_id: String,
+            all: bool,
+            now: i64,
+        ) -> Result<Ended, sqlx::Error> {
+            let ended_now = if all {
+                end_user_sessions(conn, &user_id, EndReason::Logout, now).await?
+            } else if end_one(conn, &id, EndReason::Logout, now).await? {
+                vec![id.clone()]
+            } else {
+                Vec::new()
+            };
+            Ok(Ended {
+                ended_now,
+                named: Some(id),
+            })
+        }
+
+        pub(crate) async fn ended_since(
+            conn: &mut $conn,
+            after: (i64, &str),
+            limit: i64,
+        ) -> Result<Vec<EndedSession>, sqlx::Error> {
+            let rows = sqlx::query(sql::ENDED_SINCE)
+                .bind(after.0)
+                .bind(after.1)
+                .bind(limit)
+                .fetch_all(&mut *conn)
+                .await?;
+            rows.iter()
+                .map(|row| {
+                    Ok(EndedSession {
+                        id: row.try_get("id")?,
+                        ended_at: row.try_get("ended_at")?,
+                    })
+                })
+                .collect()
+        }
+
+        pub(crate) async fn purge(
+            conn: &mut $conn,
+            now: i64,
+            ended_before: i64,
+            limit: i64,
+        ) -> Result<Purged, sqlx::Error> {
+            let expired = sqlx::query(sql::PURGE_EXPIRED)
+                .bind(now)
+                .bind(limit)
+                .execute(&mut *conn)
+                .await?
+                .rows_affected();
+            let ended = sqlx::query(sql::PURGE_ENDED)
+                .bind(ended_before)
+                .bind(limit)
+                .execute(&mut *conn)
+                .await?
+                .rows_affected();
+            Ok(Purged { expired, ended })
+        }
+    };
+}
+
+pub(super) use session_ops;
