@@ -15,7 +15,7 @@ use crate::{
     error::Error,
     password::Hasher,
     store::{NewUser, Store},
-    token::{Tokens, VerifiedToken},
+    token::{Jwks, Tokens, VerifiedToken},
 };
 use std::{
     sync::Arc,
@@ -156,7 +156,13 @@ impl Accounts {
         }
     }
 
-    pub fn validate(&self, token: &str) -> Result<VerifiedToken, Error> {
-        Ok(self.tokens.verify(token)?)
+    /// Checks a token; with an `audience`, also that the token is meant for it.
+    pub fn validate(&self, token: &str, audience: Option<&str>) -> Result<VerifiedToken, Error> {
+        Ok(self.tokens.verify_for(token, audience)?)
+    }
+
+    /// The public keys that verify tokens, as a JWKS document.
+    pub fn signing_keys(&self) -> Jwks {
+        self.tokens.key_ring().current().jwks().clone()
     }
 }

@@ -13,8 +13,9 @@ use crate::{
     credentials::{Password, Username},
     error::{Error, FieldViolation},
     pb::{
-        LoginRequest, LoginResponse, RegisterRequest, RegisterResponse, ValidateTokenRequest,
-        ValidateTokenResponse, auth_service_server::AuthService,
+        GetSigningKeysRequest, GetSigningKeysResponse, LoginRequest, LoginResponse, PublicKey,
+        RegisterRequest, RegisterResponse, ValidateTokenRequest, ValidateTokenResponse,
+        auth_service_server::AuthService,
     },
     rpc::{Deadline, RequestId, UserId},
 };
@@ -120,9 +121,12 @@ async fn respond<T>(
 ) -> Result<Response<T>, Status> {
     match work.await {
         Ok(body) => {
-            let user = UserId(user_id(&body).to_owned());
+            let user = user_id(&body);
+            let user = (!user.is_empty()).then(|| UserId(user.to_owned()));
             let mut response = Response::new(body);
-            response.extensions_mut().insert(user);
+            if let Some(user) = user {
+                response.extensions_mut().insert(user);
+            }
             Ok(response)
         }
         Err(err) => {
@@ -196,7 +200,20 @@ impl AuthService for AuthApi {
                     description: "must not be empty".into(),
                 }]));
             }
-            let token = self.accounts.validate(&req.access_token)?;
+            let audience = match req.audience.as_str() {
+                "" => None,
+                a if a.len() > crate::token::MAX_AUDIENCE_BYTES => {
+                    return Err(Error::InvalidArgument(vec![FieldViolation {
+                        field: "audience",
+                        description: format!(
+                            "must be at most {} bytes",
+                            crate::token::MAX_AUDIENCE_BYTES
+                        ),
+                    }]));
+                }
+                a => Some(a),
+            };
+            let token = self.accounts.validate(&req.access_token, audience)?;
             Ok(ValidateTokenResponse {
                 user_id: token.user_id,
                 username: token.username,
@@ -204,5 +221,32 @@ impl AuthService for AuthApi {
             })
         };
         respond("ValidateToken", request_id, work, |r| &r.user_id).await
+    }
+
+    async fn get_signing_keys(
+        &self,
+        request: Request<GetSigningKeysRequest>,
+    ) -> Result<Response<GetSigningKeysResponse>, Status> {
+        let request_id = request_id(&request);
+        let work = async {
+            let jwks = self.accounts.signing_keys();
+            Ok(GetSigningKeysResponse {
+                jwks_json: jwks.json.to_string(),
+                keys: jwks
+                    .keys
+                    .iter()
+                    .map(|k| PublicKey {
+                        kid: k.kid.clone(),
+                        kty: k.kty.into(),
+                        crv: k.crv.into(),
+                        alg: k.alg.into(),
+                        r#use: k.use_.into(),
+                        x: k.x.clone(),
+                    })
+                    .collect(),
+            })
+        };
+        // No user: the keys are the same for everyone.
+        respond("GetSigningKeys", request_id, work, |_| "").await
     }
 }

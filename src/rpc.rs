@@ -27,6 +27,7 @@ pub(crate) enum Rpc {
     Register,
     Login,
     ValidateToken,
+    GetSigningKeys,
     HealthCheck,
     HealthWatch,
     ReflectionV1,
@@ -37,10 +38,11 @@ pub(crate) enum Rpc {
 
 impl Rpc {
     /// Every value, in the order of [`Rpc::index`].
-    pub(crate) const ALL: [Rpc; 8] = [
+    pub(crate) const ALL: [Rpc; 9] = [
         Rpc::Register,
         Rpc::Login,
         Rpc::ValidateToken,
+        Rpc::GetSigningKeys,
         Rpc::HealthCheck,
         Rpc::HealthWatch,
         Rpc::ReflectionV1,
@@ -49,7 +51,12 @@ impl Rpc {
     ];
 
     /// The methods of `auth.v1.AuthService` (a unit test keeps them in step with the proto).
-    pub(crate) const AUTH_METHODS: [Rpc; 3] = [Rpc::Register, Rpc::Login, Rpc::ValidateToken];
+    pub(crate) const AUTH_METHODS: [Rpc; 4] = [
+        Rpc::Register,
+        Rpc::Login,
+        Rpc::ValidateToken,
+        Rpc::GetSigningKeys,
+    ];
 
     /// The RPC a request path (`/package.Service/Method`) names.
     pub(crate) fn of_path(path: &str) -> Rpc {
@@ -66,7 +73,7 @@ impl Rpc {
     /// The fully qualified service name (`unknown` for [`Rpc::Unknown`]).
     pub(crate) fn service(self) -> &'static str {
         match self {
-            Rpc::Register | Rpc::Login | Rpc::ValidateToken => AUTH,
+            Rpc::Register | Rpc::Login | Rpc::ValidateToken | Rpc::GetSigningKeys => AUTH,
             Rpc::HealthCheck | Rpc::HealthWatch => HEALTH,
             Rpc::ReflectionV1 => REFLECTION_V1,
             Rpc::ReflectionV1Alpha => REFLECTION_V1ALPHA,
@@ -80,6 +87,7 @@ impl Rpc {
             Rpc::Register => "Register",
             Rpc::Login => "Login",
             Rpc::ValidateToken => "ValidateToken",
+            Rpc::GetSigningKeys => "GetSigningKeys",
             Rpc::HealthCheck => "Check",
             Rpc::HealthWatch => "Watch",
             Rpc::ReflectionV1 | Rpc::ReflectionV1Alpha => "ServerReflectionInfo",
