@@ -831,6 +831,9 @@ mod tests {
         assert_eq!(c.log_format, LogFormat::Text);
         assert_eq!(c.hash_queue(), 64 * c.hash_threads());
         assert_eq!(c.db_statement_timeout, Duration::from_secs(2));
+        assert_eq!(c.token_clock_skew, crate::token::DEFAULT_CLOCK_SKEW);
+        assert_eq!(c.token_keys_reload, Duration::from_secs(10));
+        assert!(c.token_audience.is_empty());
         assert_eq!(
             c.metrics_listen,
             MetricsListen(Some("0.0.0.0:9090".parse().unwrap()))
@@ -1071,6 +1074,12 @@ mod tests {
             assert!(err.contains("must be at most 7days"), "{absurd}: {err}");
         }
         assert!(parse(&["--token-ttl", "7d"]).is_ok());
+        assert!(parse(&["--token-clock-skew", "0s"]).is_ok());
+        let err = parse(&["--token-clock-skew", "6m"]).unwrap_err();
+        assert!(err.contains("must be at most 5m"), "{err}");
+        assert!(parse(&["--token-audience", "orders,billing"]).is_ok());
+        let err = parse(&["--token-audience", "orders,,billing"]).unwrap_err();
+        assert!(err.contains("1 to 256 bytes"), "{err}");
         assert!(parse(&["--pbkdf2-iterations", "1000", "migrate"]).is_ok());
     }
 }
