@@ -139,6 +139,7 @@ async fn run(args: &Args) -> anyhow::Result<()> {
         .clone()
         .validate_token(ValidateTokenRequest {
             access_token: session.access_token.clone(),
+            ..Default::default()
         })
         .await
         .with_context(|| {

@@ -28,7 +28,7 @@ use crate::{
     revocation::{CLOCK_SKEW, Revocations},
     store::{EndReason, LiveSession, NewSession, NewUser, Refreshed, Rotation, Store, unix_millis},
     throttle::{Attempt, Throttle},
-    token::{TokenError, Tokens, VerifiedToken},
+    token::{Jwks, TokenError, Tokens, VerifiedToken},
 };
 use prometheus::{Gauge, IntCounter};
 use std::{
@@ -399,7 +399,7 @@ impl Accounts {
         // Both tokens are checked before anything ends.
         let access = access_token
             .map(|token| {
-                let verified = self.tokens.check(token)?;
+                let verified = self.tokens.check(token, None)?;
                 match (&verified.session_id, all) {
                     (Some(_), _) | (None, true) => Ok(verified),
                     // A token from before sessions names no session to end.
@@ -515,11 +515,16 @@ impl Accounts {
 
     /// Checks a token: signature, expiry, and whether its session has ended (in
     /// memory: no database query).
-    pub fn validate(&self, token: &str) -> Result<VerifiedToken, Error> {
-        Ok(self.tokens.verify_unless(token, |v| {
+    pub fn validate(&self, token: &str, audience: Option<&str>) -> Result<VerifiedToken, Error> {
+        Ok(self.tokens.verify_unless(token, audience, |v| {
             self.revocations
                 .is_revoked(v.session_id.as_deref().unwrap_or_default(), v.issued_at)
         })?)
+    }
+
+    /// The public keys that verify tokens, as a JWKS document.
+    pub fn signing_keys(&self) -> Jwks {
+        self.tokens.key_ring().current().jwks().clone()
     }
 
     /// How long an end matters: until the last access token it refuses expires.

@@ -13,14 +13,15 @@ use crate::{
     blocklist::Blocklist,
     config::{Config, DatabaseUrl},
     grpc::{AuthApi, MAX_MESSAGE_BYTES},
-    health,
+    health, jwks,
+    keyfile::{self, KeyFile},
     metrics::{self, Metrics},
     password::{HashPool, Hasher, PoolSnapshot},
     pb::{self, auth_service_server::AuthServiceServer},
     ratelimit::{self, RateLimitStats, RateLimiter, Settings as RateLimitSettings},
     store::{PostgresSettings, SqliteSettings, Store, StoreSettings, WriterSnapshot},
     throttle::{Settings as ThrottleSettings, Throttle, UsernameDigest},
-    token::{KeyRing, Tokens},
+    token::{KeyRing, LiveKeyRing, Tokens},
     trace,
     transport::{
         self, Limits, Protocol,
@@ -52,6 +53,8 @@ pub struct Application {
     rate_limiter: Arc<RateLimiter>,
     blocklist: Arc<Blocklist>,
     metrics: Arc<Metrics>,
+    key_ring: LiveKeyRing,
+    key_file: Option<Arc<KeyFile>>,
     metrics_listener: Option<TcpListener>,
     metrics_addr: Option<SocketAddr>,
     health_listener: Option<std::net::TcpListener>,
@@ -68,11 +71,27 @@ pub struct AppHandle {
     admission: Arc<Admission>,
     rate_limiter: Arc<RateLimiter>,
     metrics: Arc<Metrics>,
+    key_file: Option<Arc<KeyFile>>,
     metrics_addr: Option<SocketAddr>,
     health_addr: Option<SocketAddr>,
 }
 
 impl AppHandle {
+    /// Re-reads `AUTHD_TOKEN_KEYS_FILE` now, as the periodic reload does: `Ok(true)` when
+    /// a new ring is in use, `Ok(false)` when the file is unchanged (or no file is
+    /// configured), the reason when the file was refused and the old ring kept.
+    pub async fn reload_token_keys(&self) -> Result<bool, String> {
+        let Some(file) = self.key_file.clone() else {
+            return Ok(false);
+        };
+        match tokio::task::spawn_blocking(move || file.check()).await {
+            Ok(keyfile::Reload::Reloaded) => Ok(true),
+            Ok(keyfile::Reload::Unchanged) => Ok(false),
+            Ok(keyfile::Reload::Refused(why)) => Err(why),
+            Err(e) => Err(format!("the reload task failed: {e}")),
+        }
+    }
+
     /// Where `GET /metrics` answers (`None` when the endpoint is off).
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics_addr
@@ -139,9 +158,17 @@ fn store_settings(config: &Config) -> StoreSettings {
 
 impl Application {
     pub async fn build(config: Config) -> anyhow::Result<Self> {
-        let keys = match config.key_ring()? {
-            Some(keys) => keys,
-            None => {
+        // The key file is read here rather than by `config.key_ring`: the watcher needs
+        // the digest of the content in use.
+        let mut key_file_digest = None;
+        let keys = match (&config.token_keys, &config.token_keys_file) {
+            (Some(keys), _) => keys.clone(),
+            (None, Some(path)) => {
+                let (keys, digest) = keyfile::load(path)?;
+                key_file_digest = Some((path.clone(), digest));
+                keys
+            }
+            (None, None) => {
                 tracing::warn!(
                     "no token keys configured (AUTHD_TOKEN_KEYS): using a random key; tokens will \
                      not survive a restart and will not be accepted by other replicas"
@@ -196,7 +223,12 @@ impl Application {
         )
         .context("starting the password hashing threads")?;
         let hasher = Hasher::new(config.pbkdf2_iterations, pool)?;
-        let tokens = Tokens::new(keys.clone(), config.token_ttl, &metrics);
+        let tokens = Tokens::new(keys.clone(), config.token_ttl, &metrics)
+            .with_audience(&config.token_audience)
+            .with_clock_skew(config.token_clock_skew);
+        let key_ring = tokens.key_ring().clone();
+        let key_file = key_file_digest
+            .map(|(path, digest)| Arc::new(KeyFile::new(path, digest, key_ring.clone(), &metrics)));
         let digest = UsernameDigest::new(keys.derive_key("authd username digest v1"));
         let throttle = Throttle::new(
             throttle_settings(&config)?,
@@ -264,6 +296,8 @@ impl Application {
             rate_limiter,
             blocklist,
             metrics,
+            key_ring,
+            key_file,
             metrics_listener,
             metrics_addr,
             health_listener,
@@ -298,6 +332,7 @@ impl Application {
             admission: self.admission.clone(),
             rate_limiter: self.rate_limiter.clone(),
             metrics: self.metrics.clone(),
+            key_file: self.key_file.clone(),
             metrics_addr: self.metrics_addr,
             health_addr: self.health_addr,
         }
@@ -318,6 +353,8 @@ impl Application {
             rate_limiter,
             blocklist,
             metrics,
+            key_ring,
+            key_file,
             metrics_listener,
             metrics_addr,
             health_listener,
@@ -341,10 +378,12 @@ impl Application {
                 None,
                 auxiliary.clone(),
                 metrics.listener("metrics"),
-                metrics::router(metrics.clone()),
+                metrics::router(metrics.clone()).merge(jwks::router(key_ring.clone())),
                 auxiliary_stopped.clone(),
             ))
         });
+        let key_file_watcher =
+            key_file.map(|file| file.spawn(config.token_keys_reload, auxiliary_stopped.clone()));
 
         let (reporter, health_service) = tonic_health::server::health_reporter();
         health::report_alive(&reporter).await;
@@ -434,6 +473,8 @@ impl Application {
                 (Some(_), None) => "on",
                 (Some(_), Some(_)) => "mutual",
             },
+            token_kid = key_ring.current().signing_kid(),
+            token_alg = key_ring.current().signing_algorithm().jose_name(),
             "authd is serving"
         );
 
@@ -450,6 +491,9 @@ impl Application {
             upkeep.abort();
             store.close().await;
             stop_auxiliary_servers(stop_auxiliary, metrics_server, health_server).await;
+            if let Some(watcher) = key_file_watcher {
+                watcher.abort();
+            }
             result.context("the gRPC server task failed")?;
             anyhow::bail!("the gRPC server stopped unexpectedly");
         }
@@ -478,6 +522,9 @@ impl Application {
         }
         store.close().await;
         stop_auxiliary_servers(stop_auxiliary, metrics_server, health_server).await;
+        if let Some(watcher) = key_file_watcher {
+            watcher.abort();
+        }
         tracing::info!("authd stopped");
         Ok(())
     }

@@ -11,7 +11,7 @@
 use crate::access::AllowList;
 use crate::ratelimit::{FailureMode, RateLimits};
 use crate::secret::{self, RedisUrl, SecretUrl};
-use crate::token::KeyRing;
+use crate::token::{self, KeyRing};
 use anyhow::Context as _;
 use clap::{ArgMatches, Parser, Subcommand, ValueEnum, parser::ValueSource};
 use std::{
@@ -96,6 +96,38 @@ pub enum Command {
         #[arg(long = "tls-server-name")]
         tls_server_name: Option<String>,
     },
+    /// Print a new token key on stdout as one AUTHD_TOKEN_KEYS entry (KID:ALG:BASE64),
+    /// then exit: append it to the key file (second, to roll it out; first, to sign
+    /// with it). The output is a private key: keep it out of logs and terminals' history.
+    Keygen {
+        /// ed25519: tokens anyone can verify from the JWKS document, only authd can sign
+        /// (choose it whenever other services verify tokens); hs256: a shared secret
+        /// that verifies and signs alike.
+        #[arg(long, value_enum, default_value = "ed25519")]
+        alg: KeyAlgorithm,
+        /// The key's id, 1 to 64 characters of A-Z a-z 0-9 . _ - [default: the date
+        /// and 8 random hex digits, e.g. 20260301-1a2b3c4d].
+        #[arg(long)]
+        kid: Option<String>,
+    },
+}
+
+/// The algorithm of a new key (`authd keygen --alg`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KeyAlgorithm {
+    /// Ed25519 (JWT alg EdDSA).
+    Ed25519,
+    /// HMAC-SHA256 (JWT alg HS256).
+    Hs256,
+}
+
+impl KeyAlgorithm {
+    pub fn algorithm(self) -> token::Algorithm {
+        match self {
+            KeyAlgorithm::Ed25519 => token::Algorithm::EdDsa,
+            KeyAlgorithm::Hs256 => token::Algorithm::Hs256,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Parser)]
@@ -281,16 +313,40 @@ pub struct Config {
           value_parser = clap::value_parser!(u8).range(0..=19), global = true)]
     pub hash_thread_nice: u8,
 
-    /// Token keys, KID:BASE64KEY,… (each key at least 32 bytes); the first signs, all
-    /// verify [default: a random key, with a warning].
+    /// Token keys, comma-separated; the first signs, all verify. Each is KID:BASE64KEY or
+    /// KID:hs256:BASE64KEY (HMAC, at least 32 bytes) or KID:ed25519:BASE64 (an Ed25519
+    /// private key in PKCS#8 DER); `authd keygen` makes one [default: a random HMAC key,
+    /// with a warning].
     #[arg(long, env = "AUTHD_TOKEN_KEYS", hide_env_values = true,
           conflicts_with = "token_keys_file", value_parser = secret::parser::<KeyRing>(),
           global = true)]
     pub token_keys: Option<KeyRing>,
 
-    /// File holding the token keys in the AUTHD_TOKEN_KEYS format.
+    /// File holding the token keys in the AUTHD_TOKEN_KEYS format, one or more per line
+    /// (blank lines and # comments ignored). Re-read while serving (see
+    /// --token-keys-reload): a changed file that parses replaces the ring, one that
+    /// does not is refused with an error in the log and the ring in use stays.
     #[arg(long, env = "AUTHD_TOKEN_KEYS_FILE", global = true)]
     pub token_keys_file: Option<PathBuf>,
+
+    /// How often --token-keys-file is re-read; a new content takes effect at once.
+    #[arg(long, env = "AUTHD_TOKEN_KEYS_RELOAD", default_value = "10s",
+          value_parser = positive_duration, global = true)]
+    pub token_keys_reload: Duration,
+
+    /// Audience of every token issued (its aud claim), e.g. the name of the services
+    /// meant to accept them; several, comma-separated, make aud an array. ValidateToken
+    /// checks it only when the request names an audience [default: none; no aud claim].
+    #[arg(long, env = "AUTHD_TOKEN_AUDIENCE", value_delimiter = ',',
+          value_parser = token_audience, global = true)]
+    pub token_audience: Vec<String>,
+
+    /// Clock skew allowed between the clocks of authd replicas: ValidateToken accepts a
+    /// token whose nbf or iat lies this far in the future, or whose exp lies this far in
+    /// the past (0s for none, at most 5m).
+    #[arg(long, env = "AUTHD_TOKEN_CLOCK_SKEW", default_value = "30s",
+          value_parser = clock_skew, global = true)]
+    pub token_clock_skew: Duration,
 
     /// Lifetime of access tokens (e.g. 5m, 15m, 1h), at most 7d; never past their
     /// session's end. Short, since Refresh issues new ones.
@@ -579,17 +635,7 @@ impl Config {
         let Some(path) = &self.token_keys_file else {
             return Ok(None);
         };
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| anyhow::anyhow!("cannot read token keys file {}: {e}", path.display()))?;
-        let ring = text
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty() && !l.starts_with('#'))
-            .collect::<Vec<_>>()
-            .join(",")
-            .parse::<KeyRing>()
-            .map_err(|e| anyhow::anyhow!("token keys file {}: {e}", path.display()))?;
-        Ok(Some(ring))
+        crate::keyfile::load(path).map(|(ring, _)| Some(ring))
     }
 }
 
@@ -851,6 +897,31 @@ fn revocation_delay(s: &str) -> Result<Duration, String> {
     Ok(delay)
 }
 
+fn clock_skew(s: &str) -> Result<Duration, String> {
+    let skew = humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 0s, 30s, 2m)"))?;
+    if skew > token::MAX_CLOCK_SKEW {
+        return Err(format!(
+            "must be at most {}",
+            humantime::format_duration(token::MAX_CLOCK_SKEW)
+        ));
+    }
+    Ok(skew)
+}
+
+fn token_audience(s: &str) -> Result<String, String> {
+    let audience = s.trim();
+    if audience.is_empty() || audience.len() > token::MAX_AUDIENCE_BYTES {
+        return Err(format!(
+            "an audience must be 1 to {} bytes",
+            token::MAX_AUDIENCE_BYTES
+        ));
+    }
+    if audience.chars().any(char::is_control) {
+        return Err("an audience must not hold control characters".into());
+    }
+    Ok(audience.to_owned())
+}
+
 fn log_filter(s: &str) -> Result<String, String> {
     tracing_subscriber::EnvFilter::try_new(s)
         .map(|_| s.to_owned())
@@ -879,6 +950,9 @@ mod tests {
         assert_eq!(c.log_format, LogFormat::Text);
         assert_eq!(c.hash_queue(), 64 * c.hash_threads());
         assert_eq!(c.db_statement_timeout, Duration::from_secs(2));
+        assert_eq!(c.token_clock_skew, crate::token::DEFAULT_CLOCK_SKEW);
+        assert_eq!(c.token_keys_reload, Duration::from_secs(10));
+        assert!(c.token_audience.is_empty());
         assert_eq!(
             c.metrics_listen,
             MetricsListen(Some("0.0.0.0:9090".parse().unwrap()))
@@ -1119,6 +1193,12 @@ mod tests {
             assert!(err.contains("must be at most 7days"), "{absurd}: {err}");
         }
         assert!(parse(&["--token-ttl", "7d"]).is_ok());
+        assert!(parse(&["--token-clock-skew", "0s"]).is_ok());
+        let err = parse(&["--token-clock-skew", "6m"]).unwrap_err();
+        assert!(err.contains("must be at most 5m"), "{err}");
+        assert!(parse(&["--token-audience", "orders,billing"]).is_ok());
+        let err = parse(&["--token-audience", "orders,,billing"]).unwrap_err();
+        assert!(err.contains("1 to 256 bytes"), "{err}");
         assert!(parse(&["--pbkdf2-iterations", "1000", "migrate"]).is_ok());
     }
 }

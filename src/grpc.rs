@@ -14,8 +14,9 @@ use crate::{
     credentials::{Password, Username},
     error::{Error, FieldViolation},
     pb::{
-        ChangePasswordRequest, ChangePasswordResponse, LoginRequest, LoginResponse, LogoutRequest,
-        LogoutResponse, RefreshRequest, RefreshResponse, RegisterRequest, RegisterResponse,
+        ChangePasswordRequest, ChangePasswordResponse, GetSigningKeysRequest,
+        GetSigningKeysResponse, LoginRequest, LoginResponse, LogoutRequest, LogoutResponse,
+        PublicKey, RefreshRequest, RefreshResponse, RegisterRequest, RegisterResponse,
         ValidateTokenRequest, ValidateTokenResponse, auth_service_server::AuthService,
     },
     rpc::{self, Deadline, RequestId, UserId},
@@ -260,7 +261,20 @@ impl AuthService for AuthApi {
                     description: "must not be empty".into(),
                 }]));
             }
-            let token = self.accounts.validate(&req.access_token)?;
+            let audience = match req.audience.as_str() {
+                "" => None,
+                a if a.len() > crate::token::MAX_AUDIENCE_BYTES => {
+                    return Err(Error::InvalidArgument(vec![FieldViolation {
+                        field: "audience",
+                        description: format!(
+                            "must be at most {} bytes",
+                            crate::token::MAX_AUDIENCE_BYTES
+                        ),
+                    }]));
+                }
+                a => Some(a),
+            };
+            let token = self.accounts.validate(&req.access_token, audience)?;
             Ok(ValidateTokenResponse {
                 user_id: token.user_id,
                 username: token.username,
@@ -351,5 +365,32 @@ impl AuthService for AuthApi {
             })
         };
         respond("ChangePassword", request_id, work, |_| "").await
+    }
+
+    async fn get_signing_keys(
+        &self,
+        request: Request<GetSigningKeysRequest>,
+    ) -> Result<Response<GetSigningKeysResponse>, Status> {
+        let request_id = request_id(&request);
+        let work = async {
+            let jwks = self.accounts.signing_keys();
+            Ok(GetSigningKeysResponse {
+                jwks_json: jwks.json.to_string(),
+                keys: jwks
+                    .keys
+                    .iter()
+                    .map(|k| PublicKey {
+                        kid: k.kid.clone(),
+                        kty: k.kty.into(),
+                        crv: k.crv.into(),
+                        alg: k.alg.into(),
+                        r#use: k.use_.into(),
+                        x: k.x.clone(),
+                    })
+                    .collect(),
+            })
+        };
+        // No user: the keys are the same for everyone.
+        respond("GetSigningKeys", request_id, work, |_| "").await
     }
 }

@@ -3,7 +3,8 @@
 //! It serves `auth.v1.AuthService` (Register, Login, ValidateToken, and the session
 //! lifecycle: Refresh, Logout, ChangePassword), the standard
 //! `grpc.health.v1.Health` service and server reflection. Passwords are stored as
-//! PBKDF2-SHA256 PHC strings; tokens are stateless JWTs signed with HMAC-SHA256.
+//! PBKDF2-SHA256 PHC strings; tokens are stateless JWTs signed with Ed25519 (their
+//! public keys published as a JWKS document) or HMAC-SHA256.
 //!
 //! # Layout
 //!
@@ -25,7 +26,7 @@
 //!     revocation                ended sessions in memory, for ValidateToken
 //!     store                     SQLite (reader pool + one batching writer) or PostgreSQL (pool)
 //!     password                  the PBKDF2 policy, on a bounded pool of hashing threads
-//!     token                     JWT HS256 with a key ring (kid -> key)
+//!     token                     JWT EdDSA / HS256 with a key ring (kid -> key)
 //! ```
 //!
 //! The bottom floor, which every module above may import:
@@ -47,6 +48,8 @@
 //! - `blocklist`: the common-password list (bundled, plus an organization's file) and
 //!   the rule that a new password is neither on it nor the username; checked before hashing.
 //! - [`audit`]: the audit trail, one event per security outcome on `authd::audit`.
+//! - `keyfile`: the token key file, re-read while serving; a bad file keeps the ring.
+//! - `jwks`: `GET /.well-known/jwks.json` on the plain-HTTP port, the public keys.
 //! - `health`: readiness from store probes and real request failures; liveness.
 //! - [`healthcheck`]: `authd health`, the client side: one check, turned into an exit status.
 //! - [`password`]: also `authd hash-bench` (`password::bench`), this machine's hashing rate.
@@ -69,6 +72,8 @@ pub(crate) mod error;
 pub(crate) mod grpc;
 pub(crate) mod health;
 pub mod healthcheck;
+pub(crate) mod jwks;
+pub(crate) mod keyfile;
 pub(crate) mod metrics;
 pub(crate) mod middleware;
 pub mod password;

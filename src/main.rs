@@ -86,12 +86,30 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             authd::healthcheck::run(&config, addr.as_deref(), &service, timeout, &tls).await
         }
+        Command::Keygen { alg, kid } => {
+            let kid = kid.unwrap_or_else(new_kid);
+            let entry = authd::token::generate_key_entry(alg.algorithm(), &kid)?;
+            // stdout only: the entry is a private key, and never goes to the log.
+            println!("{entry}");
+            Ok(())
+        }
         Command::Serve => {
             config.read_secret_files()?;
             let app = Application::build(config).await?;
             app.run_until_stopped(shutdown_signal()).await
         }
     }
+}
+
+/// A kid for a new key: today's date and 8 random hex digits (`20260301-1a2b3c4d`),
+/// so that kids sort by age and never collide.
+fn new_kid() -> String {
+    let today = humantime::format_rfc3339(std::time::SystemTime::now()).to_string();
+    format!(
+        "{}-{:08x}",
+        today[..10].replace('-', ""),
+        rand::random::<u32>()
+    )
 }
 
 /// Resolves on SIGTERM or SIGINT. Kubernetes stops a pod with SIGTERM; a person at

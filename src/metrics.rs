@@ -133,6 +133,10 @@ pub(crate) struct RateLimitMetrics {
 pub(crate) struct TokenMetrics {
     pub issued: IntCounter,
     pub validated: IntCounterVec,
+    /// 1 for the key that signs now, by `kid` and `alg`.
+    pub signing_key: IntGaugeVec,
+    /// Re-reads of the token key file that found it changed, by outcome.
+    pub key_reloads: IntCounterVec,
 }
 
 /// Sessions: started, refreshed, ended; the revocation set and its poller.
@@ -432,6 +436,17 @@ impl Metrics {
             validated: counter_vec(
                 "authd_tokens_validated_total",
                 "Access tokens checked, by outcome (ok, or why it was refused).",
+                &["outcome"],
+            ),
+            signing_key: gauge_vec(
+                "authd_token_signing_key",
+                "1 for the key that signs new tokens now, by kid and alg (HS256 or EdDSA).",
+                &["kid", "alg"],
+            ),
+            key_reloads: counter_vec(
+                "authd_token_keys_reloads_total",
+                "Changes of AUTHD_TOKEN_KEYS_FILE seen while serving, by outcome (ok: the new \
+                 ring is in use; error: the file was refused and the previous ring kept).",
                 &["outcome"],
             ),
         };

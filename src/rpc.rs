@@ -31,6 +31,7 @@ pub(crate) enum Rpc {
     Refresh,
     Logout,
     ChangePassword,
+    GetSigningKeys,
     HealthCheck,
     HealthWatch,
     ReflectionV1,
@@ -41,13 +42,14 @@ pub(crate) enum Rpc {
 
 impl Rpc {
     /// Every value, in the order of [`Rpc::index`].
-    pub(crate) const ALL: [Rpc; 11] = [
+    pub(crate) const ALL: [Rpc; 12] = [
         Rpc::Register,
         Rpc::Login,
         Rpc::ValidateToken,
         Rpc::Refresh,
         Rpc::Logout,
         Rpc::ChangePassword,
+        Rpc::GetSigningKeys,
         Rpc::HealthCheck,
         Rpc::HealthWatch,
         Rpc::ReflectionV1,
@@ -56,13 +58,14 @@ impl Rpc {
     ];
 
     /// The methods of `auth.v1.AuthService` (a unit test keeps them in step with the proto).
-    pub(crate) const AUTH_METHODS: [Rpc; 6] = [
+    pub(crate) const AUTH_METHODS: [Rpc; 7] = [
         Rpc::Register,
         Rpc::Login,
         Rpc::ValidateToken,
         Rpc::Refresh,
         Rpc::Logout,
         Rpc::ChangePassword,
+        Rpc::GetSigningKeys,
     ];
 
     /// The RPC a request path (`/package.Service/Method`) names.
@@ -85,7 +88,8 @@ impl Rpc {
             | Rpc::ValidateToken
             | Rpc::Refresh
             | Rpc::Logout
-            | Rpc::ChangePassword => AUTH,
+            | Rpc::ChangePassword
+            | Rpc::GetSigningKeys => AUTH,
             Rpc::HealthCheck | Rpc::HealthWatch => HEALTH,
             Rpc::ReflectionV1 => REFLECTION_V1,
             Rpc::ReflectionV1Alpha => REFLECTION_V1ALPHA,
@@ -102,6 +106,7 @@ impl Rpc {
             Rpc::Refresh => "Refresh",
             Rpc::Logout => "Logout",
             Rpc::ChangePassword => "ChangePassword",
+            Rpc::GetSigningKeys => "GetSigningKeys",
             Rpc::HealthCheck => "Check",
             Rpc::HealthWatch => "Watch",
             Rpc::ReflectionV1 | Rpc::ReflectionV1Alpha => "ServerReflectionInfo",

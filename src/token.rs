@@ -1,28 +1,42 @@
-//! Stateless access tokens: JWT (RFC 7519) signed with HMAC-SHA256.
+//! Stateless access tokens: JWT (RFC 7519) signed with HMAC-SHA256 (`HS256`) or
+//! Ed25519 (`EdDSA`, RFC 8037).
 //!
-//! A [`KeyRing`] holds named keys (`kid`); the first signs, all verify, so keys can
-//! be rotated without downtime: add the new key second, roll it out, move it first,
-//! and drop the old one once its tokens have expired. Verification is constant-time
-//! (`Mac::verify_slice`) and accepts `alg: HS256` only. Keys never appear in `Debug`.
+//! A [`KeyRing`] holds named keys (`kid`), each of one algorithm; the first signs, all
+//! verify, so keys can be rotated without downtime: add the new key second, roll it
+//! out, move it first, and drop the old one once its tokens have expired. The `kid`
+//! of a token picks the key and the key fixes the algorithm: a token whose `alg` is
+//! not its key's is refused, so an Ed25519 public key can never be used as an HMAC
+//! secret (the classic algorithm confusion). HMAC verification is constant-time
+//! (`Mac::verify_slice`); Ed25519 uses `verify_strict`. Keys never appear in `Debug`,
+//! in an error or in a log; only the public halves of Ed25519 keys leave this module,
+//! as a JWKS document (RFC 7517, [`KeyRing::jwks`]).
 //!
-//! Every time computed from a token is checked: a validly signed token whose `exp`
-//! or `iat` lies past [`MAX_TIMESTAMP`] (year 9999) is refused as malformed, never
-//! added to an instant where it would overflow. Why a token was refused is told to
-//! the metrics and the log, never to the client (see `grpc`).
+//! The ring in use is a [`LiveKeyRing`]: the key file can be re-read while serving
+//! (`keyfile`), and every token is issued or verified with the ring of that moment.
+//!
+//! Every time computed from a token is checked: a validly signed token whose `exp`,
+//! `iat` or `nbf` lies past [`MAX_TIMESTAMP`] (year 9999) is refused as malformed,
+//! never added to an instant where it would overflow. `nbf` and `iat` may lie in the
+//! future, and `exp` in the past, by at most the clock skew allowed. Why a token was
+//! refused is told to the metrics and the log, never to the client (see `grpc`).
 
 use crate::{credentials::Username, metrics::Metrics};
 use base64::{
     Engine as _,
     engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD},
 };
+use ed25519_dalek::{
+    Signer as _, SigningKey, VerifyingKey,
+    pkcs8::{DecodePrivateKey as _, EncodePrivateKey as _},
+};
 use hmac::{Hmac, KeyInit, Mac};
-use prometheus::IntCounter;
+use prometheus::{IntCounter, IntGaugeVec};
 use serde::{Deserialize, Serialize};
-use sha2::Sha256;
+use sha2::{Digest as _, Sha256};
 use std::{
     fmt,
     str::FromStr,
-    sync::Arc,
+    sync::{Arc, RwLock},
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
@@ -39,6 +53,12 @@ pub const MAX_TIMESTAMP: u64 = 253_402_300_799;
 /// token cannot be revoked before it expires: past a week, a stolen token outlives
 /// any reasonable response to the theft.
 pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The clock skew allowed by default between the issuer's clock and a verifier's.
+pub const DEFAULT_CLOCK_SKEW: Duration = Duration::from_secs(30);
+/// The most clock skew that may be allowed (`AUTHD_TOKEN_CLOCK_SKEW`).
+pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(300);
+/// The longest audience a token may name or a request may ask for.
+pub const MAX_AUDIENCE_BYTES: usize = 256;
 
 /// Why a token was refused: a metric label and a log field. The client is told only
 /// that the token is invalid, so that nobody can probe for key names or algorithms.
@@ -46,7 +66,7 @@ pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 pub enum TokenError {
     #[error("malformed token")]
     Malformed,
-    #[error("unsupported signing algorithm (only HS256 is accepted)")]
+    #[error("unsupported signing algorithm (only HS256 and EdDSA are accepted)")]
     UnsupportedAlgorithm,
     #[error("token signed by an unknown key")]
     UnknownKey,
@@ -56,6 +76,15 @@ pub enum TokenError {
     Expired,
     #[error("token issued by someone else")]
     WrongIssuer,
+    /// The `alg` of the header is not the algorithm of the key its `kid` names.
+    #[error("the token's algorithm is not its key's")]
+    AlgorithmMismatch,
+    /// `nbf` or `iat` lies in the future, beyond the clock skew allowed.
+    #[error("token not valid yet")]
+    NotYetValid,
+    /// The token is not meant for the audience the caller asked about.
+    #[error("token meant for another audience")]
+    WrongAudience,
     /// Valid, but its session has ended (Logout, reuse, password change).
     #[error("the token's session has ended")]
     Revoked,
@@ -63,13 +92,16 @@ pub enum TokenError {
 
 impl TokenError {
     /// Every kind, in the order of [`TokenError::index`].
-    const ALL: [TokenError; 7] = [
+    const ALL: [TokenError; 10] = [
         TokenError::Malformed,
         TokenError::UnsupportedAlgorithm,
         TokenError::UnknownKey,
         TokenError::BadSignature,
         TokenError::Expired,
         TokenError::WrongIssuer,
+        TokenError::AlgorithmMismatch,
+        TokenError::NotYetValid,
+        TokenError::WrongAudience,
         TokenError::Revoked,
     ];
 
@@ -82,6 +114,9 @@ impl TokenError {
             TokenError::BadSignature => "bad_signature",
             TokenError::Expired => "expired",
             TokenError::WrongIssuer => "wrong_issuer",
+            TokenError::AlgorithmMismatch => "algorithm_mismatch",
+            TokenError::NotYetValid => "not_yet_valid",
+            TokenError::WrongAudience => "wrong_audience",
             TokenError::Revoked => "revoked",
         }
     }
@@ -91,36 +126,210 @@ impl TokenError {
     }
 }
 
-struct Key {
-    kid: String,
-    secret: Vec<u8>,
+/// A signing algorithm of authd's tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Algorithm {
+    /// HMAC-SHA256 with a shared secret: whoever can verify can also sign.
+    Hs256,
+    /// Ed25519 (RFC 8037): verifiers need only the public key, published as a JWKS.
+    EdDsa,
 }
 
-/// Named HMAC keys: the first signs, every one verifies.
+impl Algorithm {
+    /// The JOSE `alg` name.
+    pub fn jose_name(self) -> &'static str {
+        match self {
+            Algorithm::Hs256 => "HS256",
+            Algorithm::EdDsa => "EdDSA",
+        }
+    }
+
+    /// The name in a key entry (`KID:hs256:…`, `KID:ed25519:…`).
+    pub fn entry_name(self) -> &'static str {
+        match self {
+            Algorithm::Hs256 => "hs256",
+            Algorithm::EdDsa => "ed25519",
+        }
+    }
+
+    fn of_jose_name(name: &str) -> Option<Algorithm> {
+        match name {
+            "HS256" => Some(Algorithm::Hs256),
+            "EdDSA" => Some(Algorithm::EdDsa),
+            _ => None,
+        }
+    }
+}
+
+/// The secret of a key; never printed.
+enum Material {
+    Hmac(Vec<u8>),
+    /// The signing key (it zeroizes itself when dropped) and its public half.
+    Ed25519 {
+        signing: Box<SigningKey>,
+        public: VerifyingKey,
+    },
+}
+
+struct Key {
+    kid: String,
+    material: Material,
+}
+
+impl Key {
+    fn algorithm(&self) -> Algorithm {
+        match self.material {
+            Material::Hmac(_) => Algorithm::Hs256,
+            Material::Ed25519 { .. } => Algorithm::EdDsa,
+        }
+    }
+
+    fn sign(&self, input: &[u8]) -> Vec<u8> {
+        match &self.material {
+            Material::Hmac(secret) => mac(secret, input).finalize().into_bytes().to_vec(),
+            Material::Ed25519 { signing, .. } => signing.sign(input).to_bytes().to_vec(),
+        }
+    }
+
+    fn verify(&self, input: &[u8], signature: &[u8]) -> Result<(), TokenError> {
+        match &self.material {
+            Material::Hmac(secret) => mac(secret, input)
+                .verify_slice(signature)
+                .map_err(|_| TokenError::BadSignature),
+            Material::Ed25519 { public, .. } => {
+                let signature = ed25519_dalek::Signature::from_slice(signature)
+                    .map_err(|_| TokenError::BadSignature)?;
+                public
+                    .verify_strict(input, &signature)
+                    .map_err(|_| TokenError::BadSignature)
+            }
+        }
+    }
+}
+
+/// The public document of a ring: its Ed25519 keys as a JWK Set (RFC 7517), and an
+/// entity tag that changes whenever the document does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Jwks {
+    /// The JSON text: `{"keys":[{"kty":"OKP","crv":"Ed25519",…}]}`.
+    pub json: Arc<str>,
+    /// A strong HTTP entity tag of `json`, quoted: `"…"`.
+    pub etag: Arc<str>,
+    /// The keys, one per Ed25519 key of the ring, in ring order.
+    pub keys: Arc<[PublicJwk]>,
+}
+
+/// One public key of the JWKS document (RFC 8037: `kty` OKP, `crv` Ed25519).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PublicJwk {
+    pub kty: &'static str,
+    pub crv: &'static str,
+    pub kid: String,
+    pub alg: &'static str,
+    #[serde(rename = "use")]
+    pub use_: &'static str,
+    /// The public key, base64url without padding.
+    pub x: String,
+}
+
+impl Jwks {
+    fn of(keys: &[Key]) -> Self {
+        let keys: Vec<PublicJwk> = keys
+            .iter()
+            .filter_map(|key| match &key.material {
+                Material::Ed25519 { public, .. } => Some(PublicJwk {
+                    kty: "OKP",
+                    crv: "Ed25519",
+                    kid: key.kid.clone(),
+                    alg: Algorithm::EdDsa.jose_name(),
+                    use_: "sig",
+                    x: URL_SAFE_NO_PAD.encode(public.as_bytes()),
+                }),
+                // Never published: an HMAC key that verifies also signs.
+                Material::Hmac(_) => None,
+            })
+            .collect();
+        #[derive(Serialize)]
+        struct Document<'a> {
+            keys: &'a [PublicJwk],
+        }
+        let json =
+            serde_json::to_string(&Document { keys: &keys }).expect("a JWK Set always serializes");
+        let digest = Sha256::digest(json.as_bytes());
+        let etag = format!("\"{}\"", URL_SAFE_NO_PAD.encode(&digest[..18]));
+        Self {
+            json: Arc::from(json),
+            etag: Arc::from(etag),
+            keys: Arc::from(keys),
+        }
+    }
+}
+
+/// Named keys: the first signs, every one verifies.
 #[derive(Clone)]
 pub struct KeyRing {
     keys: Arc<[Key]>,
+    jwks: Jwks,
 }
 
 impl KeyRing {
+    fn new(keys: Vec<Key>) -> Self {
+        let jwks = Jwks::of(&keys);
+        Self {
+            keys: Arc::from(keys),
+            jwks,
+        }
+    }
+
     /// A single random key, for a server started without configured keys.
     pub fn random() -> Self {
         let mut secret = vec![0u8; 32];
         rand::fill(secret.as_mut_slice());
         let kid = format!("ephemeral-{:08x}", rand::random::<u32>());
-        Self {
-            keys: Arc::from(vec![Key { kid, secret }]),
-        }
+        Self::new(vec![Key {
+            kid,
+            material: Material::Hmac(secret),
+        }])
+    }
+
+    /// Parses a key file: one entry per line (or several, comma-separated), blank
+    /// lines and `#` comments ignored.
+    pub fn from_file_text(text: &str) -> Result<Self, String> {
+        text.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .collect::<Vec<_>>()
+            .join(",")
+            .parse()
     }
 
     pub fn kids(&self) -> impl Iterator<Item = &str> {
         self.keys.iter().map(|k| k.kid.as_str())
     }
 
+    /// The kid of the key that signs.
+    pub fn signing_kid(&self) -> &str {
+        &self.signer().kid
+    }
+
+    /// The algorithm of the key that signs.
+    pub fn signing_algorithm(&self) -> Algorithm {
+        self.signer().algorithm()
+    }
+
+    /// The public Ed25519 keys as a JWK Set; empty (`{"keys":[]}`) for an HMAC-only ring.
+    pub fn jwks(&self) -> &Jwks {
+        &self.jwks
+    }
+
     /// A 32-byte key for another purpose (`label`), derived from the signing key:
     /// the same on every replica that shares the ring, and unrelated to the key itself.
     pub fn derive_key(&self, label: &str) -> [u8; 32] {
-        mac(&self.signer().secret, label.as_bytes())
+        let secret = match &self.signer().material {
+            Material::Hmac(secret) => secret.clone(),
+            Material::Ed25519 { signing, .. } => signing.to_bytes().to_vec(),
+        };
+        mac(&secret, label.as_bytes())
             .finalize()
             .into_bytes()
             .into()
@@ -136,10 +345,21 @@ impl KeyRing {
     }
 }
 
+/// Decodes standard or URL-safe base64, padded or not.
+fn decode_base64(encoded: &str) -> Option<Vec<u8>> {
+    [STANDARD, URL_SAFE, STANDARD_NO_PAD, URL_SAFE_NO_PAD]
+        .iter()
+        .find_map(|engine| engine.decode(encoded).ok())
+}
+
 impl FromStr for KeyRing {
     type Err = String;
 
-    /// Parses `kid:base64key,kid:base64key,…` (standard or URL-safe base64).
+    /// Parses `KID:BASE64KEY,…`: an HMAC key (standard or URL-safe base64), or with
+    /// the algorithm named, `KID:hs256:BASE64KEY` and `KID:ed25519:BASE64-PKCS8-DER`
+    /// (an Ed25519 private key in PKCS#8 DER, as `authd keygen` prints it and
+    /// `openssl genpkey -algorithm ed25519 -outform DER | base64 -w0` makes it).
+    /// Errors name a key by its kid or position, never quote what it holds.
     fn from_str(spec: &str) -> Result<Self, Self::Err> {
         let mut keys: Vec<Key> = Vec::new();
         for (i, entry) in spec.split(',').map(str::trim).enumerate() {
@@ -147,9 +367,12 @@ impl FromStr for KeyRing {
                 continue;
             }
             let n = i + 1;
-            let (kid, encoded) = entry
-                .split_once(':')
-                .ok_or_else(|| format!("key #{n} is not of the form KID:BASE64KEY"))?;
+            let (kid, rest) = entry.split_once(':').ok_or_else(|| {
+                format!(
+                    "key #{n} is not of the form KID:BASE64KEY or KID:ALG:KEY (ALG hs256 or \
+                     ed25519)"
+                )
+            })?;
             let kid = kid.trim();
             if kid.is_empty()
                 || kid.len() > 64
@@ -161,40 +384,158 @@ impl FromStr for KeyRing {
                     "key #{n}: the kid must be 1 to 64 characters of A-Z a-z 0-9 . _ -"
                 ));
             }
-            let encoded = encoded.trim();
-            let secret = [STANDARD, URL_SAFE, STANDARD_NO_PAD, URL_SAFE_NO_PAD]
-                .iter()
-                .find_map(|engine| engine.decode(encoded).ok())
+            // Base64 has no `:`, so a second one names the algorithm.
+            let (algorithm, encoded) = match rest.split_once(':') {
+                None => (Algorithm::Hs256, rest),
+                Some((alg, encoded)) => match alg.trim().to_ascii_lowercase().as_str() {
+                    "hs256" => (Algorithm::Hs256, encoded),
+                    "ed25519" => (Algorithm::EdDsa, encoded),
+                    _ => {
+                        return Err(format!(
+                            "key {kid:?}: unknown algorithm (expected hs256 or ed25519)"
+                        ));
+                    }
+                },
+            };
+            let bytes = decode_base64(encoded.trim())
                 .ok_or_else(|| format!("key {kid:?} is not valid base64"))?;
-            if secret.len() < MIN_KEY_BYTES {
-                return Err(format!(
-                    "key {kid:?} is {} bytes long; keys must be at least {MIN_KEY_BYTES} bytes",
-                    secret.len()
-                ));
-            }
+            let material = match algorithm {
+                Algorithm::Hs256 => {
+                    if bytes.len() < MIN_KEY_BYTES {
+                        return Err(format!(
+                            "key {kid:?} is {} bytes long; keys must be at least {MIN_KEY_BYTES} bytes",
+                            bytes.len()
+                        ));
+                    }
+                    Material::Hmac(bytes)
+                }
+                Algorithm::EdDsa => {
+                    // The decoder's error is not quoted: nothing of the key may show.
+                    let signing = SigningKey::from_pkcs8_der(&bytes).map_err(|_| {
+                        format!(
+                            "key {kid:?} is not an Ed25519 private key in PKCS#8 DER (make one \
+                             with `authd keygen --alg ed25519`)"
+                        )
+                    })?;
+                    let public = signing.verifying_key();
+                    Material::Ed25519 {
+                        signing: Box::new(signing),
+                        public,
+                    }
+                }
+            };
             if keys.iter().any(|k| k.kid == kid) {
                 return Err(format!("kid {kid:?} appears twice"));
             }
             keys.push(Key {
                 kid: kid.to_owned(),
-                secret,
+                material,
             });
         }
         if keys.is_empty() {
             return Err("no keys given (expected KID:BASE64KEY,…)".into());
         }
-        Ok(Self {
-            keys: Arc::from(keys),
-        })
+        Ok(Self::new(keys))
     }
 }
 
 impl fmt::Debug for KeyRing {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kids: Vec<String> = self
+            .keys
+            .iter()
+            .map(|k| format!("{}:{}", k.kid, k.algorithm().entry_name()))
+            .collect();
         f.debug_struct("KeyRing")
-            .field("kids", &self.kids().collect::<Vec<_>>())
+            .field("kids", &kids)
             .field("secrets", &"<redacted>")
             .finish()
+    }
+}
+
+/// A new key entry in the syntax [`KeyRing`] parses (`KID:ALG:BASE64`), from the
+/// operating system's random source: what `authd keygen` prints.
+pub fn generate_key_entry(algorithm: Algorithm, kid: &str) -> anyhow::Result<String> {
+    let mut seed = [0u8; 32];
+    rand::fill(&mut seed);
+    let encoded = match algorithm {
+        Algorithm::Hs256 => STANDARD.encode(seed),
+        Algorithm::EdDsa => {
+            let signing = SigningKey::from_bytes(&seed);
+            let der = signing
+                .to_pkcs8_der()
+                .map_err(|_| anyhow::anyhow!("encoding the new key as PKCS#8 failed"))?;
+            STANDARD.encode(der.as_bytes())
+        }
+    };
+    let entry = format!("{kid}:{}:{encoded}", algorithm.entry_name());
+    // The entry must be one that authd accepts: check it the way the server will.
+    entry
+        .parse::<KeyRing>()
+        .map_err(|why| anyhow::anyhow!("the new key does not parse: {why}"))?;
+    Ok(entry)
+}
+
+/// The ring in use, replaceable while serving (the key file is re-read on change):
+/// every token is issued or checked with the ring of that moment. Clones share it.
+#[derive(Clone)]
+pub struct LiveKeyRing {
+    ring: Arc<RwLock<KeyRing>>,
+    /// `authd_token_signing_key{kid,alg}`: 1 for the key that signs now.
+    signing_key: IntGaugeVec,
+}
+
+impl LiveKeyRing {
+    fn new(ring: KeyRing, signing_key: IntGaugeVec) -> Self {
+        let live = Self {
+            ring: Arc::new(RwLock::new(ring.clone())),
+            signing_key,
+        };
+        live.show_signer(&ring);
+        live
+    }
+
+    /// The ring now (a cheap clone: two reference counts).
+    pub fn current(&self) -> KeyRing {
+        self.ring.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Puts `ring` in use: tokens issued from now on are signed with its first key.
+    pub fn replace(&self, ring: KeyRing) {
+        *self.ring.write().unwrap_or_else(|p| p.into_inner()) = ring.clone();
+        self.show_signer(&ring);
+    }
+
+    fn show_signer(&self, ring: &KeyRing) {
+        self.signing_key.reset();
+        self.signing_key
+            .with_label_values(&[ring.signing_kid(), ring.signing_algorithm().jose_name()])
+            .set(1);
+    }
+}
+
+/// The `aud` claim: one audience or several (RFC 7519 allows both forms).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+enum Audience {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Audience {
+    fn of(audiences: &[String]) -> Option<Audience> {
+        match audiences {
+            [] => None,
+            [one] => Some(Audience::One(one.clone())),
+            many => Some(Audience::Many(many.to_vec())),
+        }
+    }
+
+    fn contains(&self, audience: &str) -> bool {
+        match self {
+            Audience::One(one) => one == audience,
+            Audience::Many(many) => many.iter().any(|a| a == audience),
+        }
     }
 }
 
@@ -214,6 +555,12 @@ struct Claims {
     iat: u64,
     exp: u64,
     iss: String,
+    /// Not before; absent from tokens issued before authd wrote it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    nbf: Option<u64>,
+    /// Present when `AUTHD_TOKEN_AUDIENCE` is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    aud: Option<Audience>,
     /// The session (absent from tokens issued before sessions existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     sid: Option<String>,
@@ -243,8 +590,12 @@ pub struct VerifiedToken {
 
 /// Issues and verifies tokens with a key ring and a lifetime.
 pub struct Tokens {
-    keys: KeyRing,
+    keys: LiveKeyRing,
     ttl: Duration,
+    /// The `aud` of every token issued (`AUTHD_TOKEN_AUDIENCE`).
+    audience: Option<Audience>,
+    /// How far `nbf` and `iat` may lie ahead of this clock, and `exp` behind it.
+    clock_skew: Duration,
     issued: IntCounter,
     valid: IntCounter,
     /// Refusals, indexed by [`TokenError::index`].
@@ -255,12 +606,31 @@ impl Tokens {
     pub fn new(keys: KeyRing, ttl: Duration, metrics: &Metrics) -> Self {
         let validated = &metrics.tokens.validated;
         Self {
-            keys,
+            keys: LiveKeyRing::new(keys, metrics.tokens.signing_key.clone()),
             ttl,
+            audience: None,
+            clock_skew: DEFAULT_CLOCK_SKEW,
             issued: metrics.tokens.issued.clone(),
             valid: validated.with_label_values(&["ok"]),
             refused: TokenError::ALL.map(|e| validated.with_label_values(&[e.label()])),
         }
+    }
+
+    /// Puts `aud` in every token: one audience as a string, several as an array.
+    pub fn with_audience(mut self, audiences: &[String]) -> Self {
+        self.audience = Audience::of(audiences);
+        self
+    }
+
+    /// The clock skew allowed when checking `nbf`, `iat` and `exp`.
+    pub fn with_clock_skew(mut self, skew: Duration) -> Self {
+        self.clock_skew = skew;
+        self
+    }
+
+    /// The ring in use, shared: for the JWKS document and the key file reload.
+    pub fn key_ring(&self) -> &LiveKeyRing {
+        &self.keys
     }
 
     pub fn issue(&self, user_id: &str, username: &Username) -> anyhow::Result<IssuedToken> {
@@ -300,9 +670,10 @@ impl Tokens {
         let expires_at = unix_time(exp).ok_or_else(|| {
             anyhow::anyhow!("a token lifetime of {:?} ends past year 9999", self.ttl)
         })?;
-        let key = self.keys.signer();
+        let ring = self.keys.current();
+        let key = ring.signer();
         let header = Header {
-            alg: "HS256".into(),
+            alg: key.algorithm().jose_name().into(),
             typ: Some("JWT".into()),
             kid: Some(key.kid.clone()),
         };
@@ -312,6 +683,8 @@ impl Tokens {
             iat: now,
             exp,
             iss: ISSUER.into(),
+            nbf: Some(now),
+            aud: self.audience.clone(),
             sid: sid.map(str::to_owned),
             jti: sid.map(|_| uuid::Uuid::now_v7().simple().to_string()),
         };
@@ -320,7 +693,7 @@ impl Tokens {
             URL_SAFE_NO_PAD.encode(serde_json::to_vec(&header)?),
             URL_SAFE_NO_PAD.encode(serde_json::to_vec(&claims)?)
         );
-        let signature = mac(&key.secret, token.as_bytes()).finalize().into_bytes();
+        let signature = key.sign(token.as_bytes());
         token.push('.');
         token.push_str(&URL_SAFE_NO_PAD.encode(signature));
         self.issued.inc();
@@ -329,17 +702,28 @@ impl Tokens {
 
     /// Checks a token and counts the outcome.
     pub fn verify(&self, token: &str) -> Result<VerifiedToken, TokenError> {
-        self.verify_unless(token, |_| false)
+        self.verify_for(token, None)
     }
 
-    /// Checks a token, refuses it as [`TokenError::Revoked`] when `revoked` says so
-    /// of a token that is otherwise valid, and counts the outcome.
+    /// Checks a token, and when `audience` is given that the token is meant for it
+    /// (its `aud` names it); counts the outcome.
+    pub fn verify_for(
+        &self,
+        token: &str,
+        audience: Option<&str>,
+    ) -> Result<VerifiedToken, TokenError> {
+        self.verify_unless(token, audience, |_| false)
+    }
+
+    /// Like [`Tokens::verify_for`], and refuses as [`TokenError::Revoked`] a token
+    /// that is otherwise valid when `revoked` says so of it; counts the outcome.
     pub fn verify_unless(
         &self,
         token: &str,
+        audience: Option<&str>,
         revoked: impl FnOnce(&VerifiedToken) -> bool,
     ) -> Result<VerifiedToken, TokenError> {
-        let result = self.check(token).and_then(|v| {
+        let result = self.check(token, audience).and_then(|v| {
             if revoked(&v) {
                 Err(TokenError::Revoked)
             } else {
@@ -354,7 +738,11 @@ impl Tokens {
     }
 
     /// Checks a token without counting it (Logout reads the session it names).
-    pub(crate) fn check(&self, token: &str) -> Result<VerifiedToken, TokenError> {
+    pub(crate) fn check(
+        &self,
+        token: &str,
+        audience: Option<&str>,
+    ) -> Result<VerifiedToken, TokenError> {
         let mut parts = token.split('.');
         let (Some(header_b64), Some(claims_b64), Some(signature_b64), None) =
             (parts.next(), parts.next(), parts.next(), parts.next())
@@ -362,21 +750,23 @@ impl Tokens {
             return Err(TokenError::Malformed);
         };
         let header: Header = decode_json(header_b64)?;
-        if header.alg != "HS256" {
-            return Err(TokenError::UnsupportedAlgorithm);
-        }
+        let alg = Algorithm::of_jose_name(&header.alg).ok_or(TokenError::UnsupportedAlgorithm)?;
+        let ring = self.keys.current();
         let key = header
             .kid
             .as_deref()
-            .and_then(|kid| self.keys.find(kid))
+            .and_then(|kid| ring.find(kid))
             .ok_or(TokenError::UnknownKey)?;
+        // The key fixes the algorithm, never the token: an `HS256` token under the kid
+        // of an Ed25519 key (its public key as the HMAC secret) is refused here.
+        if alg != key.algorithm() {
+            return Err(TokenError::AlgorithmMismatch);
+        }
         let signature = URL_SAFE_NO_PAD
             .decode(signature_b64)
             .map_err(|_| TokenError::Malformed)?;
         let signed_len = header_b64.len() + 1 + claims_b64.len();
-        mac(&key.secret, &token.as_bytes()[..signed_len])
-            .verify_slice(&signature)
-            .map_err(|_| TokenError::BadSignature)?;
+        key.verify(&token.as_bytes()[..signed_len], &signature)?;
         // Only a correctly signed payload is parsed further.
         let claims: Claims = decode_json(claims_b64)?;
         if claims.iss != ISSUER {
@@ -384,12 +774,23 @@ impl Tokens {
         }
         // Signed by us or with our key, yet no token of ours says year 10000: refuse
         // before the value meets any time arithmetic.
-        if claims.iat > MAX_TIMESTAMP {
+        if claims.iat > MAX_TIMESTAMP || claims.nbf.is_some_and(|nbf| nbf > MAX_TIMESTAMP) {
             return Err(TokenError::Malformed);
         }
         let expires_at = unix_time(claims.exp).ok_or(TokenError::Malformed)?;
-        if claims.exp <= unix_now() {
+        let now = unix_now();
+        let skew = self.clock_skew.as_secs();
+        if claims.exp.saturating_add(skew) <= now {
             return Err(TokenError::Expired);
+        }
+        let latest_start = now.saturating_add(skew);
+        if claims.iat > latest_start || claims.nbf.is_some_and(|nbf| nbf > latest_start) {
+            return Err(TokenError::NotYetValid);
+        }
+        if let Some(wanted) = audience
+            && !claims.aud.as_ref().is_some_and(|aud| aud.contains(wanted))
+        {
+            return Err(TokenError::WrongAudience);
         }
         Ok(VerifiedToken {
             user_id: claims.sub,
@@ -446,16 +847,6 @@ mod tests {
     }
 
     #[test]
-    fn issued_tokens_verify() {
-        let t = tokens(KEY_A);
-        let issued = t.issue("id-1", &Username::parse("Alice").unwrap()).unwrap();
-        let v = t.verify(&issued.token).unwrap();
-        assert_eq!(v.user_id, "id-1");
-        assert_eq!(v.username, "alice");
-        assert_eq!(v.expires_at, issued.expires_at);
-    }
-
-    #[test]
     fn session_tokens_carry_sid_and_a_unique_jti_and_end_with_their_session() {
         let t = tokens(KEY_A);
         let alice = Username::parse("alice").unwrap();
@@ -475,12 +866,22 @@ mod tests {
         assert!(capped.expires_at <= soon);
         // Refused when the caller says its session ended, and counted as revoked.
         assert_eq!(
-            t.verify_unless(&a.token, |v| v.session_id.as_deref() == Some("sid-1")),
+            t.verify_unless(&a.token, None, |v| v.session_id.as_deref() == Some("sid-1")),
             Err(TokenError::Revoked)
         );
         // Tokens without a session have neither claim.
         let plain = claims(&t.issue("id", &alice).unwrap().token);
         assert!(plain.sid.is_none() && plain.jti.is_none());
+    }
+
+    #[test]
+    fn issued_tokens_verify() {
+        let t = tokens(KEY_A);
+        let issued = t.issue("id-1", &Username::parse("Alice").unwrap()).unwrap();
+        let v = t.verify(&issued.token).unwrap();
+        assert_eq!(v.user_id, "id-1");
+        assert_eq!(v.username, "alice");
+        assert_eq!(v.expires_at, issued.expires_at);
     }
 
     #[test]
@@ -571,9 +972,7 @@ mod tests {
         let payload = URL_SAFE_NO_PAD.encode(claims);
         let key: KeyRing = KEY_A.parse().unwrap();
         let signing_input = format!("{header}.{payload}");
-        let signature = mac(&key.signer().secret, signing_input.as_bytes())
-            .finalize()
-            .into_bytes();
+        let signature = key.signer().sign(signing_input.as_bytes());
         format!("{signing_input}.{}", URL_SAFE_NO_PAD.encode(signature))
     }
 
@@ -619,6 +1018,189 @@ mod tests {
         let t = Tokens::new(KEY_A.parse().unwrap(), MAX_TTL, &Metrics::new());
         let issued = t.issue("id", &Username::parse("alice").unwrap()).unwrap();
         assert!(t.verify(&issued.token).is_ok());
+    }
+
+    fn ed25519_entry(kid: &str) -> String {
+        generate_key_entry(Algorithm::EdDsa, kid).unwrap()
+    }
+
+    #[test]
+    fn ed25519_tokens_are_eddsa_and_verify() {
+        let spec = format!("{},{KEY_A}", ed25519_entry("ed"));
+        let t = tokens(&spec);
+        let issued = t.issue("id-1", &Username::parse("Alice").unwrap()).unwrap();
+        let header: Header = decode_json(issued.token.split('.').next().unwrap()).unwrap();
+        assert_eq!(header.alg, "EdDSA");
+        assert_eq!(header.kid.as_deref(), Some("ed"));
+        assert_eq!(t.verify(&issued.token).unwrap().username, "alice");
+        let claims: Claims = decode_json(issued.token.split('.').nth(1).unwrap()).unwrap();
+        assert_eq!(claims.nbf, Some(claims.iat));
+        assert_eq!(claims.aud, None);
+    }
+
+    #[test]
+    fn the_key_fixes_the_algorithm() {
+        let ring: KeyRing = format!("{},{KEY_A}", ed25519_entry("ed")).parse().unwrap();
+        let t = Tokens::new(ring.clone(), Duration::from_secs(60), &Metrics::new());
+        let public = match &ring.find("ed").unwrap().material {
+            Material::Ed25519 { public, .. } => public.to_bytes(),
+            Material::Hmac(_) => unreachable!(),
+        };
+        let claims = format!(
+            r#"{{"sub":"id","name":"mallory","iat":{now},"exp":{exp},"iss":"{ISSUER}"}}"#,
+            now = unix_now(),
+            exp = unix_now() + 60
+        );
+        let forge = |alg: &str, kid: &str, secret: &[u8]| {
+            let header = URL_SAFE_NO_PAD.encode(format!(r#"{{"alg":"{alg}","kid":"{kid}"}}"#));
+            let input = format!("{header}.{}", URL_SAFE_NO_PAD.encode(&claims));
+            let sig = mac(secret, input.as_bytes()).finalize().into_bytes();
+            format!("{input}.{}", URL_SAFE_NO_PAD.encode(sig))
+        };
+        let x = URL_SAFE_NO_PAD.encode(public);
+        // HS256 under the Ed25519 key's kid, the public key (raw, or its JWK text) as secret.
+        for secret in [&public[..], x.as_bytes()] {
+            assert_eq!(
+                t.verify(&forge("HS256", "ed", secret)),
+                Err(TokenError::AlgorithmMismatch)
+            );
+        }
+        // EdDSA claimed under the HMAC key's kid.
+        assert_eq!(
+            t.verify(&forge("EdDSA", "a", b"whatever")),
+            Err(TokenError::AlgorithmMismatch)
+        );
+        // An EdDSA token signed by another Ed25519 key under the same kid.
+        let other = tokens(&ed25519_entry("ed"));
+        let foreign = other
+            .issue("id", &Username::parse("mallory").unwrap())
+            .unwrap();
+        assert_eq!(t.verify(&foreign.token), Err(TokenError::BadSignature));
+    }
+
+    #[test]
+    fn the_jwks_holds_only_ed25519_public_keys() {
+        let spec = format!("{KEY_A},{},{}", ed25519_entry("e1"), ed25519_entry("e2"));
+        let ring: KeyRing = spec.parse().unwrap();
+        let jwks: serde_json::Value = serde_json::from_str(&ring.jwks().json).unwrap();
+        let keys = jwks["keys"].as_array().unwrap();
+        assert_eq!(keys.len(), 2);
+        for (key, kid) in keys.iter().zip(["e1", "e2"]) {
+            let mut fields: Vec<&str> = key
+                .as_object()
+                .unwrap()
+                .keys()
+                .map(|k| k.as_str())
+                .collect();
+            fields.sort();
+            assert_eq!(fields, ["alg", "crv", "kid", "kty", "use", "x"]);
+            assert_eq!(key["kid"], kid);
+            assert_eq!(key["kty"], "OKP");
+            assert_eq!(key["crv"], "Ed25519");
+            assert_eq!(key["alg"], "EdDSA");
+            assert_eq!(key["use"], "sig");
+            assert_eq!(
+                URL_SAFE_NO_PAD
+                    .decode(key["x"].as_str().unwrap())
+                    .unwrap()
+                    .len(),
+                32
+            );
+        }
+        let hmac_only: KeyRing = KEY_A.parse().unwrap();
+        assert_eq!(&*hmac_only.jwks().json, r#"{"keys":[]}"#);
+        assert_ne!(hmac_only.jwks().etag, ring.jwks().etag);
+        // Nothing secret in Debug either.
+        let debug = format!("{ring:?}");
+        assert!(debug.contains("e1:ed25519"), "{debug}");
+        for entry in spec.split(',') {
+            let secret = entry.rsplit(':').next().unwrap();
+            assert!(!debug.contains(secret), "{debug}");
+        }
+    }
+
+    #[test]
+    fn ed25519_key_entries_are_checked_without_quoting_them() {
+        let entry = ed25519_entry("k");
+        assert!(entry.starts_with("k:ed25519:"), "{entry}");
+        let ring: KeyRing = entry.parse().unwrap();
+        assert_eq!(ring.signing_algorithm(), Algorithm::EdDsa);
+        let hs = generate_key_entry(Algorithm::Hs256, "h").unwrap();
+        assert!(hs.starts_with("h:hs256:"), "{hs}");
+        assert_eq!(
+            hs.parse::<KeyRing>().unwrap().signing_algorithm(),
+            Algorithm::Hs256
+        );
+        // The explicit hs256 form means what the bare form does.
+        let explicit = format!("a:hs256:{}", &KEY_A[2..]);
+        assert_eq!(
+            explicit.parse::<KeyRing>().unwrap().signing_algorithm(),
+            Algorithm::Hs256
+        );
+        // 32 bytes that are not PKCS#8: refused, and the value not quoted.
+        let bad = format!("k:ed25519:{}", &KEY_A[2..]);
+        let err = bad.parse::<KeyRing>().unwrap_err();
+        assert!(err.contains("PKCS#8"), "{err}");
+        assert!(!err.contains(&KEY_A[2..]), "{err}");
+        let err = format!("k:rsa:{}", &KEY_A[2..])
+            .parse::<KeyRing>()
+            .unwrap_err();
+        assert!(err.contains("unknown algorithm"), "{err}");
+        assert!(!err.contains(&KEY_A[2..]), "{err}");
+        assert!(generate_key_entry(Algorithm::EdDsa, "bad kid").is_err());
+    }
+
+    #[test]
+    fn audiences_and_the_clock_skew() {
+        let metrics = Metrics::new();
+        let t = Tokens::new(KEY_A.parse().unwrap(), Duration::from_secs(60), &metrics)
+            .with_audience(&["orders".to_owned()])
+            .with_clock_skew(Duration::from_secs(30));
+        let issued = t.issue("id", &Username::parse("alice").unwrap()).unwrap();
+        assert!(t.verify_for(&issued.token, Some("orders")).is_ok());
+        assert!(t.verify_for(&issued.token, None).is_ok());
+        assert_eq!(
+            t.verify_for(&issued.token, Some("billing")),
+            Err(TokenError::WrongAudience)
+        );
+        let now = unix_now();
+        let token = |extra: &str, iat: u64, exp: u64| {
+            signed(&format!(
+                r#"{{"sub":"id","name":"alice","iat":{iat},"exp":{exp},"iss":"{ISSUER}"{extra}}}"#
+            ))
+        };
+        let many = token(r#","aud":["a","orders"]"#, now, now + 60);
+        assert!(t.verify_for(&many, Some("orders")).is_ok());
+        assert_eq!(
+            t.verify_for(&token("", now, now + 60), Some("orders")),
+            Err(TokenError::WrongAudience)
+        );
+        let nbf = |at: u64| token(&format!(r#","nbf":{at}"#), now, now + 600);
+        assert!(t.verify(&nbf(now + 10)).is_ok());
+        assert_eq!(t.verify(&nbf(now + 600)), Err(TokenError::NotYetValid));
+        assert!(t.verify(&token("", now + 10, now + 600)).is_ok());
+        assert_eq!(
+            t.verify(&token("", now + 600, now + 900)),
+            Err(TokenError::NotYetValid)
+        );
+        assert!(t.verify(&token("", now - 600, now - 10)).is_ok());
+        assert_eq!(
+            t.verify(&token("", now - 600, now - 60)),
+            Err(TokenError::Expired)
+        );
+        assert_eq!(
+            t.verify(&nbf(MAX_TIMESTAMP + 1)),
+            Err(TokenError::Malformed)
+        );
+        let strict = tokens(KEY_A).with_clock_skew(Duration::ZERO);
+        assert_eq!(strict.verify(&nbf(now + 10)), Err(TokenError::NotYetValid));
+        let text = metrics.render();
+        for line in [
+            r#"authd_tokens_validated_total{outcome="wrong_audience"} 2"#,
+            r#"authd_tokens_validated_total{outcome="not_yet_valid"} 2"#,
+        ] {
+            assert!(text.contains(line), "{line} missing in:\n{text}");
+        }
     }
 
     #[test]

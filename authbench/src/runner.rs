@@ -621,7 +621,13 @@ impl Shared {
                 }
                 Operation::Validate => {
                     let access_token = fixtures.tokens[pick % fixtures.tokens.len()].clone();
-                    let request = deadline(ValidateTokenRequest { access_token }, timeout);
+                    let request = deadline(
+                        ValidateTokenRequest {
+                            access_token,
+                            ..Default::default()
+                        },
+                        timeout,
+                    );
                     auth.validate_token(request).await.map(drop)
                 }
                 Operation::Refresh => {

@@ -34,6 +34,9 @@ fn help_documents_every_option_with_its_variable_and_default() {
         "AUTHD_TOKEN_TTL",
         "AUTHD_REFRESH_TTL",
         "AUTHD_REVOCATION_DELAY",
+        "AUTHD_TOKEN_KEYS_RELOAD",
+        "AUTHD_TOKEN_AUDIENCE",
+        "AUTHD_TOKEN_CLOCK_SKEW",
         "AUTHD_HEALTH_INTERVAL",
         "AUTHD_DRAIN_TIMEOUT",
         "AUTHD_METRICS_LISTEN",
@@ -61,6 +64,7 @@ fn help_documents_every_option_with_its_variable_and_default() {
         );
     }
     assert!(help.contains("migrate"));
+    assert!(help.contains("keygen"));
 }
 
 #[test]

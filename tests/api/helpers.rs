@@ -343,6 +343,7 @@ impl TestApp {
         self.client
             .validate_token(authd::pb::ValidateTokenRequest {
                 access_token: token.into(),
+                ..Default::default()
             })
             .await
             .map(|r| r.into_inner())

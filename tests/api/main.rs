@@ -6,6 +6,7 @@ mod errors;
 mod h2raw;
 mod helpers;
 mod input;
+mod jwks;
 mod lifecycle;
 mod load;
 mod metrics;

@@ -339,6 +339,7 @@ async fn the_request_id_round_trips() {
             .client
             .validate_token(ValidateTokenRequest {
                 access_token: "not.a.token".into(),
+                ..Default::default()
             })
             .await
             .unwrap_err();

@@ -276,6 +276,7 @@ async fn validate_as(
 ) -> Result<(), Status> {
     let mut request = Request::new(ValidateTokenRequest {
         access_token: "not-a-token".into(),
+        ..Default::default()
     });
     if let Some(id) = client_id {
         request

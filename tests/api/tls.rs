@@ -203,6 +203,7 @@ async fn failure(channel: &Channel) -> (Code, String) {
     let mut client = AuthServiceClient::new(channel.clone());
     let request = ValidateTokenRequest {
         access_token: "not-a-token".into(),
+        ..Default::default()
     };
     let status = client.validate_token(request).await.unwrap_err();
     let mut chain = status.message().to_owned();
@@ -220,6 +221,7 @@ async fn validate(channel: &Channel) -> Code {
     let mut client = AuthServiceClient::new(channel.clone());
     let request = ValidateTokenRequest {
         access_token: "not-a-token".into(),
+        ..Default::default()
     };
     match client.validate_token(request).await {
         Ok(_) => Code::Ok,
@@ -245,6 +247,7 @@ async fn tls_serves_the_api_health_and_reflection_on_one_port() {
     let valid = client
         .validate_token(ValidateTokenRequest {
             access_token: token,
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -281,6 +281,7 @@ async fn the_reason_of_a_refusal_is_logged_with_the_request_id() {
     ] {
         let mut request = tonic::Request::new(authd::pb::ValidateTokenRequest {
             access_token: token,
+            ..Default::default()
         });
         let id = crate::helpers::unique_name("probe");
         request

@@ -38,6 +38,7 @@ async fn honest_client_is_served(from: &str, app: &TestApp, name: &str) {
     client
         .validate_token(authd::pb::ValidateTokenRequest {
             access_token: token,
+            ..Default::default()
         })
         .await
         .expect("ValidateToken is served");
@@ -380,6 +381,7 @@ fn the_health_port_answers_while_the_main_runtime_cannot() {
             let auth = AuthServiceClient::new(channel)
                 .validate_token(authd::pb::ValidateTokenRequest {
                     access_token: "x".into(),
+                    ..Default::default()
                 })
                 .await
                 .map(|_| ())
