@@ -13,6 +13,7 @@ use crate::{
     grpc::{AuthApi, MAX_MESSAGE_BYTES},
     health,
     metrics::{self, Metrics},
+    otel::Traces,
     password::{HashPool, Hasher, PoolSnapshot},
     pb::{self, auth_service_server::AuthServiceServer},
     ratelimit::{self, RateLimitStats, RateLimiter, Settings as RateLimitSettings},
@@ -46,6 +47,7 @@ pub struct Application {
     rate_limiter: Arc<RateLimiter>,
     blocklist: Arc<Blocklist>,
     metrics: Arc<Metrics>,
+    traces: Option<Arc<Traces>>,
     metrics_listener: Option<TcpListener>,
     metrics_addr: Option<SocketAddr>,
     health_listener: Option<std::net::TcpListener>,
@@ -145,6 +147,8 @@ impl Application {
         // One registry per application, never the process-wide default: tests run
         // several applications in one process and count each one's requests.
         let metrics = Arc::new(Metrics::new());
+        // This application's traces (none without OTEL_EXPORTER_OTLP_ENDPOINT).
+        let traces = Traces::start(&config.trace_settings(), &metrics)?.map(Arc::new);
         // Before the store: a bad list file stops the start before anything is opened.
         let blocklist = Arc::new(Blocklist::new(
             config.password_blocklist.is_on(),
@@ -211,6 +215,7 @@ impl Application {
             rate_limiter,
             blocklist,
             metrics,
+            traces,
             metrics_listener,
             metrics_addr,
             health_listener,
@@ -264,6 +269,7 @@ impl Application {
             rate_limiter,
             blocklist,
             metrics,
+            traces,
             metrics_listener,
             metrics_addr,
             health_listener,
@@ -307,7 +313,7 @@ impl Application {
             Some(listener) => Some(spawn_health_server(
                 listener,
                 auxiliary,
-                trace::layer(metrics.clone()).layer(health_service.clone()),
+                trace::layer(metrics.clone(), traces.clone()).layer(health_service.clone()),
                 metrics.listener("health"),
                 auxiliary_stopped,
             )?),
@@ -335,7 +341,7 @@ impl Application {
                 request.map(tonic::body::Body::new)
             })
             // Outermost: every request, refused or not, gets an id, a log line and metrics.
-            .layer(trace::layer(metrics.clone()))
+            .layer(trace::layer(metrics.clone(), traces.clone()))
             // Then: a request refused by a rate limit never takes an admission slot.
             .layer(ratelimit::layer(rate_limiter))
             .layer(admission::layer(admission.clone()))

@@ -8,6 +8,7 @@
 //! and each can be read from a file (`*_FILE`) so that it shows in neither `ps` nor
 //! the environment. [`secrets_on_command_line`] finds those given as flags anyway.
 
+use crate::otel::{SamplerKind, TraceSettings};
 use crate::ratelimit::{FailureMode, RateLimits};
 use crate::secret::{self, RedisUrl, SecretUrl};
 use crate::token::KeyRing;
@@ -366,6 +367,66 @@ pub struct Config {
         global = true
     )]
     pub log_format: LogFormat,
+
+    /// Where to send traces: an OpenTelemetry collector's OTLP/gRPC address (e.g.
+    /// http://otel-collector:4317). Unset: no traces. The standard OpenTelemetry
+    /// variable, so collectors and operators find it where they expect.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_parser = otlp_endpoint, global = true)]
+    pub otlp_endpoint: Option<String>,
+
+    /// The service.name of the traces.
+    #[arg(
+        long,
+        env = "OTEL_SERVICE_NAME",
+        default_value = "authd",
+        global = true
+    )]
+    pub otel_service_name: String,
+
+    /// Which traces are recorded; the parentbased_ samplers follow the caller's
+    /// traceparent, and decide by themselves only for traces that start here.
+    #[arg(
+        long,
+        env = "OTEL_TRACES_SAMPLER",
+        default_value = "parentbased_always_on",
+        value_enum,
+        global = true
+    )]
+    pub otel_traces_sampler: SamplerKind,
+
+    /// The fraction of traces the traceidratio samplers record, 0 to 1.
+    #[arg(long, env = "OTEL_TRACES_SAMPLER_ARG", default_value = "1.0",
+          value_parser = sampler_ratio, global = true)]
+    pub otel_traces_sampler_arg: f64,
+
+    /// Ended spans waiting for export at most; beyond, spans are dropped and counted
+    /// (authd_trace_spans_dropped_total), never waited for.
+    #[arg(long, env = "AUTHD_TRACE_QUEUE", default_value = "2048",
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000), global = true)]
+    pub trace_queue: u32,
+}
+
+/// An OTLP/gRPC endpoint: an `http://` URL (TLS to the collector is not built in:
+/// send to a collector on the same host or pod, which forwards over TLS).
+fn otlp_endpoint(value: &str) -> Result<String, String> {
+    let uri: http::Uri = value
+        .parse()
+        .map_err(|_| "not a URL (e.g. http://otel-collector:4317)".to_owned())?;
+    match (uri.scheme_str(), uri.host()) {
+        (Some("http"), Some(_)) => Ok(value.to_owned()),
+        (Some("https"), _) => {
+            Err("https is not supported: use an http:// collector address".into())
+        }
+        _ => Err("expected http://HOST:PORT (e.g. http://otel-collector:4317)".into()),
+    }
+}
+
+/// A ratio from 0 to 1.
+fn sampler_ratio(value: &str) -> Result<f64, String> {
+    match value.parse::<f64>() {
+        Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+        _ => Err("expected a number from 0 to 1".into()),
+    }
 }
 
 /// Which PBKDF2 kernels hash passwords.
@@ -428,6 +489,17 @@ impl Config {
         let mut cli = Cli::command_for_defaults();
         cli.config.token_keys = None;
         cli.config
+    }
+
+    /// What tracing needs of the configuration.
+    pub fn trace_settings(&self) -> TraceSettings {
+        TraceSettings {
+            endpoint: self.otlp_endpoint.clone(),
+            service_name: self.otel_service_name.clone(),
+            sampler: self.otel_traces_sampler,
+            sampler_arg: self.otel_traces_sampler_arg,
+            queue: self.trace_queue as usize,
+        }
     }
 
     /// Hash threads, resolving the default.

@@ -153,6 +153,12 @@ pub(crate) struct TokenMetrics {
     pub validated: IntCounterVec,
 }
 
+/// Spans of the OpenTelemetry exporter (see `otel`).
+pub(crate) struct TraceMetrics {
+    pub exported: IntCounter,
+    pub dropped: IntCounter,
+}
+
 /// New passwords the blocklist refused, by reason.
 pub(crate) struct BlocklistMetrics {
     pub refusals: IntCounterVec,
@@ -189,6 +195,7 @@ pub struct Metrics {
     pub(crate) tokens: TokenMetrics,
     pub(crate) connections: ConnectionMetrics,
     pub(crate) blocklist: BlocklistMetrics,
+    pub(crate) traces: TraceMetrics,
     /// Run before each scrape, for values read from elsewhere (connection pools).
     refreshers: Mutex<Vec<Box<dyn Fn() + Send + Sync>>>,
 }
@@ -463,6 +470,17 @@ impl Metrics {
                 &["reason"],
             ),
         };
+        let traces = TraceMetrics {
+            exported: counter(
+                "authd_trace_spans_exported_total",
+                "Spans the OTLP collector accepted (0 while tracing is off).",
+            ),
+            dropped: counter(
+                "authd_trace_spans_dropped_total",
+                "Spans given up: the export queue was full (the collector is slow or down) or \
+                 their export failed or timed out.",
+            ),
+        };
         registered(
             &r,
             IntGaugeVec::new(
@@ -489,6 +507,7 @@ impl Metrics {
             tokens,
             connections,
             blocklist,
+            traces,
             refreshers: Mutex::new(Vec::new()),
         }
     }

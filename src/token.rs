@@ -240,6 +240,8 @@ impl Tokens {
     }
 
     pub fn issue(&self, user_id: &str, username: &Username) -> anyhow::Result<IssuedToken> {
+        let mut span = crate::otel::child("token.sign");
+        span.set("token.alg", "HS256");
         let now = unix_now();
         let exp = now.saturating_add(self.ttl.as_secs().max(1));
         // Unreachable with a TTL of at most `MAX_TTL` and a sane clock; refused
@@ -274,10 +276,14 @@ impl Tokens {
 
     /// Checks a token and counts the outcome.
     pub fn verify(&self, token: &str) -> Result<VerifiedToken, TokenError> {
+        let mut span = crate::otel::child("token.verify");
         let result = self.check(token);
         match &result {
             Ok(_) => self.valid.inc(),
-            Err(e) => self.refused[e.index()].inc(),
+            Err(e) => {
+                self.refused[e.index()].inc();
+                span.set("token.refused", e.label());
+            }
         }
         result
     }

@@ -24,10 +24,15 @@
 use crate::{
     metrics::{CODE_NAMES, Metrics},
     middleware::{BoxFuture, Middleware, MiddlewareLayer, Request, Response},
+    otel::{self, Traces},
     rpc::{RequestId, Rpc, UserId},
 };
 use http::HeaderValue;
-use std::{net::SocketAddr, sync::Arc, time::Instant};
+use opentelemetry::{
+    Context,
+    context::{FutureExt as _, WithContext},
+};
+use std::{net::SocketAddr, pin::Pin, sync::Arc, task::Poll, time::Instant};
 use tonic::transport::server::TcpConnectInfo;
 use tower::Service;
 
@@ -45,11 +50,12 @@ const CODE_UNKNOWN: usize = 2;
 /// The outermost layer's policy: id, count, time and log every request.
 pub struct Trace {
     metrics: Arc<Metrics>,
+    traces: Option<Arc<Traces>>,
 }
 
-/// The trace layer.
-pub(crate) fn layer(metrics: Arc<Metrics>) -> MiddlewareLayer<Trace> {
-    MiddlewareLayer::new(Arc::new(Trace { metrics }))
+/// The trace layer; with `traces`, every request also gets a server span.
+pub(crate) fn layer(metrics: Arc<Metrics>, traces: Option<Arc<Traces>>) -> MiddlewareLayer<Trace> {
+    MiddlewareLayer::new(Arc::new(Trace { metrics, traces }))
 }
 
 impl Middleware for Trace {
@@ -73,6 +79,12 @@ impl Middleware for Trace {
             .get::<TcpConnectInfo>()
             .and_then(|info| info.remote_addr());
         req.extensions_mut().insert(RequestId(request_id.clone()));
+        let span = (self.traces.as_ref())
+            .map(|traces| traces.server_span(req.headers(), rpc.service(), rpc.method()));
+        let trace_id = match &span {
+            Some(cx) => otel::trace_id(cx),
+            None => otel::caller_trace_id(req.headers()),
+        };
         let mut pending = Pending::start(
             self.metrics.clone(),
             rpc,
@@ -81,7 +93,20 @@ impl Middleware for Trace {
             unknown_path,
             started,
         );
-        let response = inner.call(req);
+        pending.trace_id = trace_id;
+        let response = match &span {
+            // The layers below and the handler run inside the span's context.
+            Some(cx) => {
+                let _current = cx.clone().attach();
+                InContext::Traced {
+                    future: inner.call(req).with_context(cx.clone()),
+                }
+            }
+            None => InContext::Plain {
+                future: inner.call(req),
+            },
+        };
+        pending.span = span;
         Box::pin(async move {
             match response.await {
                 Ok(mut response) => {
@@ -102,6 +127,27 @@ impl Middleware for Trace {
     }
 }
 
+pin_project_lite::pin_project! {
+    /// The inner future, run inside the server span's context when traced (and
+    /// untouched, at no cost, when not).
+    #[project = InContextProjection]
+    enum InContext<F> {
+        Traced { #[pin] future: WithContext<F> },
+        Plain { #[pin] future: F },
+    }
+}
+
+impl<F: Future> Future for InContext<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<F::Output> {
+        match self.project() {
+            InContextProjection::Traced { future } => future.poll(cx),
+            InContextProjection::Plain { future } => future.poll(cx),
+        }
+    }
+}
+
 /// A request not yet finished. Finishing it records and logs it; dropping it
 /// unfinished (the response future was dropped) records it as CANCELLED.
 struct Pending {
@@ -112,6 +158,10 @@ struct Pending {
     unknown_path: Option<String>,
     started: Instant,
     finished: bool,
+    /// The server span's context, when traced.
+    span: Option<Context>,
+    /// Logged with the request: its trace, or the caller's.
+    trace_id: Option<String>,
 }
 
 impl Pending {
@@ -132,6 +182,8 @@ impl Pending {
             unknown_path,
             started,
             finished: false,
+            span: None,
+            trace_id: None,
         }
     }
 
@@ -142,6 +194,9 @@ impl Pending {
         let elapsed = self.started.elapsed();
         self.metrics.grpc.in_flight.dec();
         self.metrics.grpc.record(self.rpc, code, elapsed);
+        if let Some(cx) = self.span.take() {
+            otel::end_server_span(&cx, code, CODE_NAMES[code]);
+        }
 
         let rpc = self.rpc;
         let request_id = self.request_id.to_str().unwrap_or_default();
@@ -150,6 +205,7 @@ impl Pending {
         let peer = self.peer.map(tracing::field::display);
         let user_id = user.map(|u| u.0.as_str());
         let path = self.unknown_path.as_deref();
+        let trace_id = self.trace_id.as_deref();
         if rpc.is_exempt() {
             tracing::debug!(
                 request_id,
@@ -158,6 +214,7 @@ impl Pending {
                 peer,
                 code,
                 latency_ms,
+                trace_id,
                 "request"
             );
         } else {
@@ -170,6 +227,7 @@ impl Pending {
                 code,
                 latency_ms,
                 user_id,
+                trace_id,
                 "request"
             );
         }
@@ -244,7 +302,7 @@ mod tests {
             }
             Ok::<_, Infallible>(response)
         });
-        layer(metrics).layer(inner)
+        layer(metrics, None).layer(inner)
     }
 
     fn request(path: &str, id: Option<&str>) -> Request {
@@ -314,7 +372,7 @@ mod tests {
         let inner = tower::service_fn(|_req: Request| async {
             std::future::pending::<Result<Response, Infallible>>().await
         });
-        let mut svc = layer(metrics.clone()).layer(inner);
+        let mut svc = layer(metrics.clone(), None).layer(inner);
         let future = svc.call(request("/auth.v1.AuthService/Register", None));
         assert!(metrics.render().contains("authd_grpc_requests_in_flight 1"));
         drop(future);

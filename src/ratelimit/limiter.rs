@@ -337,9 +337,32 @@ impl RateLimiter {
     /// Decides `checks` (from [`plan`](Self::plan), not empty): the quota left, or
     /// RESOURCE_EXHAUSTED (or UNAVAILABLE when Redis fails in fail-closed mode).
     pub(crate) async fn decide(&self, checks: &[Check]) -> Result<Quota, Error> {
+        let mut span = crate::otel::child("ratelimit");
+        span.set("ratelimit.rules", checks.len() as i64);
+        let verdict = self.decide_in(checks, &mut span).await;
+        span.set(
+            "ratelimit.outcome",
+            match &verdict {
+                Ok(_) => "admitted",
+                Err(Error::RateLimited { .. }) => "refused",
+                Err(_) => "unavailable",
+            },
+        );
+        verdict
+    }
+
+    async fn decide_in(
+        &self,
+        checks: &[Check],
+        span: &mut crate::otel::Child,
+    ) -> Result<Quota, Error> {
         let outcome = match &self.redis {
-            None => self.decide_locally(checks),
+            None => {
+                span.set("ratelimit.backend", "local");
+                self.decide_locally(checks)
+            }
             Some(tier) if tier.healthy.load(Ordering::SeqCst) => {
+                span.set("ratelimit.backend", "redis");
                 let started = Instant::now();
                 let decided = tier.limiter.decide(checks).await;
                 (self.metrics.redis_duration).observe(started.elapsed().as_secs_f64());
@@ -361,11 +384,16 @@ impl RateLimiter {
                                 self.degraded_behaviour()
                             );
                         }
+                        span.fail("redis failed");
+                        span.set("ratelimit.fallback", true);
                         self.decide_degraded(checks)?
                     }
                 }
             }
-            Some(_) => self.decide_degraded(checks)?,
+            Some(_) => {
+                span.set("ratelimit.backend", "fallback");
+                self.decide_degraded(checks)?
+            }
         };
         self.verdict(checks, &outcome)
     }

@@ -18,4 +18,5 @@ mod secrets;
 mod storage;
 mod timing;
 mod tokens;
+mod tracing;
 mod transport;
