@@ -1,5 +1,8 @@
 //! The one configuration of authd: every option is a flag and an `AUTHD_*`
-//! environment variable, with its default shown by `authd --help`.
+//! environment variable, with its default shown by `authd --help`. The exception:
+//! the trace exporter's settings are OpenTelemetry's standard `OTEL_*` variables
+//! (`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_SERVICE_NAME`, `OTEL_TRACES_SAMPLER`,
+//! `OTEL_TRACES_SAMPLER_ARG`), which collectors' docs and operators expect.
 //!
 //! Values are parsed and checked here, so a bad value stops the start with one
 //! clear line. Secrets (the database and Redis URLs, the token keys) are never
@@ -836,6 +839,41 @@ mod tests {
             c.metrics_listen,
             MetricsListen(Some("0.0.0.0:9090".parse().unwrap()))
         );
+    }
+
+    #[test]
+    fn traces_are_off_by_default_and_take_the_standard_variables() {
+        let c = Config::defaults();
+        assert_eq!(c.otlp_endpoint, None);
+        assert_eq!(c.otel_service_name, "authd");
+        assert_eq!(c.otel_traces_sampler, SamplerKind::ParentBasedAlwaysOn);
+        let cli = Cli::try_parse_from([
+            "authd",
+            "--otlp-endpoint",
+            "http://127.0.0.1:4317",
+            "--otel-traces-sampler",
+            "parentbased_traceidratio",
+            "--otel-traces-sampler-arg",
+            "0.25",
+        ])
+        .unwrap();
+        let settings = cli.config.trace_settings();
+        assert_eq!(settings.endpoint.as_deref(), Some("http://127.0.0.1:4317"));
+        assert_eq!(settings.sampler, SamplerKind::ParentBasedTraceIdRatio);
+        assert_eq!(settings.sampler_arg, 0.25);
+        for (flag, bad) in [
+            ("--otlp-endpoint", "127.0.0.1:4317"),
+            ("--otlp-endpoint", "https://collector:4317"),
+            ("--otlp-endpoint", "not a url"),
+            ("--otel-traces-sampler-arg", "1.5"),
+            ("--otel-traces-sampler-arg", "-0.1"),
+            ("--otel-traces-sampler", "sometimes"),
+        ] {
+            assert!(
+                Cli::try_parse_from(["authd", flag, bad]).is_err(),
+                "{flag} {bad}"
+            );
+        }
     }
 
     #[test]
