@@ -302,12 +302,13 @@ impl Application {
         if let Err(why) = &first {
             tracing::error!(error = %why, "the database does not answer: NOT_SERVING");
         }
-        health::report(&reporter, first.is_ok()).await;
+        health::report(&reporter, first.is_ok(), &metrics.serving).await;
         let checker = health::spawn_checker(
             reporter.clone(),
             accounts.clone(),
             config.health_interval,
             first.is_ok(),
+            metrics.serving.clone(),
         );
         let health_server = match health_listener {
             Some(listener) => Some(spawn_health_server(
@@ -386,7 +387,7 @@ impl Application {
             in_flight = admission.in_flight(),
             "shutting down: draining requests in flight"
         );
-        health::report(&reporter, false).await;
+        health::report(&reporter, false, &metrics.serving).await;
         checker.abort();
         if !admission.drain(config.drain_timeout).await {
             tracing::warn!(

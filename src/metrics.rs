@@ -196,6 +196,8 @@ pub struct Metrics {
     pub(crate) connections: ConnectionMetrics,
     pub(crate) blocklist: BlocklistMetrics,
     pub(crate) traces: TraceMetrics,
+    /// 1 while readiness is SERVING, 0 while NOT_SERVING (the health checker sets it).
+    pub(crate) serving: IntGauge,
     /// Run before each scrape, for values read from elsewhere (connection pools).
     refreshers: Mutex<Vec<Box<dyn Fn() + Send + Sync>>>,
 }
@@ -470,6 +472,11 @@ impl Metrics {
                 &["reason"],
             ),
         };
+        let serving = gauge(
+            "authd_serving",
+            "1 while readiness (grpc.health.v1 for \"\" and auth.v1.AuthService) is SERVING; 0 \
+             while NOT_SERVING: the database does not answer, or the server is draining.",
+        );
         let traces = TraceMetrics {
             exported: counter(
                 "authd_trace_spans_exported_total",
@@ -508,6 +515,7 @@ impl Metrics {
             connections,
             blocklist,
             traces,
+            serving,
             refreshers: Mutex::new(Vec::new()),
         }
     }

@@ -217,7 +217,6 @@ pub(crate) fn trace_id(cx: &Context) -> Option<String> {
 }
 
 /// The trace id of the request being handled (for log lines and audit events).
-#[allow(dead_code)]
 pub(crate) fn current_trace_id() -> Option<String> {
     trace_id(&Context::current())
 }
