@@ -79,7 +79,10 @@ impl Middleware for Trace {
             .get::<TcpConnectInfo>()
             .and_then(|info| info.remote_addr());
         req.extensions_mut().insert(RequestId(request_id.clone()));
+        // Health and reflection only when a caller traces them: probes every few
+        // seconds would bury the traces of real requests.
         let span = (self.traces.as_ref())
+            .filter(|_| !rpc.is_exempt() || req.headers().contains_key("traceparent"))
             .map(|traces| traces.server_span(req.headers(), rpc.service(), rpc.method()));
         let trace_id = match &span {
             Some(cx) => otel::trace_id(cx),

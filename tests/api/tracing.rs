@@ -132,6 +132,8 @@ async fn a_login_continues_the_callers_trace_with_spans_for_each_wait() {
     })
     .await;
     app.register("erin", "correct horse").await.unwrap();
+    // A probe, before the login: not traced (it brings no traceparent).
+    app.health_status("").await;
     app.client
         .login(login_with_traceparent("erin", "correct horse"))
         .await
@@ -192,6 +194,10 @@ async fn a_login_continues_the_callers_trace_with_spans_for_each_wait() {
             .any(|(_, s)| s.name == "auth.v1.AuthService/Register"
                 && s.trace_id != TRACE_ID
                 && s.parent_span_id.is_empty())
+    );
+    assert!(
+        all.iter().all(|(_, s)| !s.name.starts_with("grpc.health")),
+        "health checks are traced only when the caller traces them"
     );
     let m = app.handle.render_metrics();
     assert!(m.contains("authd_trace_spans_dropped_total 0"), "{m}");
