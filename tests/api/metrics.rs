@@ -123,7 +123,6 @@ async fn a_fresh_server_exports_every_request_series_at_zero() {
         panic!("not a histogram");
     };
     assert_eq!(buckets[0].less_than, 0.00005);
-    assert_eq!(m.value("authd_serving", &[]), 1.0);
     assert_eq!(m.value("authd_trace_spans_dropped_total", &[]), 0.0);
     // The rate-limit tier's request counts exist too, before any rule is configured.
     for outcome in ["admitted", "refused", "unavailable"] {
