@@ -16,6 +16,7 @@ use crate::{
     health, jwks,
     keyfile::{self, KeyFile},
     metrics::{self, Metrics},
+    otel::Traces,
     password::{HashPool, Hasher, PoolSnapshot},
     pb::{self, auth_service_server::AuthServiceServer},
     ratelimit::{self, RateLimitStats, RateLimiter, Settings as RateLimitSettings},
@@ -55,6 +56,7 @@ pub struct Application {
     metrics: Arc<Metrics>,
     key_ring: LiveKeyRing,
     key_file: Option<Arc<KeyFile>>,
+    traces: Option<Arc<Traces>>,
     metrics_listener: Option<TcpListener>,
     metrics_addr: Option<SocketAddr>,
     health_listener: Option<std::net::TcpListener>,
@@ -206,6 +208,8 @@ impl Application {
                 "--tls-allow (AUTHD_TLS_ALLOW) needs --tls-client-ca (AUTHD_TLS_CLIENT_CA)"
             );
         }
+        // This application's traces (none without OTEL_EXPORTER_OTLP_ENDPOINT).
+        let traces = Traces::start(&config.trace_settings(), &metrics)?.map(Arc::new);
         // Before the store: a bad list file stops the start before anything is opened.
         let blocklist = Arc::new(Blocklist::new(
             config.password_blocklist.is_on(),
@@ -298,6 +302,7 @@ impl Application {
             metrics,
             key_ring,
             key_file,
+            traces,
             metrics_listener,
             metrics_addr,
             health_listener,
@@ -355,6 +360,7 @@ impl Application {
             metrics,
             key_ring,
             key_file,
+            traces,
             metrics_listener,
             metrics_addr,
             health_listener,
@@ -391,7 +397,7 @@ impl Application {
         if let Err(why) = &first {
             tracing::error!(error = %why, "the database does not answer: NOT_SERVING");
         }
-        health::report(&reporter, first.is_ok()).await;
+        health::report(&reporter, first.is_ok(), &metrics.serving).await;
         // Revocations from every replica, and the purge of old sessions.
         let upkeep = tokio::spawn(accounts.clone().upkeep(config.revocation_delay / 2));
         let checker = health::spawn_checker(
@@ -399,12 +405,13 @@ impl Application {
             accounts.clone(),
             config.health_interval,
             first.is_ok(),
+            metrics.serving.clone(),
         );
         let health_server = match health_listener {
             Some(listener) => Some(spawn_health_server(
                 listener,
                 auxiliary,
-                trace::layer(metrics.clone()).layer(health_service.clone()),
+                trace::layer(metrics.clone(), traces.clone()).layer(health_service.clone()),
                 metrics.listener("health"),
                 auxiliary_stopped,
             )?),
@@ -436,7 +443,7 @@ impl Application {
                 request.map(tonic::body::Body::new)
             })
             // Outermost: every request, refused or not, gets an id, a log line and metrics.
-            .layer(trace::layer(metrics.clone()))
+            .layer(trace::layer(metrics.clone(), traces.clone()))
             // Mutual TLS: an identity not allowed for the method costs nothing further.
             .layer(access::layer(config.tls_allow.clone().unwrap_or_default()))
             // Then: a request refused by a rate limit never takes an admission slot.
@@ -502,7 +509,7 @@ impl Application {
             in_flight = admission.in_flight(),
             "shutting down: draining requests in flight"
         );
-        health::report(&reporter, false).await;
+        health::report(&reporter, false, &metrics.serving).await;
         checker.abort();
         if !admission.drain(config.drain_timeout).await {
             tracing::warn!(

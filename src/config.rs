@@ -1,5 +1,8 @@
 //! The one configuration of authd: every option is a flag and an `AUTHD_*`
-//! environment variable, with its default shown by `authd --help`.
+//! environment variable, with its default shown by `authd --help`. The exception:
+//! the trace exporter's settings are OpenTelemetry's standard `OTEL_*` variables
+//! (`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_SERVICE_NAME`, `OTEL_TRACES_SAMPLER`,
+//! `OTEL_TRACES_SAMPLER_ARG`), which collectors' docs and operators expect.
 //!
 //! Values are parsed and checked here, so a bad value stops the start with one
 //! clear line. Secrets (the database and Redis URLs, the token keys) are never
@@ -9,6 +12,7 @@
 //! the environment. [`secrets_on_command_line`] finds those given as flags anyway.
 
 use crate::access::AllowList;
+use crate::otel::{SamplerKind, TraceSettings};
 use crate::ratelimit::{FailureMode, RateLimits};
 use crate::secret::{self, RedisUrl, SecretUrl};
 use crate::token::{self, KeyRing};
@@ -521,6 +525,66 @@ pub struct Config {
         global = true
     )]
     pub log_format: LogFormat,
+
+    /// Where to send traces: an OpenTelemetry collector's OTLP/gRPC address (e.g.
+    /// http://otel-collector:4317). Unset: no traces. The standard OpenTelemetry
+    /// variable, so collectors and operators find it where they expect.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_parser = otlp_endpoint, global = true)]
+    pub otlp_endpoint: Option<String>,
+
+    /// The service.name of the traces.
+    #[arg(
+        long,
+        env = "OTEL_SERVICE_NAME",
+        default_value = "authd",
+        global = true
+    )]
+    pub otel_service_name: String,
+
+    /// Which traces are recorded; the parentbased_ samplers follow the caller's
+    /// traceparent, and decide by themselves only for traces that start here.
+    #[arg(
+        long,
+        env = "OTEL_TRACES_SAMPLER",
+        default_value = "parentbased_always_on",
+        value_enum,
+        global = true
+    )]
+    pub otel_traces_sampler: SamplerKind,
+
+    /// The fraction of traces the traceidratio samplers record, 0 to 1.
+    #[arg(long, env = "OTEL_TRACES_SAMPLER_ARG", default_value = "1.0",
+          value_parser = sampler_ratio, global = true)]
+    pub otel_traces_sampler_arg: f64,
+
+    /// Ended spans waiting for export at most; beyond, spans are dropped and counted
+    /// (authd_trace_spans_dropped_total), never waited for.
+    #[arg(long, env = "AUTHD_TRACE_QUEUE", default_value = "2048",
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000), global = true)]
+    pub trace_queue: u32,
+}
+
+/// An OTLP/gRPC endpoint: an `http://` URL (TLS to the collector is not built in:
+/// send to a collector on the same host or pod, which forwards over TLS).
+fn otlp_endpoint(value: &str) -> Result<String, String> {
+    let uri: http::Uri = value
+        .parse()
+        .map_err(|_| "not a URL (e.g. http://otel-collector:4317)".to_owned())?;
+    match (uri.scheme_str(), uri.host()) {
+        (Some("http"), Some(_)) => Ok(value.to_owned()),
+        (Some("https"), _) => {
+            Err("https is not supported: use an http:// collector address".into())
+        }
+        _ => Err("expected http://HOST:PORT (e.g. http://otel-collector:4317)".into()),
+    }
+}
+
+/// A ratio from 0 to 1.
+fn sampler_ratio(value: &str) -> Result<f64, String> {
+    match value.parse::<f64>() {
+        Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+        _ => Err("expected a number from 0 to 1".into()),
+    }
 }
 
 /// Which PBKDF2 kernels hash passwords.
@@ -583,6 +647,17 @@ impl Config {
         let mut cli = Cli::command_for_defaults();
         cli.config.token_keys = None;
         cli.config
+    }
+
+    /// What tracing needs of the configuration.
+    pub fn trace_settings(&self) -> TraceSettings {
+        TraceSettings {
+            endpoint: self.otlp_endpoint.clone(),
+            service_name: self.otel_service_name.clone(),
+            sampler: self.otel_traces_sampler,
+            sampler_arg: self.otel_traces_sampler_arg,
+            queue: self.trace_queue as usize,
+        }
     }
 
     /// Hash threads, resolving the default.
@@ -957,6 +1032,41 @@ mod tests {
             c.metrics_listen,
             MetricsListen(Some("0.0.0.0:9090".parse().unwrap()))
         );
+    }
+
+    #[test]
+    fn traces_are_off_by_default_and_take_the_standard_variables() {
+        let c = Config::defaults();
+        assert_eq!(c.otlp_endpoint, None);
+        assert_eq!(c.otel_service_name, "authd");
+        assert_eq!(c.otel_traces_sampler, SamplerKind::ParentBasedAlwaysOn);
+        let cli = Cli::try_parse_from([
+            "authd",
+            "--otlp-endpoint",
+            "http://127.0.0.1:4317",
+            "--otel-traces-sampler",
+            "parentbased_traceidratio",
+            "--otel-traces-sampler-arg",
+            "0.25",
+        ])
+        .unwrap();
+        let settings = cli.config.trace_settings();
+        assert_eq!(settings.endpoint.as_deref(), Some("http://127.0.0.1:4317"));
+        assert_eq!(settings.sampler, SamplerKind::ParentBasedTraceIdRatio);
+        assert_eq!(settings.sampler_arg, 0.25);
+        for (flag, bad) in [
+            ("--otlp-endpoint", "127.0.0.1:4317"),
+            ("--otlp-endpoint", "https://collector:4317"),
+            ("--otlp-endpoint", "not a url"),
+            ("--otel-traces-sampler-arg", "1.5"),
+            ("--otel-traces-sampler-arg", "-0.1"),
+            ("--otel-traces-sampler", "sometimes"),
+        ] {
+            assert!(
+                Cli::try_parse_from(["authd", flag, bad]).is_err(),
+                "{flag} {bad}"
+            );
+        }
     }
 
     #[test]

@@ -178,18 +178,28 @@ async fn respond<T>(
         }
         Err(err) => {
             let request_id = request_id.as_ref().map(RequestId::as_str);
+            // The request's trace, when it is traced (the context of its server span).
+            let trace_id = crate::otel::current_trace_id();
+            let trace_id = trace_id.as_deref();
             match &err {
                 Error::Internal(cause) => tracing::error!(
                     method,
                     request_id,
+                    trace_id,
                     error = format!("{cause:#}"),
                     "request failed"
                 ),
                 Error::Unavailable(_) => {
-                    tracing::warn!(method, request_id, error = %err, "request failed")
+                    tracing::warn!(method, request_id, trace_id, error = %err, "request failed")
                 }
                 Error::InvalidToken(reason) => {
-                    tracing::info!(method, request_id, reason = reason.label(), "token refused")
+                    tracing::info!(
+                        method,
+                        request_id,
+                        trace_id,
+                        reason = reason.label(),
+                        "token refused"
+                    )
                 }
                 Error::InvalidRefreshToken(reason) => {
                     tracing::info!(method, request_id, reason, "refresh token refused")

@@ -16,6 +16,7 @@
 //! no database outage. This module reports statuses; it does not own the store.
 
 use crate::accounts::Accounts;
+use prometheus::IntGauge;
 use std::{sync::Arc, time::Duration};
 use tokio::{task::JoinHandle, time::Instant};
 use tonic_health::{ServingStatus, server::HealthReporter};
@@ -33,7 +34,9 @@ pub const RECOVERY_INTERVAL: Duration = Duration::from_millis(250);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Sets the readiness status: `""` and [`SERVICE_NAME`].
-pub async fn report(reporter: &HealthReporter, serving: bool) {
+pub async fn report(reporter: &HealthReporter, serving: bool, gauge: &IntGauge) {
+    // `authd_serving`: what a probe sees, for the alert on a replica not serving.
+    gauge.set(i64::from(serving));
     let status = if serving {
         ServingStatus::Serving
     } else {
@@ -70,6 +73,7 @@ pub fn spawn_checker(
     accounts: Arc<Accounts>,
     interval: Duration,
     mut serving: bool,
+    gauge: IntGauge,
 ) -> JoinHandle<()> {
     // Subscribed before the first wait: a failure from now on is seen.
     let mut failures = accounts.store().unavailable_events();
@@ -93,7 +97,7 @@ pub fn spawn_checker(
                     if serving {
                         tracing::error!("a request could not reach the database: NOT_SERVING");
                         serving = false;
-                        report(&reporter, false).await;
+                        report(&reporter, false, &gauge).await;
                         next_probe = Instant::now() + next_wait(serving);
                     }
                     // More failures while NOT_SERVING do not postpone the next probe.
@@ -110,7 +114,7 @@ pub fn spawn_checker(
             }
             if result.is_ok() != serving {
                 serving = result.is_ok();
-                report(&reporter, serving).await;
+                report(&reporter, serving, &gauge).await;
             }
             next_probe = Instant::now() + next_wait(serving);
         }

@@ -36,6 +36,9 @@
 //! - `middleware`: the Layer/Service shell the three layers share.
 //! - `metrics`: the Prometheus registry of one application, its metrics, and the
 //!   router of the plain-HTTP port (`GET /metrics`).
+//! - [`otel`]: the OpenTelemetry traces of one application: the server span the
+//!   trace layer starts, and the child spans (rate limit, hash queue and hash,
+//!   store operations, tokens) started from the request's context.
 //!
 //! Around the request path:
 //! - [`app`]: [`app::Application`] binds, wires everything and runs until shut down;
@@ -76,6 +79,7 @@ pub(crate) mod jwks;
 pub(crate) mod keyfile;
 pub(crate) mod metrics;
 pub(crate) mod middleware;
+pub mod otel;
 pub mod password;
 pub mod ratelimit;
 pub(crate) mod refresh;

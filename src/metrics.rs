@@ -17,13 +17,15 @@ use prometheus::{
     IntGauge, IntGaugeVec, Opts, Registry, TextEncoder, core::Collector,
 };
 use std::{
-    sync::{Arc, Mutex, OnceLock},
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
-/// Whole requests: 0.5 ms (a token validation) to 30 s.
+/// Whole requests: 50 µs (a health check or a token validation answers in about
+/// 100 µs) to 30 s.
 const REQUEST_BUCKETS: &[f64] = &[
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0, 30.0,
 ];
 /// One PBKDF2 hash: 1 ms (a low test cost) to 10 s (600,000 rounds on a slow core
 /// is a few hundred milliseconds).
@@ -69,24 +71,34 @@ pub(crate) const CODE_NAMES: [&str; 17] = [
 
 /// Requests, as the outermost layer sees them.
 pub(crate) struct GrpcMetrics {
-    requests: IntCounterVec,
-    duration: HistogramVec,
     pub in_flight: IntGauge,
-    /// The handles of each (RPC, code) pair, resolved the first time it is seen, so
-    /// that only pairs that happened are exported.
-    resolved: [[OnceLock<(IntCounter, Histogram)>; CODE_NAMES.len()]; Rpc::ALL.len()],
+    /// The handles of every (RPC, code) pair, resolved when the registry is built:
+    /// every series exists at 0 from the start, so the first request of each pair is
+    /// an increase a `rate()` sees (a series born at 1 is not).
+    resolved: [[(IntCounter, Histogram); CODE_NAMES.len()]; Rpc::ALL.len()],
 }
 
 impl GrpcMetrics {
+    fn new(requests: IntCounterVec, duration: HistogramVec, in_flight: IntGauge) -> Self {
+        let resolved = std::array::from_fn(|rpc| {
+            let rpc = Rpc::ALL[rpc];
+            std::array::from_fn(|code| {
+                let labels = [rpc.service(), rpc.method(), CODE_NAMES[code]];
+                (
+                    requests.with_label_values(&labels),
+                    duration.with_label_values(&labels),
+                )
+            })
+        });
+        Self {
+            in_flight,
+            resolved,
+        }
+    }
+
     /// Counts a finished request. `code` is a gRPC status code (0..=16).
     pub fn record(&self, rpc: Rpc, code: usize, elapsed: Duration) {
-        let (count, latency) = self.resolved[rpc.index()][code].get_or_init(|| {
-            let labels = [rpc.service(), rpc.method(), CODE_NAMES[code]];
-            (
-                self.requests.with_label_values(&labels),
-                self.duration.with_label_values(&labels),
-            )
-        });
+        let (count, latency) = &self.resolved[rpc.index()][code];
         count.inc();
         latency.observe(elapsed.as_secs_f64());
     }
@@ -121,6 +133,12 @@ pub(crate) struct StoreMetrics {
 
 /// The rate limiter.
 pub(crate) struct RateLimitMetrics {
+    /// Requests the tier decided, by what they were told (one per request).
+    pub admitted: IntCounter,
+    pub refused: IntCounter,
+    pub unavailable: IntCounter,
+    /// Refused requests, by each rule that refused them (resolved per rule).
+    pub refusals: IntCounterVec,
     pub decisions: IntCounterVec,
     pub redis_duration: Histogram,
     pub redis_errors: IntCounterVec,
@@ -148,6 +166,12 @@ pub(crate) struct SessionMetrics {
     pub revocations_evicted: IntCounter,
     pub poll_errors: IntCounter,
     pub sync_age: Gauge,
+}
+
+/// Spans of the OpenTelemetry exporter (see `otel`).
+pub(crate) struct TraceMetrics {
+    pub exported: IntCounter,
+    pub dropped: IntCounter,
 }
 
 /// New passwords the blocklist refused, by reason.
@@ -224,6 +248,9 @@ pub struct Metrics {
     pub(crate) throttle: ThrottleMetrics,
     pub(crate) tls: TlsMetrics,
     pub(crate) sessions: SessionMetrics,
+    pub(crate) traces: TraceMetrics,
+    /// 1 while readiness is SERVING, 0 while NOT_SERVING (the health checker sets it).
+    pub(crate) serving: IntGauge,
     /// Run before each scrape, for values read from elsewhere (connection pools).
     refreshers: Mutex<Vec<Box<dyn Fn() + Send + Sync>>>,
 }
@@ -285,25 +312,24 @@ impl Metrics {
             )
         };
 
-        let grpc = GrpcMetrics {
-            requests: counter_vec(
+        let grpc = GrpcMetrics::new(
+            counter_vec(
                 "authd_grpc_requests_total",
                 "gRPC requests answered, by service, method and status code.",
                 &["service", "method", "code"],
             ),
-            duration: histogram_vec(
+            histogram_vec(
                 "authd_grpc_request_duration_seconds",
                 "Time from a request's arrival to its response headers (the whole unary call), \
                  by service, method and status code.",
                 REQUEST_BUCKETS,
                 &["service", "method", "code"],
             ),
-            in_flight: gauge(
+            gauge(
                 "authd_grpc_requests_in_flight",
                 "gRPC requests being handled now (every service).",
             ),
-            resolved: std::array::from_fn(|_| std::array::from_fn(|_| OnceLock::new())),
-        };
+        );
         let dropped = counter_vec(
             "authd_hash_dropped_total",
             "Hash jobs dropped unrun: their deadline passed while queued (deadline), or their \
@@ -397,11 +423,29 @@ impl Metrics {
                 WAIT_BUCKETS,
             ),
         };
+        let requests = counter_vec(
+            "authd_ratelimit_requests_total",
+            "Requests the rate-limit tier decided (those at least one rule applies to), by \
+             outcome: admitted (every rule had room), refused (RESOURCE_EXHAUSTED), unavailable \
+             (UNAVAILABLE: Redis failed in fail-closed mode).",
+            &["outcome"],
+        );
         let rate_limit = RateLimitMetrics {
+            admitted: requests.with_label_values(&["admitted"]),
+            refused: requests.with_label_values(&["refused"]),
+            unavailable: requests.with_label_values(&["unavailable"]),
+            refusals: counter_vec(
+                "authd_ratelimit_refusals_total",
+                "Requests refused by the rate-limit tier, by rule: a request two rules refused \
+                 counts once under each (so the sum over rules can exceed the refused requests).",
+                &["rule"],
+            ),
             decisions: counter_vec(
                 "authd_ratelimit_decisions_total",
-                "Rate-limit decisions by rule and outcome (allowed: the rule had room; refused: \
-                 the rule refused the request; unavailable: Redis failed in fail-closed mode).",
+                "Rule evaluations, by rule and outcome: each request counts once under every rule \
+                 that applies to it (allowed: that rule had room, even if another rule refused the \
+                 request; refused: that rule refused it; unavailable: Redis failed in fail-closed \
+                 mode). Requests admitted or refused: authd_ratelimit_requests_total.",
                 &["rule", "outcome"],
             ),
             redis_duration: histogram(
@@ -594,6 +638,22 @@ impl Metrics {
                 .expect("valid"),
             ),
         };
+        let serving = gauge(
+            "authd_serving",
+            "1 while readiness (grpc.health.v1 for \"\" and auth.v1.AuthService) is SERVING; 0 \
+             while NOT_SERVING: the database does not answer, or the server is draining.",
+        );
+        let traces = TraceMetrics {
+            exported: counter(
+                "authd_trace_spans_exported_total",
+                "Spans the OTLP collector accepted (0 while tracing is off).",
+            ),
+            dropped: counter(
+                "authd_trace_spans_dropped_total",
+                "Spans given up: the export queue was full (the collector is slow or down) or \
+                 their export failed or timed out.",
+            ),
+        };
         registered(
             &r,
             IntGaugeVec::new(
@@ -623,6 +683,8 @@ impl Metrics {
             throttle,
             tls,
             sessions,
+            traces,
+            serving,
             refreshers: Mutex::new(Vec::new()),
         }
     }

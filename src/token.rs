@@ -660,6 +660,7 @@ impl Tokens {
         sid: Option<&str>,
         not_after: Option<u64>,
     ) -> anyhow::Result<IssuedToken> {
+        let mut span = crate::otel::child("token.sign");
         let now = unix_now();
         let mut exp = now.saturating_add(self.ttl.as_secs().max(1));
         if let Some(end) = not_after {
@@ -672,6 +673,7 @@ impl Tokens {
         })?;
         let ring = self.keys.current();
         let key = ring.signer();
+        span.set("token.alg", key.algorithm().jose_name());
         let header = Header {
             alg: key.algorithm().jose_name().into(),
             typ: Some("JWT".into()),
@@ -723,6 +725,7 @@ impl Tokens {
         audience: Option<&str>,
         revoked: impl FnOnce(&VerifiedToken) -> bool,
     ) -> Result<VerifiedToken, TokenError> {
+        let mut span = crate::otel::child("token.verify");
         let result = self.check(token, audience).and_then(|v| {
             if revoked(&v) {
                 Err(TokenError::Revoked)
@@ -732,7 +735,10 @@ impl Tokens {
         });
         match &result {
             Ok(_) => self.valid.inc(),
-            Err(e) => self.refused[e.index()].inc(),
+            Err(e) => {
+                self.refused[e.index()].inc();
+                span.set("token.refused", e.label());
+            }
         }
         result
     }

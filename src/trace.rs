@@ -25,10 +25,15 @@
 use crate::{
     metrics::{CODE_NAMES, Metrics},
     middleware::{BoxFuture, Middleware, MiddlewareLayer, Request, Response},
+    otel::{self, Traces},
     rpc::{self, ClientIdentity, RequestId, Rpc, UserId},
 };
 use http::HeaderValue;
-use std::{net::SocketAddr, sync::Arc, time::Instant};
+use opentelemetry::{
+    Context,
+    context::{FutureExt as _, WithContext},
+};
+use std::{net::SocketAddr, pin::Pin, sync::Arc, task::Poll, time::Instant};
 use tonic::transport::server::TcpConnectInfo;
 use tower::Service;
 
@@ -46,11 +51,12 @@ const CODE_UNKNOWN: usize = 2;
 /// The outermost layer's policy: id, count, time and log every request.
 pub struct Trace {
     metrics: Arc<Metrics>,
+    traces: Option<Arc<Traces>>,
 }
 
-/// The trace layer.
-pub(crate) fn layer(metrics: Arc<Metrics>) -> MiddlewareLayer<Trace> {
-    MiddlewareLayer::new(Arc::new(Trace { metrics }))
+/// The trace layer; with `traces`, every request also gets a server span.
+pub(crate) fn layer(metrics: Arc<Metrics>, traces: Option<Arc<Traces>>) -> MiddlewareLayer<Trace> {
+    MiddlewareLayer::new(Arc::new(Trace { metrics, traces }))
 }
 
 impl Middleware for Trace {
@@ -75,6 +81,15 @@ impl Middleware for Trace {
             .and_then(|info| info.remote_addr());
         let client = rpc::client_identity(req.extensions()).cloned();
         req.extensions_mut().insert(RequestId(request_id.clone()));
+        // Health and reflection only when a caller traces them: probes every few
+        // seconds would bury the traces of real requests.
+        let span = (self.traces.as_ref())
+            .filter(|_| !rpc.is_exempt() || req.headers().contains_key("traceparent"))
+            .map(|traces| traces.server_span(req.headers(), rpc.service(), rpc.method()));
+        let trace_id = match &span {
+            Some(cx) => otel::trace_id(cx),
+            None => otel::caller_trace_id(req.headers()),
+        };
         let mut pending = Pending::start(
             self.metrics.clone(),
             rpc,
@@ -84,7 +99,20 @@ impl Middleware for Trace {
             unknown_path,
             started,
         );
-        let response = inner.call(req);
+        pending.trace_id = trace_id;
+        let response = match &span {
+            // The layers below and the handler run inside the span's context.
+            Some(cx) => {
+                let _current = cx.clone().attach();
+                InContext::Traced {
+                    future: inner.call(req).with_context(cx.clone()),
+                }
+            }
+            None => InContext::Plain {
+                future: inner.call(req),
+            },
+        };
+        pending.span = span;
         Box::pin(async move {
             match response.await {
                 Ok(mut response) => {
@@ -105,6 +133,27 @@ impl Middleware for Trace {
     }
 }
 
+pin_project_lite::pin_project! {
+    /// The inner future, run inside the server span's context when traced (and
+    /// untouched, at no cost, when not).
+    #[project = InContextProjection]
+    enum InContext<F> {
+        Traced { #[pin] future: WithContext<F> },
+        Plain { #[pin] future: F },
+    }
+}
+
+impl<F: Future> Future for InContext<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<F::Output> {
+        match self.project() {
+            InContextProjection::Traced { future } => future.poll(cx),
+            InContextProjection::Plain { future } => future.poll(cx),
+        }
+    }
+}
+
 /// A request not yet finished. Finishing it records and logs it; dropping it
 /// unfinished (the response future was dropped) records it as CANCELLED.
 struct Pending {
@@ -117,6 +166,10 @@ struct Pending {
     unknown_path: Option<String>,
     started: Instant,
     finished: bool,
+    /// The server span's context, when traced.
+    span: Option<Context>,
+    /// Logged with the request: its trace, or the caller's.
+    trace_id: Option<String>,
 }
 
 impl Pending {
@@ -139,6 +192,8 @@ impl Pending {
             unknown_path,
             started,
             finished: false,
+            span: None,
+            trace_id: None,
         }
     }
 
@@ -149,6 +204,9 @@ impl Pending {
         let elapsed = self.started.elapsed();
         self.metrics.grpc.in_flight.dec();
         self.metrics.grpc.record(self.rpc, code, elapsed);
+        if let Some(cx) = self.span.take() {
+            otel::end_server_span(&cx, code, CODE_NAMES[code]);
+        }
 
         let rpc = self.rpc;
         let request_id = self.request_id.to_str().unwrap_or_default();
@@ -158,6 +216,7 @@ impl Pending {
         let user_id = user.map(|u| u.0.as_str());
         let client = self.client.as_ref().map(ClientIdentity::as_str);
         let path = self.unknown_path.as_deref();
+        let trace_id = self.trace_id.as_deref();
         if rpc.is_exempt() {
             tracing::debug!(
                 request_id,
@@ -167,6 +226,7 @@ impl Pending {
                 client,
                 code,
                 latency_ms,
+                trace_id,
                 "request"
             );
         } else {
@@ -180,6 +240,7 @@ impl Pending {
                 code,
                 latency_ms,
                 user_id,
+                trace_id,
                 "request"
             );
         }
@@ -254,7 +315,7 @@ mod tests {
             }
             Ok::<_, Infallible>(response)
         });
-        layer(metrics).layer(inner)
+        layer(metrics, None).layer(inner)
     }
 
     fn request(path: &str, id: Option<&str>) -> Request {
@@ -324,7 +385,7 @@ mod tests {
         let inner = tower::service_fn(|_req: Request| async {
             std::future::pending::<Result<Response, Infallible>>().await
         });
-        let mut svc = layer(metrics.clone()).layer(inner);
+        let mut svc = layer(metrics.clone(), None).layer(inner);
         let future = svc.call(request("/auth.v1.AuthService/Register", None));
         assert!(metrics.render().contains("authd_grpc_requests_in_flight 1"));
         drop(future);

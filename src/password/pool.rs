@@ -25,6 +25,7 @@
 use crate::{
     error::Error,
     metrics::{HashMetrics, Metrics},
+    otel,
 };
 use pbkdf2_lanes::{Backend, Engine, Job};
 use std::{
@@ -247,6 +248,8 @@ struct Queued {
     /// When the work was queued, for the queue wait metric.
     queued_at: Instant,
     work: Work,
+    /// The request's trace, for the spans of the queue wait and the hash.
+    trace: otel::Carried,
     /// Freed when the work is done (or dropped), making room for more.
     _slot: HashSlot,
 }
@@ -452,6 +455,7 @@ impl HashPool {
             deadline,
             queued_at: Instant::now(),
             work,
+            trace: otel::Carried::current(),
             _slot: slot,
         };
         self.metrics.queue_depth.inc();
@@ -517,6 +521,9 @@ impl Worker {
         self.metrics
             .queue_wait
             .observe((now - queued.queued_at).as_secs_f64());
+        queued
+            .trace
+            .record("hash.queue_wait", queued.queued_at, now);
         if queued.abandoned() {
             self.metrics.dropped_cancelled.inc();
             return;
@@ -529,7 +536,7 @@ impl Worker {
                     self.metrics.duration.observe(took.as_secs_f64());
                 };
                 match task(&record) {
-                    TaskOutcome::Ran => {}
+                    TaskOutcome::Ran => queued.trace.record("hash", now, Instant::now()),
                     TaskOutcome::Expired => self.metrics.dropped_deadline.inc(),
                     TaskOutcome::Cancelled => self.metrics.dropped_cancelled.inc(),
                 }
@@ -562,10 +569,11 @@ impl Worker {
             let Work::Derive { answer, .. } = queued.work else {
                 continue;
             };
+            let trace = queued.trace;
             match (outputs_result(output), answer) {
                 (Err(e), answer) => answer.fail(e),
                 (Ok(output), Answer::Output(reply)) => {
-                    self.finished(start);
+                    self.finished(start, &trace);
                     let _ = reply.send(Ok(*output));
                 }
                 (
@@ -578,18 +586,18 @@ impl Worker {
                 ) => {
                     let matches = bool::from(output[..].ct_eq(&expected[..]));
                     if matches || pad == 0 {
-                        self.finished(start);
+                        self.finished(start, &trace);
                         let _ = reply.send(Ok(matches));
                     } else {
-                        owed.push((padding(pad), reply));
+                        owed.push((padding(pad), reply, trace));
                     }
                 }
             }
         }
         if !owed.is_empty() {
-            let padded = self.derive(owed.iter().map(|(job, _)| job));
-            for ((_, reply), result) in owed.into_iter().zip(padded.iter()) {
-                self.finished(start);
+            let padded = self.derive(owed.iter().map(|(job, _, _)| job));
+            for ((_, reply, trace), result) in owed.into_iter().zip(padded.iter()) {
+                self.finished(start, &trace);
                 let _ = reply.send(outputs_result(result).map(|_| false));
             }
         }
@@ -617,10 +625,12 @@ impl Worker {
 
     /// Records a request's work, begun at `start`, as done: before its answer, so a
     /// caller sees its own work counted.
-    fn finished(&self, start: Instant) {
-        let took = start.elapsed();
+    fn finished(&self, start: Instant, trace: &otel::Carried) {
+        let end = Instant::now();
+        let took = end - start;
         self.stats.record_run(took);
         self.metrics.duration.observe(took.as_secs_f64());
+        trace.record("hash", start, end);
     }
 }
 

@@ -123,12 +123,18 @@ struct RuleCounters {
     refused: IntCounter,
     /// Redis failed in fail-closed mode: no decision, the request was refused.
     unavailable: IntCounter,
+    /// The rule refused the request (`authd_ratelimit_refusals_total`).
+    refusals: IntCounter,
 }
 
 /// The limiter's metric handles, resolved when it is built.
 struct LimiterMetrics {
     /// One per rule, in the order of [`RateLimits::rules`].
     rules: Vec<RuleCounters>,
+    /// Requests, by what they were told (`authd_ratelimit_requests_total`).
+    admitted: IntCounter,
+    refused: IntCounter,
+    unavailable: IntCounter,
     redis_duration: Histogram,
     redis_timeout: IntCounter,
     redis_error: IntCounter,
@@ -147,12 +153,16 @@ impl LimiterMetrics {
                     allowed: counter("allowed"),
                     refused: counter("refused"),
                     unavailable: counter("unavailable"),
+                    refusals: m.refusals.with_label_values(&[rule.as_str()]),
                 }
             })
             .collect();
         let error = |kind| m.redis_errors.with_label_values(&[kind]);
         Self {
             rules,
+            admitted: m.admitted.clone(),
+            refused: m.refused.clone(),
+            unavailable: m.unavailable.clone(),
             redis_duration: m.redis_duration.clone(),
             redis_timeout: error("timeout"),
             redis_error: error("error"),
@@ -328,9 +338,32 @@ impl RateLimiter {
     /// Decides `checks` (from [`plan`](Self::plan), not empty): the quota left, or
     /// RESOURCE_EXHAUSTED (or UNAVAILABLE when Redis fails in fail-closed mode).
     pub(crate) async fn decide(&self, checks: &[Check]) -> Result<Quota, Error> {
+        let mut span = crate::otel::child("ratelimit");
+        span.set("ratelimit.rules", checks.len() as i64);
+        let verdict = self.decide_in(checks, &mut span).await;
+        span.set(
+            "ratelimit.outcome",
+            match &verdict {
+                Ok(_) => "admitted",
+                Err(Error::RateLimited { .. }) => "refused",
+                Err(_) => "unavailable",
+            },
+        );
+        verdict
+    }
+
+    async fn decide_in(
+        &self,
+        checks: &[Check],
+        span: &mut crate::otel::Child,
+    ) -> Result<Quota, Error> {
         let outcome = match &self.redis {
-            None => self.decide_locally(checks),
+            None => {
+                span.set("ratelimit.backend", "local");
+                self.decide_locally(checks)
+            }
             Some(tier) if tier.healthy.load(Ordering::SeqCst) => {
+                span.set("ratelimit.backend", "redis");
                 let started = Instant::now();
                 let decided = tier.limiter.decide(checks).await;
                 (self.metrics.redis_duration).observe(started.elapsed().as_secs_f64());
@@ -352,11 +385,16 @@ impl RateLimiter {
                                 self.degraded_behaviour()
                             );
                         }
+                        span.fail("redis failed");
+                        span.set("ratelimit.fallback", true);
                         self.decide_degraded(checks)?
                     }
                 }
             }
-            Some(_) => self.decide_degraded(checks)?,
+            Some(_) => {
+                span.set("ratelimit.backend", "fallback");
+                self.decide_degraded(checks)?
+            }
         };
         self.verdict(checks, &outcome)
     }
@@ -373,6 +411,7 @@ impl RateLimiter {
             FailureMode::Open => Ok(self.decide_locally(checks)),
             FailureMode::Closed => {
                 self.counters.unavailable.fetch_add(1, Ordering::Relaxed);
+                self.metrics.unavailable.inc();
                 for check in checks {
                     self.metrics.rules[check.rule].unavailable.inc();
                 }
@@ -393,9 +432,11 @@ impl RateLimiter {
                 counters.allowed.inc();
             } else {
                 counters.refused.inc();
+                counters.refusals.inc();
             }
         }
         if outcome.allowed {
+            self.metrics.admitted.inc();
             // Report the rule closest to refusing; on a tie, the one that frees last.
             let (check, state) = pairs
                 .min_by_key(|(_, s)| (s.remaining, std::cmp::Reverse(s.reset)))
@@ -407,6 +448,7 @@ impl RateLimiter {
             });
         }
         self.counters.refused.fetch_add(1, Ordering::Relaxed);
+        self.metrics.refused.inc();
         let refusing: Vec<_> = pairs.filter(|(_, s)| s.remaining == 0).collect();
         // Every refusing rule must have a free slot before a retry can pass.
         let (check, state) = refusing

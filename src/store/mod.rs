@@ -33,7 +33,7 @@ pub use session::{
 pub use postgres::PostgresSettings;
 pub use sqlite::{SqliteSettings, WriterSnapshot};
 
-use crate::{credentials::Username, error::Error, metrics::Metrics};
+use crate::{credentials::Username, error::Error, metrics::Metrics, otel};
 use prometheus::{Histogram, IntCounter};
 use sqlx::{ColumnIndex, Database, Decode, Encode, Row, Type, pool::PoolConnection, query::Query};
 use std::{
@@ -405,8 +405,17 @@ macro_rules! each_backend {
 macro_rules! timed {
     ($store:expr, $op:ident, $backend:ident => $call:expr) => {{
         let started = Instant::now();
+        let mut span = otel::child(stringify!($op));
+        span.set("db.system", $store.db_system());
+        span.set("db.operation.name", stringify!($op));
         let result = each_backend!($store, $backend => $call);
         $store.ops.$op.record(started, &result);
+        match &result {
+            Err(StoreError::Unavailable(_)) => span.fail("database unavailable"),
+            Err(StoreError::Other(_)) => span.fail("store error"),
+            Ok(_) | Err(StoreError::Duplicate) => {}
+        }
+        drop(span);
         if matches!(result, Err(StoreError::Unavailable(_))) {
             $store.unavailable.send_modify(|n| *n = n.wrapping_add(1));
         }
@@ -545,6 +554,14 @@ impl Store {
     /// replicas); a SQLite file has one process, which knows all it writes.
     pub fn is_shared(&self) -> bool {
         matches!(self.backend, Backend::Postgres(_))
+    }
+
+    /// The `db.system` of the store's spans (OpenTelemetry's names).
+    fn db_system(&self) -> &'static str {
+        match &self.backend {
+            Backend::Sqlite(_) => "sqlite",
+            Backend::Postgres(_) => "postgresql",
+        }
     }
 
     /// The SQLite writer's counters; `None` for other backends.

@@ -412,12 +412,13 @@ pub fn ok_and_taken<T>(results: &[Result<T, Status>]) -> (usize, usize) {
     (ok, taken)
 }
 
-/// The `authd` binary, with none of the test runner's `AUTHD_*` variables: only
+/// The `authd` binary, with none of the test runner's `AUTHD_*` (or `OTEL_*`) variables: only
 /// what a test sets.
 pub fn authd_command() -> std::process::Command {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_authd"));
     for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("AUTHD_") {
+        let key_text = key.to_string_lossy();
+        if key_text.starts_with("AUTHD_") || key_text.starts_with("OTEL_") {
             cmd.env_remove(key);
         }
     }

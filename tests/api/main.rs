@@ -22,4 +22,5 @@ mod throttle;
 mod timing;
 mod tls;
 mod tokens;
+mod tracing;
 mod transport;

@@ -29,6 +29,111 @@ use tonic::{Code, Request, metadata::MetadataMap};
 
 backend_tests!(a_known_sequence_of_calls_gives_exact_counts);
 
+/// The 17 gRPC status codes, as the `code` label spells them.
+const CODES: [&str; 17] = [
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+];
+
+/// Every (service, method) authd serves: the AuthService methods from the proto's
+/// descriptor (so a new RPC is covered without touching this test), health, reflection.
+fn served_methods() -> Vec<(String, String)> {
+    use prost::Message as _;
+    let set = prost_types::FileDescriptorSet::decode(authd::pb::FILE_DESCRIPTOR_SET).unwrap();
+    let mut methods: Vec<(String, String)> = set
+        .file
+        .iter()
+        .flat_map(|f| {
+            f.service.iter().flat_map(move |s| {
+                let service = format!("{}.{}", f.package(), s.name());
+                s.method
+                    .iter()
+                    .map(move |m| (service.clone(), m.name().to_owned()))
+            })
+        })
+        .collect();
+    assert!(methods.iter().any(|(_, m)| m == "Login"), "{methods:?}");
+    for (service, method) in [
+        ("grpc.health.v1.Health", "Check"),
+        ("grpc.health.v1.Health", "Watch"),
+        (
+            "grpc.reflection.v1.ServerReflection",
+            "ServerReflectionInfo",
+        ),
+        (
+            "grpc.reflection.v1alpha.ServerReflection",
+            "ServerReflectionInfo",
+        ),
+        ("unknown", "unknown"),
+    ] {
+        methods.push((service.into(), method.into()));
+    }
+    methods
+}
+
+#[tokio::test]
+async fn a_fresh_server_exports_every_request_series_at_zero() {
+    let app = spawn_app().await;
+    let m = scrape(app.handle.metrics_addr().unwrap()).await;
+    let methods = served_methods();
+    for (service, method) in &methods {
+        for code in CODES {
+            let labels = [
+                ("service", service.as_str()),
+                ("method", method.as_str()),
+                ("code", code),
+            ];
+            assert_eq!(m.value("authd_grpc_requests_total", &labels), 0.0);
+            assert_eq!(
+                m.histogram_count("authd_grpc_request_duration_seconds", &labels),
+                0.0
+            );
+        }
+    }
+    assert_eq!(
+        m.matching("authd_grpc_requests_total", &[]).count(),
+        methods.len() * CODES.len(),
+        "no other request series"
+    );
+    // The lowest latency bucket is 50 µs: a token validation takes about 100 µs.
+    let Value::Histogram(buckets) = &m
+        .matching(
+            "authd_grpc_request_duration_seconds",
+            &[AUTH, ("method", "ValidateToken"), ("code", "OK")],
+        )
+        .next()
+        .unwrap()
+        .value
+    else {
+        panic!("not a histogram");
+    };
+    assert_eq!(buckets[0].less_than, 0.00005);
+    assert_eq!(m.value("authd_trace_spans_dropped_total", &[]), 0.0);
+    // The rate-limit tier's request counts exist too, before any rule is configured.
+    for outcome in ["admitted", "refused", "unavailable"] {
+        assert_eq!(
+            m.value("authd_ratelimit_requests_total", &[("outcome", outcome)]),
+            0.0
+        );
+    }
+    app.stop().await.unwrap();
+}
+
 /// `GET path` over a plain TCP connection: the status line and headers, and the body.
 async fn http_get(addr: SocketAddr, path: &str) -> (String, String) {
     let mut stream = TcpStream::connect(addr)
@@ -291,8 +396,18 @@ async fn rate_limit_decisions_and_refusals_are_counted() {
         // The second request was refused by the Login rule; the peer rule had room.
         r#"authd_ratelimit_decisions_total{outcome="allowed",rule="*:peer=100/1m"} 2"#,
         r#"authd_ratelimit_decisions_total{outcome="refused",rule="*:peer=100/1m"} 0"#,
+        // By request: one admitted, one refused, by the Login rule only.
+        r#"authd_ratelimit_refusals_total{rule="Login:global=1/1m"} 1"#,
+        r#"authd_ratelimit_refusals_total{rule="*:peer=100/1m"} 0"#,
     ] {
         assert!(m.text.contains(line), "{line} missing in:\n{}", m.text);
+    }
+    for (outcome, n) in [("admitted", 1.0), ("refused", 1.0), ("unavailable", 0.0)] {
+        assert_eq!(
+            m.value("authd_ratelimit_requests_total", &[("outcome", outcome)]),
+            n,
+            "{outcome}"
+        );
     }
     assert_eq!(m.value("authd_ratelimit_fallback_active", &[]), 0.0);
     // The refused login never reached the hash pool.

@@ -104,6 +104,8 @@ async fn a_locked_users_table_gives_unavailable_in_bounded_time_and_not_serving(
         app.health_status("auth.v1.AuthService").await,
         ServingStatus::NotServing
     );
+    // The gauge the AuthdReplicaNotServing alert reads says the same.
+    assert!(app.handle.render_metrics().contains("\nauthd_serving 0\n"));
     assert_eq!(app.health_status("liveness").await, ServingStatus::Serving);
     // Probing keeps finding the table locked.
     tokio::time::sleep(Duration::from_millis(800)).await;
@@ -111,6 +113,7 @@ async fn a_locked_users_table_gives_unavailable_in_bounded_time_and_not_serving(
 
     sqlx::query("COMMIT").execute(&mut locker).await.unwrap();
     until_ready_is(&mut app, ServingStatus::Serving).await;
+    assert!(app.handle.render_metrics().contains("\nauthd_serving 1\n"));
     app.login("sam", PASSWORD).await.unwrap();
 }
 

@@ -154,11 +154,34 @@ async fn exactly_the_limit_passes_across_three_replicas_on_redis() {
         let delay = assert_rate_limited(status, rule, 50);
         assert!(delay <= Duration::from_secs(3600), "{delay:?}");
     }
+    let mut counted = [0.0; 3];
     for app in &apps {
         let stats = app.handle.rate_limit_stats();
         assert_eq!(stats.local_decisions, 0, "{stats:?}");
         assert_eq!(stats.redis_failures, 0, "{stats:?}");
+        let text = app.handle.render_metrics();
+        for (i, line) in [
+            r#"authd_ratelimit_requests_total{outcome="admitted"} "#,
+            r#"authd_ratelimit_requests_total{outcome="refused"} "#,
+            r#"authd_ratelimit_refusals_total{rule="Login:global=50/1h"} "#,
+        ]
+        .iter()
+        .enumerate()
+        {
+            counted[i] += sample(&text, line);
+        }
     }
+    // The metrics say what the clients saw: admitted, refused, and by which rule.
+    assert_eq!(counted, [50.0, 250.0, 250.0]);
+}
+
+/// The value of the sample whose line starts with `prefix` (name and labels).
+fn sample(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .unwrap_or_else(|| panic!("{prefix} missing in:\n{text}"))
+        .parse()
+        .unwrap()
 }
 
 /// Redis' own clock, in microseconds since the epoch.

@@ -421,7 +421,8 @@ async fn accept_failures_back_off_instead_of_spinning() {
         .args(["--nofile=128:128", "--"])
         .arg(env!("CARGO_BIN_EXE_authd"));
     for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("AUTHD_") {
+        let key_text = key.to_string_lossy();
+        if key_text.starts_with("AUTHD_") || key_text.starts_with("OTEL_") {
             prlimit.env_remove(key);
         }
     }

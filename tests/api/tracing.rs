@@ -1,0 +1,282 @@
+//! Traces, from outside: an OTLP collector started here (a tonic server of the
+//! OpenTelemetry trace service on 127.0.0.1) receives what authd exports. A Login
+//! that carries a W3C `traceparent` continues the caller's trace with a server span
+//! and children for the hash queue, the hash and the store; with the collector down,
+//! requests still succeed and the spans given up are counted.
+
+use crate::{
+    cli::spawn_authd,
+    helpers::{login, register, spawn_app_with},
+};
+use authd::pb::{LoginRequest, auth_service_client::AuthServiceClient};
+use opentelemetry_proto::tonic::{
+    collector::trace::v1::{
+        ExportTraceServiceRequest, ExportTraceServiceResponse,
+        trace_service_server::{TraceService, TraceServiceServer},
+    },
+    common::v1::any_value,
+    trace::v1::{Span, span::SpanKind},
+};
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::{Request, Response, Status};
+
+/// Every span the collector received, with the service name of its resource.
+#[derive(Clone, Default)]
+struct Collector {
+    spans: Arc<Mutex<Vec<(String, Span)>>>,
+}
+
+#[tonic::async_trait]
+impl TraceService for Collector {
+    async fn export(
+        &self,
+        request: Request<ExportTraceServiceRequest>,
+    ) -> Result<Response<ExportTraceServiceResponse>, Status> {
+        let mut spans = self.spans.lock().unwrap();
+        for resource_spans in request.into_inner().resource_spans {
+            let service = resource_spans
+                .resource
+                .iter()
+                .flat_map(|r| &r.attributes)
+                .find(|a| a.key == "service.name")
+                .and_then(|a| string(a.value.as_ref()?.value.as_ref()?))
+                .unwrap_or_default();
+            for scope in resource_spans.scope_spans {
+                spans.extend(scope.spans.into_iter().map(|s| (service.clone(), s)));
+            }
+        }
+        Ok(Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+fn string(value: &any_value::Value) -> Option<String> {
+    match value {
+        any_value::Value::StringValue(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+impl Collector {
+    /// Starts the collector on 127.0.0.1:0.
+    async fn start() -> (Self, SocketAddr) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let collector = Collector::default();
+        let service = TraceServiceServer::new(collector.clone());
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(TcpListenerStream::new(listener)),
+        );
+        (collector, addr)
+    }
+
+    /// The spans of `trace_id` once `done` holds for them (polled; at most 30 s).
+    async fn wait_for(&self, trace_id: &[u8], done: impl Fn(&[Span]) -> bool) -> Vec<Span> {
+        for _ in 0..300 {
+            let spans: Vec<Span> = (self.spans.lock().unwrap().iter())
+                .filter(|(_, s)| s.trace_id == trace_id)
+                .map(|(_, s)| s.clone())
+                .collect();
+            if done(&spans) {
+                return spans;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the collector never received the spans of the trace");
+    }
+}
+
+fn attribute(span: &Span, key: &str) -> Option<any_value::Value> {
+    span.attributes
+        .iter()
+        .find(|a| a.key == key)
+        .and_then(|a| a.value.as_ref()?.value.clone())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+const TRACE_ID: [u8; 16] = [
+    0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47, 0x36,
+];
+const CALLER_SPAN: [u8; 8] = [0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7];
+
+fn traceparent() -> String {
+    format!("00-{}-{}-01", hex(&TRACE_ID), hex(&CALLER_SPAN))
+}
+
+fn login_with_traceparent(username: &str, password: &str) -> Request<LoginRequest> {
+    let mut request = Request::new(LoginRequest {
+        username: username.into(),
+        password: password.into(),
+    });
+    request
+        .metadata_mut()
+        .insert("traceparent", traceparent().parse().unwrap());
+    request
+}
+
+#[tokio::test]
+async fn a_login_continues_the_callers_trace_with_spans_for_each_wait() {
+    let (collector, addr) = Collector::start().await;
+    let mut app = spawn_app_with(|c| {
+        c.otlp_endpoint = Some(format!("http://{addr}"));
+        c.otel_service_name = "authd-under-test".into();
+    })
+    .await;
+    app.register("erin", "correct horse").await.unwrap();
+    // A probe, before the login: not traced (it brings no traceparent).
+    app.health_status("").await;
+    app.client
+        .login(login_with_traceparent("erin", "correct horse"))
+        .await
+        .unwrap();
+
+    let is_child = |s: &Span, parent: &Span| s.parent_span_id == parent.span_id;
+    let spans = collector
+        .wait_for(&TRACE_ID, |spans| {
+            let Some(server) = spans.iter().find(|s| s.kind == SpanKind::Server as i32) else {
+                return false;
+            };
+            ["hash.queue_wait", "hash", "find_user", "token.sign"]
+                .iter()
+                .all(|name| spans.iter().any(|s| s.name == *name && is_child(s, server)))
+        })
+        .await;
+    let server = spans
+        .iter()
+        .find(|s| s.kind == SpanKind::Server as i32)
+        .unwrap();
+    // The server span continues the caller's trace, under the caller's span.
+    assert_eq!(server.name, "auth.v1.AuthService/Login");
+    assert_eq!(server.parent_span_id, CALLER_SPAN);
+    let text = |key| attribute(server, key).and_then(|v| string(&v));
+    assert_eq!(text("rpc.system").as_deref(), Some("grpc"));
+    assert_eq!(text("rpc.service").as_deref(), Some("auth.v1.AuthService"));
+    assert_eq!(text("rpc.method").as_deref(), Some("Login"));
+    assert_eq!(
+        attribute(server, "rpc.grpc.status_code"),
+        Some(any_value::Value::IntValue(0))
+    );
+    // The store span names its backend; the waits and work lie within the request.
+    let store = spans.iter().find(|s| s.name == "find_user").unwrap();
+    assert_eq!(
+        attribute(store, "db.system")
+            .and_then(|v| string(&v))
+            .as_deref(),
+        Some("sqlite")
+    );
+    let queue = spans.iter().find(|s| s.name == "hash.queue_wait").unwrap();
+    let hash = spans.iter().find(|s| s.name == "hash").unwrap();
+    for child in [store, queue, hash] {
+        assert!(
+            server.start_time_unix_nano <= child.start_time_unix_nano
+                && child.start_time_unix_nano <= child.end_time_unix_nano
+                && child.end_time_unix_nano <= server.end_time_unix_nano,
+            "{} lies within the request",
+            child.name
+        );
+    }
+    assert!(queue.end_time_unix_nano <= hash.start_time_unix_nano + 1_000_000);
+    // The resource names the service; the registration, with no traceparent, is a
+    // trace of its own.
+    let all = collector.spans.lock().unwrap().clone();
+    assert!(all.iter().all(|(service, _)| service == "authd-under-test"));
+    assert!(
+        all.iter()
+            .any(|(_, s)| s.name == "auth.v1.AuthService/Register"
+                && s.trace_id != TRACE_ID
+                && s.parent_span_id.is_empty())
+    );
+    assert!(
+        all.iter().all(|(_, s)| !s.name.starts_with("grpc.health")),
+        "health checks are traced only when the caller traces them"
+    );
+    let m = app.handle.render_metrics();
+    assert!(m.contains("authd_trace_spans_dropped_total 0"), "{m}");
+    app.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn with_the_collector_down_requests_succeed_and_dropped_spans_are_counted() {
+    // A port nothing listens on any more.
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    let mut app = spawn_app_with(|c| {
+        c.otlp_endpoint = Some(format!("http://{closed}"));
+        c.trace_queue = 4;
+    })
+    .await;
+    app.register("frank", "correct horse").await.unwrap();
+    for _ in 0..10 {
+        app.client
+            .login(login_with_traceparent("frank", "correct horse"))
+            .await
+            .unwrap();
+    }
+    // 11 requests, each a server span and at least three children: all given up.
+    let dropped = |text: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix("authd_trace_spans_dropped_total "))
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let mut text = app.handle.render_metrics();
+    for _ in 0..300 {
+        if dropped(&text) >= 44.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        text = app.handle.render_metrics();
+    }
+    assert!(dropped(&text) >= 44.0, "{text}");
+    assert!(
+        text.contains("authd_trace_spans_exported_total 0"),
+        "{text}"
+    );
+    app.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn request_log_lines_carry_the_trace_id() {
+    let (_collector, addr) = Collector::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let running = spawn_authd(
+        dir.path(),
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{addr}"))],
+    );
+    let mut client = AuthServiceClient::connect(format!("http://{}", running.addr))
+        .await
+        .unwrap();
+    register(&mut client, "grace", "correct horse")
+        .await
+        .unwrap();
+    client
+        .login(login_with_traceparent("grace", "correct horse"))
+        .await
+        .unwrap();
+    login(&mut client, "grace", "correct horse").await.unwrap();
+    let (status, log) = running.terminate().await;
+    assert!(status.success());
+    let logins: Vec<serde_json::Value> = log
+        .iter()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["message"] == "request" && e["method"] == "Login")
+        .collect();
+    assert_eq!(logins.len(), 2, "{log:?}");
+    // The caller's trace, and a trace of its own for the login that brought none.
+    assert_eq!(logins[0]["trace_id"], hex(&TRACE_ID));
+    let own = logins[1]["trace_id"].as_str().expect("a trace id");
+    assert_eq!(own.len(), 32);
+    assert_ne!(own, hex(&TRACE_ID));
+}
