@@ -5,7 +5,8 @@
 //!
 //! Every event has `event` (what happened), `outcome`, `request_id`, `peer` (the
 //! client address, as the rate limiter's `peer` key sees it), `client` (the
-//! client certificate's identity, under mutual TLS) and, when known, `user_id`; the log line carries the time. Never a password or a token. A failed
+//! client certificate's identity, under mutual TLS), `trace_id` (when the request
+//! is traced) and, when known, `user_id`; the log line carries the time. Never a password or a token. A failed
 //! or throttled login names the account only by `account`, a keyed digest of the
 //! username (people type their password into the username field), the same digest
 //! the login throttle keys on, so events of one account correlate across replicas
@@ -24,6 +25,8 @@ pub struct Caller {
     pub client: Option<IpAddr>,
     /// The client certificate's identity, under mutual TLS.
     pub identity: Option<String>,
+    /// The trace the request belongs to, when it is traced.
+    pub trace_id: Option<String>,
 }
 
 impl Caller {
@@ -60,6 +63,7 @@ impl Audit {
             request_id = caller.request_id(),
             peer = %caller.peer(),
             client = caller.identity(),
+            trace_id = caller.trace_id.as_deref(),
             user_id,
             "user registered"
         );
@@ -73,6 +77,7 @@ impl Audit {
             request_id = caller.request_id(),
             peer = %caller.peer(),
             client = caller.identity(),
+            trace_id = caller.trace_id.as_deref(),
             user_id,
             "login succeeded"
         );
@@ -87,6 +92,7 @@ impl Audit {
             request_id = caller.request_id(),
             peer = %caller.peer(),
             client = caller.identity(),
+            trace_id = caller.trace_id.as_deref(),
             user_id,
             account = %self.digest.of(username),
             "login failed"
@@ -107,6 +113,7 @@ impl Audit {
             request_id = caller.request_id(),
             peer = %caller.peer(),
             client = caller.identity(),
+            trace_id = caller.trace_id.as_deref(),
             account = %self.digest.of(username),
             scope,
             retry_after_ms = u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX),
@@ -123,6 +130,7 @@ impl Audit {
             request_id = caller.request_id(),
             peer = %caller.peer(),
             client = caller.identity(),
+            trace_id = caller.trace_id.as_deref(),
             user_id,
             session_id,
             replay,
@@ -139,6 +147,7 @@ impl Audit {
             request_id = caller.request_id(),
             peer = %caller.peer(),
             client = caller.identity(),
+            trace_id = caller.trace_id.as_deref(),
             session_id,
             reason,
             "session ended"
@@ -153,6 +162,7 @@ impl Audit {
             request_id = caller.request_id(),
             peer = %caller.peer(),
             client = caller.identity(),
+            trace_id = caller.trace_id.as_deref(),
             user_id,
             sessions_ended,
             "password changed; every session ended"

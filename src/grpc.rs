@@ -62,6 +62,7 @@ impl AuthApi {
                 self.trust_forwarded_for,
             ),
             identity: rpc::client_identity(request.extensions()).map(|i| i.as_str().to_owned()),
+            trace_id: crate::otel::current_trace_id(),
         }
     }
 }

@@ -319,12 +319,13 @@ async fn bad_tokens_are_unauthenticated_and_missing_ones_invalid(db: TestDb) {
         let mut header = Header::new(Algorithm::HS256);
         header.kid = Some(TEST_KID.into());
         let body = serde_json::json!({
-            "sub": login.user_id, "name": "abel", "iat": unix_now() - 100, "exp": exp,
+            "sub": login.user_id, "name": "abel", "iat": unix_now() - 7200, "exp": exp,
             "iss": "authd", "sid": login.session_id, "jti": "x",
         });
         jsonwebtoken::encode(&header, &body, &EncodingKey::from_secret(key)).unwrap()
     };
-    let expired = claims(unix_now() - 10, TEST_KEY);
+    // Expired beyond the clock skew allowed (30 s by default).
+    let expired = claims(unix_now() - 3600, TEST_KEY);
     let forged = claims(unix_now() + 600, b"another key, 32 bytes or longer!");
     for bad in ["not.a.token", expired.as_str(), forged.as_str()] {
         assert_unauthenticated(logout(&mut app, "", bad, false).await);
