@@ -172,6 +172,10 @@ pub(crate) struct SessionMetrics {
 pub(crate) struct TraceMetrics {
     pub exported: IntCounter,
     pub dropped: IntCounter,
+    /// 1 while the export is paused (the collector failed or could not keep up).
+    pub paused: IntGauge,
+    /// Requests not traced because the export was paused.
+    pub untraced: IntCounter,
 }
 
 /// New passwords the blocklist refused, by reason.
@@ -652,6 +656,17 @@ impl Metrics {
                 "authd_trace_spans_dropped_total",
                 "Spans given up: the export queue was full (the collector is slow or down) or \
                  their export failed or timed out.",
+            ),
+            paused: gauge(
+                "authd_trace_export_paused",
+                "1 while tracing is paused because an export failed or the export queue was \
+                 full: new requests are not traced until a probe export (every 1 to 10 s) \
+                 succeeds.",
+            ),
+            untraced: counter(
+                "authd_trace_requests_untraced_total",
+                "Requests not traced because tracing was paused (the collector is down or \
+                 slow).",
             ),
         };
         registered(

@@ -18,6 +18,13 @@
 //! is dropped and counted (`authd_trace_spans_dropped_total`), as are the spans of
 //! an export that failed. One task drains the queue in batches.
 //!
+//! Nor does a collector that is down: building spans only to drop them would still
+//! cost every request. When an export fails or the queue is full, the export is
+//! paused ([`Gate`]): new requests are not traced at all (as with tracing off, one
+//! atomic load), and are counted. After a back-off (1 s, doubling to 10 s) tracing
+//! resumes for a probe: the next export tells whether the collector is back. A
+//! success resumes tracing for good and resets the back-off.
+//!
 //! Nothing secret goes into a span: RPC names, status codes, backends, operation
 //! names and rule names only, never a username, password or token.
 //!
@@ -36,9 +43,13 @@ use opentelemetry_sdk::{
     propagation::TraceContextPropagator,
     trace::{Sampler, SdkTracer, SdkTracerProvider, SpanData, SpanExporter as _, SpanProcessor},
 };
-use prometheus::IntCounter;
+use prometheus::{IntCounter, IntGauge};
 use std::{
     borrow::Cow,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant, SystemTime},
 };
 use tokio::sync::mpsc;
@@ -47,6 +58,10 @@ use tokio::sync::mpsc;
 const MAX_BATCH: usize = 512;
 /// How long one export may take before its spans are given up (and counted dropped).
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The first pause after a failed export; each failed probe doubles it.
+const FIRST_PAUSE: Duration = Duration::from_secs(1);
+/// The longest pause: how long a collector that is back may wait to be noticed.
+const MAX_PAUSE: Duration = Duration::from_secs(10);
 
 /// Which traces are recorded (`OTEL_TRACES_SAMPLER`, the specification's names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -105,6 +120,44 @@ impl TraceSettings {
 pub(crate) struct Traces {
     _provider: SdkTracerProvider,
     tracer: SdkTracer,
+    gate: Arc<Gate>,
+    untraced: IntCounter,
+}
+
+/// Whether new requests are traced: closed (paused) while the collector cannot take
+/// spans. Shared by the request path (reads), the span processor (pauses when the
+/// queue is full) and the export task (pauses on failure, resumes).
+#[derive(Debug)]
+struct Gate {
+    paused: AtomicBool,
+    /// 1 while paused.
+    gauge: IntGauge,
+}
+
+impl Gate {
+    fn new(gauge: IntGauge) -> Self {
+        gauge.set(0);
+        Self {
+            paused: AtomicBool::new(false),
+            gauge,
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        !self.paused.load(Ordering::Relaxed)
+    }
+
+    fn pause(&self) {
+        if !self.paused.swap(true, Ordering::Relaxed) {
+            self.gauge.set(1);
+        }
+    }
+
+    fn resume(&self) {
+        if self.paused.swap(false, Ordering::Relaxed) {
+            self.gauge.set(0);
+        }
+    }
 }
 
 /// What a request's [`Context`] holds besides its span: the tracer its children use.
@@ -134,16 +187,22 @@ impl Traces {
             .build();
         exporter.set_resource(&resource);
         let (sender, receiver) = mpsc::channel(settings.queue.max(1));
+        let gate = Arc::new(Gate::new(metrics.traces.paused.clone()));
         let processor = Queue {
             sender,
             dropped: metrics.traces.dropped.clone(),
+            gate: gate.clone(),
         };
-        tokio::spawn(export_loop(
-            exporter,
-            receiver,
-            metrics.traces.exported.clone(),
-            metrics.traces.dropped.clone(),
-        ));
+        tokio::spawn(
+            Export {
+                exporter,
+                queue: receiver,
+                gate: gate.clone(),
+                exported: metrics.traces.exported.clone(),
+                dropped: metrics.traces.dropped.clone(),
+            }
+            .run(),
+        );
         let provider = SdkTracerProvider::builder()
             .with_span_processor(processor)
             .with_sampler(settings.sampler())
@@ -153,18 +212,25 @@ impl Traces {
         Ok(Some(Self {
             _provider: provider,
             tracer,
+            gate,
+            untraced: metrics.traces.untraced.clone(),
         }))
     }
 
     /// Starts the server span of a request: a child of the caller's `traceparent`
     /// when the headers carry a valid one. The context returned holds the span and
-    /// the tracer; run the request inside it.
+    /// the tracer; run the request inside it. `None` while the export is paused: the
+    /// request is then handled as with tracing off.
     pub(crate) fn server_span(
         &self,
         headers: &http::HeaderMap,
         service: &'static str,
         method: &'static str,
-    ) -> Context {
+    ) -> Option<Context> {
+        if !self.gate.is_open() {
+            self.untraced.inc();
+            return None;
+        }
         let parent = TraceContextPropagator::new().extract(&Headers(headers));
         let span = self
             .tracer
@@ -176,9 +242,11 @@ impl Traces {
                 KeyValue::new("rpc.method", method),
             ])
             .start_with_context(&self.tracer, &parent);
-        parent
-            .with_span(span)
-            .with_value(AppTracer(self.tracer.clone()))
+        Some(
+            parent
+                .with_span(span)
+                .with_value(AppTracer(self.tracer.clone())),
+        )
     }
 }
 
@@ -298,14 +366,21 @@ impl Extractor for Headers<'_> {
 struct Queue {
     sender: mpsc::Sender<SpanData>,
     dropped: IntCounter,
+    gate: Arc<Gate>,
 }
 
 impl SpanProcessor for Queue {
     fn on_start(&self, _span: &mut opentelemetry_sdk::trace::Span, _cx: &Context) {}
 
     fn on_end(&self, span: SpanData) {
-        if self.sender.try_send(span).is_err() {
-            self.dropped.inc();
+        match self.sender.try_send(span) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                // The collector cannot keep up: stop tracing until an export succeeds.
+                self.dropped.inc();
+                self.gate.pause();
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => self.dropped.inc(),
         }
     }
 
@@ -318,27 +393,55 @@ impl SpanProcessor for Queue {
     }
 }
 
-/// Exports the queued spans in batches until the queue is closed and empty.
-async fn export_loop(
-    exporter: opentelemetry_otlp::SpanExporter,
-    mut queue: mpsc::Receiver<SpanData>,
+/// The export task: sends the queued spans in batches, and pauses tracing while the
+/// collector does not take them.
+struct Export<E> {
+    exporter: E,
+    queue: mpsc::Receiver<SpanData>,
+    gate: Arc<Gate>,
     exported: IntCounter,
     dropped: IntCounter,
-) {
-    let mut batch = Vec::with_capacity(MAX_BATCH);
-    while queue.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        let n = batch.len() as u64;
-        let sent = std::mem::replace(&mut batch, Vec::with_capacity(MAX_BATCH));
-        match tokio::time::timeout(EXPORT_TIMEOUT, exporter.export(sent)).await {
-            Ok(Ok(())) => exported.inc_by(n),
-            Ok(Err(e)) => {
-                dropped.inc_by(n);
-                tracing::debug!(error = %e, spans = n, "exporting spans failed");
+}
+
+impl<E: opentelemetry_sdk::trace::SpanExporter> Export<E> {
+    /// Runs until the queue is closed and empty.
+    async fn run(mut self) {
+        let mut batch = Vec::with_capacity(MAX_BATCH);
+        let mut pause = FIRST_PAUSE;
+        while self.queue.recv_many(&mut batch, MAX_BATCH).await > 0 {
+            let n = batch.len() as u64;
+            let sent = std::mem::replace(&mut batch, Vec::with_capacity(MAX_BATCH));
+            let failure =
+                match tokio::time::timeout(EXPORT_TIMEOUT, self.exporter.export(sent)).await {
+                    Ok(Ok(())) => None,
+                    Ok(Err(e)) => Some(e.to_string()),
+                    Err(_) => Some("timed out".to_owned()),
+                };
+            let Some(failure) = failure else {
+                self.exported.inc_by(n);
+                self.gate.resume();
+                pause = FIRST_PAUSE;
+                continue;
+            };
+            self.gate.pause();
+            // What is queued was made before the pause: given up, so that the probe
+            // after the pause is made of fresh spans.
+            let mut given_up = n;
+            while self.queue.try_recv().is_ok() {
+                given_up += 1;
             }
-            Err(_) => {
-                dropped.inc_by(n);
-                tracing::debug!(spans = n, "exporting spans timed out");
-            }
+            self.dropped.inc_by(given_up);
+            tracing::debug!(
+                error = %failure,
+                spans = given_up,
+                pause_ms = pause.as_millis() as u64,
+                "exporting spans failed; tracing paused"
+            );
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(MAX_PAUSE);
+            // A probe: the next requests are traced, and their export says whether
+            // the collector is back.
+            self.gate.resume();
         }
     }
 }

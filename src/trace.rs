@@ -85,7 +85,7 @@ impl Middleware for Trace {
         // seconds would bury the traces of real requests.
         let span = (self.traces.as_ref())
             .filter(|_| !rpc.is_exempt() || req.headers().contains_key("traceparent"))
-            .map(|traces| traces.server_span(req.headers(), rpc.service(), rpc.method()));
+            .and_then(|traces| traces.server_span(req.headers(), rpc.service(), rpc.method()));
         let trace_id = match &span {
             Some(cx) => otel::trace_id(cx),
             None => otel::caller_trace_id(req.headers()),

@@ -123,7 +123,13 @@ async fn a_fresh_server_exports_every_request_series_at_zero() {
         panic!("not a histogram");
     };
     assert_eq!(buckets[0].less_than, 0.00005);
-    assert_eq!(m.value("authd_trace_spans_dropped_total", &[]), 0.0);
+    for series in [
+        "authd_trace_spans_dropped_total",
+        "authd_trace_export_paused",
+        "authd_trace_requests_untraced_total",
+    ] {
+        assert_eq!(m.value(series, &[]), 0.0, "{series}");
+    }
     // The rate-limit tier's request counts exist too, before any rule is configured.
     for outcome in ["admitted", "refused", "unavailable"] {
         assert_eq!(

@@ -2,7 +2,8 @@
 //! OpenTelemetry trace service on 127.0.0.1) receives what authd exports. A Login
 //! that carries a W3C `traceparent` continues the caller's trace with a server span
 //! and children for the hash queue, the hash and the store; with the collector down,
-//! requests still succeed and the spans given up are counted.
+//! requests still succeed, the spans given up are counted and tracing pauses until
+//! the collector is back.
 
 use crate::{
     cli::spawn_authd,
@@ -64,7 +65,12 @@ fn string(value: &any_value::Value) -> Option<String> {
 impl Collector {
     /// Starts the collector on 127.0.0.1:0.
     async fn start() -> (Self, SocketAddr) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::start_on("127.0.0.1:0".parse().unwrap()).await
+    }
+
+    /// Starts the collector on `addr`.
+    async fn start_on(addr: SocketAddr) -> (Self, SocketAddr) {
+        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let collector = Collector::default();
         let service = TraceServiceServer::new(collector.clone());
@@ -204,45 +210,80 @@ async fn a_login_continues_the_callers_trace_with_spans_for_each_wait() {
     app.stop().await.unwrap();
 }
 
+/// A metric of `text` with no labels.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+        .parse()
+        .unwrap()
+}
+
 #[tokio::test]
-async fn with_the_collector_down_requests_succeed_and_dropped_spans_are_counted() {
-    // A port nothing listens on any more.
-    let closed = {
+async fn with_the_collector_down_tracing_pauses_and_resumes_once_it_is_back() {
+    // A port nothing listens on (yet): the collector starts there later.
+    let port = {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.local_addr().unwrap()
     };
     let mut app = spawn_app_with(|c| {
-        c.otlp_endpoint = Some(format!("http://{closed}"));
+        c.otlp_endpoint = Some(format!("http://{port}"));
         c.trace_queue = 4;
     })
     .await;
     app.register("frank", "correct horse").await.unwrap();
-    for _ in 0..10 {
+    // The first export fails: its spans are given up and counted, and tracing
+    // pauses; the logins that follow succeed without being traced at all.
+    let mut text = String::new();
+    for _ in 0..300 {
         app.client
             .login(login_with_traceparent("frank", "correct horse"))
             .await
             .unwrap();
-    }
-    // 11 requests, each a server span and at least three children: all given up.
-    let dropped = |text: &str| -> f64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix("authd_trace_spans_dropped_total "))
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
-    let mut text = app.handle.render_metrics();
-    for _ in 0..300 {
-        if dropped(&text) >= 44.0 {
+        text = app.handle.render_metrics();
+        if metric(&text, "authd_trace_requests_untraced_total") >= 1.0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-        text = app.handle.render_metrics();
     }
-    assert!(dropped(&text) >= 44.0, "{text}");
     assert!(
-        text.contains("authd_trace_spans_exported_total 0"),
+        metric(&text, "authd_trace_requests_untraced_total") >= 1.0,
         "{text}"
+    );
+    // A server span and its children, at least.
+    assert!(
+        metric(&text, "authd_trace_spans_dropped_total") >= 2.0,
+        "{text}"
+    );
+    assert_eq!(metric(&text, "authd_trace_spans_exported_total"), 0.0);
+
+    // The collector comes back: after a pause of at most 10 s a probe reaches it,
+    // and the logins are traced again.
+    let (collector, _) = Collector::start_on(port).await;
+    let mut back = false;
+    for _ in 0..300 {
+        app.client
+            .login(login_with_traceparent("frank", "correct horse"))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let received = collector
+            .spans
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(_, s)| s.trace_id == TRACE_ID && s.kind == SpanKind::Server as i32);
+        if received && metric(&app.handle.render_metrics(), "authd_trace_export_paused") == 0.0 {
+            back = true;
+            break;
+        }
+    }
+    assert!(back, "{}", app.handle.render_metrics());
+    assert!(
+        metric(
+            &app.handle.render_metrics(),
+            "authd_trace_spans_exported_total"
+        ) >= 1.0
     );
     app.stop().await.unwrap();
 }
