@@ -216,22 +216,39 @@ impl Accounts {
         deadline: Option<Instant>,
         caller: &Caller,
     ) -> Result<Session, Error> {
-        let attempt = self.throttled(&username, caller).await?;
-        let user = match self.check_password(&username, password, deadline).await {
-            Ok(user) => user,
-            Err(CheckFailure::Wrong(user_id)) => {
-                self.login_failed(attempt.as_ref(), caller, &username, user_id.as_deref())
-                    .await;
-                return Err(Error::InvalidCredentials);
-            }
-            Err(CheckFailure::Error(e)) => return Err(e),
-        };
-        if let Some(attempt) = &attempt {
-            self.throttle.succeeded(attempt).await;
-        }
+        let user = self
+            .authenticate(&username, password, deadline, caller)
+            .await?;
         self.throttle.count_login(LoginOutcome::Ok);
         self.audit.login_succeeded(caller, &user.id);
         self.start_session(user.id, user.username).await
+    }
+
+    /// One login attempt, as Login and ChangePassword make it: asks the throttle,
+    /// checks the password, and tells the throttle (and the audit trail, on failure)
+    /// how it went.
+    async fn authenticate(
+        &self,
+        username: &Username,
+        password: Password,
+        deadline: Option<Instant>,
+        caller: &Caller,
+    ) -> Result<crate::store::User, Error> {
+        let attempt = self.throttled(username, caller).await?;
+        match self.check_password(username, password, deadline).await {
+            Ok(user) => {
+                if let Some(attempt) = &attempt {
+                    self.throttle.succeeded(attempt).await;
+                }
+                Ok(user)
+            }
+            Err(CheckFailure::Wrong(user_id)) => {
+                self.login_failed(attempt.as_ref(), caller, username, user_id.as_deref())
+                    .await;
+                Err(Error::InvalidCredentials)
+            }
+            Err(CheckFailure::Error(e)) => Err(e),
+        }
     }
 
     /// Asks the login throttle whether an attempt for `username` may go on; a refusal
@@ -456,19 +473,9 @@ impl Accounts {
         caller: &Caller,
     ) -> Result<u32, Error> {
         // The current-password check is a login attempt: throttled and counted alike.
-        let attempt = self.throttled(&username, caller).await?;
-        let user = match self.check_password(&username, current, deadline).await {
-            Ok(user) => user,
-            Err(CheckFailure::Wrong(user_id)) => {
-                self.login_failed(attempt.as_ref(), caller, &username, user_id.as_deref())
-                    .await;
-                return Err(Error::InvalidCredentials);
-            }
-            Err(CheckFailure::Error(e)) => return Err(e),
-        };
-        if let Some(attempt) = &attempt {
-            self.throttle.succeeded(attempt).await;
-        }
+        let user = self
+            .authenticate(&username, current, deadline, caller)
+            .await?;
         let slot = self.hasher.reserve()?;
         let hash = self.hasher.hash(slot, new, deadline).await?;
         let now = unix_millis();
