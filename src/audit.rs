@@ -4,13 +4,13 @@
 //! `target`).
 //!
 //! Every event has `event` (what happened), `outcome`, `request_id`, `peer` (the
-//! client address, as the rate limiter's `peer` key sees it), `client` (the
-//! client certificate's identity, under mutual TLS), `trace_id` (when the request
-//! is traced) and, when known, `user_id`; the log line carries the time. Never a password or a token. A failed
-//! or throttled login names the account only by `account`, a keyed digest of the
-//! username (people type their password into the username field), the same digest
-//! the login throttle keys on, so events of one account correlate across replicas
-//! that share the token signing key.
+//! client address, as the rate limiter's `peer` key sees it), `client` (the client
+//! certificate's identity, under mutual TLS), `trace_id` (when the request is
+//! traced) and, when known, `user_id`; the log line carries the time. Never a
+//! password or a token. A failed or throttled login names the account only by
+//! `account`, a keyed digest of the username (people type their password into the
+//! username field), the same digest the login throttle keys on, so events of one
+//! account correlate across replicas that share the token signing key.
 
 use crate::{credentials::Username, throttle::UsernameDigest};
 use std::{net::IpAddr, time::Duration};
@@ -44,6 +44,23 @@ impl Caller {
     }
 }
 
+/// One audit event of `$caller`: the fields every event has, then its own.
+macro_rules! event {
+    ($caller:expr, $event:literal, $outcome:expr, $message:literal; $($field:tt)*) => {
+        tracing::info!(
+            target: TARGET,
+            event = $event,
+            outcome = $outcome,
+            request_id = $caller.request_id(),
+            peer = %$caller.peer(),
+            client = $caller.identity(),
+            trace_id = $caller.trace_id.as_deref(),
+            $($field)*
+            $message
+        )
+    };
+}
+
 /// Writes the audit events.
 #[derive(Clone)]
 pub struct Audit {
@@ -56,46 +73,34 @@ impl Audit {
     }
 
     pub fn registered(&self, caller: &Caller, user_id: &str) {
-        tracing::info!(
-            target: TARGET,
-            event = "registered",
-            outcome = "ok",
-            request_id = caller.request_id(),
-            peer = %caller.peer(),
-            client = caller.identity(),
-            trace_id = caller.trace_id.as_deref(),
+        event!(
+            caller,
+            "registered",
+            "ok",
+            "user registered";
             user_id,
-            "user registered"
         );
     }
 
     pub fn login_succeeded(&self, caller: &Caller, user_id: &str) {
-        tracing::info!(
-            target: TARGET,
-            event = "login",
-            outcome = "ok",
-            request_id = caller.request_id(),
-            peer = %caller.peer(),
-            client = caller.identity(),
-            trace_id = caller.trace_id.as_deref(),
+        event!(
+            caller,
+            "login",
+            "ok",
+            "login succeeded";
             user_id,
-            "login succeeded"
         );
     }
 
     /// A wrong password (`user_id` known) or an unknown username (`None`).
     pub fn login_failed(&self, caller: &Caller, username: &Username, user_id: Option<&str>) {
-        tracing::info!(
-            target: TARGET,
-            event = "login",
-            outcome = "failed",
-            request_id = caller.request_id(),
-            peer = %caller.peer(),
-            client = caller.identity(),
-            trace_id = caller.trace_id.as_deref(),
+        event!(
+            caller,
+            "login",
+            "failed",
+            "login failed";
             user_id,
             account = %self.digest.of(username),
-            "login failed"
         );
     }
 
@@ -106,66 +111,50 @@ impl Audit {
         scope: &str,
         retry_after: Duration,
     ) {
-        tracing::info!(
-            target: TARGET,
-            event = "login",
-            outcome = "throttled",
-            request_id = caller.request_id(),
-            peer = %caller.peer(),
-            client = caller.identity(),
-            trace_id = caller.trace_id.as_deref(),
+        event!(
+            caller,
+            "login",
+            "throttled",
+            "login throttled";
             account = %self.digest.of(username),
             scope,
             retry_after_ms = u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX),
-            "login throttled"
         );
     }
 
     /// A refresh token rotated (`replay`: a retry within the grace, answered alike).
     pub fn refreshed(&self, caller: &Caller, user_id: &str, session_id: &str, replay: bool) {
-        tracing::info!(
-            target: TARGET,
-            event = "refresh",
-            outcome = "ok",
-            request_id = caller.request_id(),
-            peer = %caller.peer(),
-            client = caller.identity(),
-            trace_id = caller.trace_id.as_deref(),
+        event!(
+            caller,
+            "refresh",
+            "ok",
+            "session refreshed";
             user_id,
             session_id,
             replay,
-            "session refreshed"
         );
     }
 
     /// A session ended: `reason` is logout or reuse (password changes have their event).
     pub fn session_ended(&self, caller: &Caller, session_id: &str, reason: &str) {
-        tracing::info!(
-            target: TARGET,
-            event = "session_ended",
-            outcome = reason,
-            request_id = caller.request_id(),
-            peer = %caller.peer(),
-            client = caller.identity(),
-            trace_id = caller.trace_id.as_deref(),
+        event!(
+            caller,
+            "session_ended",
+            reason,
+            "session ended";
             session_id,
             reason,
-            "session ended"
         );
     }
 
     pub fn password_changed(&self, caller: &Caller, user_id: &str, sessions_ended: usize) {
-        tracing::info!(
-            target: TARGET,
-            event = "password_changed",
-            outcome = "ok",
-            request_id = caller.request_id(),
-            peer = %caller.peer(),
-            client = caller.identity(),
-            trace_id = caller.trace_id.as_deref(),
+        event!(
+            caller,
+            "password_changed",
+            "ok",
+            "password changed; every session ended";
             user_id,
             sessions_ended,
-            "password changed; every session ended"
         );
     }
 }
