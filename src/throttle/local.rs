@@ -6,7 +6,9 @@
 //! expired entries go first, then the entry worth least: a count with the fewest
 //! failures (one guess at one username, what a spray leaves behind), so a count that
 //! is delaying a client survives a flood of new usernames; a known client's mark is
-//! worth most.
+//! worth most. A full map frees a sixteenth of its room at once: one pass over the
+//! entries, under the lock, pays for that many inserts instead of one, so a flood
+//! that keeps the map full costs O(1) per login, not a scan of every entry.
 
 use super::{Count, KNOWN_CLIENT_FOR, Keys, Settings, Snapshot, counts_for_account, ms};
 use std::{collections::HashMap, sync::Mutex};
@@ -122,17 +124,39 @@ fn bump(entries: &mut HashMap<String, Entry>, key: &str, now: u64, ttl: u64, max
 
 fn insert(entries: &mut HashMap<String, Entry>, key: String, entry: Entry, now: u64, max: usize) {
     if !entries.contains_key(&key) && entries.len() >= max {
-        entries.retain(|_, e| e.expires_ms > now);
-        if entries.len() >= max
-            && let Some(victim) = entries
-                .iter()
-                .min_by_key(|(_, e)| (e.worth(), e.expires_ms))
-                .map(|(k, _)| k.clone())
-        {
-            entries.remove(&victim);
-        }
+        make_room(entries, now, max);
     }
     entries.insert(key, entry);
+}
+
+/// How many entries a full map frees at once.
+fn eviction_batch(max: usize) -> usize {
+    (max / 16).max(1)
+}
+
+/// Drops the expired entries and, if that is not enough, the entries worth least,
+/// until [`eviction_batch`] inserts fit.
+fn make_room(entries: &mut HashMap<String, Entry>, now: u64, max: usize) {
+    entries.retain(|_, e| e.expires_ms > now);
+    let excess = (entries.len() + eviction_batch(max)).saturating_sub(max);
+    if excess == 0 {
+        return;
+    }
+    let mut ranked: Vec<_> = (entries.iter())
+        .map(|(key, e)| (e.worth(), e.expires_ms, key))
+        .collect();
+    let victims: Vec<String> = if excess < ranked.len() {
+        ranked.select_nth_unstable(excess);
+        ranked[..excess]
+            .iter()
+            .map(|(_, _, k)| (*k).clone())
+            .collect()
+    } else {
+        ranked.iter().map(|(_, _, k)| (*k).clone()).collect()
+    };
+    for victim in victims {
+        entries.remove(&victim);
+    }
 }
 
 #[cfg(test)]
@@ -169,6 +193,38 @@ mod tests {
             assert!(counts.len() <= 10);
         }
         assert_eq!(counts.read(&target, 1000).pair.failures, 4);
+    }
+
+    #[test]
+    fn a_full_map_frees_a_batch_at_once_and_keeps_what_is_worth_most() {
+        let s = settings();
+        let counts = LocalCounts::new(160);
+        let batch = eviction_batch(160);
+        assert_eq!(batch, 10);
+        let target = Keys::new("target", "10.0.0.9".parse().ok());
+        for _ in 0..4 {
+            counts.record_failure(&target, 1000, 3, &s);
+        }
+        let spray = |i: usize| Keys::new(&format!("user{i}"), "10.0.0.9".parse().ok());
+        let mut i = 0;
+        while counts.len() < 160 {
+            counts.record_failure(&spray(i), 1000, 3, &s);
+            i += 1;
+        }
+        // A spray's failure adds two keys (the pair's count and the account's). The
+        // next one frees a batch; the batch's other inserts need no pass.
+        counts.record_failure(&spray(i), 1000, 3, &s);
+        assert_eq!(counts.len(), 160 - batch + 2);
+        for j in 1..batch / 2 {
+            counts.record_failure(&spray(i + j), 1000, 3, &s);
+        }
+        assert_eq!(counts.len(), 160);
+        assert_eq!(counts.read(&target, 1000).pair.failures, 4);
+        // The newest counts were not evicted.
+        assert_eq!(
+            counts.read(&spray(i + batch / 2 - 1), 1000).pair.failures,
+            1
+        );
     }
 
     #[test]
