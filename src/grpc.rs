@@ -203,7 +203,13 @@ async fn respond<T>(
                     )
                 }
                 Error::InvalidRefreshToken(reason) => {
-                    tracing::info!(method, request_id, reason, "refresh token refused")
+                    tracing::info!(
+                        method,
+                        request_id,
+                        trace_id,
+                        reason,
+                        "refresh token refused"
+                    )
                 }
                 _ => {}
             }
