@@ -20,6 +20,7 @@ use crate::{
     password::{HashPool, Hasher, PoolSnapshot},
     pb::{self, auth_service_server::AuthServiceServer},
     ratelimit::{self, RateLimitStats, RateLimiter, Settings as RateLimitSettings},
+    shared_redis::SharedRedis,
     store::{PostgresSettings, SqliteSettings, Store, StoreSettings, WriterSnapshot},
     throttle::{Settings as ThrottleSettings, Throttle, UsernameDigest},
     token::{KeyRing, LiveKeyRing, Tokens},
@@ -234,8 +235,14 @@ impl Application {
         let key_file = key_file_digest
             .map(|(path, digest)| Arc::new(KeyFile::new(path, digest, key_ring.clone(), &metrics)));
         let digest = UsernameDigest::new(keys.derive_key("authd username digest v1"));
+        // One Redis connection for the rate limiter and the login throttle.
+        let redis = config
+            .redis_url
+            .as_ref()
+            .map(SharedRedis::open)
+            .transpose()?;
         let throttle = Throttle::new(
-            throttle_settings(&config)?,
+            throttle_settings(&config, redis.clone())?,
             digest.clone(),
             metrics.throttle.clone(),
         )?;
@@ -284,7 +291,8 @@ impl Application {
         };
         let limits = connection_limits(&config);
         // Never fails on a Redis outage: the limiter starts degraded and keeps trying.
-        let rate_limiter = RateLimiter::start(rate_limit_settings(&config), &metrics).await?;
+        let rate_limiter =
+            RateLimiter::start(rate_limit_settings(&config, redis), &metrics).await?;
         let admission = Admission::new(AdmissionSettings {
             max_in_flight: config.max_in_flight,
             max_per_client: config.max_in_flight_per_client(),
@@ -539,7 +547,10 @@ impl Application {
 
 /// What the login throttle needs from the configuration; refuses an across-clients
 /// threshold that one client could reach alone.
-fn throttle_settings(c: &Config) -> anyhow::Result<ThrottleSettings> {
+fn throttle_settings(
+    c: &Config,
+    redis: Option<Arc<SharedRedis>>,
+) -> anyhow::Result<ThrottleSettings> {
     if c.login_failures > 0 && c.login_account_failures <= c.login_failures {
         anyhow::bail!(
             "--login-account-failures ({}) must be greater than --login-failures ({}), so that \
@@ -563,7 +574,7 @@ fn throttle_settings(c: &Config) -> anyhow::Result<ThrottleSettings> {
         account_failures: c.login_account_failures,
         account_delay_max: c.login_account_delay_max,
         max_entries: c.login_throttle_max_entries as usize,
-        redis_url: c.redis_url.clone(),
+        redis,
         prefix: format!("{}:", c.rate_limit_prefix),
         redis_timeout: c.redis_timeout,
         failure: c.rate_limit_failure,
@@ -571,10 +582,10 @@ fn throttle_settings(c: &Config) -> anyhow::Result<ThrottleSettings> {
 }
 
 /// What the rate limiter needs from the configuration.
-fn rate_limit_settings(c: &Config) -> RateLimitSettings {
+fn rate_limit_settings(c: &Config, redis: Option<Arc<SharedRedis>>) -> RateLimitSettings {
     RateLimitSettings {
         rules: c.rate_limits.clone().unwrap_or_default(),
-        redis_url: c.redis_url.clone(),
+        redis,
         prefix: c.rate_limit_prefix.clone(),
         redis_timeout: c.redis_timeout,
         failure: c.rate_limit_failure,

@@ -86,6 +86,7 @@ pub(crate) mod refresh;
 pub(crate) mod revocation;
 pub(crate) mod rpc;
 pub(crate) mod secret;
+pub mod shared_redis;
 pub(crate) mod store;
 pub mod telemetry;
 pub mod throttle;

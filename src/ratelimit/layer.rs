@@ -91,7 +91,7 @@ mod tests {
     ) {
         let settings = Settings {
             rules: rules.parse().unwrap(),
-            redis_url: None,
+            redis: None,
             prefix: "test".into(),
             redis_timeout: Duration::from_millis(50),
             failure: FailureMode::Open,

@@ -7,9 +7,7 @@
 //! logs comes from a [`Clock`], so their window logic is tested with one the test
 //! controls; Redis keeps its own (`TIME`).
 
-use super::{
-    Check, FailureMode, Outcome, Quota, RateLimits, RedisUrl, Settings, keys::Keys, local, redis,
-};
+use super::{Check, FailureMode, Outcome, Quota, RateLimits, Settings, keys::Keys, local, redis};
 use crate::{
     error::{Error, QuotaViolation},
     metrics::Metrics,
@@ -112,7 +110,7 @@ pub(crate) struct RedisTier {
     /// False from a failed call until a probe succeeds: requests meanwhile do not
     /// call Redis at all, so an outage costs at most one timeout, not one per request.
     healthy: Arc<AtomicBool>,
-    url: RedisUrl,
+    url: crate::secret::RedisUrl,
 }
 
 /// The decision counters of one rule (`authd_ratelimit_decisions_total`).
@@ -239,11 +237,11 @@ impl RateLimiter {
     /// `CONNECT_TIMEOUT`); if that fails it starts degraded and a background task
     /// keeps trying, so a Redis outage never stops authd from starting.
     pub async fn start(settings: Settings, metrics: &Metrics) -> anyhow::Result<Arc<Self>> {
-        let redis = match &settings.redis_url {
-            Some(url) if !settings.rules.is_empty() => Some(RedisTier {
-                limiter: redis::RedisLimiter::new(url, settings.redis_timeout)?,
+        let redis = match &settings.redis {
+            Some(shared) if !settings.rules.is_empty() => Some(RedisTier {
+                limiter: redis::RedisLimiter::new(shared.clone(), settings.redis_timeout),
                 healthy: Arc::new(AtomicBool::new(false)),
-                url: url.clone(),
+                url: shared.url().clone(),
             }),
             _ => None,
         };
@@ -255,7 +253,7 @@ impl RateLimiter {
         ));
         match &limiter.redis {
             None if limiter.rules.is_empty() => {
-                if settings.redis_url.is_some() {
+                if settings.redis.is_some() {
                     tracing::info!(
                         "AUTHD_REDIS_URL is set but there are no rate limits: not using it"
                     );
@@ -512,7 +510,7 @@ mod tests {
     fn limiter(rules: &str, clock: Arc<dyn Clock>) -> RateLimiter {
         let settings = Settings {
             rules: rules.parse().unwrap(),
-            redis_url: None,
+            redis: None,
             prefix: "p".into(),
             redis_timeout: Duration::from_millis(50),
             failure: FailureMode::Open,

@@ -30,7 +30,8 @@ pub use crate::secret::RedisUrl;
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub rules: RateLimits,
-    pub redis_url: Option<RedisUrl>,
+    /// The Redis that holds the counts of every replica; `None`: per replica only.
+    pub redis: Option<std::sync::Arc<crate::shared_redis::SharedRedis>>,
     pub prefix: String,
     pub redis_timeout: Duration,
     pub failure: FailureMode,

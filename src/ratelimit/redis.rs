@@ -1,8 +1,8 @@
 //! The Redis tier: one Lua script decides for every rule a request matches, in one
 //! round trip, atomically, so replicas sharing a Redis share exact limits.
 //!
-//! It owns the connection (the redis crate's `ConnectionManager`, which reconnects
-//! by itself), the script, and the members it adds. Each key is a sorted set: a
+//! It uses the process's Redis connection (`crate::shared_redis`, shared with the
+//! login throttle) and owns the script and the members it adds. Each key is a sorted set: a
 //! sliding-window log of the allowed requests, scored by Redis' own clock (`TIME`,
 //! never this replica's, so clock skew between replicas does not matter).
 //!
@@ -10,12 +10,13 @@
 //! returned to the caller (`super::RateLimiter`), which falls back or refuses.
 //! Every call is bounded by `AUTHD_REDIS_TIMEOUT`.
 
-use super::{Check, Outcome, RedisUrl, RuleState};
-use redis::{Client, Script, aio::ConnectionManager};
+use super::{Check, Outcome, RuleState};
+use crate::shared_redis::{ConnectFailure, SharedRedis};
+use redis::Script;
 use std::{
     fmt,
     sync::{
-        OnceLock,
+        Arc,
         atomic::{AtomicU64, Ordering},
     },
     time::Duration,
@@ -98,10 +99,7 @@ impl fmt::Display for RedisFailure {
 }
 
 pub(crate) struct RedisLimiter {
-    client: Client,
-    /// Set once the first connection succeeds; the manager reconnects by itself
-    /// after that.
-    connection: OnceLock<ConnectionManager>,
+    redis: Arc<SharedRedis>,
     script: Script,
     /// Random per process, so members from different replicas never collide.
     replica: String,
@@ -110,26 +108,19 @@ pub(crate) struct RedisLimiter {
 }
 
 impl RedisLimiter {
-    pub(crate) fn new(url: &RedisUrl, timeout: Duration) -> anyhow::Result<Self> {
-        let client = Client::open(url.expose())
-            .map_err(|e| anyhow::anyhow!("{url} is not a usable Redis URL ({:?})", e.kind()))?;
-        Ok(RedisLimiter {
-            client,
-            connection: OnceLock::new(),
+    pub(crate) fn new(redis: Arc<SharedRedis>, timeout: Duration) -> Self {
+        RedisLimiter {
+            redis,
             script: Script::new(SCRIPT),
             replica: format!("{:016x}", rand::random::<u64>()),
             counter: AtomicU64::new(0),
             timeout,
-        })
+        }
     }
 
     /// Runs the script for `checks` (not empty) within the timeout.
     pub(crate) async fn decide(&self, checks: &[Check]) -> Result<Outcome, RedisFailure> {
-        let mut connection = self
-            .connection
-            .get()
-            .cloned()
-            .ok_or(RedisFailure::NotConnected)?;
+        let mut connection = self.redis.get().ok_or(RedisFailure::NotConnected)?;
         let unique = self.counter.fetch_add(1, Ordering::Relaxed);
         let mut invocation = self.script.prepare_invoke();
         invocation.arg(format!("{}:{unique}", self.replica));
@@ -152,30 +143,19 @@ impl RedisLimiter {
     /// a Redis restart emptied its cache.
     pub(crate) async fn probe(&self, timeout: Duration) -> Result<(), RedisFailure> {
         let work = async {
-            let mut connection = match self.connection.get() {
-                Some(c) => c.clone(),
-                None => {
-                    let config = redis::aio::ConnectionManagerConfig::new()
-                        .set_connection_timeout(Some(timeout))
-                        // We probe again ourselves; the manager's own retries would
-                        // only keep a probe waiting.
-                        .set_number_of_retries(0)
-                        .set_max_delay(Duration::from_millis(500));
-                    let manager =
-                        ConnectionManager::new_with_config(self.client.clone(), config).await?;
-                    // Another probe may have won the race: use whichever was stored.
-                    self.connection.get_or_init(|| manager).clone()
-                }
-            };
+            let mut connection = self.redis.connect(timeout).await.map_err(|e| match e {
+                ConnectFailure::Timeout(t) => RedisFailure::Timeout(t),
+                ConnectFailure::Redis(e) => RedisFailure::Redis(e),
+            })?;
             let mut invocation = self.script.prepare_invoke();
             invocation.arg("probe");
-            let reply: Vec<i64> = invocation.invoke_async(&mut connection).await?;
-            Ok::<_, redis::RedisError>(reply)
+            let reply: Vec<i64> =
+                (invocation.invoke_async(&mut connection).await).map_err(RedisFailure::Redis)?;
+            Ok::<_, RedisFailure>(reply)
         };
         let reply = tokio::time::timeout(timeout, work)
             .await
-            .map_err(|_| RedisFailure::Timeout(timeout))?
-            .map_err(RedisFailure::Redis)?;
+            .map_err(|_| RedisFailure::Timeout(timeout))??;
         parse_reply(&reply, 0).map(|_| ())
     }
 }

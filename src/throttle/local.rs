@@ -172,7 +172,7 @@ mod tests {
             account_failures: 7,
             account_delay_max: Duration::from_secs(10),
             max_entries: 10,
-            redis_url: None,
+            redis: None,
             prefix: String::new(),
             redis_timeout: Duration::from_millis(100),
             failure: crate::ratelimit::FailureMode::Open,

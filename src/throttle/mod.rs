@@ -35,7 +35,7 @@ mod redis;
 
 use crate::{
     credentials::Username, error::Error, metrics::ThrottleMetrics, ratelimit::FailureMode,
-    secret::RedisUrl,
+    shared_redis::SharedRedis,
 };
 use hmac::{KeyInit, Mac};
 use std::{
@@ -63,7 +63,8 @@ pub struct Settings {
     pub account_delay_max: Duration,
     /// Most entries the in-process counts keep.
     pub max_entries: usize,
-    pub redis_url: Option<RedisUrl>,
+    /// The Redis that holds the counts of every replica; `None`: per replica only.
+    pub redis: Option<Arc<SharedRedis>>,
     pub prefix: String,
     pub redis_timeout: Duration,
     pub failure: FailureMode,
@@ -227,12 +228,12 @@ impl Throttle {
         metrics: ThrottleMetrics,
         clock: Arc<dyn Clock>,
     ) -> anyhow::Result<Arc<Self>> {
-        let redis = match (&settings.redis_url, settings.enabled()) {
-            (Some(url), true) => Some(redis::RedisCounts::new(
-                url,
+        let redis = match (&settings.redis, settings.enabled()) {
+            (Some(shared), true) => Some(redis::RedisCounts::new(
+                shared.clone(),
                 &settings.prefix,
                 settings.redis_timeout,
-            )?),
+            )),
             _ => None,
         };
         Ok(Arc::new(Throttle {
@@ -412,7 +413,7 @@ mod tests {
             account_failures: 7,
             account_delay_max: Duration::from_secs(10),
             max_entries: 1000,
-            redis_url: None,
+            redis: None,
             prefix: "t:".into(),
             redis_timeout: Duration::from_millis(100),
             failure: FailureMode::Open,

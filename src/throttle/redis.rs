@@ -5,17 +5,13 @@
 //! for a client's first failures, the account's), each a MULTI so its fields and
 //! expiry change together. Every call is bounded by `AUTHD_REDIS_TIMEOUT`.
 //!
-//! The connection is made in the background: at start, and again at most once a
-//! second while it is missing, so a Redis that is down never makes a login wait.
+//! The connection is the process's one (`crate::shared_redis`, shared with the rate
+//! limiter). While it is missing an attempt starts in the background, at most once
+//! a second, so a Redis that is down never makes a login wait.
 
 use super::{Count, KNOWN_CLIENT_FOR, Keys, Settings, Snapshot, counts_for_account, ms};
-use crate::secret::RedisUrl;
-use redis::{Client, aio::ConnectionManager};
-use std::{
-    fmt,
-    sync::{Arc, Mutex, OnceLock},
-    time::{Duration, Instant},
-};
+use crate::shared_redis::SharedRedis;
+use std::{fmt, sync::Arc, time::Duration};
 
 #[derive(Debug)]
 pub(crate) enum RedisCountsError {
@@ -36,63 +32,24 @@ impl fmt::Display for RedisCountsError {
 }
 
 pub(super) struct RedisCounts {
-    client: Client,
-    connection: Arc<OnceLock<ConnectionManager>>,
-    /// When the last connection attempt started.
-    last_attempt: Mutex<Option<Instant>>,
+    redis: Arc<SharedRedis>,
     prefix: String,
     timeout: Duration,
 }
 
 impl RedisCounts {
-    pub(super) fn new(url: &RedisUrl, prefix: &str, timeout: Duration) -> anyhow::Result<Self> {
-        let client = Client::open(url.expose())
-            .map_err(|e| anyhow::anyhow!("{url} is not a usable Redis URL ({:?})", e.kind()))?;
-        Ok(RedisCounts {
-            client,
-            connection: Arc::new(OnceLock::new()),
-            last_attempt: Mutex::new(None),
+    pub(super) fn new(redis: Arc<SharedRedis>, prefix: &str, timeout: Duration) -> Self {
+        RedisCounts {
+            redis,
             prefix: prefix.to_owned(),
             timeout,
-        })
+        }
     }
 
-    /// The connection, or a connection attempt started in the background (at most
-    /// one a second) and an error for now.
-    fn connection(&self) -> Result<ConnectionManager, RedisCountsError> {
-        if let Some(c) = self.connection.get() {
-            return Ok(c.clone());
-        }
-        let mut last = self.last_attempt.lock().unwrap_or_else(|e| e.into_inner());
-        if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            *last = Some(Instant::now());
-            let (client, slot, timeout) =
-                (self.client.clone(), self.connection.clone(), self.timeout);
-            runtime.spawn(async move {
-                let config = redis::aio::ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(timeout.max(Duration::from_millis(500))))
-                    .set_number_of_retries(0);
-                match ConnectionManager::new_with_config(client, config).await {
-                    Ok(manager) => {
-                        let _ = slot.set(manager);
-                    }
-                    Err(e) => {
-                        tracing::debug!(error = %e, "the login throttle cannot reach Redis yet")
-                    }
-                }
-            });
-        }
-        Err(RedisCountsError::NotConnected)
-    }
-
-    /// Connects now (at start), waiting at most the timeout.
+    /// Connects now (at start) if not yet connected, waiting at most the timeout.
     pub(super) async fn connect(&self) {
-        let _ = self.connection();
-        let deadline = Instant::now() + self.timeout.max(Duration::from_millis(500));
-        while self.connection.get().is_none() && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        if let Err(e) = self.redis.connect(self.timeout).await {
+            tracing::debug!(error = %e, "the login throttle cannot reach Redis yet");
         }
     }
 
@@ -104,7 +61,9 @@ impl RedisCounts {
         &self,
         pipe: &redis::Pipeline,
     ) -> Result<T, RedisCountsError> {
-        let mut connection = self.connection()?;
+        let mut connection = (self.redis)
+            .get_or_reconnect(self.timeout)
+            .ok_or(RedisCountsError::NotConnected)?;
         tokio::time::timeout(self.timeout, pipe.query_async(&mut connection))
             .await
             .map_err(|_| RedisCountsError::Timeout(self.timeout))?

@@ -490,6 +490,8 @@ pub struct TcpProxy {
     /// `true` while no byte is forwarded.
     stalled: tokio::sync::watch::Sender<bool>,
     connections: Arc<std::sync::Mutex<Vec<JoinHandle<()>>>>,
+    /// Connections let through, ever.
+    accepted: Arc<std::sync::atomic::AtomicUsize>,
     accept: JoinHandle<()>,
 }
 
@@ -525,13 +527,16 @@ impl TcpProxy {
         let open = Arc::new(AtomicBool::new(true));
         let stalled = tokio::sync::watch::Sender::new(false);
         let connections = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let accept = tokio::spawn({
             let (open, connections, stalled) = (open.clone(), connections.clone(), stalled.clone());
+            let accepted = accepted.clone();
             async move {
                 while let Ok((inbound, _)) = listener.accept().await {
                     if !open.load(Ordering::SeqCst) {
                         continue; // dropped: the client sees the connection closed
                     }
+                    accepted.fetch_add(1, Ordering::SeqCst);
                     let upstream = upstream.clone();
                     let stalled = stalled.subscribe();
                     let task = tokio::spawn(async move {
@@ -553,8 +558,14 @@ impl TcpProxy {
             open,
             stalled,
             connections,
+            accepted,
             accept,
         }
+    }
+
+    /// How many connections the proxy has let through.
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Drops every connection and refuses new ones.

@@ -598,6 +598,51 @@ fn assert_metrics(app: &crate::helpers::TestApp, lines: &[&str]) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rate_limiter_and_the_login_throttle_share_one_redis_connection() {
+    let Some(url) = redis_url("the_rate_limiter_and_the_login_throttle_share_one_redis_connection")
+    else {
+        return;
+    };
+    let proxy = TcpProxy::start(crate::helpers::host_of(&url)).await;
+    let prefix = unique_name("rl");
+    let mut app = spawn_app_with(|c| {
+        with_redis(
+            c,
+            &redis_via(&url, proxy.addr),
+            &prefix,
+            "Login:global=100/1m",
+        )
+    })
+    .await;
+    assert_eq!(app.handle.rate_limit_stats().backend, Backend::Redis);
+    app.register(USER, PASSWORD).await.unwrap();
+    // A failed login: a rate-limit decision, then the throttle's read and count.
+    let wrong = app
+        .client
+        .login(LoginRequest {
+            username: USER.into(),
+            password: "not the password".into(),
+        })
+        .await;
+    expect_code(wrong, Code::Unauthenticated);
+    login(&mut app.client).await.unwrap();
+    let stats = app.handle.rate_limit_stats();
+    assert_eq!(
+        (stats.redis_decisions, stats.redis_failures),
+        (2, 0),
+        "{stats:?}"
+    );
+    let text = app.handle.render_metrics();
+    // The throttle counted in Redis, not in the replica's own map.
+    assert_eq!(sample(&text, "authd_login_throttle_local_entries "), 0.0);
+    assert_eq!(
+        sample(&text, "authd_login_throttle_redis_errors_total "),
+        0.0
+    );
+    assert_eq!(proxy.accepted(), 1, "one connection for both");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_down_at_start_does_not_stop_authd_and_is_used_once_it_answers() {
     let Some(url) =
         redis_url("a_redis_down_at_start_does_not_stop_authd_and_is_used_once_it_answers")
