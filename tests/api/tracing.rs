@@ -288,6 +288,59 @@ async fn with_the_collector_down_tracing_pauses_and_resumes_once_it_is_back() {
     app.stop().await.unwrap();
 }
 
+/// A collector that accepts connections and requests but never answers.
+struct Hung;
+
+#[tonic::async_trait]
+impl TraceService for Hung {
+    async fn export(
+        &self,
+        _request: Request<ExportTraceServiceRequest>,
+    ) -> Result<Response<ExportTraceServiceResponse>, Status> {
+        std::future::pending().await
+    }
+}
+
+#[tokio::test]
+async fn a_collector_that_never_answers_fills_the_queue_and_pauses_tracing() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(TraceServiceServer::new(Hung))
+            .serve_with_incoming(TcpListenerStream::new(listener)),
+    );
+    let mut app = spawn_app_with(|c| {
+        c.otlp_endpoint = Some(format!("http://{addr}"));
+        c.trace_queue = 4;
+    })
+    .await;
+    app.register("heidi", "correct horse").await.unwrap();
+    // The first export hangs (until its 10 s timeout); the spans after it fill the
+    // queue of 4, and tracing pauses: the logins go on, untraced, without waiting.
+    let mut text = String::new();
+    for _ in 0..50 {
+        app.client
+            .login(login_with_traceparent("heidi", "correct horse"))
+            .await
+            .unwrap();
+        text = app.handle.render_metrics();
+        if metric(&text, "authd_trace_requests_untraced_total") >= 1.0 {
+            break;
+        }
+    }
+    assert!(
+        metric(&text, "authd_trace_requests_untraced_total") >= 1.0,
+        "{text}"
+    );
+    assert_eq!(metric(&text, "authd_trace_export_paused"), 1.0, "{text}");
+    assert!(
+        metric(&text, "authd_trace_spans_dropped_total") >= 1.0,
+        "{text}"
+    );
+    app.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn request_log_lines_carry_the_trace_id() {
     let (_collector, addr) = Collector::start().await;
