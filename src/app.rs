@@ -234,7 +234,11 @@ impl Application {
         let key_ring = tokens.key_ring().clone();
         let key_file = key_file_digest
             .map(|(path, digest)| Arc::new(KeyFile::new(path, digest, key_ring.clone(), &metrics)));
-        let digest = UsernameDigest::new(keys.derive_key("authd username digest v1"));
+        // Names accounts in the throttle's Redis keys and in audit events.
+        let digest = match &config.account_digest_key {
+            Some(key) => UsernameDigest::from_key(key),
+            None => UsernameDigest::new(keys.derive_key(UsernameDigest::LABEL)),
+        };
         // One Redis connection for the rate limiter and the login throttle.
         let redis = config
             .redis_url

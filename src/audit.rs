@@ -10,7 +10,8 @@
 //! password or a token. A failed or throttled login names the account only by
 //! `account`, a keyed digest of the username (people type their password into the
 //! username field), the same digest the login throttle keys on, so events of one
-//! account correlate across replicas that share the token signing key.
+//! account correlate across replicas that share its key (the token signing key's,
+//! or `--account-digest-key`).
 
 use crate::{credentials::Username, throttle::UsernameDigest};
 use std::{net::IpAddr, time::Duration};

@@ -14,7 +14,7 @@
 use crate::access::AllowList;
 use crate::otel::{SamplerKind, TraceSettings};
 use crate::ratelimit::{FailureMode, RateLimits};
-use crate::secret::{self, RedisUrl, SecretUrl};
+use crate::secret::{self, DigestKey, RedisUrl, SecretUrl};
 use crate::token::{self, KeyRing};
 use anyhow::Context as _;
 use clap::{ArgMatches, Parser, Subcommand, ValueEnum, parser::ValueSource};
@@ -495,6 +495,20 @@ pub struct Config {
           value_parser = positive_duration, global = true)]
     pub login_account_delay_max: Duration,
 
+    /// Key of the keyed digest (HMAC-SHA256) that names an account in the login
+    /// throttle's Redis keys and in audit events, base64, at least 32 bytes; the same
+    /// on every replica. Set it to keep the counts and the audit trail's `account`
+    /// stable across token key rotations [default: derived from the signing key].
+    #[arg(long, env = "AUTHD_ACCOUNT_DIGEST_KEY", hide_env_values = true,
+          conflicts_with = "account_digest_key_file",
+          value_parser = secret::parser::<DigestKey>(), global = true)]
+    pub account_digest_key: Option<DigestKey>,
+
+    /// File holding the account digest key (surrounding whitespace ignored), instead
+    /// of --account-digest-key. Read at start.
+    #[arg(long, env = "AUTHD_ACCOUNT_DIGEST_KEY_FILE", global = true)]
+    pub account_digest_key_file: Option<PathBuf>,
+
     /// Most entries of the in-process login throttle (used without Redis, or while it
     /// fails): about 150 bytes each, so the default bounds it near 15 MiB.
     #[arg(long, env = "AUTHD_LOGIN_THROTTLE_MAX_ENTRIES", default_value_t = 100_000,
@@ -688,8 +702,9 @@ impl Config {
         }
     }
 
-    /// Reads the secrets named by `--database-url-file` and `--redis-url-file` into
-    /// `database_url` and `redis_url`; `main` calls it before serving or migrating.
+    /// Reads the secrets named by `--database-url-file`, `--redis-url-file` and
+    /// `--account-digest-key-file` into their options; `main` calls it before serving
+    /// or migrating.
     /// An error names the option and the file, never what the file holds.
     pub fn read_secret_files(&mut self) -> anyhow::Result<()> {
         if let Some(path) = &self.database_url_file {
@@ -697,6 +712,9 @@ impl Config {
         }
         if let Some(path) = &self.redis_url_file {
             self.redis_url = Some(read_secret_file("--redis-url-file", path)?);
+        }
+        if let Some(path) = &self.account_digest_key_file {
+            self.account_digest_key = Some(read_secret_file("--account-digest-key-file", path)?);
         }
         Ok(())
     }
@@ -751,6 +769,12 @@ pub fn secrets_on_command_line(matches: &ArgMatches) -> Vec<(&'static str, &'sta
     }
     if on_command_line("token_keys") {
         found.push(("--token-keys", "AUTHD_TOKEN_KEYS or --token-keys-file"));
+    }
+    if on_command_line("account_digest_key") {
+        found.push((
+            "--account-digest-key",
+            "AUTHD_ACCOUNT_DIGEST_KEY or --account-digest-key-file",
+        ));
     }
     found
 }

@@ -171,6 +171,46 @@ impl fmt::Debug for RedisUrl {
     }
 }
 
+/// The key of the keyed digest that names an account in the login throttle's keys
+/// and in audit events (`--account-digest-key`): at least 32 bytes, given in
+/// base64. Never shown.
+#[derive(Clone, PartialEq, Eq)]
+pub struct DigestKey(Vec<u8>);
+
+/// The fewest bytes an account digest key may have.
+pub const MIN_DIGEST_KEY_BYTES: usize = 32;
+
+impl DigestKey {
+    pub(crate) fn expose(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl FromStr for DigestKey {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        use base64::Engine as _;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(text.trim())
+            .map_err(|_| "not valid base64".to_owned())?;
+        if bytes.len() < MIN_DIGEST_KEY_BYTES {
+            return Err(format!(
+                "must be at least {MIN_DIGEST_KEY_BYTES} bytes (got {}); \
+                 e.g. `head -c 32 /dev/urandom | base64`",
+                bytes.len()
+            ));
+        }
+        Ok(DigestKey(bytes))
+    }
+}
+
+impl fmt::Debug for DigestKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("DigestKey(***)")
+    }
+}
+
 /// The clap value parser of a secret-bearing option: `T::from_str`, with an error
 /// that names the option (and its variable) but never quotes the value.
 pub fn parser<T>() -> SecretParser<T> {

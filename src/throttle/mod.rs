@@ -130,8 +130,21 @@ pub struct UsernameDigest {
 }
 
 impl UsernameDigest {
+    /// What the digest key is derived for (from the signing key, or from
+    /// `--account-digest-key`).
+    pub const LABEL: &str = "authd username digest v1";
+
     pub fn new(key: [u8; 32]) -> Self {
         Self { key }
+    }
+
+    /// The digest under a key of its own (`--account-digest-key`), the same on every
+    /// replica given it, whatever their token keys.
+    pub fn from_key(key: &crate::secret::DigestKey) -> Self {
+        let mut mac = <hmac::Hmac<sha2::Sha256> as KeyInit>::new_from_slice(key.expose())
+            .expect("HMAC takes any key length");
+        mac.update(Self::LABEL.as_bytes());
+        Self::new(mac.finalize().into_bytes().into())
     }
 
     /// 128 bits of HMAC-SHA256, as hex.

@@ -15,6 +15,8 @@ use std::process::Output;
 
 /// A secret no output may contain.
 const SECRET: &str = "s3cret-Zq9";
+/// An account digest key (base64 of 39 bytes).
+const DIGEST_KEY: &str = "ZGlnZXN0IGtleSBvZiBhdCBsZWFzdCB0aGlydHktdHdvIGJ5dGVz";
 
 /// `url` with `user:SECRET@` as its userinfo (keeping the user if there is one).
 fn with_password(url: &str, default_user: &str) -> String {
@@ -51,6 +53,7 @@ fn help_never_shows_the_values_of_secret_variables() {
         ),
         ("AUTHD_REDIS_URL", format!("redis://:{SECRET}@cache:6379")),
         ("AUTHD_TOKEN_KEYS", key.clone()),
+        ("AUTHD_ACCOUNT_DIGEST_KEY", DIGEST_KEY.to_owned()),
     ];
     for args in [&["--help"][..], &["migrate", "--help"], &["-h"]] {
         let out = authd_command()
@@ -64,6 +67,7 @@ fn help_never_shows_the_values_of_secret_variables() {
             assert!(help.contains(var), "{args:?}: {var} missing:\n{help}");
         }
         assert!(!help.contains(SECRET), "{args:?}:\n{help}");
+        assert!(!help.contains(DIGEST_KEY), "{args:?}:\n{help}");
         assert!(
             !help.contains(&key[TEST_KID.len() + 1..]),
             "{args:?}:\n{help}"
@@ -74,6 +78,7 @@ fn help_never_shows_the_values_of_secret_variables() {
         "AUTHD_DATABASE_URL_FILE",
         "AUTHD_REDIS_URL_FILE",
         "AUTHD_TOKEN_KEYS_FILE",
+        "AUTHD_ACCOUNT_DIGEST_KEY_FILE",
     ] {
         assert!(
             help.contains(&format!("env: {var}")),
@@ -85,7 +90,7 @@ fn help_never_shows_the_values_of_secret_variables() {
 #[test]
 fn a_malformed_secret_is_refused_in_one_line_that_does_not_show_it() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&str, String, &str); 5] = [
+    let cases: [(&str, String, &str); 7] = [
         (
             "--database-url",
             format!("postgres://u:{SECRET}@127.0.0.1:notaport/x"),
@@ -107,6 +112,16 @@ fn a_malformed_secret_is_refused_in_one_line_that_does_not_show_it() {
             "not a usable Redis URL",
         ),
         ("--token-keys", format!("k:{SECRET}!"), "not valid base64"),
+        (
+            "--account-digest-key",
+            format!("{SECRET}!"),
+            "not valid base64",
+        ),
+        (
+            "--account-digest-key",
+            "c2hvcnQ=".into(),
+            "at least 32 bytes",
+        ),
     ];
     for (option, value, why) in cases {
         let var = format!("AUTHD_{}", option[2..].replace('-', "_").to_uppercase());
@@ -376,4 +391,31 @@ fn token_keys_given_as_a_flag_are_warned_about() {
         &[("AUTHD_DATABASE_URL", &db), ("AUTHD_TOKEN_KEYS", &key)],
     );
     assert!(warned.is_empty(), "{all}");
+}
+
+#[test]
+fn an_account_digest_key_given_as_a_flag_is_warned_about_and_never_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("d.db").display());
+    let digest_key = DIGEST_KEY;
+    let out = authd_command()
+        .args(["migrate", "--database-url", &db])
+        .args(["--account-digest-key", digest_key])
+        .env("AUTHD_LOG_FORMAT", "json")
+        .output()
+        .unwrap();
+    let all = printed(&out);
+    assert!(out.status.success(), "{all}");
+    let warned: Vec<serde_json::Value> = all
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["level"] == "WARN" && e["options"].is_string())
+        .collect();
+    assert_eq!(warned.len(), 1, "{all}");
+    assert_eq!(warned[0]["options"], "--account-digest-key");
+    assert_eq!(
+        warned[0]["instead"],
+        "AUTHD_ACCOUNT_DIGEST_KEY or --account-digest-key-file"
+    );
+    assert!(!all.contains(digest_key), "{all}");
 }

@@ -239,6 +239,48 @@ async fn redis_connection(url: &str) -> redis::aio::MultiplexedConnection {
         .unwrap()
 }
 
+#[tokio::test]
+async fn an_account_digest_key_of_its_own_keeps_the_counts_across_signing_keys() {
+    let Some(url) = redis_url("an_account_digest_key_of_its_own_keeps_the_counts") else {
+        return;
+    };
+    let prefix = unique_name("authd-test-throttle");
+    // Three replicas with three different signing keys (as before and after a
+    // rotation); the first two share an account digest key.
+    let digest_key = "c2FtZSBkaWdlc3Qga2V5IG9uIGV2ZXJ5IHJlcGxpY2EhIQ==";
+    let replica = |signing: &'static [u8; 32], digest: Option<&'static str>| {
+        let (url, prefix) = (url.clone(), prefix.clone());
+        spawn_app_with(move |c| {
+            throttled(c, 3, 10);
+            with_redis(c, &url, &prefix);
+            c.token_keys = Some(key_spec("k", signing).parse().unwrap());
+            c.account_digest_key = digest.map(|k| k.parse().unwrap());
+        })
+    };
+    let mut a = replica(b"first signing key, 32 bytes long", Some(digest_key)).await;
+    let b = replica(b"other signing key, 32 bytes long", Some(digest_key)).await;
+    let c = replica(b"third signing key, 32 bytes long", None).await;
+    register(&mut a, OWNER).await;
+    for _ in 0..3 {
+        expect_code(
+            login_from(&a.client, "203.0.113.7", OWNER, "a wrong guess").await,
+            Code::Unauthenticated,
+        );
+    }
+    // The same account on a replica with another signing key and the same digest
+    // key: the same count, so the client is refused before any hash.
+    let refused = login_from(&b.client, "203.0.113.7", OWNER, PASSWORD)
+        .await
+        .unwrap_err();
+    assert_throttled(&refused, "login-throttle:client");
+    // Without it, the digest follows the signing key: a count of its own (the
+    // account is unknown to that replica's database).
+    expect_code(
+        login_from(&c.client, "203.0.113.7", OWNER, PASSWORD).await,
+        Code::Unauthenticated,
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_share_the_counts_through_redis_and_the_delay_doubles() {
     let Some(url) = redis_url("replicas_share_the_counts_through_redis") else {
