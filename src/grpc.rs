@@ -155,6 +155,23 @@ fn request_id<T>(request: &Request<T>) -> Option<RequestId> {
     request.extensions().get::<RequestId>().cloned()
 }
 
+/// The answer of an RPC that issues a session's tokens (Login, Refresh): their two
+/// messages have the same fields.
+macro_rules! session_response {
+    ($message:ident, $session:expr) => {{
+        let session = $session;
+        $message {
+            access_token: session.access_token,
+            token_type: "Bearer".into(),
+            expires_at: Some(timestamp(session.expires_at)),
+            user_id: session.user_id,
+            refresh_token: session.refresh_token.expose(),
+            refresh_expires_at: Some(timestamp(session.refresh_expires_at)),
+            session_id: session.session_id,
+        }
+    }};
+}
+
 /// Runs a handler body and maps its outcome: a success carries the user it acted
 /// for (a [`UserId`] in the response extensions, for the trace layer's log line),
 /// an error becomes its status. The trace layer logs every request once; only the
@@ -252,15 +269,7 @@ impl AuthService for AuthApi {
                 .accounts
                 .login(username, password, deadline, &caller)
                 .await?;
-            Ok(LoginResponse {
-                access_token: session.access_token,
-                token_type: "Bearer".into(),
-                expires_at: Some(timestamp(session.expires_at)),
-                user_id: session.user_id,
-                refresh_token: session.refresh_token.expose(),
-                refresh_expires_at: Some(timestamp(session.refresh_expires_at)),
-                session_id: session.session_id,
-            })
+            Ok(session_response!(LoginResponse, session))
         };
         respond("Login", request_id, work, |r| &r.user_id).await
     }
@@ -312,15 +321,7 @@ impl AuthService for AuthApi {
         let work = async {
             required("refresh_token", &req.refresh_token)?;
             let session = self.accounts.refresh(&req.refresh_token, &caller).await?;
-            Ok(RefreshResponse {
-                access_token: session.access_token,
-                token_type: "Bearer".into(),
-                expires_at: Some(timestamp(session.expires_at)),
-                user_id: session.user_id,
-                refresh_token: session.refresh_token.expose(),
-                refresh_expires_at: Some(timestamp(session.refresh_expires_at)),
-                session_id: session.session_id,
-            })
+            Ok(session_response!(RefreshResponse, session))
         };
         respond("Refresh", request_id, work, |r| &r.user_id).await
     }
