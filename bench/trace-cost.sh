@@ -28,10 +28,8 @@ WORK=$(mktemp -d)
 SERVER=""
 trap '[[ -n $SERVER ]] && kill "$SERVER" 2>/dev/null; rm -rf "$WORK"' EXIT
 KEY="bench:$(head -c 32 /dev/urandom | base64)"
-
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
 
 # start MODE NAME: a fresh server (MODE off or down), waited for until it answers.
 start() {
@@ -46,24 +44,7 @@ start() {
         AUTHD_METRICS_LISTEN="127.0.0.1:$METRICS_PORT" AUTHD_HEALTH_LISTEN= AUTHD_LOG=warn \
         "${otel[@]}" taskset -c 0 "$AUTHD" >>"$WORK/server.log" 2>&1 &
     SERVER=$!
-    if ! "$AUTHBENCH" health --target "http://127.0.0.1:$PORT" --requests 1 --concurrency 1 \
-        --wait 30s --json >/dev/null; then
-        tail -n 20 "$WORK/server.log" >&2
-        echo "authd did not become SERVING" >&2
-        exit 1
-    fi
-}
-
-stop() {
-    kill "$SERVER" && wait "$SERVER" 2>/dev/null || true
-    SERVER=""
-}
-
-# bench SCENARIO: successful answers per second.
-bench() {
-    taskset -c 1 "$AUTHBENCH" "$1" --target "http://127.0.0.1:$PORT" \
-        --concurrency "$CONCURRENCY" --duration "${DURATION}s" --warmup "${WARMUP}s" --json \
-        | python3 -c 'import json,sys; print(round(json.load(sys.stdin)["ok_qps"]))'
+    wait_serving
 }
 
 # metric NAME: its value on the running server.

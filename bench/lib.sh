@@ -1,0 +1,33 @@
+# shellcheck shell=bash
+# bench/lib.sh: what the pinned comparison scripts share (sourced, not run). The
+# caller sets AUTHBENCH, WORK, CONCURRENCY, DURATION and WARMUP, and starts its
+# server in the background with `SERVER=$!` and `PORT` set; these helpers wait for
+# it, measure against it and stop it.
+
+# A free TCP port on 127.0.0.1.
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# Waits until the server on PORT is SERVING; shows its log and exits if it is not.
+wait_serving() {
+    if ! "$AUTHBENCH" health --target "http://127.0.0.1:$PORT" --requests 1 --concurrency 1 \
+        --wait 30s --json >/dev/null; then
+        tail -n 20 "$WORK/server.log" >&2
+        echo "authd did not become SERVING" >&2
+        exit 1
+    fi
+}
+
+# Stops the server started last.
+stop() {
+    kill "$SERVER" && wait "$SERVER" 2>/dev/null || true
+    SERVER=""
+}
+
+# bench SCENARIO: successful answers per second, authbench pinned to CPU 1.
+bench() {
+    taskset -c 1 "$AUTHBENCH" "$1" --target "http://127.0.0.1:$PORT" \
+        --concurrency "$CONCURRENCY" --duration "${DURATION}s" --warmup "${WARMUP}s" --json \
+        | python3 -c 'import json,sys; print(round(json.load(sys.stdin)["ok_qps"]))'
+}
