@@ -555,8 +555,9 @@ impl Worker {
     /// batch, before their answers.
     fn hash(&self, batch: &mut Vec<Queued>) {
         let size = batch.len();
-        let running = size as i64;
-        self.metrics.running.add(running);
+        // Each job leaves `running` just before its answer (in `finished`, or as it
+        // fails), so a caller never sees its own finished work still running.
+        self.metrics.running.add(size as i64);
         let start = Instant::now();
         let outputs = self.derive(batch.iter().filter_map(|queued| match &queued.work {
             Work::Derive { job, .. } => Some(job),
@@ -571,7 +572,10 @@ impl Worker {
             };
             let trace = queued.trace;
             match (outputs_result(output), answer) {
-                (Err(e), answer) => answer.fail(e),
+                (Err(e), answer) => {
+                    self.metrics.running.dec();
+                    answer.fail(e);
+                }
                 (Ok(output), Answer::Output(reply)) => {
                     self.finished(start, &trace);
                     let _ = reply.send(Ok(*output));
@@ -601,7 +605,6 @@ impl Worker {
                 let _ = reply.send(outputs_result(result).map(|_| false));
             }
         }
-        self.metrics.running.sub(running);
     }
 
     /// One engine call for `jobs`, counted; an output per job, or the engine's
@@ -623,9 +626,10 @@ impl Worker {
         }
     }
 
-    /// Records a request's work, begun at `start`, as done: before its answer, so a
-    /// caller sees its own work counted.
+    /// Records a request's work, begun at `start`, as done and no longer running:
+    /// before its answer, so a caller sees its own work counted.
     fn finished(&self, start: Instant, trace: &otel::Carried) {
+        self.metrics.running.dec();
         let end = Instant::now();
         let took = end - start;
         self.stats.record_run(took);
