@@ -25,10 +25,6 @@ use std::{
     process::Command,
     time::{Duration, Instant},
 };
-use tokio::{
-    io::{AsyncReadExt as _, AsyncWriteExt as _},
-    sync::watch,
-};
 use tonic::{Code, Request, Status, transport::Channel};
 use tonic_types::StatusExt as _;
 
@@ -436,69 +432,6 @@ async fn allowed_responses_carry_the_quota() {
     assert_rate_limited(&refused, "Login:peer=3/1m", 3);
 }
 
-/// A TCP proxy that can freeze: connections stay open, bytes stop flowing, as with
-/// a Redis that hangs (paused, swapping, a dropped route) rather than refusing.
-struct FreezableProxy {
-    addr: SocketAddr,
-    frozen: watch::Sender<bool>,
-    accept: tokio::task::JoinHandle<()>,
-}
-
-impl FreezableProxy {
-    async fn start(upstream: String) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (frozen, _) = watch::channel(false);
-        let accept = tokio::spawn({
-            let frozen = frozen.clone();
-            async move {
-                while let Ok((inbound, _)) = listener.accept().await {
-                    let Ok(outbound) = tokio::net::TcpStream::connect(&upstream).await else {
-                        continue;
-                    };
-                    let (in_read, in_write) = inbound.into_split();
-                    let (out_read, out_write) = outbound.into_split();
-                    tokio::spawn(pump(in_read, out_write, frozen.subscribe()));
-                    tokio::spawn(pump(out_read, in_write, frozen.subscribe()));
-                }
-            }
-        });
-        Self {
-            addr,
-            frozen,
-            accept,
-        }
-    }
-
-    fn freeze(&self, frozen: bool) {
-        self.frozen.send_replace(frozen);
-    }
-}
-
-impl Drop for FreezableProxy {
-    fn drop(&mut self) {
-        self.accept.abort();
-    }
-}
-
-async fn pump(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    mut frozen: watch::Receiver<bool>,
-) {
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        // Hold the bytes while frozen: the other side waits for an answer that never comes.
-        if frozen.wait_for(|f| !*f).await.is_err() || to.write_all(&buf[..n]).await.is_err() {
-            return;
-        }
-    }
-}
-
 fn redis_via(url: &str, proxy: SocketAddr) -> String {
     crate::helpers::with_host(url, proxy)
 }
@@ -510,7 +443,7 @@ async fn a_hung_redis_costs_one_timeout_then_the_local_limiter_serves_until_it_a
     else {
         return;
     };
-    let proxy = FreezableProxy::start(crate::helpers::host_of(&url)).await;
+    let proxy = TcpProxy::start(crate::helpers::host_of(&url)).await;
     let prefix = unique_name("rl");
     let mut app = spawn_app_with(|c| {
         with_redis(
@@ -528,7 +461,7 @@ async fn a_hung_redis_costs_one_timeout_then_the_local_limiter_serves_until_it_a
     login(&mut app.client).await.unwrap(); // 1 of 5 on Redis
     assert_eq!(app.handle.rate_limit_stats().backend, Backend::Redis);
 
-    proxy.freeze(true);
+    proxy.stall();
     // The first request waits out the timeout, then the local limiter decides.
     let started = Instant::now();
     login(&mut app.client)
@@ -570,7 +503,7 @@ async fn a_hung_redis_costs_one_timeout_then_the_local_limiter_serves_until_it_a
 
     // Redis answers again: authd returns to it by itself, and Redis still holds the
     // one login it counted before the outage.
-    proxy.freeze(false);
+    proxy.restore();
     let handle = app.handle.clone();
     wait_until("the limiter is back on Redis", || {
         handle.rate_limit_stats().backend == Backend::Redis
