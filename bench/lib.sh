@@ -1,8 +1,21 @@
 # shellcheck shell=bash
-# bench/lib.sh: what the pinned comparison scripts share (sourced, not run). The
-# caller sets AUTHBENCH, WORK, CONCURRENCY, DURATION and WARMUP, and starts its
-# server in the background with `SERVER=$!` and `PORT` set; these helpers wait for
-# it, measure against it and stop it.
+# bench/lib.sh: what the pinned comparison scripts share, sourced from the
+# repository's root. Sourcing it builds the release binaries and sets AUTHD and
+# AUTHBENCH (their paths), WORK (a directory removed on exit, with the server
+# still running killed) and KEY (a random token key). The caller sets CONCURRENCY,
+# DURATION and WARMUP, and starts its server in the background with `SERVER=$!`
+# and `PORT` set; the helpers below wait for it, measure against it and stop it.
+
+cargo build --release --locked -p authd -p authbench >&2
+TARGET_DIR=${CARGO_TARGET_DIR:-target}
+# shellcheck disable=SC2034 # used by the scripts that source this file
+AUTHD=$TARGET_DIR/release/authd
+AUTHBENCH=$TARGET_DIR/release/authbench
+WORK=$(mktemp -d)
+SERVER=""
+trap '[[ -n $SERVER ]] && kill "$SERVER" 2>/dev/null; rm -rf "$WORK"' EXIT
+# shellcheck disable=SC2034 # used by the scripts that source this file
+KEY="bench:$(head -c 32 /dev/urandom | base64)"
 
 # A free TCP port on 127.0.0.1.
 free_port() {

@@ -24,14 +24,6 @@ PG_URL=${BENCH_POSTGRES_URL:-}
 BASELINE=${BENCH_BASELINE_AUTHD:-}
 
 cd "$(dirname "$0")/.."
-cargo build --release --locked -p authd -p authbench >&2
-TARGET_DIR=${CARGO_TARGET_DIR:-target}
-AUTHD=$TARGET_DIR/release/authd
-AUTHBENCH=$TARGET_DIR/release/authbench
-WORK=$(mktemp -d)
-SERVER=""
-trap '[[ -n $SERVER ]] && kill "$SERVER" 2>/dev/null; rm -rf "$WORK"' EXIT
-KEY="bench:$(head -c 32 /dev/urandom | base64)"
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
 
