@@ -51,15 +51,29 @@ const PURGE_BATCH: i64 = 1_000;
 pub const MAX_REVOKED_SESSIONS: usize = 1_000_000;
 
 /// A successful login or refresh: an access token and the session it belongs to.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Session {
     pub user_id: String,
+    /// A bearer token: redacted in `Debug`.
     pub access_token: String,
     pub expires_at: SystemTime,
     /// Redacted in `Debug`.
     pub refresh_token: RefreshToken,
     pub refresh_expires_at: SystemTime,
     pub session_id: String,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("user_id", &self.user_id)
+            .field("access_token", &"***")
+            .field("expires_at", &self.expires_at)
+            .field("refresh_token", &self.refresh_token)
+            .field("refresh_expires_at", &self.refresh_expires_at)
+            .field("session_id", &self.session_id)
+            .finish()
+    }
 }
 
 /// How sessions live.
@@ -645,5 +659,27 @@ enum CheckFailure {
 impl<E: Into<Error>> From<E> for CheckFailure {
     fn from(e: E) -> Self {
         CheckFailure::Error(e.into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_never_shows_its_tokens_in_debug() {
+        let refresh = RefreshToken::random();
+        let session = Session {
+            user_id: "u1".into(),
+            access_token: "eyJhbGciOiJIUzI1NiJ9.secret.signature".into(),
+            expires_at: SystemTime::UNIX_EPOCH,
+            refresh_token: refresh.clone(),
+            refresh_expires_at: SystemTime::UNIX_EPOCH,
+            session_id: "s1".into(),
+        };
+        let shown = format!("{session:?}");
+        assert!(!shown.contains("secret.signature"), "{shown}");
+        assert!(!shown.contains(&refresh.expose()), "{shown}");
+        assert!(shown.contains("u1") && shown.contains("s1"), "{shown}");
     }
 }
