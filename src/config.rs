@@ -5,11 +5,11 @@
 //! `OTEL_TRACES_SAMPLER_ARG`), which collectors' docs and operators expect.
 //!
 //! Values are parsed and checked here, so a bad value stops the start with one
-//! clear line. Secrets (the database and Redis URLs, the token keys) are never
-//! printed: `--help` hides their environment values, a bad value's error names the
-//! option but not the value (`secret::parser`), `Display` and `Debug` redact them,
-//! and each can be read from a file (`*_FILE`) so that it shows in neither `ps` nor
-//! the environment. [`secrets_on_command_line`] finds those given as flags anyway.
+//! clear line. Secrets (the database and Redis URLs, the token keys, the account
+//! digest key) are never printed: `--help` hides their environment values, a bad
+//! value's error names the option but not the value (`secret::parser`), `Display`
+//! and `Debug` redact them, and each can be read from a file (`*_FILE`) so that it
+//! shows in neither `ps` nor the environment. [`secrets_on_command_line`] finds those given as flags anyway.
 
 use crate::access::AllowList;
 use crate::otel::{SamplerKind, TraceSettings};
@@ -413,7 +413,8 @@ pub struct Config {
     )]
     pub rate_limit_prefix: String,
 
-    /// Longest a request waits for Redis before the limiter falls back.
+    /// Longest a request waits for Redis (a rate-limit decision, a login throttle
+    /// count) before falling back as AUTHD_RATE_LIMIT_FAILURE says.
     #[arg(long, env = "AUTHD_REDIS_TIMEOUT", default_value = "50ms",
           value_parser = positive_duration, global = true)]
     pub redis_timeout: Duration,
@@ -505,7 +506,8 @@ pub struct Config {
     pub account_digest_key: Option<DigestKey>,
 
     /// File holding the account digest key (surrounding whitespace ignored), instead
-    /// of --account-digest-key. Read at start.
+    /// of --account-digest-key: keeps it out of `ps` and the environment. Read at
+    /// start.
     #[arg(long, env = "AUTHD_ACCOUNT_DIGEST_KEY_FILE", global = true)]
     pub account_digest_key_file: Option<PathBuf>,
 

@@ -8,8 +8,8 @@
 //! the libraries decode it. The URL as given is reached only through
 //! [`SecretUrl::expose`], which the code that connects calls and nothing else.
 //!
-//! [`parser`] is the value parser of `--database-url`, `--redis-url` and
-//! `--token-keys`: clap's own error ("invalid value 'postgres://u:s3cret@…'") quotes
+//! [`parser`] is the value parser of `--database-url`, `--redis-url`,
+//! `--token-keys` and `--account-digest-key`: clap's own error ("invalid value 'postgres://u:s3cret@…'") quotes
 //! the value, this one never does. The `FromStr` errors it relays must not quote it
 //! either. This module must not log, and must not read files (config does).
 

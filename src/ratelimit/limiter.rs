@@ -255,7 +255,8 @@ impl RateLimiter {
             None if limiter.rules.is_empty() => {
                 if settings.redis.is_some() {
                     tracing::info!(
-                        "AUTHD_REDIS_URL is set but there are no rate limits: not using it"
+                        "AUTHD_REDIS_URL is set but there are no rate limits: only the login \
+                         throttle uses it"
                     );
                 }
             }
