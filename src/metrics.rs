@@ -659,9 +659,9 @@ impl Metrics {
             ),
             paused: gauge(
                 "authd_trace_export_paused",
-                "1 while tracing is paused because an export failed or the export queue was \
-                 full: new requests are not traced until a probe export (every 1 to 10 s) \
-                 succeeds.",
+                "1 while tracing is paused because an export failed (for a back-off of 1 to \
+                 10 s, then a probe) or the export queue was full (until the export in \
+                 progress succeeds): new requests are not traced.",
             ),
             untraced: counter(
                 "authd_trace_requests_untraced_total",

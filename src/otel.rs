@@ -21,9 +21,11 @@
 //! Nor does a collector that is down: building spans only to drop them would still
 //! cost every request. When an export fails or the queue is full, the export is
 //! paused ([`Gate`]): new requests are not traced at all (as with tracing off, one
-//! atomic load), and are counted. After a back-off (1 s, doubling to 10 s) tracing
-//! resumes for a probe: the next export tells whether the collector is back. A
-//! success resumes tracing for good and resets the back-off.
+//! atomic load), and are counted. A full queue pauses tracing until the export in
+//! progress succeeds. A failed export pauses it for a back-off (1 s, doubling to
+//! 10 s), after which tracing resumes as a probe: the next export tells whether the
+//! collector is back; a success resets the back-off. (If the export task itself
+//! died, the queue would stay full and tracing paused: requests are never slowed.)
 //!
 //! Nothing secret goes into a span: RPC names, status codes, backends, operation
 //! names and rule names only, never a username, password or token.
@@ -127,20 +129,21 @@ pub(crate) struct Traces {
 /// Whether new requests are traced: closed (paused) while the collector cannot take
 /// spans. Shared by the request path (reads), the span processor (pauses when the
 /// queue is full) and the export task (pauses on failure, resumes).
-#[derive(Debug)]
+/// `authd_trace_export_paused` is read from the flag at each scrape.
+#[derive(Debug, Default)]
 struct Gate {
     paused: AtomicBool,
-    /// 1 while paused.
-    gauge: IntGauge,
 }
 
 impl Gate {
-    fn new(gauge: IntGauge) -> Self {
-        gauge.set(0);
-        Self {
-            paused: AtomicBool::new(false),
-            gauge,
-        }
+    /// A new, open gate, shown by `gauge`.
+    fn new(gauge: IntGauge, metrics: &Metrics) -> Arc<Self> {
+        let gate = Arc::new(Self::default());
+        let shown = Arc::downgrade(&gate);
+        metrics.on_scrape(move || {
+            gauge.set(shown.upgrade().map_or(0, |g| i64::from(!g.is_open())));
+        });
+        gate
     }
 
     fn is_open(&self) -> bool {
@@ -148,14 +151,15 @@ impl Gate {
     }
 
     fn pause(&self) {
-        if !self.paused.swap(true, Ordering::Relaxed) {
-            self.gauge.set(1);
+        // Read first: while paused, spans still ending must not all write the line.
+        if self.is_open() {
+            self.paused.store(true, Ordering::Relaxed);
         }
     }
 
     fn resume(&self) {
-        if self.paused.swap(false, Ordering::Relaxed) {
-            self.gauge.set(0);
+        if !self.is_open() {
+            self.paused.store(false, Ordering::Relaxed);
         }
     }
 }
@@ -187,7 +191,7 @@ impl Traces {
             .build();
         exporter.set_resource(&resource);
         let (sender, receiver) = mpsc::channel(settings.queue.max(1));
-        let gate = Arc::new(Gate::new(metrics.traces.paused.clone()));
+        let gate = Gate::new(metrics.traces.paused.clone(), metrics);
         let processor = Queue {
             sender,
             dropped: metrics.traces.dropped.clone(),
@@ -376,7 +380,8 @@ impl SpanProcessor for Queue {
         match self.sender.try_send(span) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(_)) => {
-                // The collector cannot keep up: stop tracing until an export succeeds.
+                // The collector cannot keep up: stop tracing until the export in
+                // progress succeeds (or fails, and its back-off ends).
                 self.dropped.inc();
                 self.gate.pause();
             }
