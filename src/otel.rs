@@ -281,11 +281,12 @@ pub(crate) fn caller_trace_id(headers: &http::HeaderMap) -> Option<String> {
     trace_id(&TraceContextPropagator::new().extract(&Headers(headers)))
 }
 
-/// The trace id of `cx`'s span, when it has a valid one (for log lines).
+/// The trace id of `cx`'s span, when it is recorded (for log lines): a trace the
+/// sampler left out has an id no collector will ever hold.
 pub(crate) fn trace_id(cx: &Context) -> Option<String> {
     let span = cx.span();
     let context = span.span_context();
-    context.is_valid().then(|| context.trace_id().to_string())
+    (context.is_valid() && context.is_sampled()).then(|| context.trace_id().to_string())
 }
 
 /// The trace id of the request being handled (for log lines and audit events).

@@ -87,7 +87,8 @@ impl Middleware for Trace {
             .filter(|_| !rpc.is_exempt() || req.headers().contains_key("traceparent"))
             .and_then(|traces| traces.server_span(req.headers(), rpc.service(), rpc.method()));
         let trace_id = match &span {
-            Some(cx) => otel::trace_id(cx),
+            // A trace sampled out here is still the caller's, when it sent one.
+            Some(cx) => otel::trace_id(cx).or_else(|| otel::caller_trace_id(req.headers())),
             None => otel::caller_trace_id(req.headers()),
         };
         let mut pending = Pending::start(

@@ -374,3 +374,43 @@ async fn request_log_lines_carry_the_trace_id() {
     assert_eq!(own.len(), 32);
     assert_ne!(own, hex(&TRACE_ID));
 }
+
+#[tokio::test]
+async fn log_lines_never_name_a_trace_the_sampler_left_out() {
+    let (collector, addr) = Collector::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let running = spawn_authd(
+        dir.path(),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{addr}")),
+            ("OTEL_TRACES_SAMPLER", "always_off".into()),
+        ],
+    );
+    let mut client = AuthServiceClient::connect(format!("http://{}", running.addr))
+        .await
+        .unwrap();
+    register(&mut client, "ivan", "correct horse")
+        .await
+        .unwrap();
+    client
+        .login(login_with_traceparent("ivan", "correct horse"))
+        .await
+        .unwrap();
+    let (status, log) = running.terminate().await;
+    assert!(status.success());
+    let lines: Vec<serde_json::Value> = log
+        .iter()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["message"] == "request")
+        .collect();
+    let of = |method: &str| {
+        lines
+            .iter()
+            .find(|e| e["method"] == method)
+            .unwrap_or_else(|| panic!("no {method} line in {log:?}"))
+    };
+    // Nothing recorded, so no id of authd's own; the caller's trace is still named.
+    assert!(of("Register").get("trace_id").is_none(), "{log:?}");
+    assert_eq!(of("Login")["trace_id"], hex(&TRACE_ID));
+    assert!(collector.spans.lock().unwrap().is_empty());
+}
