@@ -110,7 +110,6 @@ pub(crate) struct RedisTier {
     /// False from a failed call until a probe succeeds: requests meanwhile do not
     /// call Redis at all, so an outage costs at most one timeout, not one per request.
     healthy: Arc<AtomicBool>,
-    url: crate::secret::RedisUrl,
 }
 
 /// The decision counters of one rule (`authd_ratelimit_decisions_total`).
@@ -241,7 +240,6 @@ impl RateLimiter {
             Some(shared) if !settings.rules.is_empty() => Some(RedisTier {
                 limiter: redis::RedisLimiter::new(shared.clone(), settings.redis_timeout),
                 healthy: Arc::new(AtomicBool::new(false)),
-                url: shared.url().clone(),
             }),
             _ => None,
         };
@@ -270,13 +268,13 @@ impl RateLimiter {
                         tier.healthy.store(true, Ordering::SeqCst);
                         tracing::info!(
                             rules = %limiter.rules,
-                            redis = %tier.url,
+                            redis = %tier.limiter.url(),
                             "rate limits enforced globally through Redis"
                         );
                     }
                     Err(why) => tracing::warn!(
                         rules = %limiter.rules,
-                        redis = %tier.url,
+                        redis = %tier.limiter.url(),
                         error = %why,
                         "Redis does not answer at start: {} until it does",
                         limiter.degraded_behaviour()
@@ -378,7 +376,7 @@ impl RateLimiter {
                         self.metrics.redis_failed(&why);
                         if tier.healthy.swap(false, Ordering::SeqCst) {
                             tracing::warn!(
-                                redis = %tier.url,
+                                redis = %tier.limiter.url(),
                                 error = %why,
                                 "Redis rate limiting failed: {} until Redis answers again",
                                 self.degraded_behaviour()
@@ -493,7 +491,7 @@ fn spawn_prober(limiter: Weak<RateLimiter>) {
                 Ok(()) => {
                     if !tier.healthy.swap(true, Ordering::SeqCst) {
                         tracing::info!(
-                            redis = %tier.url,
+                            redis = %tier.limiter.url(),
                             "Redis answers again: rate limits are global across replicas again"
                         );
                     }

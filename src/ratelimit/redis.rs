@@ -118,6 +118,11 @@ impl RedisLimiter {
         }
     }
 
+    /// The server's URL, for log lines (its password redacted when shown).
+    pub(crate) fn url(&self) -> &crate::secret::RedisUrl {
+        self.redis.url()
+    }
+
     /// Runs the script for `checks` (not empty) within the timeout.
     pub(crate) async fn decide(&self, checks: &[Check]) -> Result<Outcome, RedisFailure> {
         let mut connection = self.redis.get().ok_or(RedisFailure::NotConnected)?;
