@@ -512,7 +512,7 @@ pub struct Config {
     pub account_digest_key_file: Option<PathBuf>,
 
     /// Most entries of the in-process login throttle (used without Redis, or while it
-    /// fails): about 150 bytes each, so the default bounds it near 15 MiB.
+    /// fails): about 300 bytes each, so the default bounds it near 30 MB.
     #[arg(long, env = "AUTHD_LOGIN_THROTTLE_MAX_ENTRIES", default_value_t = 100_000,
           value_parser = clap::value_parser!(u32).range(1..=100_000_000), global = true)]
     pub login_throttle_max_entries: u32,
@@ -973,7 +973,7 @@ fn token_ttl(s: &str) -> Result<Duration, String> {
     let ttl = positive_duration(s)?;
     if ttl > crate::token::MAX_TTL {
         return Err(format!(
-            "must be at most {} (a token cannot be revoked before it expires)",
+            "must be at most {} (a token outlives a stolen credential that long at worst)",
             humantime::format_duration(crate::token::MAX_TTL)
         ));
     }

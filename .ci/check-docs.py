@@ -1,0 +1,313 @@
+"""Checks that docs/configuration.md documents every option of src/config.rs once.
+
+- An option table is a markdown table whose header names a `flag` and an `env var`
+  column; each of its rows documents the option named in those two cells (a `--flag`
+  and an environment variable). Tables with other headers (commands, the secrets and
+  their file forms) are not option tables and are skipped, and so are fenced code
+  blocks.
+- No flag and no environment variable is the key of more than one row. A row that
+  looks like an option row but stands outside a table (no header and `|---|` line
+  above it, e.g. rows pasted after a paragraph) is counted as well, and reported.
+- Every `env = "…"` of a clap `#[arg(…)]` in src/config.rs has exactly one row, and
+  every environment variable with a row is one of them. Where the arg's flag and a
+  simple default (`default_value`/`default_value_t`) can be read, the row must name
+  the same flag and, when its default is one literal, the same default.
+
+Standard library only. Run by .ci/run: `python3 .ci/check-docs.py [DOC [CONFIG_RS]]`.
+"""
+
+import pathlib
+import re
+import sys
+
+root = pathlib.Path(__file__).resolve().parent.parent
+doc_path = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else root / "docs/configuration.md"
+src_path = pathlib.Path(sys.argv[2]) if len(sys.argv) > 2 else root / "src/config.rs"
+
+
+def shown(path):
+    try:
+        return str(path.resolve().relative_to(root))
+    except ValueError:
+        return str(path)
+
+
+DOC, SRC = shown(doc_path), shown(src_path)
+
+ENV_TOKEN = re.compile(r"\b[A-Z][A-Z0-9]*_[A-Z0-9_]*[A-Z0-9]\b")
+FLAG_TOKEN = re.compile(r"(?<![\w-])--[a-z0-9][a-z0-9-]*")
+SEPARATOR = re.compile(r"^\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$")
+
+
+def cells(line):
+    """The cells of a table line, `|`s inside backticks included in their cell."""
+    text = line.strip()
+    if text.startswith("|"):
+        text = text[1:]
+    if text.endswith("|") and not text.endswith("\\|"):
+        text = text[:-1]
+    out, current, in_code = [], [], False
+    for i, ch in enumerate(text):
+        if ch == "`":
+            in_code = not in_code
+        if ch == "|" and not in_code and (i == 0 or text[i - 1] != "\\"):
+            out.append("".join(current).strip())
+            current = []
+        else:
+            current.append(ch)
+    out.append("".join(current).strip())
+    return out
+
+
+# --- src/config.rs -------------------------------------------------------------------
+
+
+def strip_comments(text):
+    """The source with `//` comments blanked (strings kept), line numbers unchanged."""
+    out, i, n = [], 0, len(text)
+    in_str = False
+    while i < n:
+        ch = text[i]
+        if in_str:
+            out.append(ch)
+            if ch == "\\" and i + 1 < n:
+                out.append(text[i + 1])
+                i += 2
+                continue
+            if ch == '"':
+                in_str = False
+        elif ch == "r" and re.match(r'r#*"', text[i:]) and not re.match(r"\w", text[i - 1 : i]):
+            hashes = re.match(r'r(#*)"', text[i:]).group(1)  # a raw string, r#"…"#
+            end = text.find('"' + hashes, i + len(hashes) + 2)
+            end = n if end < 0 else end + 1 + len(hashes)
+            out.append(text[i:end])
+            i = end
+            continue
+        elif ch == '"':
+            in_str = True
+            out.append(ch)
+        elif ch == "'" and re.match(r"'(\\.|[^\\'])'", text[i : i + 4]):
+            char = re.match(r"'(\\.|[^\\'])'", text[i : i + 4]).group(0)  # '"' is no string
+            out.append(char)
+            i += len(char)
+            continue
+        elif text.startswith("//", i):
+            while i < n and text[i] != "\n":
+                i += 1
+            continue
+        elif text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            end = n if end < 0 else end + 2
+            out.append("".join(c if c == "\n" else " " for c in text[i:end]))
+            i = end
+            continue
+        else:
+            out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+def arg_attributes(code):
+    """(start offset, attribute body, field name or None) of every `#[arg(…)]`."""
+    for match in re.finditer(r"#\[\s*arg\s*\(", code):
+        depth, i, in_str = 1, match.end(), False
+        while i < len(code) and depth:
+            ch = code[i]
+            if in_str:
+                if ch == "\\":
+                    i += 1
+                elif ch == '"':
+                    in_str = False
+            elif ch == '"':
+                in_str = True
+            elif ch in "([{":
+                depth += 1
+            elif ch in ")]}":
+                depth -= 1
+            i += 1
+        if depth:  # unbalanced (a file being edited): the env regex below still sees it
+            continue
+        body = code[match.end() : i - 1]
+        # The field it annotates: the next `name:` after any further attributes.
+        rest = code[i:]
+        field = re.match(
+            r"\s*\](?:\s*#\[[^\]]*\])*\s*(?:pub(?:\([^)]*\))?\s+)?([a-z_][a-z0-9_]*)\s*:", rest
+        )
+        yield match.start(), body, field.group(1) if field else None
+
+
+def string_value(body, key):
+    found = re.search(rf"(?<![\w]){key}\s*=\s*\"((?:[^\"\\]|\\.)*)\"", body)
+    return found.group(1) if found else None
+
+
+try:
+    src_text = src_path.read_text(encoding="utf-8")
+except OSError as e:
+    sys.exit(f"{SRC}: cannot read it: {e}")
+code = strip_comments(src_text)
+
+
+def src_line(offset):
+    return code.count("\n", 0, offset) + 1
+
+
+# Every env = "…" of the file, whatever surrounds it: the list the docs must cover.
+src_envs = {}
+for match in re.finditer(r"(?<![\w])env\s*=\s*\"([A-Z][A-Z0-9_]*)\"", code):
+    src_envs.setdefault(match.group(1), src_line(match.start()))
+
+# What can be read of each one's arg: its flag and a simple default.
+src_flag, src_default = {}, {}
+for start, body, field in arg_attributes(code):
+    env = string_value(body, "env")
+    if not env:
+        continue
+    long = string_value(body, "long")
+    if long is None and re.search(r"(?<![\w])long\s*(,|$)", body) and field:
+        long = field.replace("_", "-")
+    if long:
+        src_flag[env] = "--" + long
+    default = string_value(body, "default_value")
+    if default is None:
+        typed = re.search(r"(?<![\w])default_value_t\s*=\s*([A-Za-z0-9_.]+)\s*(,|$)", body)
+        if typed and re.fullmatch(r"[0-9_]+|true|false|[0-9_]*\.[0-9_]+", typed.group(1)):
+            default = typed.group(1)
+    if default is not None:
+        src_default[env] = default
+
+if not src_envs:
+    sys.exit(f'{SRC}: no `env = "…"` found in any #[arg(…)]; has the file moved?')
+
+# --- docs/configuration.md -----------------------------------------------------------
+
+try:
+    doc_lines = doc_path.read_text(encoding="utf-8").splitlines()
+except OSError as e:
+    sys.exit(f"{DOC}: cannot read it: {e}")
+
+
+def column(header, *names):
+    """The index of the header's column of one of these names, or None."""
+    for i, name in enumerate(header):
+        if name.strip("` *").lower() in names:
+            return i
+    return None
+
+
+def cell(row, index):
+    return row[index] if index is not None and index < len(row) else ""
+
+
+rows = []  # (line number, flags, envs, default cell)
+stray = []
+header = None  # the cells of the current table's header, None outside tables
+in_fence = False
+for number, line in enumerate(doc_lines, 1):
+    text = line.strip()
+    if re.match(r"^(```|~~~)", text):
+        in_fence = not in_fence
+        header = None
+        continue
+    if in_fence:
+        continue
+    if not text.startswith("|"):
+        header = None
+        continue
+    previous = doc_lines[number - 2].strip() if number >= 2 else ""
+    following = doc_lines[number].strip() if number < len(doc_lines) else ""
+    if SEPARATOR.match(text):
+        continue
+    if SEPARATOR.match(following) and not (previous.startswith("|") and header is not None):
+        header = cells(text)  # a table starts here
+        continue
+    row = cells(text)
+    if header is None:
+        # No header above: only an option row when it is laid out as one (a --flag
+        # first, then an environment variable).
+        if len(row) >= 2 and FLAG_TOKEN.search(row[0]) and ENV_TOKEN.search(row[1]):
+            stray.append(number)
+            rows.append((number, FLAG_TOKEN.findall(row[0]), ENV_TOKEN.findall(row[1]),
+                         row[2] if len(row) > 2 else ""))
+        continue
+    flag_col = column(header, "flag", "flags")
+    env_col = column(header, "env var", "env", "environment variable")
+    if flag_col is None or env_col is None:
+        continue  # not an option table
+    default_col = column(header, "default")
+    rows.append((number, FLAG_TOKEN.findall(cell(row, flag_col)),
+                 ENV_TOKEN.findall(cell(row, env_col)), cell(row, default_col)))
+
+problems = []
+runs = []  # consecutive stray lines, as [first, last]
+for number in stray:
+    if runs and runs[-1][1] == number - 1:
+        runs[-1][1] = number
+    else:
+        runs.append([number, number])
+for first, last in runs:
+    where = f"line {first}" if first == last else f"lines {first}-{last}"
+    problems.append(f"{DOC}: {where}: option rows outside any table (no header and |---| "
+                    "line above them): move them into their section's table")
+
+by_env, by_flag = {}, {}
+for number, flags, envs, _ in rows:
+    if not flags and not envs:
+        problems.append(f"{DOC}:{number}: an option row that names no flag and no "
+                        "environment variable")
+    for env in dict.fromkeys(envs):
+        by_env.setdefault(env, []).append(number)
+    for flag in dict.fromkeys(flags):
+        by_flag.setdefault(flag, []).append(number)
+
+# One message per set of rows: a flag and its variable duplicated together are one option.
+duplicates = {}
+for key, numbers in list(by_env.items()) + list(by_flag.items()):
+    if len(numbers) > 1:
+        duplicates.setdefault(tuple(numbers), []).append(key)
+for numbers, keys in sorted(duplicates.items()):
+    problems.append(f"{DOC}: {' / '.join(keys)} is documented {len(numbers)} times, lines "
+                    f"{', '.join(map(str, numbers))}: keep the row that agrees with {SRC}")
+
+for env, line in sorted(src_envs.items(), key=lambda item: item[1]):
+    if env not in by_env:
+        flag = f" ({src_flag[env]})" if env in src_flag else ""
+        problems.append(f"{SRC}:{line}: {env}{flag} has no row in {DOC}")
+for env, numbers in sorted(by_env.items()):
+    if env not in src_envs:
+        problems.append(f"{DOC}:{numbers[0]}: {env} has a row, but no "
+                        f'env = "{env}" in {SRC}')
+
+
+def normal(value):
+    """A default as compared: 100_000 and 100000 are one number."""
+    return value.replace("_", "") if re.fullmatch(r"[0-9_.]+", value) else value
+
+
+def literal(cell):
+    """The default cell's value when it is exactly one `literal`, else None."""
+    found = re.fullmatch(r"`([^`]*)`", cell.strip())
+    return normal(found.group(1)) if found else None
+
+
+for number, flags, envs, default in rows:
+    for env in envs:
+        if env not in src_envs:
+            continue
+        want = src_flag.get(env)
+        if want and flags and want not in flags:
+            problems.append(f"{DOC}:{number}: {env} is documented with {', '.join(flags)}, "
+                            f"but its flag in {SRC}:{src_envs[env]} is {want}")
+        doc_default = literal(default)
+        if env in src_default and doc_default is not None \
+                and doc_default != normal(src_default[env]):
+            problems.append(f"{DOC}:{number}: {env} is documented with the default "
+                            f"`{doc_default}`, but {SRC}:{src_envs[env]} says "
+                            f"\"{src_default[env]}\"")
+
+if problems:
+    print(f"{DOC}: {len(problems)} problem(s):", file=sys.stderr)
+    for problem in problems:
+        print(f"  {problem}", file=sys.stderr)
+    sys.exit(1)
+print(f"{DOC}: {len(by_env)} options, each documented once")
