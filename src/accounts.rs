@@ -26,8 +26,11 @@ use crate::{
     password::Hasher,
     refresh::{RefreshToken, RotationKey},
     revocation::{CLOCK_SKEW, Revocations},
-    store::{EndReason, LiveSession, NewSession, NewUser, Refreshed, Rotation, Store, unix_millis},
-    throttle::{Attempt, Throttle},
+    store::{
+        EndReason, LiveSession, LoggedOut, NewSession, NewUser, Refreshed, Rotation, Store,
+        unix_millis,
+    },
+    throttle::{Attempt, Begun, Throttle},
     token::{Jwks, TokenError, Tokens, VerifiedToken},
 };
 use prometheus::{Gauge, IntCounter};
@@ -201,11 +204,14 @@ impl Accounts {
     ) -> Result<String, Error> {
         // When the pool is full, the request is refused before it costs a query.
         self.hasher.check_room()?;
-        // A taken name is refused before paying for a hash; the insert still decides
-        // races between concurrent registrations of one name.
-        if self.store.find_user(&username).await?.is_some() {
-            return Err(Error::AlreadyExists);
-        }
+        // A read that proves the database answers before a place in the pool is
+        // taken (a database that is gone makes requests fail, never fill the pool).
+        // Its answer is not used: a taken name costs the same hash and the same
+        // insert as a free one, and answers only when the insert does, so neither
+        // time nor a deadline tells the two apart (a deadline that passes in the
+        // queue refuses both before the hash). The insert decides, also between
+        // concurrent registrations of one name.
+        self.store.find_user(&username).await?;
         let slot = self.hasher.reserve()?;
         let password_hash = self.hasher.hash(slot, password, deadline).await?;
         let id = uuid::Uuid::now_v7().to_string();
@@ -230,69 +236,93 @@ impl Accounts {
         deadline: Option<Instant>,
         caller: &Caller,
     ) -> Result<Session, Error> {
-        let user = self
+        let (user, attempt) = self
             .authenticate(&username, password, deadline, caller)
             .await?;
-        self.throttle.count_login(LoginOutcome::Ok);
-        self.audit.login_succeeded(caller, &user.id);
-        self.start_session(user.id, user.username).await
+        match self.start_session(&user).await {
+            Ok(session) => {
+                self.login_succeeded(attempt, caller, &user.id).await;
+                Ok(session)
+            }
+            // The password changed while this attempt was being checked: it was
+            // verified against a password that is no longer the user's.
+            Err(Error::InvalidCredentials) => {
+                self.login_failed(attempt, caller, &username, Some(&user.id))
+                    .await;
+                Err(Error::InvalidCredentials)
+            }
+            // Dropping the attempt gives its place back, uncounted.
+            Err(e) => Err(e),
+        }
     }
 
-    /// One login attempt, as Login and ChangePassword make it: asks the throttle,
-    /// checks the password, and tells the throttle (and the audit trail, on failure)
-    /// how it went.
+    /// One login attempt, as Login and ChangePassword make it: reserves its place in
+    /// the throttle, checks the password, and settles a wrong one. A right one is
+    /// returned with its attempt, which the caller settles once what the password
+    /// was checked for is done (a session stored, a new password stored): that
+    /// step is conditional on the password being still the one checked.
     async fn authenticate(
         &self,
         username: &Username,
         password: Password,
         deadline: Option<Instant>,
         caller: &Caller,
-    ) -> Result<crate::store::User, Error> {
-        let attempt = self.throttled(username, caller).await?;
-        match self.check_password(username, password, deadline).await {
-            Ok(user) => {
-                if let Some(attempt) = &attempt {
-                    self.throttle.succeeded(attempt).await;
-                }
-                Ok(user)
-            }
-            Err(CheckFailure::Wrong(user_id)) => {
-                self.login_failed(attempt.as_ref(), caller, username, user_id.as_deref())
+    ) -> Result<(crate::store::User, Option<Attempt>), Error> {
+        let begun = self.throttled(username, caller, deadline).await?;
+        match self
+            .check_password(username, password, deadline, begun)
+            .await
+        {
+            Ok(checked) => Ok(checked),
+            Err(CheckFailure::Wrong(user_id, attempt)) => {
+                self.login_failed(attempt, caller, username, user_id.as_deref())
                     .await;
                 Err(Error::InvalidCredentials)
             }
-            Err(CheckFailure::Error(e)) => Err(e),
+            Err(CheckFailure::Error(e)) => Err(self.refused(e, caller, username)),
         }
     }
 
-    /// Asks the login throttle whether an attempt for `username` may go on; a refusal
+    /// Asks the login throttle for a place for an attempt for `username`; a refusal
     /// is counted and audited here, before any store or hashing work.
     async fn throttled(
         &self,
         username: &Username,
         caller: &Caller,
-    ) -> Result<Option<Attempt>, Error> {
-        match self.throttle.check(username, caller.client).await {
-            Err(Error::Throttled { scope, retry_after }) => {
-                self.throttle.count_login(LoginOutcome::Throttled);
-                self.audit
-                    .login_throttled(caller, username, scope.label(), retry_after);
-                Err(Error::Throttled { scope, retry_after })
-            }
-            other => other,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Begun>, Error> {
+        (self.throttle.begin(username, caller.client, deadline).await)
+            .map_err(|e| self.refused(e, caller, username))
+    }
+
+    /// Counts and audits a refusal of the login throttle; any error passes.
+    fn refused(&self, e: Error, caller: &Caller, username: &Username) -> Error {
+        if let Error::Throttled { scope, retry_after } = &e {
+            self.throttle.count_login(LoginOutcome::Throttled);
+            (self.audit).login_throttled(caller, username, scope.label(), *retry_after);
         }
+        e
+    }
+
+    /// A right password whose use succeeded: the throttle resets the client's count.
+    async fn login_succeeded(&self, attempt: Option<Attempt>, caller: &Caller, user_id: &str) {
+        if let Some(attempt) = attempt {
+            attempt.succeeded().await;
+        }
+        self.throttle.count_login(LoginOutcome::Ok);
+        self.audit.login_succeeded(caller, user_id);
     }
 
     /// A wrong password or an unknown username: counted, audited.
     async fn login_failed(
         &self,
-        attempt: Option<&Attempt>,
+        attempt: Option<Attempt>,
         caller: &Caller,
         username: &Username,
         user_id: Option<&str>,
     ) {
         if let Some(attempt) = attempt {
-            self.throttle.failed(attempt).await;
+            attempt.failed().await;
         }
         self.throttle.count_login(LoginOutcome::Failed);
         self.audit.login_failed(caller, username, user_id);
@@ -300,15 +330,21 @@ impl Accounts {
 
     /// Verifies a password against the stored hash of `username` (against a dummy
     /// hash of the same cost when there is none) and rehashes it when its parameters
-    /// are not the current ones.
+    /// are not the current ones. The user is looked up while the attempt may still
+    /// wait for its place in the throttle, and hashed only once it has one.
     async fn check_password(
         &self,
         username: &Username,
         password: Password,
         deadline: Option<Instant>,
-    ) -> Result<crate::store::User, CheckFailure> {
+        begun: Option<Begun>,
+    ) -> Result<(crate::store::User, Option<Attempt>), CheckFailure> {
         self.hasher.check_room()?;
         let user = self.store.find_user(username).await?;
+        let attempt = match begun {
+            Some(begun) => Some(begun.place().await?),
+            None => None,
+        };
         let slot = self.hasher.reserve()?;
         let stored = user.as_ref().map(|u| u.password_hash.clone());
         let verification = self
@@ -317,34 +353,41 @@ impl Accounts {
             .await?;
         let user = match user {
             Some(user) if verification.matches => user,
-            other => return Err(CheckFailure::Wrong(other.map(|u| u.id))),
+            other => return Err(CheckFailure::Wrong(other.map(|u| u.id), attempt)),
         };
         if verification.needs_rehash {
-            self.rehash(&user.id, password, deadline).await;
+            self.rehash(&user, password, deadline).await;
         }
-        Ok(user)
+        Ok((user, attempt))
     }
 
-    /// Stores a new session of the user and issues its first tokens.
-    async fn start_session(&self, user_id: String, username: Username) -> Result<Session, Error> {
+    /// Stores a new session of the user and issues its first tokens; refused with
+    /// [`Error::InvalidCredentials`] when the user's password is no longer the one
+    /// verified (a password change won the race, in the same statement).
+    async fn start_session(&self, user: &crate::store::User) -> Result<Session, Error> {
         let now = unix_millis();
         let refresh_token = RefreshToken::random();
         let session = LiveSession {
             id: uuid::Uuid::now_v7().to_string(),
-            user_id,
-            username: username.as_str().to_owned(),
+            user_id: user.id.clone(),
+            username: user.username.as_str().to_owned(),
             expires_at: now.saturating_add(millis(self.settings.refresh_ttl)),
         };
-        self.store
+        let stored = self
+            .store
             .insert_session(NewSession {
                 id: session.id.clone(),
                 user_id: session.user_id.clone(),
+                password_version: user.password_version,
                 rotation_key: RotationKey::random(),
                 refresh_digest: refresh_token.digest(),
                 created_at: now,
                 expires_at: session.expires_at,
             })
             .await?;
+        if !stored {
+            return Err(Error::InvalidCredentials);
+        }
         self.counters.started.inc();
         self.session_tokens(session, refresh_token)
     }
@@ -419,6 +462,11 @@ impl Accounts {
 
     /// Ends the session named by either token (both: the sessions of both), or
     /// with `all`, every session of its user. Returns how many this call ended.
+    ///
+    /// Only live credentials act: an access token of an ended session, and a
+    /// refresh token of an ended session, are refused (UNAUTHENTICATED) and end
+    /// nothing; a refresh token rotated out ends its own session (the reuse rule,
+    /// as Refresh applies it) and nothing else, and is refused.
     pub async fn logout(
         &self,
         refresh_token: Option<&str>,
@@ -427,10 +475,12 @@ impl Accounts {
         caller: &Caller,
     ) -> Result<u32, Error> {
         let now = unix_millis();
-        // Both tokens are checked before anything ends.
+        // Both tokens are checked before anything ends: the access token in memory
+        // (signature, expiry, and the sessions this replica knows to have ended),
+        // and again in the store, which decides.
         let access = access_token
             .map(|token| {
-                let verified = self.tokens.check(token, None)?;
+                let verified = self.validate(token, None)?;
                 match (&verified.session_id, all) {
                     (Some(_), _) | (None, true) => Ok(verified),
                     // A token from before sessions names no session to end.
@@ -447,19 +497,36 @@ impl Accounts {
         let mut ended = Vec::new();
         let mut named = Vec::new();
         if let Some(token) = refresh {
-            let outcome = self
-                .store
-                .end_by_digest(&token.digest(), all, now)
+            let digest = token.digest();
+            match (self.store)
+                .end_by_digest(&digest, all, now, millis(RETRY_GRACE))
                 .await?
-                .ok_or(Error::InvalidRefreshToken(
-                    "unknown or expired refresh token",
-                ))?;
-            ended.extend(outcome.ended_now);
-            named.extend(outcome.named);
+            {
+                LoggedOut::Ended(outcome) => {
+                    ended.extend(outcome.ended_now);
+                    named.extend(outcome.named);
+                }
+                LoggedOut::Reused {
+                    session_id,
+                    ended_now,
+                } => {
+                    self.revocations.insert(&session_id, now, now);
+                    if ended_now {
+                        self.counters.ended(EndReason::Reuse, 1);
+                        self.audit
+                            .session_ended(caller, &session_id, EndReason::Reuse.label());
+                    }
+                    return Err(Error::InvalidRefreshToken("refresh token reused"));
+                }
+                LoggedOut::Refused(why) => return Err(Error::InvalidRefreshToken(why)),
+            }
         }
         if let Some(token) = access {
             let sid = token.session_id.unwrap_or_default();
-            let outcome = self.store.end_by_id(&sid, &token.user_id, all, now).await?;
+            let outcome = (self.store)
+                .end_by_id(&sid, &token.user_id, all, now)
+                .await?
+                .ok_or(Error::InvalidToken(TokenError::Revoked))?;
             ended.extend(outcome.ended_now);
             named.extend(outcome.named);
         }
@@ -487,13 +554,25 @@ impl Accounts {
         caller: &Caller,
     ) -> Result<u32, Error> {
         // The current-password check is a login attempt: throttled and counted alike.
-        let user = self
+        let (user, attempt) = self
             .authenticate(&username, current, deadline, caller)
             .await?;
         let slot = self.hasher.reserve()?;
         let hash = self.hasher.hash(slot, new, deadline).await?;
         let now = unix_millis();
-        let ended = self.store.change_password(&user.id, hash, now).await?;
+        // Only if the password is still the one checked: of two changes at once
+        // with the same current password, one wins.
+        let Some(ended) = (self.store)
+            .change_password(&user.id, hash, user.password_version, now)
+            .await?
+        else {
+            self.login_failed(attempt, caller, &username, Some(&user.id))
+                .await;
+            return Err(Error::InvalidCredentials);
+        };
+        if let Some(attempt) = attempt {
+            attempt.succeeded().await;
+        }
         for id in &ended {
             self.revocations.insert(id, now, now);
         }
@@ -508,11 +587,22 @@ impl Accounts {
 
     /// Replaces a hash made with other parameters. Best effort: the login has
     /// already succeeded, so a full queue or a failed write only postpones it.
-    async fn rehash(&self, user_id: &str, password: Password, deadline: Option<Instant>) {
+    /// The new hash is stored only if the password is still the one verified (a
+    /// rehash never undoes a password change), and keeps its version: sessions
+    /// verified against the old hash of the same password still start.
+    async fn rehash(
+        &self,
+        user: &crate::store::User,
+        password: Password,
+        deadline: Option<Instant>,
+    ) {
+        let user_id = user.id.as_str();
         let result = async {
             let slot = self.hasher.reserve()?;
             let hash = self.hasher.hash(slot, password, deadline).await?;
-            self.store.update_password_hash(user_id, hash).await?;
+            (self.store)
+                .update_password_hash(user_id, hash, user.password_version)
+                .await?;
             Ok::<_, Error>(())
         }
         .await;
@@ -650,8 +740,9 @@ impl Accounts {
 
 /// Why a password check did not yield the user.
 enum CheckFailure {
-    /// A wrong password (the user's id) or an unknown username (`None`).
-    Wrong(Option<String>),
+    /// A wrong password (the user's id) or an unknown username (`None`), and the
+    /// attempt to settle.
+    Wrong(Option<String>, Option<Attempt>),
     /// Anything else: full, unavailable, past its deadline.
     Error(Error),
 }

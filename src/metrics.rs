@@ -193,6 +193,8 @@ pub(crate) struct ThrottleMetrics {
     pub redis_errors: IntCounter,
     pub fallback_active: IntGauge,
     pub local_entries: IntGauge,
+    /// Attempts that waited for attempts in flight before their decision.
+    pub waits: IntCounter,
 }
 
 /// The outcomes of a login attempt, as `authd_logins_total` labels them.
@@ -579,6 +581,15 @@ impl Metrics {
                     "authd_login_throttle_local_entries",
                     "Entries of the in-process login throttle (at most \
                      AUTHD_LOGIN_THROTTLE_MAX_ENTRIES).",
+                )
+                .expect("valid"),
+            ),
+            waits: registered(
+                &r,
+                IntCounter::new(
+                    "authd_login_throttle_waits_total",
+                    "Login attempts that waited for attempts in flight for the same username \
+                     (which fill what the counts allow) to settle before being decided.",
                 )
                 .expect("valid"),
             ),

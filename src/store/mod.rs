@@ -27,7 +27,7 @@ mod session;
 mod sqlite;
 
 pub use session::{
-    EndReason, Ended, EndedSession, LiveSession, NewSession, Purged, Refreshed, Rotation,
+    EndReason, Ended, EndedSession, LiveSession, LoggedOut, NewSession, Purged, Refreshed, Rotation,
 };
 
 pub use postgres::PostgresSettings;
@@ -46,13 +46,20 @@ use tokio::sync::watch;
 /// The statements both backends run. `$N` placeholders are PostgreSQL's and are
 /// also understood by SQLite, so each statement is written once.
 mod sql {
-    pub const FIND_USER: &str = "SELECT id, username, password_hash FROM users WHERE username = $1";
+    pub const FIND_USER: &str =
+        "SELECT id, username, password_hash, password_version FROM users WHERE username = $1";
     /// Usernames are stored lowercased, so the UNIQUE (username) conflict is
     /// case-insensitive. A conflict inserts nothing: zero rows affected.
     pub const INSERT_USER: &str = "INSERT INTO users (id, username, password_hash, created_at, updated_at) \
          VALUES ($1, $2, $3, $4, $5) ON CONFLICT (username) DO NOTHING";
-    pub const UPDATE_PASSWORD_HASH: &str =
-        "UPDATE users SET password_hash = $1, updated_at = $2 WHERE id = $3";
+    /// A rehash: the same password, so the same version, and only if it is still
+    /// the version verified (a rehash never undoes a password change).
+    pub const UPDATE_PASSWORD_HASH: &str = "UPDATE users SET password_hash = $1, updated_at = $2 \
+         WHERE id = $3 AND password_version = $4";
+    /// A new password: a new version, only if the old one is still the one verified.
+    pub const CHANGE_PASSWORD: &str = "UPDATE users \
+         SET password_hash = $1, password_version = password_version + 1, updated_at = $2 \
+         WHERE id = $3 AND password_version = $4";
     pub const PING: &str = "SELECT 1";
     /// Read through the index on the generated `hash_iterations` column.
     pub const MAX_HASH_ITERATIONS: &str = "SELECT MAX(hash_iterations) FROM users";
@@ -77,20 +84,30 @@ where
         .bind(now)
 }
 
-fn update_password_hash_query<DB>(
-    id: &str,
-    hash: &str,
+/// A new hash of user `id` whose password is at `version`: a rehash of the same
+/// password, or (`change`) a new password, which takes the next version.
+fn password_hash_query<'q, DB>(
+    id: &'q str,
+    hash: &'q str,
+    version: i64,
+    change: bool,
     now: i64,
-) -> Query<'static, DB, DB::Arguments>
+) -> Query<'q, DB, DB::Arguments>
 where
     DB: Database,
-    for<'a> &'a str: Encode<'a, DB> + Type<DB>,
-    for<'a> i64: Encode<'a, DB> + Type<DB>,
+    &'q str: Encode<'q, DB> + Type<DB>,
+    i64: Encode<'q, DB> + Type<DB>,
 {
-    sqlx::query(sql::UPDATE_PASSWORD_HASH)
+    let statement = if change {
+        sql::CHANGE_PASSWORD
+    } else {
+        sql::UPDATE_PASSWORD_HASH
+    };
+    sqlx::query(statement)
         .bind(hash)
         .bind(now)
         .bind(id)
+        .bind(version)
 }
 
 fn find_user_query<DB>(username: &Username) -> Query<'static, DB, DB::Arguments>
@@ -106,11 +123,13 @@ where
     R: Row,
     &'r str: ColumnIndex<R>,
     String: Decode<'r, R::Database> + Type<R::Database>,
+    i64: Decode<'r, R::Database> + Type<R::Database>,
 {
     Ok(User {
         id: row.try_get("id")?,
         username: Username::from_store(row.try_get("username")?),
         password_hash: row.try_get("password_hash")?,
+        password_version: row.try_get("password_version")?,
     })
 }
 
@@ -120,6 +139,8 @@ pub struct User {
     pub id: String,
     pub username: Username,
     pub password_hash: String,
+    /// One more at every change of password: what a login verified.
+    pub password_version: i64,
 }
 
 /// A user about to be stored.
@@ -460,12 +481,22 @@ impl Store {
         timed!(self, find_user, s => s.find_user(username).await)
     }
 
-    pub async fn update_password_hash(&self, id: &str, hash: String) -> Result<(), StoreError> {
-        timed!(self, update_password_hash, s => s.update_password_hash(id, hash).await)
+    /// Stores a rehash of the same password; nothing when the password's version is
+    /// no longer `version`.
+    pub async fn update_password_hash(
+        &self,
+        id: &str,
+        hash: String,
+        version: i64,
+    ) -> Result<(), StoreError> {
+        timed!(self, update_password_hash, s => s.update_password_hash(id, hash, version).await)
     }
 
-    /// Stores a new session (Login).
-    pub async fn insert_session(&self, session: NewSession) -> Result<(), StoreError> {
+    /// Stores a new session (Login) if the user's password is still at the version
+    /// the login verified; `false` (nothing stored) when it is not. Atomic against
+    /// a password change on any replica: the session is stored before the change
+    /// (which then ends it) or not at all.
+    pub async fn insert_session(&self, session: NewSession) -> Result<bool, StoreError> {
         timed!(self, insert_session, s => s.insert_session(session).await)
     }
 
@@ -474,36 +505,40 @@ impl Store {
         timed!(self, rotate_session, s => s.rotate(rotation).await)
     }
 
-    /// Logout by a refresh token's digest; `None` when no live or ended session has it.
+    /// Logout by a refresh token's digest (see `session` for which tokens end what).
     pub async fn end_by_digest(
         &self,
         digest: &str,
         all: bool,
         now: i64,
-    ) -> Result<Option<Ended>, StoreError> {
-        timed!(self, end_sessions, s => s.end_by_digest(digest, all, now).await)
+        grace_ms: i64,
+    ) -> Result<LoggedOut, StoreError> {
+        timed!(self, end_sessions, s => s.end_by_digest(digest, all, now, grace_ms).await)
     }
 
-    /// Logout by a verified access token's session id and user.
+    /// Logout by a verified access token's session id and user; `None` when that
+    /// session is no longer live (nothing ends).
     pub async fn end_by_id(
         &self,
         id: &str,
         user_id: &str,
         all: bool,
         now: i64,
-    ) -> Result<Ended, StoreError> {
+    ) -> Result<Option<Ended>, StoreError> {
         timed!(self, end_sessions, s => s.end_by_id(id, user_id, all, now).await)
     }
 
-    /// Stores a new password hash and ends every session of the user, in one
-    /// transaction; returns the sessions ended.
+    /// Stores a new password hash, if the password is still at `version` (the one
+    /// verified), and ends every session of the user, in one transaction; returns
+    /// the sessions ended, or `None` when the password had changed meanwhile.
     pub async fn change_password(
         &self,
         id: &str,
         hash: String,
+        version: i64,
         now: i64,
-    ) -> Result<Vec<String>, StoreError> {
-        timed!(self, change_password, s => s.change_password(id, hash, now).await)
+    ) -> Result<Option<Vec<String>>, StoreError> {
+        timed!(self, change_password, s => s.change_password(id, hash, version, now).await)
     }
 
     /// Sessions ended after `after` (ended_at, id), in that order, at most `limit`.

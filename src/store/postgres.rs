@@ -19,11 +19,12 @@
 
 use super::{
     Lease, NewUser, StoreError, User, acquire, find_user_query, insert_user_query,
-    iterations_from_column, operation_limit,
+    iterations_from_column, operation_limit, password_hash_query,
     session::{
-        EndReason, Ended, EndedSession, NewSession, Purged, Refreshed, Rotation, session_ops,
+        EndReason, Ended, EndedSession, LoggedOut, NewSession, Purged, Refreshed, Rotation,
+        session_ops,
     },
-    sql, unix_millis, update_password_hash_query, user_from_row, watch_pool, within,
+    sql, unix_millis, user_from_row, watch_pool, within,
 };
 use crate::{credentials::Username, metrics::Metrics};
 use anyhow::Context as _;
@@ -36,7 +37,11 @@ use std::{fmt, str::FromStr, time::Duration};
 
 /// The session statements on a pooled connection.
 mod ops {
-    super::session_ops!(sqlx::PgConnection, sqlx::postgres::PgRow);
+    super::session_ops!(
+        sqlx::PgConnection,
+        sqlx::postgres::PgRow,
+        crate::store::session::sql::INSERT_SESSION_LOCKING
+    );
 }
 
 /// Runs `$body` (which uses `$tx`, a `&mut PgConnection`) in a transaction on a
@@ -176,11 +181,12 @@ impl PostgresStore {
         &self,
         id: &str,
         hash: String,
+        version: i64,
     ) -> Result<(), StoreError> {
         let mut conn = self.connection().await?;
         let updated = within(
             self.limit,
-            update_password_hash_query(id, &hash, unix_millis()).execute(&mut *conn),
+            password_hash_query(id, &hash, version, false, unix_millis()).execute(&mut *conn),
         )
         .await?;
         conn.finish();
@@ -199,7 +205,7 @@ impl PostgresStore {
         Ok(iterations_from_column(max?))
     }
 
-    pub(crate) async fn insert_session(&self, session: NewSession) -> Result<(), StoreError> {
+    pub(crate) async fn insert_session(&self, session: NewSession) -> Result<bool, StoreError> {
         let mut conn = self.connection().await?;
         let inserted = within(self.limit, ops::insert_session(&mut conn, &session)).await?;
         conn.finish();
@@ -215,8 +221,12 @@ impl PostgresStore {
         digest: &str,
         all: bool,
         now: i64,
-    ) -> Result<Option<Ended>, StoreError> {
-        in_transaction!(self, |tx| ops::end_by_digest(tx, digest, all, now).await?)
+        grace_ms: i64,
+    ) -> Result<LoggedOut, StoreError> {
+        in_transaction!(self, |tx| ops::end_by_digest(
+            tx, digest, all, now, grace_ms
+        )
+        .await?)
     }
 
     pub(crate) async fn end_by_id(
@@ -225,7 +235,7 @@ impl PostgresStore {
         user_id: &str,
         all: bool,
         now: i64,
-    ) -> Result<Ended, StoreError> {
+    ) -> Result<Option<Ended>, StoreError> {
         in_transaction!(self, |tx| ops::end_by_id(tx, id, user_id, all, now).await?)
     }
 
@@ -233,13 +243,23 @@ impl PostgresStore {
         &self,
         id: &str,
         hash: String,
+        version: i64,
         now: i64,
-    ) -> Result<Vec<String>, StoreError> {
+    ) -> Result<Option<Vec<String>>, StoreError> {
+        // The update takes the user's row lock first: a Login's insert (which locks
+        // it FOR SHARE) either committed before, and its session is ended below, or
+        // waits, and then finds the new version.
         in_transaction!(self, |tx| {
-            update_password_hash_query(id, &hash, now)
+            let changed = password_hash_query(id, &hash, version, true, now)
                 .execute(&mut *tx)
-                .await?;
-            ops::end_user_sessions(tx, id, EndReason::PasswordChange, now).await?
+                .await?
+                .rows_affected()
+                == 1;
+            if changed {
+                Some(ops::end_user_sessions(tx, id, EndReason::PasswordChange, now).await?)
+            } else {
+                None
+            }
         })
     }
 

@@ -50,6 +50,9 @@ impl EndReason {
 pub struct NewSession {
     pub id: String,
     pub user_id: String,
+    /// The user's password version the login verified: the session is stored only
+    /// while it is still the user's.
+    pub password_version: i64,
     pub rotation_key: RotationKey,
     /// Hex SHA-256 of the refresh token.
     pub refresh_digest: String,
@@ -105,6 +108,19 @@ pub struct Ended {
     pub named: Option<String>,
 }
 
+/// What a Logout by refresh token came to.
+#[derive(Debug, Clone)]
+pub enum LoggedOut {
+    /// The token was the session's current one: the sessions ended.
+    Ended(Ended),
+    /// The token had been rotated out: the reuse rule ended its session (by this
+    /// request when `ended_now`), and nothing else.
+    Reused { session_id: String, ended_now: bool },
+    /// A token of no live session (unknown, ended, expired), or one rotated out
+    /// within the retry grace: nothing ends. Why, for the log.
+    Refused(&'static str),
+}
+
 /// A session that ended: what the revocation pollers read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EndedSession {
@@ -123,9 +139,18 @@ pub struct Purged {
 }
 
 pub(super) mod sql {
+    /// Login's session, stored only while the user's password is at the version
+    /// verified. SQLite's one writer runs it alone; PostgreSQL's form locks the user's
+    /// row (FOR SHARE) so that a password change either waits for this insert to
+    /// commit (and then ends the session) or commits first (and this row no
+    /// longer matches).
     pub const INSERT_SESSION: &str = "INSERT INTO sessions \
          (id, user_id, rotation_key, refresh_digest, created_at, expires_at) \
-         VALUES ($1, $2, $3, $4, $5, $6)";
+         SELECT $1, $2, $3, $4, $5, $6 FROM users WHERE id = $2 AND password_version = $7";
+    pub const INSERT_SESSION_LOCKING: &str = "INSERT INTO sessions \
+         (id, user_id, rotation_key, refresh_digest, created_at, expires_at) \
+         SELECT $1, $2, $3, $4, $5, $6 FROM users WHERE id = $2 AND password_version = $7 \
+         FOR SHARE";
     pub const FIND_CURRENT: &str = "SELECT id, user_id, rotation_key, expires_at FROM sessions \
          WHERE refresh_digest = $1 AND ended_at IS NULL";
     /// Before a rotation from the current token: the previous one is retired.
@@ -146,14 +171,8 @@ pub(super) mod sql {
          WHERE id = $3 AND ended_at IS NULL";
     pub const END_USER_SESSIONS: &str = "UPDATE sessions SET ended_at = $1, end_reason = $2 \
          WHERE user_id = $3 AND ended_at IS NULL AND expires_at > $1 RETURNING id";
-    /// Logout by refresh token: the session of any of its refresh tokens.
-    pub const FIND_BY_ANY_DIGEST: &str = "SELECT id, user_id, ended_at, expires_at FROM sessions \
-         WHERE refresh_digest = $1 OR previous_digest = $1 \
-         UNION ALL \
-         SELECT s.id, s.user_id, s.ended_at, s.expires_at \
-         FROM retired_refresh_tokens r JOIN sessions s ON s.id = r.session_id \
-         WHERE r.digest = $1";
-    pub const SESSION_USER: &str = "SELECT user_id FROM sessions WHERE id = $1";
+    pub const SESSION_STATE: &str =
+        "SELECT user_id, ended_at, expires_at FROM sessions WHERE id = $1";
     /// Keyset pages of ended sessions, through the index on `ended_at`.
     pub const ENDED_SINCE: &str = "SELECT id, ended_at FROM sessions \
          WHERE ended_at IS NOT NULL AND (ended_at > $1 OR (ended_at = $1 AND id > $2)) \
@@ -165,30 +184,34 @@ pub(super) mod sql {
 }
 
 /// The session operations, written once for a connection type (`SqliteConnection`,
-/// `PgConnection`). Each runs inside a transaction its caller holds.
+/// `PgConnection`) and its form of Login's insert. Each runs inside a transaction
+/// its caller holds.
 macro_rules! session_ops {
-    ($conn:ty, $row:ty) => {
+    ($conn:ty, $row:ty, $insert:expr) => {
         use sqlx::Row as _;
         use $crate::refresh::RotationKey;
         use $crate::store::session::{
-            EndReason, Ended, EndedSession, LiveSession, NewSession, Purged, Refreshed, Rotation,
-            sql,
+            EndReason, Ended, EndedSession, LiveSession, LoggedOut, NewSession, Purged, Refreshed,
+            Rotation, sql,
         };
 
+        /// `false`: the user's password is no longer at the version verified (or the
+        /// user is gone), and nothing was stored.
         pub(crate) async fn insert_session(
             conn: &mut $conn,
             s: &NewSession,
-        ) -> Result<(), sqlx::Error> {
-            sqlx::query(sql::INSERT_SESSION)
+        ) -> Result<bool, sqlx::Error> {
+            let done = sqlx::query($insert)
                 .bind(s.id.as_str())
                 .bind(s.user_id.as_str())
                 .bind(s.rotation_key.to_hex())
                 .bind(s.refresh_digest.as_str())
                 .bind(s.created_at)
                 .bind(s.expires_at)
+                .bind(s.password_version)
                 .execute(&mut *conn)
                 .await?;
-            Ok(())
+            Ok(done.rows_affected() == 1)
         }
 
         async fn live(conn: &mut $conn, row: &$row) -> Result<LiveSession, sqlx::Error> {
@@ -339,47 +362,101 @@ macro_rules! session_ops {
                 .await
         }
 
-        /// Logout by refresh token. `None`: no session has (had) that token, or
-        /// the session expired (the token is as good as unknown).
+        /// Logout by refresh token. Only the current token of a live session ends
+        /// sessions (with `all`, all of its user's); a token rotated out ends its own
+        /// session by the reuse rule and nothing else (within the retry grace, not
+        /// even that); any other ends nothing.
         pub(crate) async fn end_by_digest(
             conn: &mut $conn,
             digest: &str,
             all: bool,
             now: i64,
-        ) -> Result<Option<Ended>, sqlx::Error> {
-            let Some(row) = sqlx::query(sql::FIND_BY_ANY_DIGEST)
+            grace_ms: i64,
+        ) -> Result<LoggedOut, sqlx::Error> {
+            let current = sqlx::query(sql::FIND_CURRENT)
                 .bind(digest)
                 .fetch_optional(&mut *conn)
-                .await?
-            else {
-                return Ok(None);
-            };
-            let id: String = row.try_get("id")?;
-            let user_id: String = row.try_get("user_id")?;
-            let ended_at: Option<i64> = row.try_get("ended_at")?;
-            let expires_at: i64 = row.try_get("expires_at")?;
-            if ended_at.is_none() && expires_at <= now {
-                return Ok(None);
+                .await?;
+            if let Some(row) = current {
+                let expires_at: i64 = row.try_get("expires_at")?;
+                if expires_at <= now {
+                    return Ok(LoggedOut::Refused("the session has expired"));
+                }
+                let (id, user_id) = (row.try_get("id")?, row.try_get("user_id")?);
+                return Ok(LoggedOut::Ended(
+                    end_named(conn, id, user_id, all, now).await?,
+                ));
             }
-            end_named(conn, id, user_id, all, now).await.map(Some)
+            let previous = sqlx::query(sql::FIND_BY_PREVIOUS)
+                .bind(digest)
+                .fetch_optional(&mut *conn)
+                .await?;
+            let session = if let Some(row) = previous {
+                let id: String = row.try_get("id")?;
+                let rotated_at: Option<i64> = row.try_get("rotated_at")?;
+                let ended_at: Option<i64> = row.try_get("ended_at")?;
+                let expires_at: i64 = row.try_get("expires_at")?;
+                if ended_at.is_some() {
+                    return Ok(LoggedOut::Refused("a refresh token of an ended session"));
+                }
+                if expires_at <= now {
+                    return Ok(LoggedOut::Refused("the session has expired"));
+                }
+                // Within the grace it may be the owner's retry (as Refresh reads it):
+                // refused, but not punished.
+                if rotated_at.is_some_and(|at| now.saturating_sub(at) <= grace_ms) {
+                    return Ok(LoggedOut::Refused("a refresh token rotated moments ago"));
+                }
+                id
+            } else {
+                let retired: Option<String> = sqlx::query_scalar(sql::FIND_RETIRED)
+                    .bind(digest)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+                match retired {
+                    Some(id) => id,
+                    None => return Ok(LoggedOut::Refused("unknown refresh token")),
+                }
+            };
+            let ended_now = end_one(conn, &session, EndReason::Reuse, now).await?;
+            Ok(LoggedOut::Reused {
+                session_id: session,
+                ended_now,
+            })
         }
 
-        /// Logout by access token (already verified): its session, or all of its
-        /// user's.
+        /// Logout by access token (its signature and expiry already verified): its
+        /// session, or all of its user's, only while that session is live. `None`:
+        /// the session has ended, expired or is gone, and nothing ends. A token that
+        /// names no session (issued before sessions) can only end them all.
         pub(crate) async fn end_by_id(
             conn: &mut $conn,
             id: &str,
             user_id: &str,
             all: bool,
             now: i64,
-        ) -> Result<Ended, sqlx::Error> {
-            // The session's owner as stored, if it is still stored; else the token's.
-            let owner: Option<String> = sqlx::query_scalar(sql::SESSION_USER)
+        ) -> Result<Option<Ended>, sqlx::Error> {
+            if id.is_empty() {
+                return end_named(conn, String::new(), user_id.to_owned(), all, now)
+                    .await
+                    .map(|ended| all.then_some(ended));
+            }
+            let Some(row) = sqlx::query(sql::SESSION_STATE)
                 .bind(id)
                 .fetch_optional(&mut *conn)
-                .await?;
-            let owner = owner.unwrap_or_else(|| user_id.to_owned());
-            end_named(conn, id.to_owned(), owner, all, now).await
+                .await?
+            else {
+                return Ok(None);
+            };
+            let owner: String = row.try_get("user_id")?;
+            let ended_at: Option<i64> = row.try_get("ended_at")?;
+            let expires_at: i64 = row.try_get("expires_at")?;
+            if ended_at.is_some() || expires_at <= now {
+                return Ok(None);
+            }
+            end_named(conn, id.to_owned(), owner, all, now)
+                .await
+                .map(Some)
         }
 
         async fn end_named(

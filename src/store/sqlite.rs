@@ -20,11 +20,12 @@
 
 use super::{
     NewUser, StoreError, User, acquire, find_user_query, insert_user_query, iterations_from_column,
-    operation_limit,
+    operation_limit, password_hash_query,
     session::{
-        EndReason, Ended, EndedSession, NewSession, Purged, Refreshed, Rotation, session_ops,
+        EndReason, Ended, EndedSession, LoggedOut, NewSession, Purged, Refreshed, Rotation,
+        session_ops,
     },
-    sql, unix_millis, update_password_hash_query, user_from_row, watch_pool, within,
+    sql, unix_millis, user_from_row, watch_pool, within,
 };
 use crate::{credentials::Username, metrics::Metrics};
 use anyhow::Context as _;
@@ -83,6 +84,7 @@ enum Write {
     UpdateHash {
         id: String,
         hash: String,
+        version: i64,
     },
     InsertSession(NewSession),
     Rotate(Rotation),
@@ -90,6 +92,7 @@ enum Write {
         digest: String,
         all: bool,
         now: i64,
+        grace_ms: i64,
     },
     EndById {
         id: String,
@@ -101,6 +104,7 @@ enum Write {
     ChangePassword {
         id: String,
         hash: String,
+        version: i64,
         now: i64,
     },
     Purge {
@@ -113,15 +117,22 @@ enum Write {
 /// What a write came to, for the caller to unwrap (each write has one kind).
 enum Answer {
     Done,
+    /// Whether a conditional write wrote.
+    Wrote(bool),
     Refreshed(Refreshed),
+    LoggedOut(LoggedOut),
     Ended(Option<Ended>),
-    EndedIds(Vec<String>),
+    EndedIds(Option<Vec<String>>),
     Purged(Purged),
 }
 
 /// The session statements on the writer's connection.
 mod ops {
-    super::session_ops!(sqlx::SqliteConnection, sqlx::sqlite::SqliteRow);
+    super::session_ops!(
+        sqlx::SqliteConnection,
+        sqlx::sqlite::SqliteRow,
+        crate::store::session::sql::INSERT_SESSION
+    );
 }
 
 /// A writer answer of the wrong kind: a bug, reported as an internal error.
@@ -283,8 +294,11 @@ impl SqliteStore {
         self.write(Write::Insert(user)).await.map(drop)
     }
 
-    pub(crate) async fn insert_session(&self, session: NewSession) -> Result<(), StoreError> {
-        self.write(Write::InsertSession(session)).await.map(drop)
+    pub(crate) async fn insert_session(&self, session: NewSession) -> Result<bool, StoreError> {
+        match self.write(Write::InsertSession(session)).await? {
+            Answer::Wrote(stored) => Ok(stored),
+            _ => Err(unexpected()),
+        }
     }
 
     pub(crate) async fn rotate(&self, rotation: Rotation) -> Result<Refreshed, StoreError> {
@@ -299,14 +313,16 @@ impl SqliteStore {
         digest: &str,
         all: bool,
         now: i64,
-    ) -> Result<Option<Ended>, StoreError> {
+        grace_ms: i64,
+    ) -> Result<LoggedOut, StoreError> {
         let write = Write::EndByDigest {
             digest: digest.to_owned(),
             all,
             now,
+            grace_ms,
         };
         match self.write(write).await? {
-            Answer::Ended(e) => Ok(e),
+            Answer::LoggedOut(out) => Ok(out),
             _ => Err(unexpected()),
         }
     }
@@ -317,7 +333,7 @@ impl SqliteStore {
         user_id: &str,
         all: bool,
         now: i64,
-    ) -> Result<Ended, StoreError> {
+    ) -> Result<Option<Ended>, StoreError> {
         let write = Write::EndById {
             id: id.to_owned(),
             user_id: user_id.to_owned(),
@@ -325,7 +341,7 @@ impl SqliteStore {
             now,
         };
         match self.write(write).await? {
-            Answer::Ended(Some(e)) => Ok(e),
+            Answer::Ended(e) => Ok(e),
             _ => Err(unexpected()),
         }
     }
@@ -334,11 +350,13 @@ impl SqliteStore {
         &self,
         id: &str,
         hash: String,
+        version: i64,
         now: i64,
-    ) -> Result<Vec<String>, StoreError> {
+    ) -> Result<Option<Vec<String>>, StoreError> {
         let write = Write::ChangePassword {
             id: id.to_owned(),
             hash,
+            version,
             now,
         };
         match self.write(write).await? {
@@ -380,10 +398,12 @@ impl SqliteStore {
         &self,
         id: &str,
         hash: String,
+        version: i64,
     ) -> Result<(), StoreError> {
         self.write(Write::UpdateHash {
             id: id.to_owned(),
             hash,
+            version,
         })
         .await
         .map(drop)
@@ -568,35 +588,48 @@ async fn apply(
                     Err(StoreError::Duplicate)
                 }
             }
-            Write::UpdateHash { id, hash } => {
-                update_password_hash_query(id, hash, now)
+            Write::UpdateHash { id, hash, version } => {
+                password_hash_query(id, hash, *version, false, now)
                     .execute(&mut *conn)
                     .await?;
                 Ok(Answer::Done)
             }
             Write::InsertSession(session) => {
-                ops::insert_session(conn, session).await?;
-                Ok(Answer::Done)
+                Ok(Answer::Wrote(ops::insert_session(conn, session).await?))
             }
             Write::Rotate(rotation) => Ok(Answer::Refreshed(ops::rotate(conn, rotation).await?)),
-            Write::EndByDigest { digest, all, now } => Ok(Answer::Ended(
-                ops::end_by_digest(conn, digest, *all, *now).await?,
+            Write::EndByDigest {
+                digest,
+                all,
+                now,
+                grace_ms,
+            } => Ok(Answer::LoggedOut(
+                ops::end_by_digest(conn, digest, *all, *now, *grace_ms).await?,
             )),
             Write::EndById {
                 id,
                 user_id,
                 all,
                 now,
-            } => Ok(Answer::Ended(Some(
+            } => Ok(Answer::Ended(
                 ops::end_by_id(conn, id, user_id, *all, *now).await?,
-            ))),
-            Write::ChangePassword { id, hash, now } => {
-                update_password_hash_query(id, hash, *now)
+            )),
+            Write::ChangePassword {
+                id,
+                hash,
+                version,
+                now,
+            } => {
+                let changed = password_hash_query(id, hash, *version, true, *now)
                     .execute(&mut *conn)
-                    .await?;
-                Ok(Answer::EndedIds(
-                    ops::end_user_sessions(conn, id, EndReason::PasswordChange, *now).await?,
-                ))
+                    .await?
+                    .rows_affected()
+                    == 1;
+                Ok(Answer::EndedIds(if changed {
+                    Some(ops::end_user_sessions(conn, id, EndReason::PasswordChange, *now).await?)
+                } else {
+                    None
+                }))
             }
             Write::Purge {
                 now,

@@ -40,9 +40,13 @@ use crate::{
 use hmac::{KeyInit, Mac};
 use std::{
     net::IpAddr,
-    sync::Arc,
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
+use tokio::sync::Notify;
 
 /// How long a client that logged in successfully stays exempt from the account
 /// count for that username.
@@ -165,30 +169,108 @@ pub(crate) struct Count {
     pub last_ms: u64,
 }
 
-/// What a backend read for one attempt.
+/// What a backend holds for one attempt, read under its lock (or inside its script).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Snapshot {
+pub(crate) struct View {
     pub pair: Count,
+    /// Attempts of this client for this username reserved and not yet settled.
+    pub pair_pending: u32,
     pub account: Count,
+    /// Attempts for this username (that count for the account) not yet settled.
+    pub account_pending: u32,
     /// The client logged in for this username within [`KNOWN_CLIENT_FOR`].
     pub known: bool,
 }
 
-/// The keys of one attempt (the same strings in both backends, under the prefix in Redis).
+/// What the throttle decides for an attempt, from a [`View`]: the same rule in
+/// both backends ([`Settings::decide`] here, the reserve script in Redis).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Decision {
+    /// The attempt holds a place in the counts (and in the account's when
+    /// `account`) until it settles.
+    Reserved { account: bool },
+    /// Refused by the settled failures, for this long.
+    Refused(Scope, Duration),
+    /// Attempts in flight already fill what the count allows: their outcomes
+    /// decide. The attempt waits for them to settle and asks again.
+    Wait(Scope),
+}
+
+/// How an attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// A wrong password or an unknown username: counted.
+    Failed,
+    /// The right password: the client's count is reset, the client becomes known.
+    Succeeded,
+    /// No verdict on the password (the hash queue was full, the database failed,
+    /// the client went away): the place is given back, nothing is counted.
+    Released,
+}
+
+impl Settings {
+    /// The rule of the counts. Settled failures refuse as they always did; an
+    /// attempt in flight counts as a failure until it settles, so that N attempts
+    /// at once count as N: where the settled failures and those in flight reach a
+    /// threshold, the attempt waits for the ones in flight instead of hashing.
+    pub(crate) fn decide(&self, v: &View, now: u64) -> Decision {
+        let wait = |count: &Count, threshold: u32, max: Duration| {
+            let delay = self.delay_after(count.failures, threshold, max)?;
+            let until = count.last_ms.saturating_add(ms(delay));
+            (until > now).then(|| Duration::from_millis(until - now))
+        };
+        let full = |count: &Count, pending: u32, threshold: u32| {
+            pending > 0 && count.failures.saturating_add(pending) >= threshold
+        };
+        if let Some(w) = wait(&v.pair, self.failures, self.delay_max) {
+            return Decision::Refused(Scope::Client, w);
+        }
+        if full(&v.pair, v.pair_pending, self.failures) {
+            return Decision::Wait(Scope::Client);
+        }
+        // Only a client's first `failures` consecutive failures count for the
+        // account (one address alone never trips it).
+        let account = v.pair.failures.saturating_add(v.pair_pending) < self.failures;
+        if !v.known {
+            if let Some(w) = wait(&v.account, self.account_failures, self.account_delay_max) {
+                return Decision::Refused(Scope::Account, w);
+            }
+            if account && full(&v.account, v.account_pending, self.account_failures) {
+                return Decision::Wait(Scope::Account);
+            }
+        }
+        Decision::Reserved { account }
+    }
+}
+
+/// The keys of one attempt (the same strings in both backends, under the prefix in
+/// Redis). Every key of a username shares the hash tag `{digest}`, so one script
+/// call touches one Redis Cluster slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Keys {
     pub pair: String,
     pub account: String,
     pub known: String,
+    /// The reservations in flight of `pair` and `account` (Redis only).
+    pub pair_pending: String,
+    pub account_pending: String,
+    /// Which waiters a settlement wakes.
+    shard: usize,
 }
 
 impl Keys {
     fn new(digest: &str, client: Option<IpAddr>) -> Self {
         let client = client.map_or_else(|| "unknown".to_owned(), |ip| ip.to_string());
+        let shard = digest.bytes().fold(0usize, |h, b| {
+            h.wrapping_mul(31).wrapping_add(usize::from(b))
+        }) % WAKER_SHARDS;
         Keys {
-            pair: format!("login:c:{digest}:{client}"),
-            account: format!("login:a:{digest}"),
-            known: format!("login:k:{digest}:{client}"),
+            pair: format!("login:{{{digest}}}:c:{client}"),
+            account: format!("login:{{{digest}}}:a"),
+            known: format!("login:{{{digest}}}:k:{client}"),
+            pair_pending: format!("login:{{{digest}}}:cp:{client}"),
+            account_pending: format!("login:{{{digest}}}:ap"),
+            shard,
         }
     }
 }
@@ -209,12 +291,169 @@ impl Clock for SystemClock {
     }
 }
 
-/// One login attempt, between its check and its outcome.
-pub struct Attempt {
+/// How long a reservation in Redis holds if its replica never settles it (the
+/// replica died mid-attempt): longer than any attempt takes (its hash queue wait,
+/// its hash and its store write are each bounded by seconds).
+pub(crate) const LEASE: Duration = Duration::from_secs(30);
+/// The longest an attempt waits for attempts in flight before it is refused.
+pub const MAX_WAIT: Duration = Duration::from_secs(10);
+/// How often a waiting attempt asks again at first (settlements on this replica
+/// wake it at once; those of other replicas are seen when it asks), doubling up
+/// to [`LAST_POLL`].
+const FIRST_POLL: Duration = Duration::from_millis(5);
+const LAST_POLL: Duration = Duration::from_millis(100);
+/// Waiters are woken by username digest, in this many groups.
+const WAKER_SHARDS: usize = 64;
+
+/// What [`Throttle::begin`] gave: a place, or a wait for one.
+#[derive(Debug)]
+pub enum Begun {
+    Held(Attempt),
+    Waiting(Waiting),
+}
+
+impl Begun {
+    /// The attempt's place: at once, or once the attempts in flight it waits for
+    /// have settled. If they failed, it is refused (as it would have been had it
+    /// come after them); if they succeeded (the owner logging in several times at
+    /// once), it goes on. A wait ends at the request's deadline, and at most after
+    /// [`MAX_WAIT`].
+    pub async fn place(self) -> Result<Attempt, Error> {
+        match self {
+            Begun::Held(attempt) => Ok(attempt),
+            Begun::Waiting(waiting) => waiting.place().await,
+        }
+    }
+}
+
+/// An attempt waiting for a place.
+pub struct Waiting {
+    throttle: Arc<Throttle>,
     keys: Keys,
-    /// The check read the in-process counts (no Redis, or Redis failed): the
-    /// outcome is recorded there too.
-    local: bool,
+    id: String,
+    give_up: Instant,
+    deadline: Option<Instant>,
+}
+
+impl std::fmt::Debug for Waiting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Waiting")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Waiting {
+    async fn place(self) -> Result<Attempt, Error> {
+        let Waiting {
+            throttle,
+            keys,
+            id,
+            give_up,
+            deadline,
+        } = self;
+        let mut pause = FIRST_POLL;
+        let (mut keys, mut id) = (keys, id);
+        let mut scope: Scope;
+        loop {
+            // Listening before asking: a settlement between the two still wakes it.
+            let settled = throttle.wakers[keys.shard].notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            let (decision, held) = throttle.reserve(&keys, &id).await?;
+            match throttle.decided(decision, held, keys, id)? {
+                Ok(attempt) => return Ok(attempt),
+                Err(again) => (keys, id, scope) = again,
+            }
+            let now = Instant::now();
+            if now >= give_up {
+                if deadline.is_some_and(|d| now >= d) {
+                    return Err(Error::DeadlineExceeded);
+                }
+                throttle.metrics.refusals[scope as usize].inc();
+                return Err(Error::Throttled {
+                    scope,
+                    retry_after: throttle.settings.delay,
+                });
+            }
+            let _ = tokio::time::timeout(pause.min(give_up - now), settled).await;
+            pause = (pause * 2).min(LAST_POLL);
+        }
+    }
+}
+
+/// Where an attempt's reservation lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    Local,
+    Redis,
+}
+
+/// One login attempt, between its reservation and its outcome. It holds a place
+/// in the counts from [`Throttle::begin`] until [`Attempt::failed`] or
+/// [`Attempt::succeeded`]; dropped without either (the request failed for another
+/// reason, or was cancelled), it gives the place back uncounted.
+pub struct Attempt {
+    throttle: Arc<Throttle>,
+    keys: Keys,
+    /// Unique across replicas: the member of the Redis reservation sets.
+    id: String,
+    held: Held,
+    /// The attempt holds a place in the account's count too.
+    account: bool,
+    settled: bool,
+}
+
+impl std::fmt::Debug for Attempt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attempt")
+            .field("id", &self.id)
+            .field("held", &self.held)
+            .field("account", &self.account)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Attempt {
+    /// Records a wrong password (or an unknown username).
+    pub async fn failed(mut self) {
+        self.settled = true;
+        self.throttle.settle(&self, Outcome::Failed).await;
+    }
+
+    /// Records a successful login: the client's count is reset and it becomes known.
+    pub async fn succeeded(mut self) {
+        self.settled = true;
+        self.throttle.settle(&self, Outcome::Succeeded).await;
+    }
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        match self.held {
+            Held::Local => self.throttle.settle_local(self, Outcome::Released),
+            // Drop cannot wait for Redis: the release runs on its own (without a
+            // runtime, the lease frees the place).
+            Held::Redis => {
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    let release = Attempt {
+                        throttle: self.throttle.clone(),
+                        keys: self.keys.clone(),
+                        id: std::mem::take(&mut self.id),
+                        held: self.held,
+                        account: self.account,
+                        settled: true,
+                    };
+                    runtime.spawn(async move {
+                        release.throttle.settle(&release, Outcome::Released).await;
+                    });
+                }
+            }
+        }
+    }
 }
 
 pub struct Throttle {
@@ -224,6 +463,11 @@ pub struct Throttle {
     redis: Option<redis::RedisCounts>,
     clock: Arc<dyn Clock>,
     metrics: ThrottleMetrics,
+    /// Wakes the attempts waiting on a username's attempts in flight.
+    wakers: Box<[Notify]>,
+    /// Random per process: reservation ids never collide across replicas.
+    replica: String,
+    reservations: AtomicU64,
 }
 
 impl Throttle {
@@ -256,6 +500,9 @@ impl Throttle {
             redis,
             clock,
             metrics,
+            wakers: (0..WAKER_SHARDS).map(|_| Notify::new()).collect(),
+            replica: format!("{:016x}", rand::random::<u64>()),
+            reservations: AtomicU64::new(0),
         }))
     }
 
@@ -280,75 +527,86 @@ impl Throttle {
         &self.digest
     }
 
-    /// Decides whether an attempt for `username` from `client` may go on to hashing.
-    /// `Ok(None)` when the throttle is off; `Err(Error::Throttled)` when refused.
-    pub async fn check(
-        &self,
+    /// Asks for a place for an attempt for `username` from `client` before it may go
+    /// on to hashing: `Ok(None)` when the throttle is off, `Err(Error::Throttled)`
+    /// when its settled failures refuse it. Where attempts in flight fill what the
+    /// counts allow, the answer is [`Begun::Waiting`]: the caller may do what needs
+    /// no place (look the user up) and then waits for one ([`Begun::place`]).
+    pub async fn begin(
+        self: &Arc<Self>,
         username: &Username,
         client: Option<IpAddr>,
-    ) -> Result<Option<Attempt>, Error> {
+        deadline: Option<Instant>,
+    ) -> Result<Option<Begun>, Error> {
         if !self.settings.enabled() {
             return Ok(None);
         }
         let keys = Keys::new(&self.digest.of(username), client);
-        let (snapshot, local) = self.read(&keys).await?;
-        let now = self.clock.now_ms();
-        if let Some((scope, wait)) = self.refusal(&snapshot, now) {
-            self.metrics.refusals[scope as usize].inc();
-            return Err(Error::Throttled {
-                scope,
-                retry_after: wait,
-            });
-        }
-        Ok(Some(Attempt { keys, local }))
-    }
-
-    /// Records a wrong password (or an unknown username) for an attempt that was checked.
-    pub async fn failed(&self, attempt: &Attempt) {
-        let now = self.clock.now_ms();
-        let threshold = self.settings.failures;
-        if !attempt.local
-            && let Some(redis) = &self.redis
-        {
-            match redis
-                .record_failure(&attempt.keys, now, threshold, &self.settings)
-                .await
-            {
-                Ok(()) => return,
-                Err(e) => self.redis_failed(&e),
+        let id = format!(
+            "{}:{}",
+            self.replica,
+            self.reservations.fetch_add(1, Ordering::Relaxed)
+        );
+        let give_up = Instant::now() + MAX_WAIT;
+        let give_up = deadline.map_or(give_up, |d| d.min(give_up));
+        let (decision, held) = self.reserve(&keys, &id).await?;
+        match self.decided(decision, held, keys, id)? {
+            Ok(attempt) => Ok(Some(Begun::Held(attempt))),
+            Err((keys, id, _scope)) => {
+                self.metrics.waits.inc();
+                Ok(Some(Begun::Waiting(Waiting {
+                    throttle: self.clone(),
+                    keys,
+                    id,
+                    give_up,
+                    deadline,
+                })))
             }
         }
-        self.local
-            .record_failure(&attempt.keys, now, threshold, &self.settings);
-        self.metrics.local_entries.set(self.local.len() as i64);
     }
 
-    /// Records a successful login: the client's count is reset and it becomes known.
-    pub async fn succeeded(&self, attempt: &Attempt) {
-        let now = self.clock.now_ms();
-        if !attempt.local
-            && let Some(redis) = &self.redis
-        {
-            match redis.record_success(&attempt.keys).await {
-                Ok(()) => return,
-                Err(e) => self.redis_failed(&e),
+    /// The attempt a decision gives, its refusal, or (to wait) what it was about.
+    #[allow(clippy::type_complexity)]
+    fn decided(
+        self: &Arc<Self>,
+        decision: Decision,
+        held: Held,
+        keys: Keys,
+        id: String,
+    ) -> Result<Result<Attempt, (Keys, String, Scope)>, Error> {
+        match decision {
+            Decision::Reserved { account } => Ok(Ok(Attempt {
+                throttle: self.clone(),
+                keys,
+                id,
+                held,
+                account,
+                settled: false,
+            })),
+            Decision::Refused(scope, wait) => {
+                self.metrics.refusals[scope as usize].inc();
+                Err(Error::Throttled {
+                    scope,
+                    retry_after: wait,
+                })
             }
+            Decision::Wait(scope) => Ok(Err((keys, id, scope))),
         }
-        self.local.record_success(&attempt.keys, now);
-        self.metrics.local_entries.set(self.local.len() as i64);
     }
 
-    /// Reads the counts of an attempt: from Redis when configured and answering, else
-    /// in process (fail open) or not at all (fail closed). The flag says which.
-    async fn read(&self, keys: &Keys) -> Result<(Snapshot, bool), Error> {
+    /// Asks the counts for a place: in Redis when configured and answering, else in
+    /// process (fail open) or not at all (fail closed).
+    async fn reserve(self: &Arc<Self>, keys: &Keys, id: &str) -> Result<(Decision, Held), Error> {
+        let now = self.clock.now_ms();
         if let Some(redis) = &self.redis {
-            match redis.read(keys, self.clock.now_ms()).await {
-                Ok(snapshot) => {
+            match redis.reserve(keys, id, now, &self.settings).await {
+                Ok(decision) => {
                     self.metrics.fallback_active.set(0);
-                    return Ok((snapshot, false));
+                    return Ok((decision, Held::Redis));
                 }
                 Err(e) => {
                     self.redis_failed(&e);
+                    self.withdraw(keys, id);
                     if self.settings.failure == FailureMode::Closed {
                         return Err(Error::Unavailable(
                             "login attempts cannot be counted while Redis does not answer".into(),
@@ -358,40 +616,83 @@ impl Throttle {
                 }
             }
         }
-        Ok((self.local.read(keys, self.clock.now_ms()), true))
+        let decision = self.local.reserve(keys, now, &self.settings);
+        self.metrics.local_entries.set(self.local.len() as i64);
+        Ok((decision, Held::Local))
+    }
+
+    /// A reservation whose answer was lost (a timeout) may still reach Redis when it
+    /// answers again, and would hold a place until its lease ends: a release sent
+    /// after it on the same connection takes it back as soon as both arrive.
+    fn withdraw(self: &Arc<Self>, keys: &Keys, id: &str) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let release = Attempt {
+            throttle: self.clone(),
+            keys: keys.clone(),
+            id: id.to_owned(),
+            held: Held::Redis,
+            account: true,
+            settled: true,
+        };
+        runtime.spawn(async move {
+            if let Some(redis) = &release.throttle.redis {
+                let (now, s) = (release.throttle.clock.now_ms(), &release.throttle.settings);
+                let outcome = Outcome::Released;
+                let _ = (redis.settle(&release.keys, &release.id, true, outcome, now, s)).await;
+            }
+        });
+    }
+
+    /// Settles an attempt where its reservation lives, and wakes the attempts
+    /// waiting on that username.
+    async fn settle(&self, attempt: &Attempt, outcome: Outcome) {
+        if attempt.held == Held::Redis
+            && let Some(redis) = &self.redis
+        {
+            let now = self.clock.now_ms();
+            match redis
+                .settle(
+                    &attempt.keys,
+                    &attempt.id,
+                    attempt.account,
+                    outcome,
+                    now,
+                    &self.settings,
+                )
+                .await
+            {
+                Ok(()) => {
+                    self.wakers[attempt.keys.shard].notify_waiters();
+                    return;
+                }
+                // The reservation lapses with its lease; the outcome is kept in
+                // process, where the counts go while Redis fails.
+                Err(e) => self.redis_failed(&e),
+            }
+        }
+        self.settle_local(attempt, outcome);
+    }
+
+    fn settle_local(&self, attempt: &Attempt, outcome: Outcome) {
+        let now = self.clock.now_ms();
+        self.local.settle(
+            &attempt.keys,
+            attempt.held == Held::Local,
+            attempt.account,
+            outcome,
+            now,
+            &self.settings,
+        );
+        self.metrics.local_entries.set(self.local.len() as i64);
+        self.wakers[attempt.keys.shard].notify_waiters();
     }
 
     fn redis_failed(&self, why: &redis::RedisCountsError) {
         self.metrics.redis_errors.inc();
         tracing::warn!(error = %why, "the login throttle's Redis call failed");
     }
-
-    /// Whether the counts refuse an attempt now, and for how long.
-    fn refusal(&self, s: &Snapshot, now: u64) -> Option<(Scope, Duration)> {
-        let s_ = &self.settings;
-        let wait = |count: &Count, threshold: u32, max: Duration| {
-            let delay = s_.delay_after(count.failures, threshold, max)?;
-            let until = count
-                .last_ms
-                .saturating_add(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX));
-            (until > now).then(|| Duration::from_millis(until - now))
-        };
-        if let Some(w) = wait(&s.pair, s_.failures, s_.delay_max) {
-            return Some((Scope::Client, w));
-        }
-        if !s.known
-            && let Some(w) = wait(&s.account, s_.account_failures, s_.account_delay_max)
-        {
-            return Some((Scope::Account, w));
-        }
-        None
-    }
-}
-
-/// Whether a failure with the client's new count counts for the account too: only
-/// a client's first `threshold` consecutive failures do.
-fn counts_for_account(pair_failures: u32, threshold: u32) -> bool {
-    pair_failures <= threshold
 }
 
 fn ms(d: Duration) -> u64 {
@@ -455,16 +756,33 @@ mod tests {
     }
 
     /// Fails once from `client`, or returns the refusal.
-    async fn fail(t: &Throttle, name: &str, client: &str) -> Result<(), (Scope, Duration)> {
-        match t.check(&user(name), ip(client)).await {
+    async fn fail(t: &Arc<Throttle>, name: &str, client: &str) -> Result<(), (Scope, Duration)> {
+        match place(t, name, client, None).await {
             Ok(Some(a)) => {
-                t.failed(&a).await;
+                a.failed().await;
                 Ok(())
             }
             Ok(None) => Ok(()),
             Err(Error::Throttled { scope, retry_after }) => Err((scope, retry_after)),
             Err(e) => panic!("{e}"),
         }
+    }
+
+    /// Begins an attempt and waits for its place.
+    async fn place(
+        t: &Arc<Throttle>,
+        name: &str,
+        client: &str,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Attempt>, Error> {
+        match t.begin(&user(name), ip(client), deadline).await? {
+            Some(begun) => begun.place().await.map(Some),
+            None => Ok(None),
+        }
+    }
+
+    async fn begin(t: &Arc<Throttle>, name: &str, client: &str) -> Attempt {
+        place(t, name, client, None).await.unwrap().unwrap()
     }
 
     #[tokio::test]
@@ -500,7 +818,7 @@ mod tests {
             Err((Scope::Client, s(60)))
         );
         clock.advance(s(60));
-        assert!(t.check(&user("alice"), ip("10.0.0.1")).await.is_ok());
+        assert!(place(&t, "alice", "10.0.0.1", None).await.is_ok());
     }
 
     #[tokio::test]
@@ -508,12 +826,7 @@ mod tests {
         let (t, _clock) = throttle(settings());
         fail(&t, "bob", "10.0.0.1").await.unwrap();
         fail(&t, "bob", "10.0.0.1").await.unwrap();
-        let a = t
-            .check(&user("bob"), ip("10.0.0.1"))
-            .await
-            .unwrap()
-            .unwrap();
-        t.succeeded(&a).await;
+        begin(&t, "bob", "10.0.0.1").await.succeeded().await;
         for _ in 0..3 {
             fail(&t, "bob", "10.0.0.1").await.unwrap();
         }
@@ -528,19 +841,14 @@ mod tests {
             let _ = fail(&t, "carol", "10.0.0.66").await;
             clock.advance(Duration::from_secs(30));
         }
-        assert!(t.check(&user("carol"), ip("10.0.0.2")).await.is_ok());
+        assert!(place(&t, "carol", "10.0.0.2", None).await.is_ok());
     }
 
     #[tokio::test]
     async fn many_addresses_trip_the_account_count_but_not_for_a_known_client() {
         let (t, clock) = throttle(settings());
         // The owner logged in from .2 yesterday.
-        let a = t
-            .check(&user("dave"), ip("10.0.0.2"))
-            .await
-            .unwrap()
-            .unwrap();
-        t.succeeded(&a).await;
+        begin(&t, "dave", "10.0.0.2").await.succeeded().await;
         clock.advance(Duration::from_secs(86_400));
         for i in 0..7 {
             fail(&t, "dave", &format!("10.1.0.{i}")).await.unwrap();
@@ -549,7 +857,7 @@ mod tests {
         let (scope, wait) = fail(&t, "dave", "10.2.0.1").await.unwrap_err();
         assert_eq!((scope, wait), (Scope::Account, Duration::from_secs(1)));
         // The owner's address is not.
-        assert!(t.check(&user("dave"), ip("10.0.0.2")).await.is_ok());
+        assert!(place(&t, "dave", "10.0.0.2", None).await.is_ok());
         // The account delay doubles but stays short.
         for i in 0..20 {
             clock.advance(Duration::from_secs(10));
@@ -566,7 +874,7 @@ mod tests {
             fail(&t, "erin", "10.0.0.1").await.unwrap();
         }
         assert!(fail(&t, "erin", "10.0.0.1").await.is_err());
-        assert!(t.check(&user("frank"), ip("10.0.0.1")).await.is_ok());
+        assert!(place(&t, "frank", "10.0.0.1", None).await.is_ok());
         // The throttle never looks a username up: "erin" may or may not exist.
     }
 
@@ -580,7 +888,7 @@ mod tests {
             fail(&t, "gina", "10.0.0.1").await.unwrap();
         }
         assert!(
-            t.check(&user("gina"), ip("10.0.0.1"))
+            t.begin(&user("gina"), ip("10.0.0.1"), None)
                 .await
                 .unwrap()
                 .is_none()
@@ -596,7 +904,133 @@ mod tests {
             Some(Duration::from_secs(1))
         );
         assert_eq!(s.delay_after(u32::MAX, 3, s.delay_max), Some(s.delay_max));
-        assert!(counts_for_account(3, 3) && !counts_for_account(4, 3));
+    }
+
+    #[test]
+    fn attempts_in_flight_count_until_they_settle() {
+        let s = settings();
+        let now = 1_000_000;
+        let failed = |failures| Count {
+            failures,
+            last_ms: now - 10,
+        };
+        let decide = |v: View| s.decide(&v, now);
+        // Below the client's threshold with those in flight: a place, also in the
+        // account's count.
+        let v = View {
+            pair_pending: 2,
+            ..View::default()
+        };
+        assert_eq!(decide(v), Decision::Reserved { account: true });
+        // Those in flight fill it: wait for their outcome.
+        let v = View {
+            pair: failed(1),
+            pair_pending: 2,
+            ..View::default()
+        };
+        assert_eq!(decide(v), Decision::Wait(Scope::Client));
+        // Settled failures refuse as before, whatever is in flight.
+        let v = View {
+            pair: failed(3),
+            pair_pending: 5,
+            ..View::default()
+        };
+        assert!(matches!(decide(v), Decision::Refused(Scope::Client, _)));
+        // Past its delay, one attempt at a time, not counted for the account.
+        let v = View {
+            pair: Count {
+                failures: 3,
+                last_ms: now - 5_000,
+            },
+            ..View::default()
+        };
+        assert_eq!(decide(v), Decision::Reserved { account: false });
+        assert_eq!(
+            decide(View {
+                pair_pending: 1,
+                ..v
+            }),
+            Decision::Wait(Scope::Client)
+        );
+        // The account's count alike, but never for a known client.
+        let v = View {
+            account: failed(4),
+            account_pending: 3,
+            ..View::default()
+        };
+        assert_eq!(decide(v), Decision::Wait(Scope::Account));
+        assert_eq!(
+            decide(View { known: true, ..v }),
+            Decision::Reserved { account: true }
+        );
+    }
+
+    #[tokio::test]
+    async fn attempts_at_once_reserve_their_places_before_any_outcome() {
+        let (t, _clock) = throttle(settings());
+        // Three guesses in flight from one client fill its count: a fourth waits,
+        // and is refused once they fail.
+        let held: Vec<_> =
+            futures::future::join_all((0..3).map(|_| begin(&t, "ivan", "10.0.0.1"))).await;
+        let fourth = tokio::spawn({
+            let t = t.clone();
+            async move {
+                place(&t, "ivan", "10.0.0.1", None)
+                    .await
+                    .map(|a| a.is_some())
+            }
+        });
+        tokio::task::yield_now().await;
+        for a in held {
+            a.failed().await;
+        }
+        match fourth.await.unwrap() {
+            Err(Error::Throttled { scope, .. }) => assert_eq!(scope, Scope::Client),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_owner_logging_in_many_times_at_once_is_never_refused() {
+        let (t, _clock) = throttle(settings());
+        // Ten right passwords at once from one client, three places: each waiter
+        // goes on as the ones before it succeed.
+        let attempts = (0..10).map(|_| {
+            let t = t.clone();
+            tokio::spawn(async move {
+                let a = place(&t, "judy", "10.0.0.1", None).await?.unwrap();
+                tokio::task::yield_now().await;
+                a.succeeded().await;
+                Ok::<_, Error>(())
+            })
+        });
+        for outcome in futures::future::join_all(attempts).await {
+            outcome.unwrap().unwrap();
+        }
+        assert!(t.metrics.waits.get() > 0);
+    }
+
+    #[tokio::test]
+    async fn a_dropped_attempt_gives_its_place_back_uncounted() {
+        let (t, _clock) = throttle(settings());
+        for _ in 0..10 {
+            let held: Vec<_> =
+                futures::future::join_all((0..3).map(|_| begin(&t, "kim", "10.0.0.1"))).await;
+            drop(held);
+        }
+        let keys = Keys::new(&t.digest.of(&user("kim")), ip("10.0.0.1"));
+        assert_eq!(t.local.view(&keys, t.clock.now_ms()), View::default());
+        fail(&t, "kim", "10.0.0.1").await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_waiter_gives_up_at_its_deadline() {
+        let (t, _clock) = throttle(settings());
+        let _held: Vec<_> =
+            futures::future::join_all((0..3).map(|_| begin(&t, "lou", "10.0.0.1"))).await;
+        let deadline = Instant::now() + Duration::from_millis(20);
+        let waited = place(&t, "lou", "10.0.0.1", Some(deadline)).await;
+        assert!(matches!(waited, Err(Error::DeadlineExceeded)), "{waited:?}");
     }
 
     #[test]

@@ -1,23 +1,105 @@
 //! The counts in Redis, shared by every replica: a hash per count (`f` failures,
-//! `l` time of the last one, ms since the epoch) and a plain key per known client,
-//! each with an expiry, under the rate limiter's prefix. A read is one round trip
-//! (a pipeline of three commands); a failure one or two (the client's count, then,
-//! for a client's first failures, the account's), each a MULTI so its fields and
-//! expiry change together. Every call is bounded by `AUTHD_REDIS_TIMEOUT`.
+//! `l` time of the last one, ms since the epoch), a sorted set per count of the
+//! reservations in flight (member: the attempt's id, score: when its lease ends), and
+//! a plain key per known client, each with an expiry, under the rate limiter's
+//! prefix. Two scripts, one round trip each: [`RESERVE`] decides an attempt and takes
+//! its place in one step (so attempts at once on any number of replicas are counted
+//! one after the other), [`SETTLE`] gives the place back and records the outcome.
+//! The reserve script applies the rule of [`Settings::decide`] (the same rule, in
+//! Lua; the two are tested against each other). Every call is bounded by
+//! `AUTHD_REDIS_TIMEOUT`.
+//!
+//! A reservation whose replica never settles it (it died mid-attempt) lapses with
+//! its lease ([`LEASE`]). All the keys of a username share one hash tag.
 //!
 //! The connection is the process's one (`crate::shared_redis`, shared with the rate
 //! limiter). While it is missing an attempt starts in the background, at most once
 //! a second, so a Redis that is down never makes a login wait.
 
-use super::{Count, KNOWN_CLIENT_FOR, Keys, Settings, Snapshot, counts_for_account, ms};
+use super::{Decision, KNOWN_CLIENT_FOR, Keys, LEASE, Outcome, Scope, Settings, ms};
 use crate::shared_redis::SharedRedis;
+use redis::Script;
 use std::{fmt, sync::Arc, time::Duration};
+
+/// KEYS: pair, account, known, pair reservations, account reservations.
+/// ARGV: now, failures, account failures, delay, delay max, account delay max (ms),
+/// lease (ms), the attempt's id.
+/// Returns {0, account} reserved, {1, wait ms} refused by the client's count,
+/// {2, wait ms} by the account's, {3, 0} / {4, 0} wait for the client's / the
+/// account's attempts in flight.
+const RESERVE: &str = r"
+local now = tonumber(ARGV[1])
+local failures, account_failures = tonumber(ARGV[2]), tonumber(ARGV[3])
+local delay, delay_max, account_delay_max = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local lease, id = tonumber(ARGV[7]), ARGV[8]
+local function count(key)
+  local v = redis.call('HMGET', key, 'f', 'l')
+  return tonumber(v[1]) or 0, tonumber(v[2]) or 0
+end
+local function wait(f, l, threshold, max)
+  if f < threshold then return 0 end
+  local d = math.min(delay * 2 ^ math.min(f - threshold, 31), max)
+  return math.max(l + d - now, 0)
+end
+local function pending(key)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  return redis.call('ZCARD', key)
+end
+local pf, pl = count(KEYS[1])
+local w = wait(pf, pl, failures, delay_max)
+if w > 0 then return {1, w} end
+local pp = pending(KEYS[4])
+if pp > 0 and pf + pp >= failures then return {3, 0} end
+local account = pf + pp < failures
+if redis.call('EXISTS', KEYS[3]) == 0 then
+  local af, al = count(KEYS[2])
+  w = wait(af, al, account_failures, account_delay_max)
+  if w > 0 then return {2, w} end
+  if account then
+    local ap = pending(KEYS[5])
+    if ap > 0 and af + ap >= account_failures then return {4, 0} end
+  end
+end
+redis.call('ZADD', KEYS[4], now + lease, id)
+redis.call('PEXPIRE', KEYS[4], lease)
+if account then
+  redis.call('ZADD', KEYS[5], now + lease, id)
+  redis.call('PEXPIRE', KEYS[5], lease)
+  return {0, 1}
+end
+return {0, 0}
+";
+
+/// KEYS: as [`RESERVE`]. ARGV: now, outcome (failed, succeeded, released), whether
+/// the attempt holds a place in the account's count ("1"), its id, the pair's and
+/// the account's expiry and the known mark's (ms).
+const SETTLE: &str = r"
+local now, outcome, account, id = ARGV[1], ARGV[2], ARGV[3] == '1', ARGV[4]
+redis.call('ZREM', KEYS[4], id)
+if account then redis.call('ZREM', KEYS[5], id) end
+if outcome == 'failed' then
+  redis.call('HINCRBY', KEYS[1], 'f', 1)
+  redis.call('HSET', KEYS[1], 'l', now)
+  redis.call('PEXPIRE', KEYS[1], ARGV[5])
+  if account then
+    redis.call('HINCRBY', KEYS[2], 'f', 1)
+    redis.call('HSET', KEYS[2], 'l', now)
+    redis.call('PEXPIRE', KEYS[2], ARGV[6])
+  end
+elseif outcome == 'succeeded' then
+  redis.call('DEL', KEYS[1])
+  redis.call('SET', KEYS[3], 1, 'PX', ARGV[7])
+end
+return 1
+";
 
 #[derive(Debug)]
 pub(crate) enum RedisCountsError {
     NotConnected,
     Timeout(Duration),
     Redis(redis::RedisError),
+    /// The script answered something it never answers.
+    BadReply(i64),
 }
 
 impl fmt::Display for RedisCountsError {
@@ -27,6 +109,7 @@ impl fmt::Display for RedisCountsError {
             RedisCountsError::Timeout(t) => write!(f, "no answer within {t:?}"),
             // The crate's errors name the server's address, never its password.
             RedisCountsError::Redis(e) => write!(f, "{e}"),
+            RedisCountsError::BadReply(code) => write!(f, "unexpected reply {code}"),
         }
     }
 }
@@ -35,6 +118,8 @@ pub(super) struct RedisCounts {
     redis: Arc<SharedRedis>,
     prefix: String,
     timeout: Duration,
+    reserve: Script,
+    settle: Script,
 }
 
 impl RedisCounts {
@@ -43,6 +128,8 @@ impl RedisCounts {
             redis,
             prefix: prefix.to_owned(),
             timeout,
+            reserve: Script::new(RESERVE),
+            settle: Script::new(SETTLE),
         }
     }
 
@@ -53,96 +140,90 @@ impl RedisCounts {
         }
     }
 
-    fn key(&self, key: &str) -> String {
-        format!("{}{key}", self.prefix)
+    fn invocation<'a>(&self, script: &'a Script, keys: &Keys) -> redis::ScriptInvocation<'a> {
+        let mut invocation = script.prepare_invoke();
+        for key in [
+            &keys.pair,
+            &keys.account,
+            &keys.known,
+            &keys.pair_pending,
+            &keys.account_pending,
+        ] {
+            invocation.key(format!("{}{key}", self.prefix));
+        }
+        invocation
     }
 
     async fn run<T: redis::FromRedisValue>(
         &self,
-        pipe: &redis::Pipeline,
+        invocation: &redis::ScriptInvocation<'_>,
     ) -> Result<T, RedisCountsError> {
         let mut connection = (self.redis)
             .get_or_reconnect(self.timeout)
             .ok_or(RedisCountsError::NotConnected)?;
-        tokio::time::timeout(self.timeout, pipe.query_async(&mut connection))
+        tokio::time::timeout(self.timeout, invocation.invoke_async(&mut connection))
             .await
             .map_err(|_| RedisCountsError::Timeout(self.timeout))?
             .map_err(RedisCountsError::Redis)
     }
 
-    pub(super) async fn read(&self, keys: &Keys, _now: u64) -> Result<Snapshot, RedisCountsError> {
-        let mut pipe = redis::pipe();
-        pipe.cmd("HMGET")
-            .arg(self.key(&keys.pair))
-            .arg("f")
-            .arg("l")
-            .cmd("HMGET")
-            .arg(self.key(&keys.account))
-            .arg("f")
-            .arg("l")
-            .cmd("EXISTS")
-            .arg(self.key(&keys.known));
-        type Pair = (Option<u32>, Option<u64>);
-        let (pair, account, known): (Pair, Pair, u8) = self.run(&pipe).await?;
-        let count = |(f, l): Pair| Count {
-            failures: f.unwrap_or(0),
-            last_ms: l.unwrap_or(0),
-        };
-        Ok(Snapshot {
-            pair: count(pair),
-            account: count(account),
-            known: known > 0,
-        })
-    }
-
-    /// Adds one failure under `key`, returns the new count.
-    async fn bump(&self, key: &str, now: u64, ttl: Duration) -> Result<u32, RedisCountsError> {
-        let key = self.key(key);
-        let mut pipe = redis::pipe();
-        pipe.atomic()
-            .cmd("HINCRBY")
-            .arg(&key)
-            .arg("f")
-            .arg(1)
-            .cmd("HSET")
-            .arg(&key)
-            .arg("l")
-            .arg(now)
-            .ignore()
-            .cmd("PEXPIRE")
-            .arg(&key)
-            .arg(ms(ttl))
-            .ignore();
-        let (failures,): (u32,) = self.run(&pipe).await?;
-        Ok(failures)
-    }
-
-    pub(super) async fn record_failure(
+    /// Decides an attempt and, when it may go on, reserves its place.
+    pub(super) async fn reserve(
         &self,
         keys: &Keys,
+        id: &str,
         now: u64,
-        threshold: u32,
         s: &Settings,
-    ) -> Result<(), RedisCountsError> {
-        let pair = self.bump(&keys.pair, now, s.pair_ttl()).await?;
-        if counts_for_account(pair, threshold) {
-            self.bump(&keys.account, now, s.account_ttl()).await?;
+    ) -> Result<Decision, RedisCountsError> {
+        let mut invocation = self.invocation(&self.reserve, keys);
+        invocation
+            .arg(now)
+            .arg(s.failures)
+            .arg(s.account_failures)
+            .arg(ms(s.delay))
+            .arg(ms(s.delay_max))
+            .arg(ms(s.account_delay_max))
+            .arg(ms(LEASE))
+            .arg(id);
+        let (code, value): (i64, i64) = self.run(&invocation).await?;
+        let wait = Duration::from_millis(u64::try_from(value).unwrap_or(0));
+        match code {
+            0 => Ok(Decision::Reserved {
+                account: value == 1,
+            }),
+            1 => Ok(Decision::Refused(Scope::Client, wait)),
+            2 => Ok(Decision::Refused(Scope::Account, wait)),
+            3 => Ok(Decision::Wait(Scope::Client)),
+            4 => Ok(Decision::Wait(Scope::Account)),
+            _ => Err(RedisCountsError::BadReply(code)),
         }
-        Ok(())
     }
 
-    pub(super) async fn record_success(&self, keys: &Keys) -> Result<(), RedisCountsError> {
-        let mut pipe = redis::pipe();
-        pipe.cmd("DEL")
-            .arg(self.key(&keys.pair))
-            .ignore()
-            .cmd("SET")
-            .arg(self.key(&keys.known))
-            .arg(1)
-            .arg("PX")
-            .arg(ms(KNOWN_CLIENT_FOR))
-            .ignore();
-        let () = self.run(&pipe).await?;
+    /// Gives an attempt's place back and records its outcome.
+    pub(super) async fn settle(
+        &self,
+        keys: &Keys,
+        id: &str,
+        account: bool,
+        outcome: Outcome,
+        now: u64,
+        s: &Settings,
+    ) -> Result<(), RedisCountsError> {
+        let outcome = match outcome {
+            Outcome::Failed => "failed",
+            Outcome::Succeeded => "succeeded",
+            Outcome::Released => "released",
+        };
+        let mut invocation = self.invocation(&self.settle, keys);
+        invocation
+            .arg(now)
+            .arg(outcome)
+            .arg(if account { "1" } else { "0" })
+            .arg(id)
+            .arg(ms(s.pair_ttl()))
+            .arg(ms(s.account_ttl()))
+            .arg(ms(KNOWN_CLIENT_FOR));
+        let _: i64 = self.run(&invocation).await?;
         Ok(())
     }
 }

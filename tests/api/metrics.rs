@@ -299,7 +299,8 @@ async fn a_known_sequence_of_calls_gives_exact_counts(db: TestDb) {
     assert_eq!(m.value("authd_hash_refused_total", &[]), 0.0);
     assert_eq!(m.total("authd_hash_dropped_total", &[]), 0.0);
 
-    // The store: every register and the login look the name up; two inserts.
+    // The store: every register and the login look the name up (a registration
+    // only to know the database answers: the insert decides); two inserts.
     let store = ("backend", backend);
     let op = "authd_store_operation_duration_seconds";
     assert_eq!(

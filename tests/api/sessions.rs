@@ -21,9 +21,10 @@ crate::backend_tests!(
     a_rotated_refresh_token_presented_again_ends_the_session,
     a_retry_within_the_grace_gets_the_same_answer_and_keeps_the_session,
     concurrent_refreshes_of_one_token_rotate_it_once,
-    logout_by_refresh_token_ends_the_session_and_is_idempotent,
-    logout_by_access_token_ends_the_session_and_is_idempotent,
+    logout_by_refresh_token_ends_the_session_and_then_acts_no_more,
+    logout_by_access_token_ends_the_session_and_then_acts_no_more,
     logout_of_all_sessions_ends_every_session_of_the_user_only,
+    logout_with_a_rotated_refresh_token_ends_at_most_its_own_session,
     bad_tokens_are_unauthenticated_and_missing_ones_invalid,
     a_password_change_ends_every_session,
     a_password_change_checks_the_current_password_and_the_new_one,
@@ -223,7 +224,7 @@ async fn concurrent_refreshes_of_one_token_rotate_it_once(db: TestDb) {
     assert_eq!(sessions_ended(&app, "reuse"), 0.0);
 }
 
-async fn logout_by_refresh_token_ends_the_session_and_is_idempotent(db: TestDb) {
+async fn logout_by_refresh_token_ends_the_session_and_then_acts_no_more(db: TestDb) {
     let mut app = spawn_app_on(&db, |_| {}).await;
     let login = user_with_session(&mut app, "walt").await;
     let other = app.login("walt", PASSWORD).await.unwrap();
@@ -235,19 +236,16 @@ async fn logout_by_refresh_token_ends_the_session_and_is_idempotent(db: TestDb) 
     );
     assert_unauthenticated(app.validate(&login.access_token).await);
     assert_unauthenticated(refresh(&mut app, &login.refresh_token).await);
-    // Again: OK, nothing more to end.
-    assert_eq!(
-        logout(&mut app, &login.refresh_token, "", false)
-            .await
-            .unwrap(),
-        0
-    );
+    // Again, even for all sessions: the token of an ended session ends nothing.
+    for all in [false, true] {
+        assert_unauthenticated(logout(&mut app, &login.refresh_token, "", all).await);
+    }
     // The user's other session is untouched.
     app.validate(&other.access_token).await.unwrap();
     assert_eq!(sessions_ended(&app, "logout"), 1.0);
 }
 
-async fn logout_by_access_token_ends_the_session_and_is_idempotent(db: TestDb) {
+async fn logout_by_access_token_ends_the_session_and_then_acts_no_more(db: TestDb) {
     let mut app = spawn_app_on(&db, |_| {}).await;
     let login = user_with_session(&mut app, "xena").await;
     let rotated = refresh(&mut app, &login.refresh_token).await.unwrap();
@@ -260,24 +258,17 @@ async fn logout_by_access_token_ends_the_session_and_is_idempotent(db: TestDb) {
     assert_unauthenticated(app.validate(&rotated.access_token).await);
     assert_unauthenticated(app.validate(&login.access_token).await);
     assert_unauthenticated(refresh(&mut app, &rotated.refresh_token).await);
-    assert_eq!(
-        logout(&mut app, "", &rotated.access_token, false)
-            .await
-            .unwrap(),
-        0
-    );
-    // Both tokens of the ended session, together: still OK.
-    assert_eq!(
-        logout(
-            &mut app,
-            &rotated.refresh_token,
-            &rotated.access_token,
-            false
-        )
-        .await
-        .unwrap(),
-        0
-    );
+    let other = app.login("xena", PASSWORD).await.unwrap();
+    for all in [false, true] {
+        assert_unauthenticated(logout(&mut app, "", &rotated.access_token, all).await);
+        // Both tokens of the ended session, together: refused alike.
+        assert_unauthenticated(
+            logout(&mut app, &rotated.refresh_token, &rotated.access_token, all).await,
+        );
+    }
+    // None of that ended the owner's new session.
+    app.validate(&other.access_token).await.unwrap();
+    assert_eq!(sessions_ended(&app, "logout"), 1.0);
 }
 
 async fn logout_of_all_sessions_ends_every_session_of_the_user_only(db: TestDb) {
@@ -295,14 +286,36 @@ async fn logout_of_all_sessions_ends_every_session_of_the_user_only(db: TestDb) 
     }
     assert_unauthenticated(refresh(&mut app, &two.refresh_token).await);
     app.validate(&stranger.access_token).await.unwrap();
-    // By refresh token too, and idempotent.
+    // The ended sessions' credentials act no more: not on the owner's next session.
+    let four = app.login("yuri", PASSWORD).await.unwrap();
+    assert_unauthenticated(logout(&mut app, &three.refresh_token, "", true).await);
+    assert_unauthenticated(logout(&mut app, "", &two.access_token, true).await);
+    app.validate(&four.access_token).await.unwrap();
+    // By a live refresh token, for all of them.
     assert_eq!(
-        logout(&mut app, &three.refresh_token, "", true)
+        logout(&mut app, &four.refresh_token, "", true)
             .await
             .unwrap(),
-        0
+        1
     );
-    assert_eq!(sessions_ended(&app, "logout"), 3.0);
+    assert_eq!(sessions_ended(&app, "logout"), 4.0);
+}
+
+async fn logout_with_a_rotated_refresh_token_ends_at_most_its_own_session(db: TestDb) {
+    let mut app = spawn_app_on(&db, |_| {}).await;
+    let first = user_with_session(&mut app, "vera").await;
+    let other = app.login("vera", PASSWORD).await.unwrap();
+    let second = refresh(&mut app, &first.refresh_token).await.unwrap();
+    // Rotated moments ago (within the retry grace): refused, and nothing ends.
+    assert_unauthenticated(logout(&mut app, &first.refresh_token, "", true).await);
+    app.validate(&second.access_token).await.unwrap();
+    // Rotated out before that: the reuse rule ends its own session, and only it.
+    let third = refresh(&mut app, &second.refresh_token).await.unwrap();
+    assert_unauthenticated(logout(&mut app, &first.refresh_token, "", true).await);
+    assert_unauthenticated(app.validate(&third.access_token).await);
+    app.validate(&other.access_token).await.unwrap();
+    assert_eq!(sessions_ended(&app, "reuse"), 1.0);
+    assert_eq!(sessions_ended(&app, "logout"), 0.0);
 }
 
 async fn bad_tokens_are_unauthenticated_and_missing_ones_invalid(db: TestDb) {

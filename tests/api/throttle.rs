@@ -335,7 +335,7 @@ async fn replicas_share_the_counts_through_redis_and_the_delay_doubles() {
     // fails, and the delay doubles.
     let pair = keys
         .iter()
-        .find(|k| k.contains(":login:c:"))
+        .find(|k| k.contains("}:c:"))
         .expect("the client's count");
     let last: u64 = redis::cmd("HGET")
         .arg(pair)
