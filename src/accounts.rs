@@ -228,7 +228,8 @@ impl Accounts {
 
     /// Checks the credentials and issues a token. An unknown user and a wrong
     /// password fail the same way, after the same amount of hashing, and count alike
-    /// for the login throttle, which refuses before any of that.
+    /// for the login throttle, which refuses (on its settled failures) before any
+    /// of that.
     pub async fn login(
         &self,
         username: Username,
@@ -523,10 +524,17 @@ impl Accounts {
         }
         if let Some(token) = access {
             let sid = token.session_id.unwrap_or_default();
-            let outcome = (self.store)
-                .end_by_id(&sid, &token.user_id, all, now)
-                .await?
-                .ok_or(Error::InvalidToken(TokenError::Revoked))?;
+            // Both tokens of one session (or the refresh token ended all of them):
+            // the session is ended already, by this request.
+            let done = !sid.is_empty() && (named.contains(&sid) || ended.contains(&sid));
+            let outcome = if done {
+                crate::store::Ended::default()
+            } else {
+                (self.store)
+                    .end_by_id(&sid, &token.user_id, all, now)
+                    .await?
+                    .ok_or(Error::InvalidToken(TokenError::Revoked))?
+            };
             ended.extend(outcome.ended_now);
             named.extend(outcome.named);
         }

@@ -268,7 +268,15 @@ async fn logout_by_access_token_ends_the_session_and_then_acts_no_more(db: TestD
     }
     // None of that ended the owner's new session.
     app.validate(&other.access_token).await.unwrap();
-    assert_eq!(sessions_ended(&app, "logout"), 1.0);
+    // Both live tokens of one session end it, once.
+    assert_eq!(
+        logout(&mut app, &other.refresh_token, &other.access_token, false)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_unauthenticated(app.validate(&other.access_token).await);
+    assert_eq!(sessions_ended(&app, "logout"), 2.0);
 }
 
 async fn logout_of_all_sessions_ends_every_session_of_the_user_only(db: TestDb) {
