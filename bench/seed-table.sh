@@ -141,7 +141,8 @@ start_server() {
     local queue_env=()
     [[ $HASH_QUEUE != default ]] && queue_env=("AUTHD_HASH_QUEUE=$HASH_QUEUE")
     # authbench is one client (127.0.0.1): its share is the whole in-flight cap, as
-    # the load of many clients would be.
+    # the load of many clients would be, and no limit on Register (it registers every
+    # user from that one address; an older BINARY ignores the variable).
     env AUTHD_LISTEN="127.0.0.1:$PORT" \
         AUTHD_DATABASE_URL="${DATABASE_URL:-sqlite://$WORK/authd.db}" \
         AUTHD_PBKDF2_ITERATIONS="$1" \
@@ -149,6 +150,7 @@ start_server() {
         "${queue_env[@]}" \
         AUTHD_TOKEN_KEYS="$TOKEN_KEY" \
         AUTHD_MAX_IN_FLIGHT_PER_CLIENT=4096 \
+        AUTHD_REGISTER_LIMIT=off \
         AUTHD_METRICS_LISTEN= \
         AUTHD_HEALTH_LISTEN="127.0.0.1:$HEALTH_PORT" \
         AUTHD_LOG=warn \

@@ -56,9 +56,10 @@ keys="bench:$(head -c 32 /dev/urandom | base64)"
 start() { # NAME PORT [ENV…]
     local name=$1 port=$2
     shift 2
+    # Each authbench run registers its users from one address: no limit on Register.
     env "$@" AUTHD_LISTEN="127.0.0.1:$port" AUTHD_HEALTH_LISTEN="" AUTHD_METRICS_LISTEN="" \
         AUTHD_DATABASE_URL="sqlite://$work/$name.db" AUTHD_PBKDF2_ITERATIONS="$ITERATIONS" \
-        AUTHD_HASH_THREADS=1 AUTHD_TOKEN_KEYS="$keys" AUTHD_LOG=warn \
+        AUTHD_HASH_THREADS=1 AUTHD_TOKEN_KEYS="$keys" AUTHD_REGISTER_LIMIT=off AUTHD_LOG=warn \
         taskset -c 0 "$AUTHD" >"$work/$name.log" 2>&1 &
     pids+=($!)
 }

@@ -588,7 +588,7 @@ fn throttle_settings(
 /// What the rate limiter needs from the configuration.
 fn rate_limit_settings(c: &Config, redis: Option<Arc<SharedRedis>>) -> RateLimitSettings {
     RateLimitSettings {
-        rules: c.rate_limits.clone().unwrap_or_default(),
+        rules: (c.rate_limits.clone().unwrap_or_default()).with_register_limit(&c.register_limit),
         redis,
         prefix: c.rate_limit_prefix.clone(),
         redis_timeout: c.redis_timeout,

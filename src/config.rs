@@ -13,7 +13,7 @@
 
 use crate::access::AllowList;
 use crate::otel::{SamplerKind, TraceSettings};
-use crate::ratelimit::{FailureMode, RateLimits};
+use crate::ratelimit::{FailureMode, RateLimits, RegisterLimit};
 use crate::secret::{self, DigestKey, RedisUrl, SecretUrl};
 use crate::token::{self, KeyRing};
 use anyhow::Context as _;
@@ -400,9 +400,22 @@ pub struct Config {
     /// Rate-limit rules, METHOD:KEY=LIMIT/WINDOW,… where METHOD is an RPC name or *, and
     /// KEY is peer, global, client-cert (the mutual-TLS identity) or header:NAME; e.g.
     /// Login:peer=20/1s,*:global=2000/1s
-    /// [default: none; nothing is limited].
+    /// [default: none; only --register-limit applies].
     #[arg(long, env = "AUTHD_RATE_LIMITS", global = true)]
     pub rate_limits: Option<RateLimits>,
+
+    /// Register requests each client address may make, LIMIT/WINDOW (a rule
+    /// Register:peer=LIMIT/WINDOW beside --rate-limits, shared through Redis like
+    /// them), or off. Register tells a taken username from a free one, so this bounds
+    /// how fast one client can test names. A Register:peer rule in --rate-limits
+    /// replaces it. Turn it off for a registration benchmark from one load generator.
+    #[arg(
+        long,
+        env = "AUTHD_REGISTER_LIMIT",
+        default_value = "100/1m",
+        global = true
+    )]
+    pub register_limit: RegisterLimit,
 
     /// Prefix of every Redis key of the rate limiter (replicas sharing limits use the same).
     #[arg(

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 pub(crate) use layer::layer;
 pub use limiter::{Backend, RateLimitStats, RateLimiter};
-pub use rules::{FailureMode, KeyKind, RateLimits, Rule};
+pub use rules::{FailureMode, KeyKind, RateLimits, RegisterLimit, Rule};
 // The URL type lives with the other secret-bearing settings.
 pub use crate::secret::RedisUrl;
 

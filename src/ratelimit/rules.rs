@@ -220,6 +220,64 @@ impl fmt::Display for RateLimits {
     }
 }
 
+impl RateLimits {
+    /// These rules and the default limit on Register per client, unless it is off
+    /// or these rules already limit Register per client (the operator's rule wins).
+    pub fn with_register_limit(&self, default: &RegisterLimit) -> RateLimits {
+        let mut rules = self.0.clone();
+        let limited = |r: &Rule| r.method == Some("Register") && r.key == KeyKind::Peer;
+        if let Some(rule) = &default.0
+            && !rules.iter().any(limited)
+        {
+            rules.push(rule.clone());
+        }
+        RateLimits(rules)
+    }
+}
+
+/// The default limit on Register per client address (`AUTHD_REGISTER_LIMIT`):
+/// `LIMIT/WINDOW`, or `off`. Register answers differently for a taken name and a
+/// free one, so without a limit any client could test names as fast as it hashes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegisterLimit(Option<Rule>);
+
+impl RegisterLimit {
+    pub const OFF: RegisterLimit = RegisterLimit(None);
+
+    pub fn rule(&self) -> Option<&Rule> {
+        self.0.as_ref()
+    }
+}
+
+impl FromStr for RegisterLimit {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let text = text.trim();
+        if text.eq_ignore_ascii_case("off") {
+            return Ok(RegisterLimit::OFF);
+        }
+        let rule: Rule = format!("Register:peer={text}")
+            .parse()
+            .map_err(|_| "expected LIMIT/WINDOW (e.g. 100/1m) or off".to_owned())?;
+        Ok(RegisterLimit(Some(rule)))
+    }
+}
+
+impl fmt::Display for RegisterLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Some(rule) => write!(
+                f,
+                "{}/{}",
+                rule.limit,
+                humantime::format_duration(rule.window)
+            ),
+            None => f.write_str("off"),
+        }
+    }
+}
+
 /// What to do with a request a rule matches while Redis fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum FailureMode {
@@ -235,6 +293,23 @@ mod tests {
 
     fn parse(text: &str) -> Result<RateLimits, String> {
         text.parse()
+    }
+
+    #[test]
+    fn the_register_limit_joins_the_rules_unless_off_or_already_there() {
+        let default: RegisterLimit = "100/1m".parse().unwrap();
+        assert_eq!(default.to_string(), "100/1m");
+        let rules = parse("Login:peer=5/1s")
+            .unwrap()
+            .with_register_limit(&default);
+        assert_eq!(rules.to_string(), "Login:peer=5/1s,Register:peer=100/1m");
+        let own = parse("Register:peer=5/1h").unwrap();
+        assert_eq!(own.with_register_limit(&default), own);
+        let off: RegisterLimit = "off".parse().unwrap();
+        assert!(RateLimits::default().with_register_limit(&off).is_empty());
+        for bad in ["", "100", "0/1m", "100/1m,Login:peer=1/1s", "ten/1m"] {
+            assert!(bad.parse::<RegisterLimit>().is_err(), "{bad}");
+        }
     }
 
     #[test]

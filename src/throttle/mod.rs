@@ -20,9 +20,19 @@
 //!   so an attack from elsewhere never keeps the owner out of an account from the
 //!   addresses they use.
 //!
-//! A throttled attempt is refused before any hashing or database work, whatever its
-//! password. Nothing is ever locked for good: every count is forgotten
-//! `delay_max` after its last failure has stopped delaying.
+//! A throttled attempt is refused before any hashing, whatever its password (and,
+//! when its settled failures refuse it, before any database work). Nothing is ever
+//! locked for good: every count is forgotten `delay_max` after its last failure has
+//! stopped delaying.
+//!
+//! **Attempts at once count one by one.** An attempt takes its place in both counts
+//! before it hashes ([`Throttle::begin`]), in one step with the decision (one
+//! Redis script, or one lock in process); an attempt in flight counts as a failure
+//! until it settles ([`Attempt::failed`], [`Attempt::succeeded`], or dropped: its
+//! place given back uncounted). Where the settled failures and those in flight
+//! reach a threshold, a new attempt waits for the ones in flight (woken at once on
+//! this replica, asking Redis again every few ms for the others): refused if they
+//! failed, let on if they succeeded, so the owner's logins at once all succeed.
 //!
 //! The counts live in Redis when `AUTHD_REDIS_URL` is set (shared by every replica,
 //! under the rate limiter's key prefix, each key expiring), else in process

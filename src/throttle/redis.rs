@@ -227,3 +227,140 @@ impl RedisCounts {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The reserve script against [`Settings::decide`], the rule it must apply: for
+    //! every state of a grid, stored in the Redis of `AUTHD_TEST_REDIS_URL` (skipped
+    //! without it, unless `AUTHD_TEST_REQUIRE_SERVICES=1`).
+    use super::*;
+    use crate::throttle::{Count, View};
+
+    fn settings() -> Settings {
+        Settings {
+            failures: 3,
+            delay: Duration::from_secs(1),
+            delay_max: Duration::from_secs(60),
+            account_failures: 7,
+            account_delay_max: Duration::from_secs(10),
+            max_entries: 1000,
+            redis: None,
+            prefix: String::new(),
+            redis_timeout: Duration::from_secs(10),
+            failure: crate::ratelimit::FailureMode::Open,
+        }
+    }
+
+    async fn store(
+        c: &mut redis::aio::ConnectionManager,
+        counts: &RedisCounts,
+        keys: &Keys,
+        v: &View,
+        now: u64,
+    ) {
+        let key = |k: &str| format!("{}{k}", counts.prefix);
+        let mut pipe = redis::pipe();
+        for k in [
+            &keys.pair,
+            &keys.account,
+            &keys.known,
+            &keys.pair_pending,
+            &keys.account_pending,
+        ] {
+            pipe.cmd("DEL").arg(key(k)).ignore();
+        }
+        for (k, count) in [(&keys.pair, v.pair), (&keys.account, v.account)] {
+            if count.failures > 0 {
+                pipe.cmd("HSET")
+                    .arg(key(k))
+                    .arg("f")
+                    .arg(count.failures)
+                    .arg("l")
+                    .arg(count.last_ms)
+                    .ignore();
+            }
+        }
+        for (k, n) in [
+            (&keys.pair_pending, v.pair_pending),
+            (&keys.account_pending, v.account_pending),
+        ] {
+            for i in 0..n {
+                pipe.cmd("ZADD")
+                    .arg(key(k))
+                    .arg(now + 30_000)
+                    .arg(format!("held-{i}"))
+                    .ignore();
+            }
+            // A lapsed lease, which must not count.
+            pipe.cmd("ZADD")
+                .arg(key(k))
+                .arg(now - 1)
+                .arg("lapsed")
+                .ignore();
+        }
+        if v.known {
+            pipe.cmd("SET").arg(key(&keys.known)).arg(1).ignore();
+        }
+        let () = pipe.query_async(c).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_reserve_script_decides_as_the_rule() {
+        let Ok(url) = std::env::var("AUTHD_TEST_REDIS_URL") else {
+            assert!(
+                std::env::var("AUTHD_TEST_REQUIRE_SERVICES").as_deref() != Ok("1"),
+                "AUTHD_TEST_REDIS_URL is required"
+            );
+            eprintln!("skipped: AUTHD_TEST_REDIS_URL is not set");
+            return;
+        };
+        let shared = SharedRedis::open(&url.parse().unwrap()).unwrap();
+        let mut connection = shared.connect(Duration::from_secs(5)).await.unwrap();
+        let prefix = format!("authd-test-reserve-{:016x}:", rand::random::<u64>());
+        let counts = RedisCounts::new(shared, &prefix, Duration::from_secs(10));
+        let s = settings();
+        let now: u64 = 1_800_000_000_000;
+        let keys = Keys::new("grid", "10.0.0.1".parse().ok());
+        let mut checked = 0;
+        for pair_failures in 0..6 {
+            for pair_pending in 0..4 {
+                for account_failures in [0, 5, 6, 7, 9] {
+                    for account_pending in 0..3 {
+                        for known in [false, true] {
+                            for age_ms in [100, 5_000] {
+                                let at = |failures| Count {
+                                    failures,
+                                    last_ms: now - age_ms,
+                                };
+                                let v = View {
+                                    pair: at(pair_failures),
+                                    pair_pending,
+                                    account: at(account_failures),
+                                    account_pending,
+                                    known,
+                                };
+                                store(&mut connection, &counts, &keys, &v, now).await;
+                                let id = format!("probe-{checked}");
+                                let got = counts.reserve(&keys, &id, now, &s).await.unwrap();
+                                assert_eq!(got, s.decide(&v, now), "{v:?}");
+                                checked += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(checked, 6 * 4 * 5 * 3 * 2 * 2);
+        let mut pipe = redis::pipe();
+        for k in [
+            &keys.pair,
+            &keys.account,
+            &keys.known,
+            &keys.pair_pending,
+            &keys.account_pending,
+        ] {
+            pipe.cmd("DEL").arg(format!("{prefix}{k}")).ignore();
+        }
+        let () = pipe.query_async(&mut connection).await.unwrap();
+    }
+}

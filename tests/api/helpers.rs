@@ -242,6 +242,9 @@ pub fn test_config(url: DatabaseUrl) -> Config {
     config.token_keys = Some(key_spec(TEST_KID, TEST_KEY).parse().unwrap());
     config.health_interval = Duration::from_millis(200);
     config.drain_timeout = Duration::from_secs(10);
+    // Tests register many users from one address; the default limit on Register
+    // has tests of its own (`concurrency`).
+    config.register_limit = authd::ratelimit::RegisterLimit::OFF;
     config
 }
 

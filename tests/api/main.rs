@@ -2,6 +2,7 @@
 
 mod blocklist;
 mod cli;
+mod concurrency;
 mod errors;
 mod h2raw;
 mod helpers;
