@@ -494,10 +494,10 @@ pub struct Config {
           value_parser = positive_duration, global = true)]
     pub login_delay_max: Duration,
 
-    /// Failed logins for one username across all clients (only each client's first
-    /// --login-failures count, so one address alone never reaches it) before every
-    /// client that has not logged in to it before is delayed too. Must be greater
-    /// than --login-failures.
+    /// Failed logins for one username across all clients (each client's first
+    /// --login-failures count, so one address alone never reaches it; once it is
+    /// reached, every failure counts) before every client that has not logged in to
+    /// it before is delayed too. Must be greater than --login-failures.
     #[arg(long, env = "AUTHD_LOGIN_ACCOUNT_FAILURES", default_value_t = 20,
           value_parser = clap::value_parser!(u32).range(1..=100_000), global = true)]
     pub login_account_failures: u32,

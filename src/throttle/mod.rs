@@ -9,13 +9,14 @@
 //!   after `failures` consecutive failures, that client's next attempts for that
 //!   username are refused for `delay`, doubling with each further failure up to
 //!   `delay_max`. A success resets it.
-//! - **per account** (username, all clients): only the first `failures` failures of
-//!   each client count here (a client past its own threshold is slowed by its own
-//!   count already), so one address alone can never trip it. After
-//!   `account_failures` of them, attempts from every client are refused for `delay`,
-//!   doubling up to the short `account_delay_max`: a distributed attack is slowed to
-//!   about one guess per `account_delay_max`, and the owner, told when to retry, gets
-//!   in. A client that logged in successfully for that username within
+//! - **per account** (username, all clients): until it reaches its threshold, only
+//!   the first `failures` failures of each client count here (a client past its own
+//!   threshold is slowed by its own count already), so one address alone can never
+//!   trip it. After `account_failures` of them, attempts from every client are
+//!   refused for `delay`, doubling with every further failure (each counts now) up
+//!   to the short `account_delay_max`: a distributed attack is slowed to one guess at
+//!   a time, about one per `account_delay_max`, and the owner, told when to retry,
+//!   gets in. A client that logged in successfully for that username within
 //!   [`KNOWN_CLIENT_FOR`] is not held by the account count at all (only by its own),
 //!   so an attack from elsewhere never keeps the owner out of an account from the
 //!   addresses they use.
@@ -238,9 +239,11 @@ impl Settings {
         if full(&v.pair, v.pair_pending, self.failures) {
             return Decision::Wait(Scope::Client);
         }
-        // Only a client's first `failures` consecutive failures count for the
-        // account (one address alone never trips it).
-        let account = v.pair.failures.saturating_add(v.pair_pending) < self.failures;
+        // A client's first `failures` consecutive failures count for the account
+        // (so one address alone never trips it); once many addresses have tripped
+        // it, every failure does, so its delay keeps doubling.
+        let account = v.pair.failures.saturating_add(v.pair_pending) < self.failures
+            || v.account.failures.saturating_add(v.account_pending) >= self.account_failures;
         if !v.known {
             if let Some(w) = wait(&v.account, self.account_failures, self.account_delay_max) {
                 return Decision::Refused(Scope::Account, w);
@@ -961,6 +964,27 @@ mod tests {
                 ..v
             }),
             Decision::Wait(Scope::Client)
+        );
+        // Once many addresses have tripped the account, a client past its own
+        // threshold counts for it too, and only one attempt is in flight at a time.
+        let tripped = View {
+            pair: Count {
+                failures: 3,
+                last_ms: now - 5_000,
+            },
+            account: Count {
+                failures: 7,
+                last_ms: now - 5_000,
+            },
+            ..View::default()
+        };
+        assert_eq!(decide(tripped), Decision::Reserved { account: true });
+        assert_eq!(
+            decide(View {
+                account_pending: 1,
+                ..tripped
+            }),
+            Decision::Wait(Scope::Account)
         );
         // The account's count alike, but never for a known client.
         let v = View {

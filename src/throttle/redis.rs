@@ -50,15 +50,13 @@ local w = wait(pf, pl, failures, delay_max)
 if w > 0 then return {1, w} end
 local pp = pending(KEYS[4])
 if pp > 0 and pf + pp >= failures then return {3, 0} end
-local account = pf + pp < failures
+local af, al = count(KEYS[2])
+local ap = pending(KEYS[5])
+local account = pf + pp < failures or af + ap >= account_failures
 if redis.call('EXISTS', KEYS[3]) == 0 then
-  local af, al = count(KEYS[2])
   w = wait(af, al, account_failures, account_delay_max)
   if w > 0 then return {2, w} end
-  if account then
-    local ap = pending(KEYS[5])
-    if ap > 0 and af + ap >= account_failures then return {4, 0} end
-  end
+  if account and ap > 0 and af + ap >= account_failures then return {4, 0} end
 end
 redis.call('ZADD', KEYS[4], now + lease, id)
 redis.call('PEXPIRE', KEYS[4], lease)

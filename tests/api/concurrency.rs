@@ -460,12 +460,19 @@ async fn a_client_probing_names_is_refused_by_the_default_limit() {
 }
 
 /// Two replicas of one PostgreSQL database sharing the throttle's counts in Redis.
+/// With the throttle's delays hours long, or (`defaults`) as they are by default.
 async fn replicas_on_redis(test: &str) -> Option<(TestDb, TestApp, TestApp)> {
+    replicas_on_redis_with(test, false).await
+}
+
+async fn replicas_on_redis_with(test: &str, defaults: bool) -> Option<(TestDb, TestApp, TestApp)> {
     let url = redis_url(test)?;
     let db = TestDb::new(Backend::Postgres, test).await?;
     let prefix = unique_name("authd-test-concurrency");
     let adjust = |c: &mut Config| {
-        throttled(c);
+        if !defaults {
+            throttled(c);
+        }
         c.redis_url = Some(url.parse().unwrap());
         c.rate_limit_prefix = prefix.clone();
         // An unoptimized server on a busy machine; a timeout would fall back to the
@@ -528,6 +535,73 @@ async fn two_replicas_on_redis_let_the_owner_in_eight_times_at_once() {
     });
     let codes = tally(&join_all(logins).await);
     assert_eq!(count(&codes, "Ok"), 8, "{codes:?}");
+}
+
+/// Twenty addresses, ten workers each, guessing for `for_how_long` with the
+/// throttle's defaults (delays of a second and up): each worker sends its next
+/// guess as soon as an answer allows (at once after a wrong password, after the
+/// RetryInfo delay after a refusal). Returns the hashes reached after 1.5 s and in
+/// all. Counts only: a slower machine reaches fewer.
+async fn guessing_with_the_defaults(apps: &[&TestApp], for_how_long: Duration) -> (u64, u64) {
+    use tonic_types::StatusExt as _;
+    let before = hashes_so_far(apps);
+    let started = tokio::time::Instant::now();
+    let until = started + for_how_long;
+    let mut workers = Vec::new();
+    for n in 0..20 {
+        let client = connect_from(apps[n % apps.len()].addr, address(40 + n)).await;
+        for w in 0..10 {
+            let client = client.clone();
+            workers.push(tokio::spawn(async move {
+                let mut i = 0;
+                while tokio::time::Instant::now() < until {
+                    i += 1;
+                    let guess = format!("guess {w} {i}");
+                    let Err(status) = login(&client, OWNER, &guess).await else {
+                        panic!("a wrong guess logged in");
+                    };
+                    let wait = status
+                        .get_details_retry_info()
+                        .and_then(|r| r.retry_delay)
+                        .unwrap_or_default();
+                    let wake = tokio::time::Instant::now() + wait;
+                    tokio::time::sleep_until(wake.min(until)).await;
+                }
+            }));
+        }
+    }
+    tokio::time::sleep_until(started + Duration::from_millis(1500)).await;
+    let early = hashes(apps, before);
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    (early, hashes(apps, before))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_addresses_guessing_for_twenty_seconds_with_the_defaults() {
+    let mut app = spawn_app_with(|_| {}).await;
+    app.register(OWNER, PASSWORD).await.unwrap();
+    let (early, all) = guessing_with_the_defaults(&[&app], Duration::from_secs(20)).await;
+    assert!(early <= 25, "{early} hashed in the first 1.5 s");
+    assert!(all <= 35, "{all} hashed in 20 s");
+    println!("twenty addresses for 20 s, defaults: {early} hashed in 1.5 s, {all} in all");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_addresses_guessing_on_two_replicas_for_twenty_seconds_with_the_defaults() {
+    let Some((_db, mut a, b)) =
+        replicas_on_redis_with("twenty_addresses_on_two_replicas", true).await
+    else {
+        return;
+    };
+    a.register(OWNER, PASSWORD).await.unwrap();
+    let (early, all) = guessing_with_the_defaults(&[&a, &b], Duration::from_secs(20)).await;
+    assert!(early <= 25, "{early} hashed in the first 1.5 s");
+    assert!(all <= 35, "{all} hashed in 20 s");
+    println!(
+        "twenty addresses on two replicas for 20 s, defaults: {early} hashed in 1.5 s, {all} in all"
+    );
 }
 
 #[tokio::test]
