@@ -49,9 +49,9 @@ pub const MIN_KEY_BYTES: usize = 32;
 /// The latest `iat` or `exp` a token may carry: 9999-12-31T23:59:59Z, the end of
 /// RFC 3339 time (and of `google.protobuf.Timestamp`). Anything later is malformed.
 pub const MAX_TIMESTAMP: u64 = 253_402_300_799;
-/// The longest lifetime a token may be issued with (`AUTHD_TOKEN_TTL`). A stateless
-/// token cannot be revoked before it expires: past a week, a stolen token outlives
-/// any reasonable response to the theft.
+/// The longest lifetime a token may be issued with (`AUTHD_TOKEN_TTL`). A service
+/// that verifies tokens itself cannot see their sessions end: past a week, a stolen
+/// token outlives any reasonable response to the theft there.
 pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 /// The clock skew allowed by default between the issuer's clock and a verifier's.
 pub const DEFAULT_CLOCK_SKEW: Duration = Duration::from_secs(30);
