@@ -448,17 +448,21 @@ impl Accounts {
             Refreshed::Reused {
                 session_id,
                 ended_now,
-            } => {
-                self.revocations.insert(&session_id, now, now);
-                if ended_now {
-                    self.counters.ended(EndReason::Reuse, 1);
-                    self.audit
-                        .session_ended(caller, &session_id, EndReason::Reuse.label());
-                }
-                Err(Error::InvalidRefreshToken("refresh token reused"))
-            }
+            } => Err(self.reused(&session_id, ended_now, now, caller)),
             Refreshed::Refused(why) => Err(Error::InvalidRefreshToken(why)),
         }
+    }
+
+    /// A rotated-out refresh token presented again (to Refresh or Logout): its
+    /// session is ended by the reuse rule (by this request when `ended_now`),
+    /// refused on this replica at once, and the request is refused.
+    fn reused(&self, session_id: &str, ended_now: bool, now: i64, caller: &Caller) -> Error {
+        self.revocations.insert(session_id, now, now);
+        if ended_now {
+            self.counters.ended(EndReason::Reuse, 1);
+            (self.audit).session_ended(caller, session_id, EndReason::Reuse.label());
+        }
+        Error::InvalidRefreshToken("refresh token reused")
     }
 
     /// Ends the session named by either token (both: the sessions of both), or
@@ -510,15 +514,7 @@ impl Accounts {
                 LoggedOut::Reused {
                     session_id,
                     ended_now,
-                } => {
-                    self.revocations.insert(&session_id, now, now);
-                    if ended_now {
-                        self.counters.ended(EndReason::Reuse, 1);
-                        self.audit
-                            .session_ended(caller, &session_id, EndReason::Reuse.label());
-                    }
-                    return Err(Error::InvalidRefreshToken("refresh token reused"));
-                }
+                } => return Err(self.reused(&session_id, ended_now, now, caller)),
                 LoggedOut::Refused(why) => return Err(Error::InvalidRefreshToken(why)),
             }
         }

@@ -235,20 +235,11 @@ fn make_room(entries: &mut HashMap<String, Entry>, now: u64, max: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     fn settings() -> Settings {
         Settings {
-            failures: 3,
-            delay: Duration::from_secs(1),
-            delay_max: Duration::from_secs(60),
-            account_failures: 7,
-            account_delay_max: Duration::from_secs(10),
             max_entries: 10,
-            redis: None,
-            prefix: String::new(),
-            redis_timeout: Duration::from_millis(100),
-            failure: crate::ratelimit::FailureMode::Open,
+            ..super::super::test_settings()
         }
     }
 

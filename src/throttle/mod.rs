@@ -272,6 +272,17 @@ pub(crate) struct Keys {
 }
 
 impl Keys {
+    /// Every key, in the order the Redis scripts take them.
+    pub(crate) fn all(&self) -> [&str; 5] {
+        [
+            &self.pair,
+            &self.account,
+            &self.known,
+            &self.pair_pending,
+            &self.account_pending,
+        ]
+    }
+
     fn new(digest: &str, client: Option<IpAddr>) -> Self {
         let client = client.map_or_else(|| "unknown".to_owned(), |ip| ip.to_string());
         let shard = digest.bytes().fold(0usize, |h, b| {
@@ -356,31 +367,55 @@ impl std::fmt::Debug for Waiting {
     }
 }
 
+/// What one ask for a place came to, short of a refusal.
+enum Asked {
+    Placed(Attempt),
+    /// Attempts in flight fill this count: wait for them.
+    Wait(Waiting, Scope),
+}
+
 impl Waiting {
-    async fn place(self) -> Result<Attempt, Error> {
-        let Waiting {
-            throttle,
-            keys,
-            id,
-            give_up,
-            deadline,
-        } = self;
+    /// Asks the counts once.
+    async fn ask(self) -> Result<Asked, Error> {
+        let (decision, held) = self.throttle.reserve(&self.keys, &self.id).await?;
+        match decision {
+            Decision::Reserved { account } => Ok(Asked::Placed(Attempt {
+                throttle: self.throttle,
+                keys: self.keys,
+                id: self.id,
+                held,
+                account,
+                settled: false,
+            })),
+            Decision::Refused(scope, wait) => {
+                self.throttle.metrics.refusals[scope as usize].inc();
+                Err(Error::Throttled {
+                    scope,
+                    retry_after: wait,
+                })
+            }
+            Decision::Wait(scope) => Ok(Asked::Wait(self, scope)),
+        }
+    }
+
+    async fn place(mut self) -> Result<Attempt, Error> {
         let mut pause = FIRST_POLL;
-        let (mut keys, mut id) = (keys, id);
-        let mut scope: Scope;
         loop {
             // Listening before asking: a settlement between the two still wakes it.
-            let settled = throttle.wakers[keys.shard].notified();
+            let throttle = self.throttle.clone();
+            let settled = throttle.wakers[self.keys.shard].notified();
             tokio::pin!(settled);
             settled.as_mut().enable();
-            let (decision, held) = throttle.reserve(&keys, &id).await?;
-            match throttle.decided(decision, held, keys, id)? {
-                Ok(attempt) => return Ok(attempt),
-                Err(again) => (keys, id, scope) = again,
-            }
+            let scope = match self.ask().await? {
+                Asked::Placed(attempt) => return Ok(attempt),
+                Asked::Wait(waiting, scope) => {
+                    self = waiting;
+                    scope
+                }
+            };
             let now = Instant::now();
-            if now >= give_up {
-                if deadline.is_some_and(|d| now >= d) {
+            if now >= self.give_up {
+                if self.deadline.is_some_and(|d| now >= d) {
                     return Err(Error::DeadlineExceeded);
                 }
                 throttle.metrics.refusals[scope as usize].inc();
@@ -389,7 +424,7 @@ impl Waiting {
                     retry_after: throttle.settings.delay,
                 });
             }
-            let _ = tokio::time::timeout(pause.min(give_up - now), settled).await;
+            let _ = tokio::time::timeout(pause.min(self.give_up - now), settled).await;
             pause = (pause * 2).min(LAST_POLL);
         }
     }
@@ -562,48 +597,19 @@ impl Throttle {
         );
         let give_up = Instant::now() + MAX_WAIT;
         let give_up = deadline.map_or(give_up, |d| d.min(give_up));
-        let (decision, held) = self.reserve(&keys, &id).await?;
-        match self.decided(decision, held, keys, id)? {
-            Ok(attempt) => Ok(Some(Begun::Held(attempt))),
-            Err((keys, id, _scope)) => {
+        let waiting = Waiting {
+            throttle: self.clone(),
+            keys,
+            id,
+            give_up,
+            deadline,
+        };
+        match waiting.ask().await? {
+            Asked::Placed(attempt) => Ok(Some(Begun::Held(attempt))),
+            Asked::Wait(waiting, _) => {
                 self.metrics.waits.inc();
-                Ok(Some(Begun::Waiting(Waiting {
-                    throttle: self.clone(),
-                    keys,
-                    id,
-                    give_up,
-                    deadline,
-                })))
+                Ok(Some(Begun::Waiting(waiting)))
             }
-        }
-    }
-
-    /// The attempt a decision gives, its refusal, or (to wait) what it was about.
-    #[allow(clippy::type_complexity)]
-    fn decided(
-        self: &Arc<Self>,
-        decision: Decision,
-        held: Held,
-        keys: Keys,
-        id: String,
-    ) -> Result<Result<Attempt, (Keys, String, Scope)>, Error> {
-        match decision {
-            Decision::Reserved { account } => Ok(Ok(Attempt {
-                throttle: self.clone(),
-                keys,
-                id,
-                held,
-                account,
-                settled: false,
-            })),
-            Decision::Refused(scope, wait) => {
-                self.metrics.refusals[scope as usize].inc();
-                Err(Error::Throttled {
-                    scope,
-                    retry_after: wait,
-                })
-            }
-            Decision::Wait(scope) => Ok(Err((keys, id, scope))),
         }
     }
 
@@ -712,6 +718,23 @@ fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// The settings the throttle's unit tests start from: small thresholds, no Redis.
+#[cfg(test)]
+pub(crate) fn test_settings() -> Settings {
+    Settings {
+        failures: 3,
+        delay: Duration::from_secs(1),
+        delay_max: Duration::from_secs(60),
+        account_failures: 7,
+        account_delay_max: Duration::from_secs(10),
+        max_entries: 1000,
+        redis: None,
+        prefix: "t:".into(),
+        redis_timeout: Duration::from_millis(100),
+        failure: FailureMode::Open,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -733,18 +756,7 @@ mod tests {
     }
 
     fn settings() -> Settings {
-        Settings {
-            failures: 3,
-            delay: Duration::from_secs(1),
-            delay_max: Duration::from_secs(60),
-            account_failures: 7,
-            account_delay_max: Duration::from_secs(10),
-            max_entries: 1000,
-            redis: None,
-            prefix: "t:".into(),
-            redis_timeout: Duration::from_millis(100),
-            failure: FailureMode::Open,
-        }
+        test_settings()
     }
 
     fn throttle(s: Settings) -> (Arc<Throttle>, Arc<ManualClock>) {

@@ -140,13 +140,7 @@ impl RedisCounts {
 
     fn invocation<'a>(&self, script: &'a Script, keys: &Keys) -> redis::ScriptInvocation<'a> {
         let mut invocation = script.prepare_invoke();
-        for key in [
-            &keys.pair,
-            &keys.account,
-            &keys.known,
-            &keys.pair_pending,
-            &keys.account_pending,
-        ] {
+        for key in keys.all() {
             invocation.key(format!("{}{key}", self.prefix));
         }
         invocation
@@ -236,16 +230,8 @@ mod tests {
 
     fn settings() -> Settings {
         Settings {
-            failures: 3,
-            delay: Duration::from_secs(1),
-            delay_max: Duration::from_secs(60),
-            account_failures: 7,
-            account_delay_max: Duration::from_secs(10),
-            max_entries: 1000,
-            redis: None,
-            prefix: String::new(),
             redis_timeout: Duration::from_secs(10),
-            failure: crate::ratelimit::FailureMode::Open,
+            ..crate::throttle::test_settings()
         }
     }
 
@@ -258,13 +244,7 @@ mod tests {
     ) {
         let key = |k: &str| format!("{}{k}", counts.prefix);
         let mut pipe = redis::pipe();
-        for k in [
-            &keys.pair,
-            &keys.account,
-            &keys.known,
-            &keys.pair_pending,
-            &keys.account_pending,
-        ] {
+        for k in keys.all() {
             pipe.cmd("DEL").arg(key(k)).ignore();
         }
         for (k, count) in [(&keys.pair, v.pair), (&keys.account, v.account)] {
@@ -350,13 +330,7 @@ mod tests {
         }
         assert_eq!(checked, 6 * 4 * 5 * 3 * 2 * 2);
         let mut pipe = redis::pipe();
-        for k in [
-            &keys.pair,
-            &keys.account,
-            &keys.known,
-            &keys.pair_pending,
-            &keys.account_pending,
-        ] {
+        for k in keys.all() {
             pipe.cmd("DEL").arg(format!("{prefix}{k}")).ignore();
         }
         let () = pipe.query_async(&mut connection).await.unwrap();
