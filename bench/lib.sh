@@ -32,6 +32,24 @@ wait_serving() {
     fi
 }
 
+# start_pinned BINARY DATABASE_URL [VAR=VALUE…]: a fresh server on CPU 0 with one
+# hash thread and the settings every pinned comparison shares (later VAR=VALUE
+# override them), on a free PORT; waited for until it answers. authbench registers
+# its users from one address: no limit on Register (a binary from before that
+# setting ignores it).
+start_pinned() {
+    local binary=$1 database=$2
+    shift 2
+    PORT=$(free_port)
+    env AUTHD_LISTEN="127.0.0.1:$PORT" AUTHD_DATABASE_URL="$database" \
+        AUTHD_PBKDF2_ITERATIONS="$ITERATIONS" AUTHD_HASH_THREADS=1 AUTHD_HASH_QUEUE=300 \
+        AUTHD_TOKEN_KEYS="$KEY" AUTHD_MAX_IN_FLIGHT_PER_CLIENT=4096 AUTHD_REGISTER_LIMIT=off \
+        AUTHD_METRICS_LISTEN= AUTHD_HEALTH_LISTEN= AUTHD_LOG=warn "$@" \
+        taskset -c 0 "$binary" >>"$WORK/server.log" 2>&1 &
+    SERVER=$!
+    wait_serving
+}
+
 # Stops the server started last.
 stop() {
     kill "$SERVER" && wait "$SERVER" 2>/dev/null || true

@@ -28,17 +28,7 @@ cd "$(dirname "$0")/.."
 source bench/lib.sh
 
 # start BINARY DATABASE_URL: a fresh server, waited for until it answers.
-# authbench registers its users from one address: no limit on Register.
-start() {
-    PORT=$(free_port)
-    env AUTHD_LISTEN="127.0.0.1:$PORT" AUTHD_DATABASE_URL="$2" \
-        AUTHD_PBKDF2_ITERATIONS="$ITERATIONS" AUTHD_HASH_THREADS=1 AUTHD_HASH_QUEUE=300 \
-        AUTHD_TOKEN_KEYS="$KEY" AUTHD_MAX_IN_FLIGHT_PER_CLIENT=4096 AUTHD_REGISTER_LIMIT=off \
-        AUTHD_METRICS_LISTEN= AUTHD_HEALTH_LISTEN= AUTHD_LOG=warn \
-        taskset -c 0 "$1" >>"$WORK/server.log" 2>&1 &
-    SERVER=$!
-    wait_serving
-}
+start() { start_pinned "$@"; }
 
 row() { echo "| $1 | $2 | $3 |"; }
 

@@ -31,18 +31,9 @@ cd "$(dirname "$0")/.."
 source bench/lib.sh
 
 # start BINARY DATABASE_URL [REDIS_URL PREFIX]: a fresh server, waited for until it
-# answers. authbench registers its users from one address: no limit on Register (a
-# baseline from before that setting ignores it).
+# answers.
 start() {
-    PORT=$(free_port)
-    env AUTHD_LISTEN="127.0.0.1:$PORT" AUTHD_DATABASE_URL="$2" \
-        AUTHD_PBKDF2_ITERATIONS="$ITERATIONS" AUTHD_HASH_THREADS=1 AUTHD_HASH_QUEUE=300 \
-        AUTHD_TOKEN_KEYS="$KEY" AUTHD_MAX_IN_FLIGHT_PER_CLIENT=4096 \
-        AUTHD_REGISTER_LIMIT=off ${3:+AUTHD_REDIS_URL="$3"} ${4:+AUTHD_RATE_LIMIT_PREFIX="$4"} \
-        AUTHD_METRICS_LISTEN= AUTHD_HEALTH_LISTEN= AUTHD_LOG=warn \
-        taskset -c 0 "$1" >>"$WORK/server.log" 2>&1 &
-    SERVER=$!
-    wait_serving
+    start_pinned "$1" "$2" ${3:+AUTHD_REDIS_URL="$3"} ${4:+AUTHD_RATE_LIMIT_PREFIX="$4"}
 }
 
 # login_run: "QPS LOGINS" of one closed-loop login run (LOGINS counts the warm-up's too).

@@ -25,19 +25,12 @@ source bench/lib.sh
 
 # start MODE NAME: a fresh server (MODE off or down), waited for until it answers.
 start() {
-    PORT=$(free_port)
     METRICS_PORT=$(free_port)
     local otel=()
     # A port nothing listens on: the collector is down.
     [[ $1 == down ]] && otel=(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$(free_port)")
-    # authbench registers its users from one address: no limit on Register.
-    env AUTHD_LISTEN="127.0.0.1:$PORT" AUTHD_DATABASE_URL="sqlite://$WORK/$2.db" \
-        AUTHD_PBKDF2_ITERATIONS="$ITERATIONS" AUTHD_HASH_THREADS=1 AUTHD_HASH_QUEUE=300 \
-        AUTHD_TOKEN_KEYS="$KEY" AUTHD_MAX_IN_FLIGHT_PER_CLIENT=4096 AUTHD_REGISTER_LIMIT=off \
-        AUTHD_METRICS_LISTEN="127.0.0.1:$METRICS_PORT" AUTHD_HEALTH_LISTEN= AUTHD_LOG=warn \
-        "${otel[@]}" taskset -c 0 "$AUTHD" >>"$WORK/server.log" 2>&1 &
-    SERVER=$!
-    wait_serving
+    start_pinned "$AUTHD" "sqlite://$WORK/$2.db" \
+        AUTHD_METRICS_LISTEN="127.0.0.1:$METRICS_PORT" "${otel[@]}"
 }
 
 # metric NAME: its value on the running server.
