@@ -35,6 +35,7 @@ use crate::{
 };
 use prometheus::{Gauge, IntCounter};
 use std::{
+    net::IpAddr,
     sync::{Arc, Mutex},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
@@ -203,7 +204,7 @@ impl Accounts {
         caller: &Caller,
     ) -> Result<String, Error> {
         // When the pool is full, the request is refused before it costs a query.
-        self.hasher.check_room()?;
+        self.hasher.check_room(caller.client, deadline)?;
         // A read that proves the database answers before a place in the pool is
         // taken (a database that is gone makes requests fail, never fill the pool).
         // Its answer is not used: a taken name costs the same hash and the same
@@ -212,7 +213,7 @@ impl Accounts {
         // queue refuses both before the hash). The insert decides, also between
         // concurrent registrations of one name.
         self.store.find_user(&username).await?;
-        let slot = self.hasher.reserve()?;
+        let slot = self.hasher.reserve(caller.client, deadline)?;
         let password_hash = self.hasher.hash(slot, password, deadline).await?;
         let id = uuid::Uuid::now_v7().to_string();
         self.store
@@ -269,9 +270,12 @@ impl Accounts {
         deadline: Option<Instant>,
         caller: &Caller,
     ) -> Result<(crate::store::User, Option<Attempt>), Error> {
+        // A request the pool would refuse costs nothing more: not even the throttle's
+        // round trip (checked again once the throttle has answered).
+        self.hasher.check_room(caller.client, deadline)?;
         let begun = self.throttled(username, caller, deadline).await?;
         match self
-            .check_password(username, password, deadline, begun)
+            .check_password(username, password, deadline, caller.client, begun)
             .await
         {
             Ok(checked) => Ok(checked),
@@ -338,15 +342,16 @@ impl Accounts {
         username: &Username,
         password: Password,
         deadline: Option<Instant>,
+        client: Option<IpAddr>,
         begun: Option<Begun>,
     ) -> Result<(crate::store::User, Option<Attempt>), CheckFailure> {
-        self.hasher.check_room()?;
+        self.hasher.check_room(client, deadline)?;
         let user = self.store.find_user(username).await?;
         let attempt = match begun {
             Some(begun) => Some(begun.place().await?),
             None => None,
         };
-        let slot = self.hasher.reserve()?;
+        let slot = self.hasher.reserve(client, deadline)?;
         let stored = user.as_ref().map(|u| u.password_hash.clone());
         let verification = self
             .hasher
@@ -357,7 +362,7 @@ impl Accounts {
             other => return Err(CheckFailure::Wrong(other.map(|u| u.id), attempt)),
         };
         if verification.needs_rehash {
-            self.rehash(&user, password, deadline).await;
+            self.rehash(&user, password, deadline, client).await;
         }
         Ok((user, attempt))
     }
@@ -561,7 +566,7 @@ impl Accounts {
         let (user, attempt) = self
             .authenticate(&username, current, deadline, caller)
             .await?;
-        let slot = self.hasher.reserve()?;
+        let slot = self.hasher.reserve(caller.client, deadline)?;
         let hash = self.hasher.hash(slot, new, deadline).await?;
         let now = unix_millis();
         // Only if the password is still the one checked: of two changes at once
@@ -599,10 +604,11 @@ impl Accounts {
         user: &crate::store::User,
         password: Password,
         deadline: Option<Instant>,
+        client: Option<IpAddr>,
     ) {
         let user_id = user.id.as_str();
         let result = async {
-            let slot = self.hasher.reserve()?;
+            let slot = self.hasher.reserve(client, deadline)?;
             let hash = self.hasher.hash(slot, password, deadline).await?;
             (self.store)
                 .update_password_hash(user_id, hash, user.password_version)

@@ -1,7 +1,9 @@
 //! Passwords: the PBKDF2-SHA256 policy, computed on the bounded [`HashPool`].
 //!
-//! - `pool`: the hashing threads behind a bounded queue (refusals, deadlines,
-//!   priority, retry hints); it knows nothing of passwords.
+//! - `pool`: the hashing threads (batches, deadlines, priority, retry hints); it
+//!   knows nothing of passwords.
+//! - `queue`: who gets a place on those threads (bounded by time and count, fair
+//!   between clients) and in which order they are served.
 //! - `bench`: `authd hash-bench`, this machine's hashing rate with this code.
 //!
 //! [`Hasher`] holds the current parameters, verifies unknown users against a dummy
@@ -35,14 +37,17 @@ use pbkdf2::{
     },
 };
 use std::{
+    net::IpAddr,
     sync::atomic::{AtomicU32, Ordering},
     time::Instant,
 };
 
 pub mod bench;
 mod pool;
+mod queue;
 
 pub use pool::{HashPool, HashSlot, PoolError, PoolSnapshot};
+pub use queue::Refusal;
 
 use pool::Derivation;
 
@@ -98,16 +103,25 @@ impl Hasher {
             .max(self.highest_stored.load(Ordering::Relaxed))
     }
 
-    /// Takes a place in the hashing pool for one hash or verification, or refuses
-    /// at once (RESOURCE_EXHAUSTED) when the pool is full.
-    pub fn reserve(&self) -> Result<HashSlot, Error> {
-        Ok(self.pool.reserve()?)
+    /// Takes a place in the hashing pool for one hash or verification of `client`,
+    /// to start before `deadline`, or refuses at once (RESOURCE_EXHAUSTED): see
+    /// [`HashPool::reserve`].
+    pub fn reserve(
+        &self,
+        client: Option<IpAddr>,
+        deadline: Option<Instant>,
+    ) -> Result<HashSlot, Error> {
+        Ok(self.pool.reserve(client, deadline)?)
     }
 
-    /// Refuses at once (RESOURCE_EXHAUSTED) when the pool is full now, without
-    /// taking a place: see [`HashPool::check_room`].
-    pub fn check_room(&self) -> Result<(), Error> {
-        Ok(self.pool.check_room()?)
+    /// Refuses at once (RESOURCE_EXHAUSTED) when the pool would refuse `client` now,
+    /// without taking a place: see [`HashPool::check_room`].
+    pub fn check_room(
+        &self,
+        client: Option<IpAddr>,
+        deadline: Option<Instant>,
+    ) -> Result<(), Error> {
+        Ok(self.pool.check_room(client, deadline)?)
     }
 
     /// Hashes a password into a PHC string with a fresh random salt.
@@ -318,13 +332,17 @@ mod tests {
         )
         .unwrap();
         let phc = hasher
-            .hash(hasher.reserve().unwrap(), pw("correct horse"), None)
+            .hash(
+                hasher.reserve(None, None).unwrap(),
+                pw("correct horse"),
+                None,
+            )
             .await
             .unwrap();
         assert!(phc.starts_with("$pbkdf2-sha256$i=1000,l=32$"), "{phc}");
         let ok = hasher
             .verify(
-                hasher.reserve().unwrap(),
+                hasher.reserve(None, None).unwrap(),
                 pw("correct horse"),
                 Some(phc.clone()),
                 None,
@@ -340,7 +358,7 @@ mod tests {
         );
         let bad = hasher
             .verify(
-                hasher.reserve().unwrap(),
+                hasher.reserve(None, None).unwrap(),
                 pw("wrong horse"),
                 Some(phc),
                 None,
@@ -359,7 +377,12 @@ mod tests {
         .unwrap();
         assert!(hasher.dummy.starts_with("$pbkdf2-sha256$i=1000,l=32$"));
         let v = hasher
-            .verify(hasher.reserve().unwrap(), pw("anything at all"), None, None)
+            .verify(
+                hasher.reserve(None, None).unwrap(),
+                pw("anything at all"),
+                None,
+                None,
+            )
             .await
             .unwrap();
         assert_eq!(
@@ -384,11 +407,16 @@ mod tests {
         )
         .unwrap();
         let phc = old
-            .hash(old.reserve().unwrap(), pw("correct horse"), None)
+            .hash(old.reserve(None, None).unwrap(), pw("correct horse"), None)
             .await
             .unwrap();
         let v = new
-            .verify(new.reserve().unwrap(), pw("correct horse"), Some(phc), None)
+            .verify(
+                new.reserve(None, None).unwrap(),
+                pw("correct horse"),
+                Some(phc),
+                None,
+            )
             .await
             .unwrap();
         assert_eq!(
@@ -409,7 +437,11 @@ mod tests {
         )
         .unwrap();
         let phc = hasher
-            .hash(hasher.reserve().unwrap(), pw("correct horse"), None)
+            .hash(
+                hasher.reserve(None, None).unwrap(),
+                pw("correct horse"),
+                None,
+            )
             .await
             .unwrap();
         hasher.set_highest_stored(5000);
@@ -424,7 +456,12 @@ mod tests {
         ] {
             let before = rounds();
             hasher
-                .verify(hasher.reserve().unwrap(), pw(password), stored, None)
+                .verify(
+                    hasher.reserve(None, None).unwrap(),
+                    pw(password),
+                    stored,
+                    None,
+                )
                 .await
                 .unwrap();
             assert_eq!(spent(before), expected, "{password}");
@@ -445,7 +482,11 @@ mod tests {
             let hasher = Hasher::new(1000, pool).unwrap();
             // Made by the engine, checked by the crate.
             let ours = hasher
-                .hash(hasher.reserve().unwrap(), pw("correct horse"), None)
+                .hash(
+                    hasher.reserve(None, None).unwrap(),
+                    pw("correct horse"),
+                    None,
+                )
                 .await
                 .unwrap();
             assert!(ours.starts_with("$pbkdf2-sha256$i=1000,l=32$"), "{ours}");
@@ -460,7 +501,7 @@ mod tests {
             for (password, expected) in [("correct horse", true), ("wrong horse", false)] {
                 let v = hasher
                     .verify(
-                        hasher.reserve().unwrap(),
+                        hasher.reserve(None, None).unwrap(),
                         pw(password),
                         Some(theirs.clone()),
                         None,
@@ -475,13 +516,19 @@ mod tests {
     #[tokio::test]
     async fn checking_for_room_takes_no_place() {
         let pool = HashPool::new(1, 1, 0, pbkdf2_lanes::Engine::detect(), &Metrics::new()).unwrap();
-        pool.check_room().unwrap();
-        let (a, b) = (pool.reserve().unwrap(), pool.reserve().unwrap());
-        assert!(matches!(pool.check_room(), Err(PoolError::Full { .. })));
+        pool.check_room(None, None).unwrap();
+        let (a, b) = (
+            pool.reserve(None, None).unwrap(),
+            pool.reserve(None, None).unwrap(),
+        );
+        assert!(matches!(
+            pool.check_room(None, None),
+            Err(PoolError::Full { .. })
+        ));
         drop(a);
-        pool.check_room().unwrap();
-        pool.check_room().unwrap();
-        let _c = pool.reserve().unwrap();
+        pool.check_room(None, None).unwrap();
+        pool.check_room(None, None).unwrap();
+        let _c = pool.reserve(None, None).unwrap();
         drop(b);
         assert_eq!(pool.stats().rejected_full, 1);
     }

@@ -2,7 +2,8 @@
 //!
 //! Hashing is the most expensive thing authd does (hundreds of milliseconds at the
 //! OWASP cost), so it never runs on the async workers: [`HashPool`] owns a fixed set
-//! of OS threads behind a bounded queue. A full queue refuses at once (the caller
+//! of OS threads behind a bounded queue (`queue`: bounded by time and count, fair
+//! between clients). A request the queue cannot take is refused at once (the caller
 //! gets RESOURCE_EXHAUSTED with a retry hint that spreads a crowd out) instead of
 //! letting latency grow, and work whose deadline passed, or whose caller went away,
 //! is dropped before it runs. The threads run at a lower OS priority than those
@@ -22,6 +23,7 @@
 //! It knows nothing of PHC strings or users: work is a derivation (password, salt,
 //! rounds) whose 32-byte output comes back, or is compared with an expected one.
 
+use super::queue::{FairQueue, Refusal};
 use crate::{
     error::Error,
     metrics::{HashMetrics, Metrics},
@@ -30,6 +32,7 @@ use crate::{
 use pbkdf2_lanes::{Backend, Engine, Job};
 use std::{
     fmt,
+    net::IpAddr,
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -38,7 +41,10 @@ use std::{
     time::{Duration, Instant},
 };
 use subtle::ConstantTimeEq as _;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::sync::oneshot;
+
+/// The client of work that names none (in-process callers): one share.
+const UNKNOWN_CLIENT: IpAddr = IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
 
 /// One PBKDF2-HMAC-SHA256 computation with a 32-byte output.
 pub(crate) struct Derivation {
@@ -58,12 +64,10 @@ impl fmt::Debug for Derivation {
     }
 }
 
-/// What the retry hint needs to know (everything else the pool counts is in its
-/// Prometheus metrics, [`HashMetrics`]).
+/// What the retry hint needs to know beside the queue's rate (everything else the
+/// pool counts is in its Prometheus metrics, [`HashMetrics`]).
 #[derive(Debug, Default)]
 struct HintStats {
-    /// Exponentially weighted mean of a job's run time, in nanoseconds.
-    mean_run_nanos: AtomicU64,
     pressure: Pressure,
 }
 
@@ -127,7 +131,7 @@ impl Pressure {
 pub struct PoolSnapshot {
     /// Jobs that ran.
     pub completed: u64,
-    /// Jobs refused because the queue was full.
+    /// Jobs refused a place in the queue (for any cause).
     pub rejected_full: u64,
     /// Jobs dropped unrun because their deadline had passed when a thread took them.
     pub dropped_expired: u64,
@@ -141,25 +145,14 @@ impl PoolSnapshot {
     fn of(metrics: &HashMetrics) -> Self {
         PoolSnapshot {
             completed: metrics.duration.get_sample_count(),
-            rejected_full: metrics.refused.get(),
+            rejected_full: Refusal::ALL
+                .iter()
+                .map(|why| metrics.refused.with_label_values(&[why.label()]).get())
+                .sum(),
             dropped_expired: metrics.dropped_deadline.get(),
             dropped_cancelled: metrics.dropped_cancelled.get(),
             running: u64::try_from(metrics.running.get()).unwrap_or(0),
         }
-    }
-}
-
-impl HintStats {
-    fn record_run(&self, took: Duration) {
-        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
-        let old = self.mean_run_nanos.load(Ordering::Relaxed);
-        // A racy read-modify-write is fine: this is an estimate for retry hints.
-        let new = if old == 0 {
-            nanos
-        } else {
-            old - old / 8 + nanos / 8
-        };
-        self.mean_run_nanos.store(new, Ordering::Relaxed);
     }
 }
 
@@ -168,6 +161,8 @@ impl HintStats {
 pub enum PoolError {
     #[error("the hashing queue is full")]
     Full { retry_after: Duration },
+    #[error("the hashing queue would outlast the request's deadline")]
+    TooLate { retry_after: Duration },
     #[error("the deadline passed while the job was queued")]
     Expired,
     #[error("the hashing pool has shut down")]
@@ -181,6 +176,10 @@ impl From<PoolError> for Error {
         match err {
             PoolError::Full { retry_after } => Error::Overloaded {
                 what: "the password hashing queue is full",
+                retry_after,
+            },
+            PoolError::TooLate { retry_after } => Error::Overloaded {
+                what: "the password hashing queue would outlast the request's deadline",
                 retry_after,
             },
             PoolError::Expired => Error::DeadlineExceeded,
@@ -264,21 +263,34 @@ impl Queued {
     }
 }
 
-/// A place in the pool (running or queued), taken before the work is sent, so that
-/// a request the pool cannot take is refused cheaply.
+/// A place in the pool (running or queued) of one client, taken before the work is
+/// sent, so that a request the pool cannot take is refused cheaply.
 pub struct HashSlot {
-    _permit: OwnedSemaphorePermit,
+    queue: Arc<FairQueue<Queued>>,
+    client: IpAddr,
+}
+
+impl Drop for HashSlot {
+    fn drop(&mut self) {
+        self.queue.release(self.client);
+    }
+}
+
+/// Closes the queue when the last clone of the pool is dropped.
+struct Closer(Arc<FairQueue<Queued>>);
+
+impl Drop for Closer {
+    fn drop(&mut self) {
+        self.0.close();
+    }
 }
 
 /// A fixed set of threads behind a bounded queue. Cloning shares the pool; the
 /// threads finish the queued work and exit when the last clone is dropped.
 #[derive(Clone)]
 pub struct HashPool {
-    queue: crossbeam_channel::Sender<Queued>,
-    /// `capacity` queued plus `threads` running: the bound of the queue.
-    slots: Arc<Semaphore>,
-    threads: usize,
-    capacity: usize,
+    queue: Arc<FairQueue<Queued>>,
+    _closer: Arc<Closer>,
     engine: Engine,
     stats: Arc<HintStats>,
     pub(super) metrics: HashMetrics,
@@ -286,7 +298,8 @@ pub struct HashPool {
 
 impl HashPool {
     /// Starts `threads` worker threads, at OS priority `nice`, sharing a queue of at
-    /// most `capacity` requests and hashing on `engine`; records into `metrics`.
+    /// most `capacity` requests (and at most [`HashPool::with_queue_wait`] of
+    /// expected waiting) and hashing on `engine`; records into `metrics`.
     pub fn new(
         threads: usize,
         capacity: usize,
@@ -298,33 +311,37 @@ impl HashPool {
         let metrics = metrics.hash.clone();
         metrics.threads.set(threads as i64);
         metrics.queue_capacity.set(capacity as i64);
-        // Unbounded here because the slots bound it.
-        let (tx, rx) = crossbeam_channel::unbounded::<Queued>();
+        let queue = Arc::new(FairQueue::new(threads, engine.lanes(), capacity));
+        metrics.queue_limit.set(queue.limit() as i64);
         let stats = Arc::new(HintStats::default());
         for i in 0..threads {
             let worker = Worker {
-                queue: rx.clone(),
+                queue: queue.clone(),
                 engine,
-                stats: stats.clone(),
                 metrics: metrics.clone(),
             };
             thread::Builder::new()
                 .name(format!("authd-hash-{i}"))
                 .spawn(move || {
                     // Answering requests and probes comes first when every core is busy.
-                    lower_priority(nice);
+                    crate::priority::lower(nice, "hashing");
                     worker.run();
                 })?;
         }
         Ok(Self {
-            queue: tx,
-            slots: Arc::new(Semaphore::new(capacity + threads)),
-            threads,
-            capacity,
+            _closer: Arc::new(Closer(queue.clone())),
+            queue,
             engine,
             stats,
             metrics,
         })
+    }
+
+    /// Sets the queue's wait target: places are granted while the expected wait (at
+    /// the measured service rate) stays under it.
+    pub fn with_queue_wait(self, wait: Duration) -> Self {
+        self.queue.set_target_wait(wait);
+        self
     }
 
     /// The engine the threads hash on.
@@ -338,35 +355,49 @@ impl HashPool {
 
     /// Requests waiting for a thread.
     pub fn queued(&self) -> usize {
-        self.queue.len()
+        self.queue.queued()
     }
 
-    /// Takes a place in the pool, or refuses at once when it is full.
-    pub fn reserve(&self) -> Result<HashSlot, PoolError> {
-        match self.slots.clone().try_acquire_owned() {
-            Ok(permit) => {
+    /// Takes a place in the pool for `client` (`None`: a caller with no address),
+    /// whose work must start before `deadline`, or refuses at once (see `queue`).
+    pub fn reserve(
+        &self,
+        client: Option<IpAddr>,
+        deadline: Option<Instant>,
+    ) -> Result<HashSlot, PoolError> {
+        let client = client.map_or(UNKNOWN_CLIENT, |ip| ip.to_canonical());
+        match self.queue.admit(client, Instant::now(), deadline) {
+            Ok(()) => {
                 self.stats.pressure.note(false);
-                Ok(HashSlot { _permit: permit })
+                Ok(HashSlot {
+                    queue: self.queue.clone(),
+                    client,
+                })
             }
-            Err(_) => Err(self.refuse()),
+            Err(why) => Err(self.refuse(why)),
         }
     }
 
-    /// Refuses at once when the pool is full now, without taking a place: for work
-    /// that comes before the hash (a database lookup) and must not hold a place
-    /// while it waits. The place itself is taken later, with [`HashPool::reserve`].
-    pub fn check_room(&self) -> Result<(), PoolError> {
-        if self.slots.available_permits() == 0 {
-            return Err(self.refuse());
-        }
-        Ok(())
+    /// Refuses at once when the pool would refuse `client` now, without taking a
+    /// place: for work that comes before the hash (a database lookup) and must not
+    /// hold a place while it waits. The place itself is taken later, with
+    /// [`HashPool::reserve`].
+    pub fn check_room(
+        &self,
+        client: Option<IpAddr>,
+        deadline: Option<Instant>,
+    ) -> Result<(), PoolError> {
+        let client = client.map_or(UNKNOWN_CLIENT, |ip| ip.to_canonical());
+        (self.queue.check(client, Instant::now(), deadline)).map_err(|why| self.refuse(why))
     }
 
-    fn refuse(&self) -> PoolError {
+    fn refuse(&self, why: Refusal) -> PoolError {
         self.stats.pressure.note(true);
-        self.metrics.refused.inc();
-        PoolError::Full {
-            retry_after: self.retry_hint(),
+        self.metrics.refused.with_label_values(&[why.label()]).inc();
+        let retry_after = self.retry_hint();
+        match why {
+            Refusal::Deadline => PoolError::TooLate { retry_after },
+            Refusal::Full | Refusal::Wait | Refusal::Share => PoolError::Full { retry_after },
         }
     }
 
@@ -446,11 +477,12 @@ impl HashPool {
         T: Send + 'static,
         F: FnOnce() -> T + Send + 'static,
     {
-        let slot = self.reserve()?;
+        let slot = self.reserve(None, None)?;
         self.run_in(slot, deadline, work).await
     }
 
     fn send(&self, slot: HashSlot, deadline: Option<Instant>, work: Work) -> Result<(), PoolError> {
+        let client = slot.client;
         let queued = Queued {
             deadline,
             queued_at: Instant::now(),
@@ -459,7 +491,7 @@ impl HashPool {
             _slot: slot,
         };
         self.metrics.queue_depth.inc();
-        if self.queue.send(queued).is_err() {
+        if self.queue.push(client, queued).is_err() {
             self.metrics.queue_depth.dec();
             return Err(PoolError::Closed);
         }
@@ -468,17 +500,18 @@ impl HashPool {
 
     /// Roughly how long until the queue has room again: the time to work through it.
     ///
-    /// The time to work through a full queue, stretched by how many requests are
-    /// being refused per one admitted: when a crowd is waiting, each of its members
-    /// is told to come back later, so that refused clients that honour the hint do
-    /// not return all at once and spend the CPU the hashing needs on more refusals.
+    /// The time to work through a full queue (its places over the measured rate),
+    /// stretched by how many requests are being refused per one admitted: when a
+    /// crowd is waiting, each of its members is told to come back later, so that
+    /// refused clients that honour the hint do not return all at once and spend the
+    /// CPU the hashing needs on more refusals.
     fn retry_hint(&self) -> Duration {
-        let mean = Duration::from_nanos(self.stats.mean_run_nanos.load(Ordering::Relaxed));
-        // A batch answers up to `lanes` requests in the time of one.
-        let per_batch = self.threads * self.engine.lanes().max(1);
-        let backlog = u32::try_from(self.capacity.div_ceil(per_batch)).unwrap_or(u32::MAX);
+        let through = match self.queue.rate() {
+            Some(rate) => Duration::from_secs_f64(self.queue.limit() as f64 / rate),
+            None => Duration::ZERO,
+        };
         let crowd = (1.0 + self.stats.pressure.ratio()).min(20.0);
-        (mean * backlog.max(1))
+        through
             .mul_f64(crowd)
             .clamp(Duration::from_millis(50), Duration::from_secs(30))
     }
@@ -486,9 +519,8 @@ impl HashPool {
 
 /// One hashing thread.
 struct Worker {
-    queue: crossbeam_channel::Receiver<Queued>,
+    queue: Arc<FairQueue<Queued>>,
     engine: Engine,
-    stats: Arc<HintStats>,
     metrics: HashMetrics,
 }
 
@@ -497,18 +529,19 @@ impl Worker {
         // A batch is as many derivations as the engine computes side by side: more
         // would only make every request of the batch wait for all of them.
         let lanes = self.engine.lanes().max(1);
+        let mut taken: Vec<Queued> = Vec::with_capacity(lanes);
         let mut batch: Vec<Queued> = Vec::with_capacity(lanes);
-        while let Ok(first) = self.queue.recv() {
-            self.take(first, &mut batch);
-            // What is waiting joins the batch; nothing waits for it to fill.
-            while batch.len() < lanes {
-                match self.queue.try_recv() {
-                    Ok(next) => self.take(next, &mut batch),
-                    Err(_) => break,
-                }
+        // What is waiting joins the batch, one per client in turn; nothing waits for
+        // it to fill.
+        while self.queue.take(lanes, &mut taken) {
+            for queued in taken.drain(..) {
+                self.take(queued, &mut batch);
             }
             if !batch.is_empty() {
+                let (start, size) = (Instant::now(), batch.len());
                 self.hash(&mut batch);
+                self.queue.record_batch(start.elapsed(), size);
+                self.metrics.queue_limit.set(self.queue.limit() as i64);
             }
         }
     }
@@ -532,7 +565,7 @@ impl Worker {
             Work::Task(task) => {
                 self.metrics.running.inc();
                 let record = |took: Duration| {
-                    self.stats.record_run(took);
+                    self.queue.record_batch(took, 1);
                     self.metrics.duration.observe(took.as_secs_f64());
                 };
                 match task(&record) {
@@ -632,7 +665,6 @@ impl Worker {
         self.metrics.running.dec();
         let end = Instant::now();
         let took = end - start;
-        self.stats.record_run(took);
         self.metrics.duration.observe(took.as_secs_f64());
         trace.record("hash", start, end);
     }
@@ -660,22 +692,6 @@ fn single_stream(engine: Engine, jobs: usize) -> Engine {
         return Engine::with_backend(Backend::Portable).unwrap_or(engine);
     }
     engine
-}
-
-/// Lowers the calling thread's scheduling priority to `nice` (0 leaves it alone).
-/// Best effort: a failure (a sandbox that forbids it) only costs priority.
-fn lower_priority(nice: u8) {
-    if nice == 0 {
-        return;
-    }
-    #[cfg(target_os = "linux")]
-    {
-        // On Linux a thread id names one thread for setpriority, not the process.
-        let thread = rustix::thread::gettid();
-        if let Err(e) = rustix::process::setpriority_process(Some(thread), i32::from(nice)) {
-            tracing::debug!(error = %e, "cannot lower the hashing threads' priority");
-        }
-    }
 }
 
 #[cfg(test)]
@@ -706,7 +722,11 @@ mod tests {
         let pool = pool(1, 4, &metrics);
         for (password, rounds) in [(&b"password"[..], 1), (b"password", 2), (b"other", 1000)] {
             let out = pool
-                .derive(pool.reserve().unwrap(), None, job(password, rounds))
+                .derive(
+                    pool.reserve(None, None).unwrap(),
+                    None,
+                    job(password, rounds),
+                )
                 .await
                 .unwrap();
             assert_eq!(out, reference(password, rounds));
@@ -723,9 +743,15 @@ mod tests {
         let verify = |password: &'static [u8]| {
             let pool = pool.clone();
             async move {
-                pool.verify(pool.reserve().unwrap(), None, job(password, 50), right, 700)
-                    .await
-                    .unwrap()
+                pool.verify(
+                    pool.reserve(None, None).unwrap(),
+                    None,
+                    job(password, 50),
+                    right,
+                    700,
+                )
+                .await
+                .unwrap()
             }
         };
         assert!(verify(b"password").await);
@@ -765,7 +791,11 @@ mod tests {
                 tokio::spawn(async move {
                     let password = format!("password-{i}");
                     let out = pool
-                        .derive(pool.reserve().unwrap(), None, job(password.as_bytes(), 3))
+                        .derive(
+                            pool.reserve(None, None).unwrap(),
+                            None,
+                            job(password.as_bytes(), 3),
+                        )
                         .await
                         .unwrap();
                     (password, out)
@@ -792,7 +822,7 @@ mod tests {
         assert_eq!(metrics.hash.batch_size.get_sample_count(), 1);
         assert_eq!(metrics.hash.batch_size.get_sample_sum(), lanes as f64);
         // And a request alone in the queue is hashed at once, alone.
-        pool.derive(pool.reserve().unwrap(), None, job(b"alone", 1))
+        pool.derive(pool.reserve(None, None).unwrap(), None, job(b"alone", 1))
             .await
             .unwrap();
         assert_eq!(metrics.hash.batch_size.get_sample_count(), 2);
@@ -805,7 +835,11 @@ mod tests {
         let pool = pool(1, 4, &metrics);
         let past = Instant::now() - Duration::from_millis(1);
         let err = pool
-            .derive(pool.reserve().unwrap(), Some(past), job(b"late", 1))
+            .derive(
+                pool.reserve(None, None).unwrap(),
+                Some(past),
+                job(b"late", 1),
+            )
             .await
             .unwrap_err();
         assert_eq!(err, PoolError::Expired);
@@ -859,7 +893,7 @@ mod tests {
         busy.await.unwrap().unwrap();
         assert_eq!(queued.await.unwrap().unwrap(), 1);
         assert_eq!(pool.stats().rejected_full, 1);
-        assert_eq!(metrics.hash.refused.get(), 1);
+        assert_eq!(metrics.hash.refused.with_label_values(&["full"]).get(), 1);
         assert_eq!(metrics.hash.queue_depth.get(), 0);
     }
 
