@@ -8,7 +8,10 @@
 //!   meanwhile holds no in-flight place;
 //! - it bounds what one client (its IP address, or the trusted `x-forwarded-for`
 //!   client) may have open at once, from headers to answer, so one client cannot
-//!   take the capacity away from the others;
+//!   take the capacity away from the others, without refusing a busy client while
+//!   the capacity is idle: past its share (`AUTHD_MAX_IN_FLIGHT_PER_CLIENT`) a client
+//!   may still open requests as long as one share of the in-flight cap stays free
+//!   for whoever comes next;
 //! - it caps the requests in flight (RESOURCE_EXHAUSTED with a retry hint beyond it);
 //! - it turns the client's `grpc-timeout` into a [`Deadline`] the handlers pass down
 //!   (the hash pool drops work whose deadline passed), and answers DEADLINE_EXCEEDED
@@ -20,6 +23,7 @@
 
 use crate::{
     error::Error,
+    metrics::PushbackMetrics,
     middleware::{BoxFuture, Middleware, MiddlewareLayer, Request, Response},
     rpc::{self, Deadline, Rpc},
 };
@@ -60,13 +64,21 @@ pub struct Admission {
     permits: Arc<Semaphore>,
     settings: AdmissionSettings,
     draining: AtomicBool,
-    /// Open requests per client; an entry lives while its count is above zero, so
-    /// the map is bounded by the requests open.
-    clients: Mutex<HashMap<IpAddr, u32>>,
+    /// Open requests per client, and in all.
+    clients: Mutex<Open>,
+    metrics: PushbackMetrics,
+}
+
+/// Requests open (being received or in flight); an entry lives while its count is
+/// above zero, so the map is bounded by the requests open.
+#[derive(Default)]
+struct Open {
+    total: u32,
+    clients: HashMap<IpAddr, u32>,
 }
 
 impl Admission {
-    pub fn new(mut settings: AdmissionSettings) -> Arc<Self> {
+    pub fn new(mut settings: AdmissionSettings, metrics: PushbackMetrics) -> Arc<Self> {
         settings.max_in_flight = settings
             .max_in_flight
             .clamp(1, Semaphore::MAX_PERMITS as u32);
@@ -75,7 +87,8 @@ impl Admission {
             permits: Arc::new(Semaphore::new(settings.max_in_flight as usize)),
             settings,
             draining: AtomicBool::new(false),
-            clients: Mutex::new(HashMap::new()),
+            clients: Mutex::new(Open::default()),
+            metrics,
         })
     }
 
@@ -86,8 +99,11 @@ impl Admission {
 
     /// Requests open (being received or in flight) for `client`.
     pub fn open_for(&self, client: IpAddr) -> u32 {
-        let clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
-        clients.get(&client.to_canonical()).copied().unwrap_or(0)
+        let open = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        open.clients
+            .get(&client.to_canonical())
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Stops admitting new requests and waits until those admitted have finished,
@@ -99,14 +115,19 @@ impl Admission {
         matches!(tokio::time::timeout(timeout, all).await, Ok(Ok(_)))
     }
 
-    /// Counts a request open for `client`, unless the client has its share open.
+    /// Counts a request open for `client`, unless the client has its share open and
+    /// what is left of the in-flight cap is no more than one share.
     fn open(self: &Arc<Self>, client: IpAddr) -> Option<ClientShare> {
-        let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
-        let open = clients.entry(client).or_insert(0);
-        if *open >= self.settings.max_per_client {
+        let mut open = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        let Open { total, clients } = &mut *open;
+        let share = self.settings.max_per_client;
+        let mine = clients.entry(client).or_insert(0);
+        let room_beyond_a_share = total.saturating_add(share) < self.settings.max_in_flight;
+        if *mine >= share && !room_beyond_a_share {
             return None;
         }
-        *open += 1;
+        *mine += 1;
+        *total += 1;
         Some(ClientShare {
             admission: self.clone(),
             client,
@@ -122,10 +143,12 @@ struct ClientShare {
 
 impl Drop for ClientShare {
     fn drop(&mut self) {
-        let mut clients = (self.admission.clients.lock()).unwrap_or_else(|p| p.into_inner());
-        if let Some(open) = clients.get_mut(&self.client) {
-            *open -= 1;
-            if *open == 0 {
+        let mut open = (self.admission.clients.lock()).unwrap_or_else(|p| p.into_inner());
+        let Open { total, clients } = &mut *open;
+        if let Some(mine) = clients.get_mut(&self.client) {
+            *mine -= 1;
+            *total -= 1;
+            if *mine == 0 {
                 clients.remove(&self.client);
             }
         }
@@ -153,9 +176,10 @@ impl Middleware for Admission {
             Box::pin(async move { Ok(response) })
         };
         if self.draining.load(Ordering::SeqCst) {
+            self.metrics.admission_draining.inc();
             return refuse(Error::Unavailable("the server is shutting down".into()));
         }
-        let timeout = grpc_timeout(req.headers());
+        let timeout = rpc::grpc_timeout(req.headers());
         if timeout.is_some_and(|t| t.is_zero()) {
             return refuse(Error::DeadlineExceeded);
         }
@@ -164,6 +188,7 @@ impl Middleware for Admission {
             .unwrap_or(UNKNOWN_CLIENT);
         // The share covers the request from its headers to its answer, receiving included.
         let Some(share) = self.open(client) else {
+            self.metrics.admission_client.inc();
             return refuse(Error::Overloaded {
                 what: "too many requests in flight from this client",
                 retry_after: Duration::from_millis(100),
@@ -196,9 +221,11 @@ impl Middleware for Admission {
                 Ok(Err(_)) => return answer(Error::Cancelled),
             };
             if self.draining.load(Ordering::SeqCst) {
+                self.metrics.admission_draining.inc();
                 return answer(Error::Unavailable("the server is shutting down".into()));
             }
             let Ok(_permit) = self.permits.clone().try_acquire_owned() else {
+                self.metrics.admission_in_flight.inc();
                 return answer(Error::Overloaded {
                     what: "too many requests in flight",
                     retry_after: Duration::from_millis(100),
@@ -224,25 +251,6 @@ impl Middleware for Admission {
     }
 }
 
-/// Parses the `grpc-timeout` header: up to 8 digits and a unit (H, M, S, m, u, n).
-fn grpc_timeout(headers: &http::HeaderMap) -> Option<Duration> {
-    let value = headers.get("grpc-timeout")?.to_str().ok()?;
-    if value.len() < 2 || value.len() > 9 {
-        return None;
-    }
-    let (digits, unit) = value.split_at(value.len() - 1);
-    let n: u64 = digits.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(n.checked_mul(3600)?),
-        "M" => Duration::from_secs(n.checked_mul(60)?),
-        "S" => Duration::from_secs(n),
-        "m" => Duration::from_millis(n),
-        "u" => Duration::from_micros(n),
-        "n" => Duration::from_nanos(n),
-        _ => return None,
-    })
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -255,12 +263,6 @@ pub(crate) mod tests {
     use tonic::transport::server::TcpConnectInfo;
     use tower::{Layer as _, ServiceExt as _};
 
-    fn parse(v: &str) -> Option<Duration> {
-        let mut h = http::HeaderMap::new();
-        h.insert("grpc-timeout", v.parse().unwrap());
-        grpc_timeout(&h)
-    }
-
     fn settings(max_in_flight: u32, max_per_client: u32) -> AdmissionSettings {
         AdmissionSettings {
             max_in_flight,
@@ -269,6 +271,10 @@ pub(crate) mod tests {
             max_body_bytes: 64,
             trust_forwarded_for: false,
         }
+    }
+
+    fn admission(settings: AdmissionSettings) -> Arc<Admission> {
+        Admission::new(settings, crate::metrics::Metrics::new().pushback.clone())
     }
 
     /// An admission service around an inner service that counts its calls.
@@ -304,7 +310,7 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn a_deadline_already_passed_is_refused_without_calling_the_service() {
-        let (svc, calls) = service(Admission::new(settings(10, 10)));
+        let (svc, calls) = service(admission(settings(10, 10)));
         let response = svc
             .oneshot(request("/auth.v1.AuthService/Login", Some("0n")))
             .await
@@ -315,7 +321,7 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn draining_refuses_auth_calls_but_not_health() {
-        let state = Admission::new(settings(10, 10));
+        let state = admission(settings(10, 10));
         assert!(
             state.drain(Duration::from_millis(10)).await,
             "nothing in flight"
@@ -337,7 +343,7 @@ pub(crate) mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_request_whose_body_never_comes_holds_no_place_and_times_out() {
-        let state = Admission::new(settings(1, 10));
+        let state = admission(settings(1, 10));
         let (svc, calls) = service(state.clone());
         let waiting = tokio::spawn(svc.clone().oneshot(with_body(
             "/auth.v1.AuthService/Login",
@@ -360,16 +366,17 @@ pub(crate) mod tests {
         assert_eq!(grpc_status(&answered), Some("4")); // DEADLINE_EXCEEDED
         assert_eq!(calls.load(Ordering::SeqCst), 1);
         assert_eq!(state.open_for("10.0.0.1".parse().unwrap()), 0);
-        assert!(state.clients.lock().unwrap().is_empty());
+        assert!(state.clients.lock().unwrap().clients.is_empty());
         // Nothing held: a drain finishes at once.
         assert!(state.drain(Duration::from_millis(1)).await);
     }
 
     #[tokio::test(start_paused = true)]
-    async fn one_client_holds_at_most_its_share() {
-        let state = Admission::new(settings(100, 2));
+    async fn past_its_share_a_client_leaves_one_share_free_for_the_others() {
+        // A cap of 8, shares of 2: one busy client may open 6 (leaving 2 free).
+        let state = admission(settings(8, 2));
         let (svc, calls) = service(state.clone());
-        let held: Vec<_> = (0..2)
+        let held: Vec<_> = (0..6)
             .map(|_| {
                 tokio::spawn(svc.clone().oneshot(with_body(
                     "/auth.v1.AuthService/Login",
@@ -379,28 +386,51 @@ pub(crate) mod tests {
             })
             .collect();
         tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(state.open_for("10.0.0.1".parse().unwrap()), 6);
         let refused = svc
             .clone()
             .oneshot(request("/auth.v1.AuthService/Login", None))
             .await
             .unwrap();
         assert_eq!(grpc_status(&refused), Some("8")); // RESOURCE_EXHAUSTED
-        // Another client is not affected.
-        let mut other = request("/auth.v1.AuthService/Login", None);
-        other.extensions_mut().insert(TcpConnectInfo {
-            local_addr: None,
-            remote_addr: Some("10.0.0.2:4000".parse().unwrap()),
-        });
-        assert!(served(&svc.clone().oneshot(other).await.unwrap()));
-        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        // Another client gets its share at once.
+        let other = |n: u8| {
+            let mut other = request("/auth.v1.AuthService/Login", None);
+            other.extensions_mut().insert(TcpConnectInfo {
+                local_addr: None,
+                remote_addr: Some(format!("10.0.0.{n}:4000").parse().unwrap()),
+            });
+            other
+        };
+        let second: Vec<_> = (0..2)
+            .map(|_| {
+                let mut request = other(2);
+                *request.body_mut() = never();
+                tokio::spawn(svc.clone().oneshot(request))
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(state.open_for("10.0.0.2".parse().unwrap()), 2);
+        // Any client's share is there whatever the others hold.
+        assert!(served(&svc.clone().oneshot(other(3)).await.unwrap()));
+        // When the busy client's requests end, it may use the idle capacity again.
         for task in held {
+            task.abort();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let again = svc
+            .clone()
+            .oneshot(request("/auth.v1.AuthService/Login", None));
+        assert!(served(&again.await.unwrap()));
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        for task in second {
             task.abort();
         }
     }
 
     #[tokio::test]
     async fn an_oversized_body_is_out_of_range_without_calling_the_service() {
-        let (svc, calls) = service(Admission::new(settings(10, 10)));
+        let (svc, calls) = service(admission(settings(10, 10)));
         let body = Body::new(Full::new(Bytes::from(vec![0u8; 65])));
         let response = svc
             .clone()
@@ -415,19 +445,5 @@ pub(crate) mod tests {
             .unwrap();
         assert!(served(&fits));
         assert_eq!(calls.load(Ordering::SeqCst), 1);
-    }
-
-    #[test]
-    fn grpc_timeout_units() {
-        assert_eq!(parse("2H"), Some(Duration::from_secs(7200)));
-        assert_eq!(parse("3M"), Some(Duration::from_secs(180)));
-        assert_eq!(parse("5S"), Some(Duration::from_secs(5)));
-        assert_eq!(parse("250m"), Some(Duration::from_millis(250)));
-        assert_eq!(parse("7u"), Some(Duration::from_micros(7)));
-        assert_eq!(parse("9n"), Some(Duration::from_nanos(9)));
-        assert_eq!(parse("0m"), Some(Duration::ZERO));
-        for bad in ["", "S", "5", "5x", "123456789S", "-1S", "1.5S"] {
-            assert_eq!(parse(bad), None, "{bad:?}");
-        }
     }
 }

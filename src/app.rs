@@ -19,6 +19,7 @@ use crate::{
     otel::Traces,
     password::{HashPool, Hasher, PoolSnapshot},
     pb::{self, auth_service_server::AuthServiceServer},
+    pushback::{self, Pushback, PushbackSettings},
     ratelimit::{self, RateLimitStats, RateLimiter, Settings as RateLimitSettings},
     shared_redis::SharedRedis,
     store::{PostgresSettings, SqliteSettings, Store, StoreSettings, WriterSnapshot},
@@ -52,6 +53,7 @@ pub struct Application {
     local_addr: SocketAddr,
     accounts: Arc<Accounts>,
     admission: Arc<Admission>,
+    pushback: Arc<Pushback>,
     rate_limiter: Arc<RateLimiter>,
     blocklist: Arc<Blocklist>,
     metrics: Arc<Metrics>,
@@ -72,6 +74,7 @@ pub struct Application {
 pub struct AppHandle {
     accounts: Arc<Accounts>,
     admission: Arc<Admission>,
+    pushback: Arc<Pushback>,
     rate_limiter: Arc<RateLimiter>,
     metrics: Arc<Metrics>,
     key_file: Option<Arc<KeyFile>>,
@@ -115,6 +118,11 @@ impl AppHandle {
         self.accounts.hasher().pool().stats()
     }
 
+    /// Hash jobs waiting for a hashing thread now.
+    pub fn hash_queued(&self) -> usize {
+        self.accounts.hasher().pool().queued()
+    }
+
     /// Counters of the SQLite writer (`None` on other backends).
     pub fn writer_stats(&self) -> Option<WriterSnapshot> {
         self.accounts.store().writer_stats()
@@ -128,6 +136,11 @@ impl AppHandle {
     /// AuthService requests open (being received or in flight) for one client.
     pub fn open_for(&self, client: std::net::IpAddr) -> u32 {
         self.admission.open_for(client)
+    }
+
+    /// Refused requests held on a timer before their answer, now.
+    pub fn refusals_held(&self) -> u32 {
+        self.pushback.held()
     }
 
     /// Counters of the rate limiter, and which backend decides now.
@@ -226,7 +239,8 @@ impl Application {
             engine,
             &metrics,
         )
-        .context("starting the password hashing threads")?;
+        .context("starting the password hashing threads")?
+        .with_queue_wait(config.hash_queue_wait);
         let hasher = Hasher::new(config.pbkdf2_iterations, pool)?;
         let tokens = Tokens::new(keys.clone(), config.token_ttl, &metrics)
             .with_audience(&config.token_audience)
@@ -297,18 +311,32 @@ impl Application {
         // Never fails on a Redis outage: the limiter starts degraded and keeps trying.
         let rate_limiter =
             RateLimiter::start(rate_limit_settings(&config, redis), &metrics).await?;
-        let admission = Admission::new(AdmissionSettings {
-            max_in_flight: config.max_in_flight,
-            max_per_client: config.max_in_flight_per_client(),
-            receive_timeout: config.receive_timeout,
-            max_body_bytes: MAX_MESSAGE_BYTES + GRPC_FRAME_HEADER,
-            trust_forwarded_for: config.trust_forwarded_for,
-        });
+        let admission = Admission::new(
+            AdmissionSettings {
+                max_in_flight: config.max_in_flight,
+                max_per_client: config.max_in_flight_per_client(),
+                receive_timeout: config.receive_timeout,
+                max_body_bytes: MAX_MESSAGE_BYTES + GRPC_FRAME_HEADER,
+                trust_forwarded_for: config.trust_forwarded_for,
+            },
+            metrics.pushback.clone(),
+        );
+        let pushback = Pushback::new(
+            PushbackSettings {
+                max_hold: config.refusal_hold,
+                rate: config.refusal_rate,
+                max_held: config.refusal_hold_max,
+                max_held_per_client: config.refusal_hold_max_per_client(),
+                trust_forwarded_for: config.trust_forwarded_for,
+            },
+            metrics.pushback.clone(),
+        );
         Ok(Self {
             listener,
             local_addr,
             accounts,
             admission,
+            pushback,
             rate_limiter,
             blocklist,
             metrics,
@@ -347,6 +375,7 @@ impl Application {
         AppHandle {
             accounts: self.accounts.clone(),
             admission: self.admission.clone(),
+            pushback: self.pushback.clone(),
             rate_limiter: self.rate_limiter.clone(),
             metrics: self.metrics.clone(),
             key_file: self.key_file.clone(),
@@ -367,6 +396,7 @@ impl Application {
             local_addr,
             accounts,
             admission,
+            pushback,
             rate_limiter,
             blocklist,
             metrics,
@@ -456,6 +486,8 @@ impl Application {
             })
             // Outermost: every request, refused or not, gets an id, a log line and metrics.
             .layer(trace::layer(metrics.clone(), traces.clone()))
+            // A refusal with a retry hint, from any layer below, is held before its answer.
+            .layer(pushback::layer(pushback.clone()))
             // Mutual TLS: an identity not allowed for the method costs nothing further.
             .layer(access::layer(config.tls_allow.clone().unwrap_or_default()))
             // Then: a request refused by a rate limit never takes an admission slot.
@@ -523,6 +555,7 @@ impl Application {
         );
         health::report(&reporter, false, &metrics.serving).await;
         checker.abort();
+        pushback.release();
         if !admission.drain(config.drain_timeout).await {
             tracing::warn!(
                 in_flight = admission.in_flight(),

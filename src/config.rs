@@ -194,11 +194,20 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..=1024), global = true)]
     pub hash_threads: Option<u32>,
 
-    /// Hash jobs that may wait for a thread; beyond it requests get RESOURCE_EXHAUSTED
+    /// Hash jobs that may wait for a thread (the count bound); beyond it requests get
+    /// RESOURCE_EXHAUSTED, except a client below its fair share (up to twice the bound)
     /// [default: 64 per hash thread].
     #[arg(long, env = "AUTHD_HASH_QUEUE",
           value_parser = clap::value_parser!(u32).range(1..=1_000_000), global = true)]
     pub hash_queue: Option<u32>,
+
+    /// Longest expected wait in the hash queue: places are granted while the queue
+    /// ahead, at the hashing rate measured on the threads, would be worked through
+    /// within it (never fewer than two full batches per thread, and within
+    /// --hash-queue); beyond it RESOURCE_EXHAUSTED.
+    #[arg(long, env = "AUTHD_HASH_QUEUE_WAIT", default_value = "150ms",
+          value_parser = positive_duration, global = true)]
+    pub hash_queue_wait: Duration,
 
     /// AuthService requests in flight at once; beyond it requests get RESOURCE_EXHAUSTED.
     #[arg(long, env = "AUTHD_MAX_IN_FLIGHT", default_value_t = 4096,
@@ -206,11 +215,41 @@ pub struct Config {
     pub max_in_flight: u32,
 
     /// AuthService requests one client (IP address; the x-forwarded-for client with
-    /// --trust-forwarded-for) may have open at once, being received or in flight; beyond
-    /// it RESOURCE_EXHAUSTED [default: a quarter of --max-in-flight].
+    /// --trust-forwarded-for) may always have open at once, being received or in flight;
+    /// past it a client may open more while more than this many places of
+    /// --max-in-flight stay free, beyond that RESOURCE_EXHAUSTED [default: a quarter of
+    /// --max-in-flight].
     #[arg(long, env = "AUTHD_MAX_IN_FLIGHT_PER_CLIENT",
           value_parser = clap::value_parser!(u32).range(1..=1_000_000), global = true)]
     pub max_in_flight_per_client: Option<u32>,
+
+    /// Longest a refused request is held before its answer: a RESOURCE_EXHAUSTED answer
+    /// with a retry hint (full hash queue, in-flight caps, rate limits, login throttle)
+    /// is sent at its hint or its slot of --refusal-rate, whichever is later, at most
+    /// this long after and before the client's deadline, and its RetryInfo says what is
+    /// left of the hint; 0s answers refusals at once (at most 1m).
+    #[arg(long, env = "AUTHD_REFUSAL_HOLD", default_value = "10s",
+          value_parser = refusal_hold, global = true)]
+    pub refusal_hold: Duration,
+
+    /// Refusals answered per second while refusals are held: each takes the next slot
+    /// of this pace (or waits out its hint, if later), within --refusal-hold, so a
+    /// crowd that re-asks at once costs the server at most about this many refusals
+    /// a second.
+    #[arg(long, env = "AUTHD_REFUSAL_RATE", default_value_t = 500,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000), global = true)]
+    pub refusal_rate: u32,
+
+    /// Refused requests held at once, in all; beyond it a refusal is answered at once.
+    #[arg(long, env = "AUTHD_REFUSAL_HOLD_MAX", default_value_t = 16_384,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000), global = true)]
+    pub refusal_hold_max: u32,
+
+    /// Refused requests held at once for one client (IP address; the x-forwarded-for
+    /// client with --trust-forwarded-for) [default: half of --refusal-hold-max].
+    #[arg(long, env = "AUTHD_REFUSAL_HOLD_MAX_PER_CLIENT",
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000), global = true)]
+    pub refusal_hold_max_per_client: Option<u32>,
 
     /// Longest a request may take to arrive, from its headers to the end of its body; a
     /// request not received by then gets DEADLINE_EXCEEDED. It holds no in-flight place
@@ -310,6 +349,13 @@ pub struct Config {
         global = true
     )]
     pub hash_backend: HashBackend,
+
+    /// Nice value of the threads that answer AuthService requests (0 to 19: the
+    /// runtime's workers and the database threads they start): above 0, the thread
+    /// of the health-only port answers probes first when the cores are busy.
+    #[arg(long, env = "AUTHD_RUNTIME_THREAD_NICE", default_value_t = 5,
+          value_parser = clap::value_parser!(u8).range(0..=19), global = true)]
+    pub runtime_thread_nice: u8,
 
     /// Nice value of the hashing threads (0 to 19): above 0, the threads that answer
     /// requests and probes run first when the cores are busy hashing.
@@ -703,6 +749,12 @@ impl Config {
             .unwrap_or((self.max_in_flight / 4).max(1))
     }
 
+    /// Refusals held per client, resolving the default.
+    pub fn refusal_hold_max_per_client(&self) -> u32 {
+        self.refusal_hold_max_per_client
+            .unwrap_or((self.refusal_hold_max / 2).max(1))
+    }
+
     /// Connections per client, resolving the default.
     pub fn max_connections_per_client(&self) -> u32 {
         self.max_connections_per_client
@@ -972,6 +1024,16 @@ impl fmt::Debug for DatabaseUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(self, f)
     }
+}
+
+/// A refusal hold: zero (answer at once) up to a minute (past it a client's own
+/// deadline or patience is the bound that matters).
+fn refusal_hold(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 0s, 500ms, 2s)"))?;
+    if d > Duration::from_secs(60) {
+        return Err("must be at most 1m".into());
+    }
+    Ok(d)
 }
 
 fn positive_duration(s: &str) -> Result<Duration, String> {

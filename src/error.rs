@@ -201,9 +201,65 @@ impl Error {
     }
 }
 
+/// The retry hint of a refusal for load or for a limit (RESOURCE_EXHAUSTED with a
+/// RetryInfo detail), if `status` is one.
+pub(crate) fn retry_hint(status: &Status) -> Option<Duration> {
+    if status.code() != Code::ResourceExhausted {
+        return None;
+    }
+    status.get_details_retry_info()?.retry_delay
+}
+
+/// The refusal `status` with its retry hint replaced by `wait` (what is left of it
+/// once the answer was held back): the RetryInfo detail, `retry-after` and
+/// `ratelimit-reset` change, the code, message and every other detail stay.
+pub(crate) fn with_retry_hint(status: &Status, wait: Duration) -> Status {
+    let mut details = status.get_error_details();
+    details.set_retry_info(Some(wait));
+    let mut metadata = status.metadata().clone();
+    let seconds = whole_seconds(wait);
+    metadata.insert("retry-after", MetadataValue::from(seconds));
+    if metadata.contains_key("ratelimit-reset") {
+        metadata.insert("ratelimit-reset", MetadataValue::from(seconds));
+    }
+    Status::with_error_details_and_metadata(status.code(), status.message(), details, metadata)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_held_refusal_keeps_everything_but_its_hint() {
+        let status = Error::RateLimited {
+            violations: vec![QuotaViolation {
+                subject: "Login:peer=1/1m".into(),
+                description: "1 per minute".into(),
+            }],
+            limit: 1,
+            retry_after: Duration::from_secs(40),
+        }
+        .to_status();
+        assert_eq!(retry_hint(&status), Some(Duration::from_secs(40)));
+        let held = with_retry_hint(&status, Duration::from_millis(39_500));
+        assert_eq!(held.code(), Code::ResourceExhausted);
+        assert_eq!(held.message(), status.message());
+        assert_eq!(retry_hint(&held), Some(Duration::from_millis(39_500)));
+        let details = held.get_error_details();
+        let quota = details.quota_failure().unwrap();
+        assert_eq!(quota.violations[0].subject, "Login:peer=1/1m");
+        let metadata = held.metadata();
+        assert_eq!(metadata.get("retry-after").unwrap(), "40");
+        assert_eq!(metadata.get("ratelimit-reset").unwrap(), "40");
+        assert_eq!(metadata.get("ratelimit-limit").unwrap(), "1");
+        // Nothing left to wait: the client may ask again at once.
+        let now = with_retry_hint(&status, Duration::ZERO);
+        assert_eq!(retry_hint(&now), Some(Duration::ZERO));
+        assert_eq!(now.metadata().get("retry-after").unwrap(), "0");
+        // Not a refusal with a hint: nothing to hold.
+        assert_eq!(retry_hint(&Error::InvalidCredentials.to_status()), None);
+        assert_eq!(retry_hint(&Error::DeadlineExceeded.to_status()), None);
+    }
 
     #[test]
     fn waits_round_up_to_whole_seconds() {

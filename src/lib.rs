@@ -16,24 +16,27 @@
 //! transport                     accept loop and per-connection bounds (hyper, HTTP/2), TLS
 //!                               and mutual TLS (rustls, files reloaded live)
 //!   trace                       request id, one log event and the request metrics per request
+//!   pushback                    refusals with a retry hint held on a timer before their answer
 //!   access                      mutual TLS allow-list: identity per method (PERMISSION_DENIED)
 //!   ratelimit::layer            per-rule sliding windows, on Redis or in process (reject)
-//!   admission                   whole request first, fair share per client, in-flight cap,
+//!   admission                   whole request first, share per client, in-flight cap,
 //!                               deadline, drain (reject, never queue)
 //!   codec                       protobuf decoding; malformed -> INVALID_ARGUMENT, generic
 //!   grpc                        proto <-> domain, for auth.v1.AuthService
 //!   accounts                    the register / login / validate / session use cases
 //!     revocation                ended sessions in memory, for ValidateToken
 //!     store                     SQLite (reader pool + one batching writer) or PostgreSQL (pool)
-//!     password                  the PBKDF2 policy, on a bounded pool of hashing threads
+//!     password                  the PBKDF2 policy, on a pool of hashing threads behind a
+//!                               queue bounded by time and count, fair between clients
 //!     token                     JWT EdDSA / HS256 with a key ring (kid -> key)
 //! ```
 //!
 //! The bottom floor, which every module above may import:
 //! - `rpc`: which RPC a path is, the exempt rule, the request extensions (request
-//!   id, deadline, user id, client certificate identity) and who sent a request.
+//!   id, deadline, user id, client certificate identity), the `grpc-timeout` header
+//!   and who sent a request.
 //! - `error`: the domain error, and its one mapping to a gRPC `Status`.
-//! - `middleware`: the Layer/Service shell the three layers share.
+//! - `middleware`: the Layer/Service shell the layers share.
 //! - `metrics`: the Prometheus registry of one application, its metrics, and the
 //!   router of the plain-HTTP port (`GET /metrics`).
 //! - [`otel`]: the OpenTelemetry traces of one application: the server span the
@@ -57,6 +60,7 @@
 //! - [`healthcheck`]: `authd health`, the client side: one check, turned into an exit status.
 //! - [`password`]: also `authd hash-bench` (`password::bench`), this machine's hashing rate.
 //! - [`telemetry`]: the `tracing` subscriber (text or JSON lines).
+//! - [`priority`]: the OS scheduling priority of the runtime's and the hashing threads.
 //!
 //! The load generator is a package of its own (`authbench/`), a gRPC client of authd
 //! and nothing more.
@@ -81,6 +85,8 @@ pub(crate) mod metrics;
 pub(crate) mod middleware;
 pub mod otel;
 pub mod password;
+pub mod priority;
+pub(crate) mod pushback;
 pub mod ratelimit;
 pub(crate) mod refresh;
 pub(crate) mod revocation;

@@ -27,8 +27,12 @@ fn main() -> ExitCode {
              /proc/PID/cmdline): set them through the environment or a file instead"
         );
     }
+    // The workers answer AuthService requests below the priority of the thread that
+    // answers probes (the health-only port's, started from this one), above hashing.
+    let nice = cli.config.runtime_thread_nice;
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .on_thread_start(move || authd::priority::lower(nice, "runtime"))
         .build()
     {
         Ok(rt) => rt,

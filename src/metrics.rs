@@ -111,11 +111,12 @@ pub(crate) struct HashMetrics {
     pub running: IntGauge,
     pub threads: IntGauge,
     pub queue_capacity: IntGauge,
+    pub queue_limit: IntGauge,
     pub queue_wait: Histogram,
     pub duration: Histogram,
     pub rounds: IntCounter,
     pub batch_size: Histogram,
-    pub refused: IntCounter,
+    pub refused: IntCounterVec,
     pub dropped_deadline: IntCounter,
     pub dropped_cancelled: IntCounter,
 }
@@ -241,6 +242,22 @@ pub(crate) struct ListenerMetrics {
     pub idle_closed: IntCounter,
 }
 
+/// Admission control and pushback: what was refused for load, and how.
+#[derive(Clone)]
+pub(crate) struct PushbackMetrics {
+    /// Refusals being held now.
+    pub held: IntGauge,
+    /// Refusals held before their answer, and answered at once.
+    pub held_total: IntCounter,
+    pub at_once: IntCounter,
+    /// Time the layers below pushback spent on requests that ended refused.
+    pub refusal_seconds: prometheus::Counter,
+    /// Refusals by admission control, by cause (resolved per cause).
+    pub admission_in_flight: IntCounter,
+    pub admission_client: IntCounter,
+    pub admission_draining: IntCounter,
+}
+
 /// The metrics of one application, in a registry of its own.
 pub struct Metrics {
     registry: Registry,
@@ -255,6 +272,7 @@ pub struct Metrics {
     pub(crate) tls: TlsMetrics,
     pub(crate) sessions: SessionMetrics,
     pub(crate) traces: TraceMetrics,
+    pub(crate) pushback: PushbackMetrics,
     /// 1 while readiness is SERVING, 0 while NOT_SERVING (the health checker sets it).
     pub(crate) serving: IntGauge,
     /// Run before each scrape, for values read from elsewhere (connection pools).
@@ -359,6 +377,12 @@ impl Metrics {
                 "authd_hash_queue_capacity",
                 "Hash jobs that may wait before requests are refused (AUTHD_HASH_QUEUE).",
             ),
+            queue_limit: gauge(
+                "authd_hash_queue_limit",
+                "Places (queued and running) the hash queue grants now: its wait target \
+                 (AUTHD_HASH_QUEUE_WAIT) times the measured service rate, within the count \
+                 bound (AUTHD_HASH_QUEUE plus the threads).",
+            ),
             queue_wait: histogram(
                 "authd_hash_queue_wait_seconds",
                 "Time a hash job waited in the queue before a thread took it.",
@@ -380,10 +404,19 @@ impl Metrics {
                 "PBKDF2 rounds computed: hashes, verifications, and the padding that makes \
                  every failed login cost as much as the most expensive stored hash.",
             ),
-            refused: counter(
-                "authd_hash_refused_total",
-                "Requests refused with RESOURCE_EXHAUSTED because the hash queue was full.",
-            ),
+            refused: {
+                let refused = counter_vec(
+                    "authd_hash_refused_total",
+                    "Requests the hash queue refused with RESOURCE_EXHAUSTED, by cause: full \
+                     (its count bound), wait (its wait target), share (at its bound, the client \
+                     held its fair share), deadline (the deadline would pass in the queue).",
+                    &["cause"],
+                );
+                for why in crate::password::Refusal::ALL {
+                    refused.with_label_values(&[why.label()]);
+                }
+                refused
+            },
             dropped_deadline: dropped.with_label_values(&["deadline"]),
             dropped_cancelled: dropped.with_label_values(&["cancelled"]),
         };
@@ -594,6 +627,42 @@ impl Metrics {
                 .expect("valid"),
             ),
         };
+        let refusals = counter_vec(
+            "authd_admission_refused_total",
+            "AuthService requests admission control refused, by cause: in_flight (the in-flight \
+             cap, RESOURCE_EXHAUSTED), client (the client had its share open, \
+             RESOURCE_EXHAUSTED), draining (shutting down, UNAVAILABLE).",
+            &["cause"],
+        );
+        let pushback = PushbackMetrics {
+            held: gauge(
+                "authd_refusals_held",
+                "Refused requests (RESOURCE_EXHAUSTED with a retry hint) held on a timer now, \
+                 before their answer (AUTHD_REFUSAL_HOLD).",
+            ),
+            held_total: counter(
+                "authd_refusals_held_total",
+                "Refused requests whose answer was held on a timer before it was sent.",
+            ),
+            at_once: counter(
+                "authd_refusals_unheld_total",
+                "Refused requests answered at once: no hold configured, the client's deadline \
+                 too near, shutting down, or AUTHD_REFUSAL_HOLD_MAX(_PER_CLIENT) reached.",
+            ),
+            refusal_seconds: registered(
+                &r,
+                prometheus::Counter::with_opts(opts(
+                    "authd_refusal_work_seconds_total",
+                    "Time the server's runtime spent on requests that ended refused with a retry \
+                     hint (admission, rate limits, throttle, the handler up to the refusal), \
+                     holds excluded: what refusing costs.",
+                ))
+                .expect("valid"),
+            ),
+            admission_in_flight: refusals.with_label_values(&["in_flight"]),
+            admission_client: refusals.with_label_values(&["client"]),
+            admission_draining: refusals.with_label_values(&["draining"]),
+        };
         let tls = TlsMetrics {
             expiry: gauge_vec(
                 "authd_tls_certificate_expiry_timestamp_seconds",
@@ -710,6 +779,7 @@ impl Metrics {
             tls,
             sessions,
             traces,
+            pushback,
             serving,
             refreshers: Mutex::new(Vec::new()),
         }

@@ -13,7 +13,10 @@
 //! It imports nothing of authd's: every other module may import it.
 
 use http::HeaderValue;
-use std::{net::IpAddr, time::Instant};
+use std::{
+    net::IpAddr,
+    time::{Duration, Instant},
+};
 use tonic::transport::server::TcpConnectInfo;
 
 const AUTH: &str = crate::pb::auth_service_server::SERVICE_NAME;
@@ -212,9 +215,48 @@ fn first_forwarded_hop(headers: &http::HeaderMap) -> Option<IpAddr> {
         .or_else(|| first.parse::<std::net::SocketAddr>().ok().map(|a| a.ip()))
 }
 
+/// Parses the `grpc-timeout` header: up to 8 digits and a unit (H, M, S, m, u, n).
+pub(crate) fn grpc_timeout(headers: &http::HeaderMap) -> Option<Duration> {
+    let value = headers.get("grpc-timeout")?.to_str().ok()?;
+    if value.len() < 2 || value.len() > 9 {
+        return None;
+    }
+    let (digits, unit) = value.split_at(value.len() - 1);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.checked_mul(3600)?),
+        "M" => Duration::from_secs(n.checked_mul(60)?),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn parse(v: &str) -> Option<Duration> {
+        let mut h = http::HeaderMap::new();
+        h.insert("grpc-timeout", v.parse().unwrap());
+        grpc_timeout(&h)
+    }
+
+    #[test]
+    fn grpc_timeout_units() {
+        assert_eq!(parse("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(parse("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(parse("5S"), Some(Duration::from_secs(5)));
+        assert_eq!(parse("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(parse("7u"), Some(Duration::from_micros(7)));
+        assert_eq!(parse("9n"), Some(Duration::from_nanos(9)));
+        assert_eq!(parse("0m"), Some(Duration::ZERO));
+        for bad in ["", "S", "5", "5x", "123456789S", "-1S", "1.5S"] {
+            assert_eq!(parse(bad), None, "{bad:?}");
+        }
+    }
 
     fn headers(forwarded: &str) -> http::HeaderMap {
         let mut h = http::HeaderMap::new();

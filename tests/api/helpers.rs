@@ -245,6 +245,9 @@ pub fn test_config(url: DatabaseUrl) -> Config {
     // Tests register many users from one address; the default limit on Register
     // has tests of its own (`concurrency`).
     config.register_limit = authd::ratelimit::RegisterLimit::OFF;
+    // Refusals answered at once: tests count refusals as they come; holding them
+    // (pushback) has tests of its own (`overload`).
+    config.refusal_hold = Duration::ZERO;
     config
 }
 
@@ -620,4 +623,25 @@ pub fn host_of(url: &str) -> String {
     } else {
         format!("{host}:5432")
     }
+}
+
+/// A connection to `app` whose socket is bound to `source` (any 127.0.0.0/8
+/// address is this machine's), so that the server sees a client of its own.
+pub async fn connect_from(
+    app: std::net::SocketAddr,
+    source: std::net::Ipv4Addr,
+) -> authd::pb::auth_service_client::AuthServiceClient<Channel> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{app}"))
+        .unwrap()
+        .connect_with_connector(tower::service_fn(
+            move |_: tonic::transport::Uri| async move {
+                let socket = tokio::net::TcpSocket::new_v4()?;
+                socket.bind(std::net::SocketAddr::new(source.into(), 0))?;
+                let stream = socket.connect(app).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            },
+        ))
+        .await
+        .expect("connect from a loopback address of its own");
+    authd::pb::auth_service_client::AuthServiceClient::new(channel)
 }

@@ -12,6 +12,7 @@ mod lifecycle;
 mod load;
 mod metrics;
 mod outage;
+mod overload;
 mod ratelimit;
 mod reflection;
 mod register;

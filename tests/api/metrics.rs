@@ -296,7 +296,7 @@ async fn a_known_sequence_of_calls_gives_exact_counts(db: TestDb) {
     assert_eq!(m.histogram_count("authd_hash_queue_wait_seconds", &[]), 3.0);
     assert_eq!(m.value("authd_hash_queue_depth", &[]), 0.0);
     assert_eq!(m.value("authd_hash_running", &[]), 0.0);
-    assert_eq!(m.value("authd_hash_refused_total", &[]), 0.0);
+    assert_eq!(m.total("authd_hash_refused_total", &[]), 0.0);
     assert_eq!(m.total("authd_hash_dropped_total", &[]), 0.0);
 
     // The store: every register and the login look the name up (a registration

@@ -1,0 +1,486 @@
+//! Pushback: a request refused for load or by a limit is answered when asking again
+//! can help, not at once.
+//!
+//! A refusal costs the server about as much as a health check. A client that asks
+//! again the moment it is refused (a closed-loop load tool, a naive retry loop)
+//! turns that into a storm that owns the cores the accepted work needs. So a
+//! RESOURCE_EXHAUSTED answer that carries a retry hint (a full hash queue, the
+//! in-flight cap, a rate limit, the login throttle) is held on a timer before it is
+//! sent, and refusals are answered at a budgeted pace:
+//! - each refusal takes the next answer slot of a schedule that gives
+//!   `AUTHD_REFUSAL_RATE` slots a second, and is answered at its slot or at the end
+//!   of its hint, whichever is later;
+//! - never later than `AUTHD_REFUSAL_HOLD` after it was refused, nor than just
+//!   before the client's deadline.
+//!
+//! A client that re-asks at once is then answered no faster than the budget, so
+//! the refusals it can cost the server are bounded, whatever its concurrency: it is
+//! slowed, not served. The answer's RetryInfo (and `retry-after`) says what is left
+//! of the hint once held, so a client that honours it waits no longer in all than
+//! it was told, unless the budget is spent.
+//!
+//! A held answer costs a timer and the stream it is the answer of, nothing else: it
+//! holds no in-flight place, no hash slot, no client share. Held answers are
+//! bounded per client (`AUTHD_REFUSAL_HOLD_MAX_PER_CLIENT`) and in all
+//! (`AUTHD_REFUSAL_HOLD_MAX`); beyond either, a refusal is answered at once. A
+//! graceful shutdown answers every held refusal at once.
+//!
+//! Health and reflection pass untouched: they are never refused.
+
+use crate::{
+    error,
+    metrics::PushbackMetrics,
+    middleware::{BoxFuture, Middleware, MiddlewareLayer, Request, Response},
+    rpc::{self, Rpc},
+};
+use std::{
+    collections::HashMap,
+    net::IpAddr,
+    pin::pin,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+use tokio::{sync::watch, time::Instant};
+use tower::Service;
+
+/// The client of requests that did not come over TCP (in-process tests): one share.
+const UNKNOWN_CLIENT: IpAddr = IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
+
+/// How long before the client's deadline a held refusal is answered at the latest:
+/// the client's timer started before ours, and a client that times out by itself
+/// sees no status and no hint.
+const DEADLINE_MARGIN: Duration = Duration::from_millis(20);
+
+/// How pushback is configured.
+#[derive(Debug, Clone)]
+pub struct PushbackSettings {
+    /// The longest a refusal is held; zero answers every refusal at once.
+    pub max_hold: Duration,
+    /// Refusals answered per second while they are held (the answer slots).
+    pub rate: u32,
+    /// Refusals held at once, in all.
+    pub max_held: u32,
+    /// Refusals held at once for one client.
+    pub max_held_per_client: u32,
+    /// Identify clients by the first `x-forwarded-for` hop (behind a trusted proxy).
+    pub trust_forwarded_for: bool,
+}
+
+/// Shared state of the pushback layer.
+pub struct Pushback {
+    settings: PushbackSettings,
+    /// Held refusals per client, and in all; an entry lives while its count is above
+    /// zero, so the map is bounded by the refusals held.
+    held: Mutex<Held>,
+    /// Becomes true when the server shuts down: every held refusal is answered.
+    released: watch::Sender<bool>,
+    metrics: PushbackMetrics,
+}
+
+struct Held {
+    total: u32,
+    clients: HashMap<IpAddr, u32>,
+    /// The next answer slot of the schedule.
+    next_slot: Instant,
+}
+
+impl Pushback {
+    pub fn new(mut settings: PushbackSettings, metrics: PushbackMetrics) -> Arc<Self> {
+        settings.max_held_per_client = settings.max_held_per_client.min(settings.max_held);
+        Arc::new(Self {
+            settings,
+            held: Mutex::new(Held {
+                total: 0,
+                clients: HashMap::new(),
+                next_slot: Instant::now(),
+            }),
+            released: watch::Sender::new(false),
+            metrics,
+        })
+    }
+
+    /// Refusals being held now.
+    pub fn held(&self) -> u32 {
+        self.lock().total
+    }
+
+    /// Answers every held refusal now, and every later one at once: the server is
+    /// shutting down.
+    pub fn release(&self) {
+        self.released.send_replace(true);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts a refusal of `client` held, unless either bound is reached, and says
+    /// until when: its answer slot or `hinted`, whichever is later, at the latest
+    /// `latest` (which is at most the longest hold from `now`).
+    fn hold(
+        self: &Arc<Self>,
+        client: IpAddr,
+        now: Instant,
+        hinted: Instant,
+        latest: Instant,
+    ) -> Option<(HeldRefusal, Instant)> {
+        let mut held = self.lock();
+        if held.total >= self.settings.max_held {
+            return None;
+        }
+        let mine = held.clients.entry(client).or_insert(0);
+        if *mine >= self.settings.max_held_per_client {
+            if *mine == 0 {
+                held.clients.remove(&client);
+            }
+            return None;
+        }
+        *mine += 1;
+        held.total += 1;
+        let slot = held.next_slot.max(now);
+        let spacing = Duration::from_secs(1) / self.settings.rate.max(1);
+        // The schedule runs at most one longest hold ahead: past it, answers are due
+        // at the longest hold anyway, and a burst must not delay the answers after it.
+        held.next_slot = (slot + spacing).min(now + self.settings.max_hold);
+        self.metrics.held.inc();
+        let held = HeldRefusal {
+            pushback: self.clone(),
+            client,
+        };
+        Some((held, slot.max(hinted).min(latest)))
+    }
+}
+
+/// One refusal counted as held, until dropped (answered, or the stream gone).
+struct HeldRefusal {
+    pushback: Arc<Pushback>,
+    client: IpAddr,
+}
+
+impl Drop for HeldRefusal {
+    fn drop(&mut self) {
+        let mut held = self.pushback.lock();
+        held.total = held.total.saturating_sub(1);
+        if let Some(mine) = held.clients.get_mut(&self.client) {
+            *mine -= 1;
+            if *mine == 0 {
+                held.clients.remove(&self.client);
+            }
+        }
+        self.pushback.metrics.held.dec();
+    }
+}
+
+/// The pushback layer around `state`.
+pub(crate) fn layer(state: Arc<Pushback>) -> MiddlewareLayer<Pushback> {
+    MiddlewareLayer::new(state)
+}
+
+impl Middleware for Pushback {
+    fn call<S>(self: Arc<Self>, mut inner: S, req: Request) -> BoxFuture<Result<Response, S::Error>>
+    where
+        S: Service<Request, Response = Response> + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+    {
+        if Rpc::of_path(req.uri().path()).is_exempt() {
+            return Box::pin(inner.call(req));
+        }
+        let arrived = Instant::now();
+        let deadline = rpc::grpc_timeout(req.headers()).and_then(|t| arrived.checked_add(t));
+        let peer = rpc::peer_ip(req.extensions());
+        let client = rpc::client_ip(req.headers(), peer, self.settings.trust_forwarded_for)
+            .unwrap_or(UNKNOWN_CLIENT);
+        Box::pin(async move {
+            // The time the layers below spend on the request, polled on this runtime:
+            // for a refusal, what refusing it cost.
+            let mut busy = Duration::ZERO;
+            let mut answer = pin!(inner.call(req));
+            let response = std::future::poll_fn(|cx| {
+                let start = std::time::Instant::now();
+                let poll = answer.as_mut().poll(cx);
+                busy += start.elapsed();
+                poll
+            })
+            .await?;
+            let Some(hint) = response
+                .extensions()
+                .get::<tonic::Status>()
+                .and_then(error::retry_hint)
+            else {
+                return Ok(response);
+            };
+            self.metrics.refusal_seconds.inc_by(busy.as_secs_f64());
+            let refused = Instant::now();
+            let mut latest = refused + self.settings.max_hold;
+            if let Some(deadline) = deadline {
+                latest = latest.min(deadline.checked_sub(DEADLINE_MARGIN).unwrap_or(deadline));
+            }
+            let mut released = self.released.subscribe();
+            if latest <= refused || *released.borrow() {
+                self.metrics.at_once.inc();
+                return Ok(response);
+            }
+            let hinted = refused.checked_add(hint).unwrap_or(latest);
+            let Some((held, until)) = self.hold(client, refused, hinted, latest) else {
+                self.metrics.at_once.inc();
+                return Ok(response);
+            };
+            self.metrics.held_total.inc();
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => {}
+                _ = released.changed() => {}
+            }
+            drop(held);
+            let Some(status) = response.extensions().get::<tonic::Status>() else {
+                return Ok(response);
+            };
+            let left = hint.saturating_sub(refused.elapsed());
+            Ok(error::with_retry_hint(status, left).into_http())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        error::Error,
+        metrics::Metrics,
+        middleware::testing::{grpc_status, served},
+    };
+    use std::{convert::Infallible, task::Poll};
+    use tower::{Layer as _, ServiceExt as _};
+
+    fn settings(max_hold: Duration, max_held: u32, per_client: u32) -> PushbackSettings {
+        PushbackSettings {
+            max_hold,
+            rate: 1_000_000,
+            max_held,
+            max_held_per_client: per_client,
+            trust_forwarded_for: false,
+        }
+    }
+
+    /// A service that refuses every AuthService call with `error` and serves others.
+    fn refusing(
+        error: fn() -> Error,
+    ) -> tower::util::BoxCloneService<Request, Response, Infallible> {
+        tower::util::BoxCloneService::new(tower::service_fn(move |req: Request| async move {
+            if Rpc::of_path(req.uri().path()).is_exempt() {
+                let mut response = Response::new(tonic::body::Body::empty());
+                response.headers_mut().insert(
+                    crate::middleware::testing::SERVED,
+                    http::HeaderValue::from_static("1"),
+                );
+                return Ok(response);
+            }
+            Ok::<_, Infallible>(error().to_status().into_http())
+        }))
+    }
+
+    fn overloaded() -> Error {
+        Error::Overloaded {
+            what: "the password hashing queue is full",
+            retry_after: Duration::from_secs(3),
+        }
+    }
+
+    fn from(ip: &str, timeout: Option<&str>) -> Request {
+        let mut builder = http::Request::builder().uri("/auth.v1.AuthService/Login");
+        if let Some(t) = timeout {
+            builder = builder.header("grpc-timeout", t);
+        }
+        let mut request = builder.body(tonic::body::Body::empty()).unwrap();
+        request
+            .extensions_mut()
+            .insert(tonic::transport::server::TcpConnectInfo {
+                local_addr: None,
+                remote_addr: Some(format!("{ip}:4000").parse().unwrap()),
+            });
+        request
+    }
+
+    fn hint_of(response: &Response) -> Option<Duration> {
+        error::retry_hint(response.extensions().get::<tonic::Status>()?)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_is_held_for_its_hint_at_most_the_hold_and_says_what_is_left() {
+        let metrics = Metrics::new();
+        let state = Pushback::new(
+            settings(Duration::from_secs(1), 10, 10),
+            metrics.pushback.clone(),
+        );
+        let svc = layer(state.clone()).layer(refusing(overloaded));
+        let start = Instant::now();
+        let response = svc.clone().oneshot(from("10.0.0.1", None)).await.unwrap();
+        assert_eq!(start.elapsed(), Duration::from_secs(1));
+        assert_eq!(grpc_status(&response), Some("8"));
+        assert_eq!(hint_of(&response), Some(Duration::from_secs(2)));
+        assert_eq!(response.headers().get("retry-after").unwrap(), "2");
+        // Never past the client's deadline (less a margin).
+        let start = Instant::now();
+        let response = svc
+            .clone()
+            .oneshot(from("10.0.0.1", Some("300m")))
+            .await
+            .unwrap();
+        assert_eq!(start.elapsed(), Duration::from_millis(280));
+        assert_eq!(hint_of(&response), Some(Duration::from_millis(2720)));
+        assert_eq!(metrics.pushback.held_total.get(), 2);
+        assert_eq!(metrics.pushback.at_once.get(), 0);
+        assert_eq!(state.held(), 0);
+        assert_eq!(metrics.pushback.held.get(), 0);
+        // A refusal with a hint shorter than the hold waits only its hint.
+        let svc = layer(state.clone()).layer(refusing(|| Error::Overloaded {
+            what: "full",
+            retry_after: Duration::from_millis(50),
+        }));
+        let start = Instant::now();
+        let response = svc.oneshot(from("10.0.0.1", None)).await.unwrap();
+        assert_eq!(start.elapsed(), Duration::from_millis(50));
+        assert_eq!(hint_of(&response), Some(Duration::ZERO));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn refusals_are_answered_at_the_budgeted_pace_within_the_longest_hold() {
+        let metrics = Metrics::new();
+        let mut settings = settings(Duration::from_secs(2), 100, 100);
+        settings.rate = 10; // one answer every 100 ms
+        let state = Pushback::new(settings, metrics.pushback.clone());
+        let svc = layer(state.clone()).layer(refusing(|| Error::Overloaded {
+            what: "full",
+            retry_after: Duration::from_millis(150),
+        }));
+        // Forty refusals at once: slots at 0, 100, 200, … ms; each waits for its slot
+        // or its 150 ms hint, whichever is later, and none more than 2 s.
+        let start = Instant::now();
+        let calls: Vec<_> = (0..40)
+            .map(|_| {
+                let call = svc.clone().oneshot(from("10.0.0.1", None));
+                tokio::spawn(async move {
+                    let response = call.await.unwrap();
+                    (start.elapsed(), hint_of(&response).unwrap())
+                })
+            })
+            .collect();
+        let mut answered = Vec::new();
+        for call in calls {
+            answered.push(call.await.unwrap());
+        }
+        answered.sort();
+        let at: Vec<u64> = answered.iter().map(|(t, _)| t.as_millis() as u64).collect();
+        assert_eq!(&at[..3], [150, 150, 200]);
+        assert_eq!(at[10], 1000);
+        // The schedule runs at most 2 s ahead: the last twenty are answered at 2 s.
+        assert_eq!(at.iter().filter(|&&t| t == 2000).count(), 20);
+        assert!(answered.iter().all(|(_, left)| left.is_zero()));
+        assert_eq!(metrics.pushback.held_total.get(), 40);
+        // Once the crowd is gone, a refusal waits only for its hint again.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let start = Instant::now();
+        svc.oneshot(from("10.0.0.1", None)).await.unwrap();
+        assert_eq!(start.elapsed(), Duration::from_millis(150));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn what_is_not_a_refusal_with_a_hint_is_answered_at_once() {
+        let metrics = Metrics::new();
+        let state = Pushback::new(
+            settings(Duration::from_secs(1), 10, 10),
+            metrics.pushback.clone(),
+        );
+        let start = Instant::now();
+        for error in [
+            (|| Error::InvalidCredentials) as fn() -> Error,
+            || Error::DeadlineExceeded,
+            || Error::Unavailable("down".into()),
+        ] {
+            let svc = layer(state.clone()).layer(refusing(error));
+            let response = svc.oneshot(from("10.0.0.1", None)).await.unwrap();
+            assert_ne!(grpc_status(&response), Some("8"));
+        }
+        let svc = layer(state.clone()).layer(refusing(overloaded));
+        let mut health = from("10.0.0.1", None);
+        *health.uri_mut() = "/grpc.health.v1.Health/Check".parse().unwrap();
+        assert!(served(&svc.oneshot(health).await.unwrap()));
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert_eq!(metrics.pushback.held_total.get(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn held_refusals_are_bounded_per_client_and_in_all() {
+        let metrics = Metrics::new();
+        let state = Pushback::new(
+            settings(Duration::from_secs(60), 5, 3),
+            metrics.pushback.clone(),
+        );
+        let svc = layer(state.clone()).layer(refusing(overloaded));
+        let mut pending = Vec::new();
+        let mut at_once = 0;
+        // Client 1 sends 5: three are held, two answered at once.
+        // Client 2 sends 5: two are held (5 in all), three answered at once.
+        for ip in ["10.0.0.1", "10.0.0.2"] {
+            for _ in 0..5 {
+                let mut call = Box::pin(svc.clone().oneshot(from(ip, None)));
+                match futures::poll!(call.as_mut()) {
+                    Poll::Ready(response) => {
+                        at_once += 1;
+                        // Answered at once, with its hint whole.
+                        let hint = hint_of(&response.unwrap());
+                        assert_eq!(hint, Some(Duration::from_secs(3)));
+                    }
+                    Poll::Pending => pending.push(tokio::spawn(call)),
+                }
+            }
+        }
+        assert_eq!((pending.len(), at_once), (5, 5));
+        assert_eq!(state.held(), 5);
+        assert_eq!(metrics.pushback.held.get(), 5);
+        assert_eq!(metrics.pushback.at_once.get(), 5);
+        // A shutdown answers every held refusal at once.
+        let start = Instant::now();
+        state.release();
+        for call in pending {
+            let response = call.await.unwrap().unwrap();
+            assert_eq!(grpc_status(&response), Some("8"));
+        }
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert_eq!(state.held(), 0);
+        assert!(state.lock().clients.is_empty());
+        // And none is held after it.
+        let response = svc.oneshot(from("10.0.0.3", None)).await.unwrap();
+        assert_eq!(grpc_status(&response), Some("8"));
+        assert_eq!(metrics.pushback.at_once.get(), 6);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_goes_away_frees_its_held_place() {
+        let metrics = Metrics::new();
+        let state = Pushback::new(
+            settings(Duration::from_secs(60), 1, 1),
+            metrics.pushback.clone(),
+        );
+        let svc = layer(state.clone()).layer(refusing(overloaded));
+        let held = tokio::spawn(svc.clone().oneshot(from("10.0.0.1", None)));
+        tokio::task::yield_now().await;
+        assert_eq!(state.held(), 1);
+        held.abort();
+        let _ = held.await;
+        assert_eq!(state.held(), 0);
+        assert_eq!(metrics.pushback.held.get(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_zero_hold_answers_every_refusal_at_once() {
+        let metrics = Metrics::new();
+        let state = Pushback::new(settings(Duration::ZERO, 10, 10), metrics.pushback.clone());
+        let svc = layer(state).layer(refusing(overloaded));
+        let start = Instant::now();
+        let response = svc.oneshot(from("10.0.0.1", None)).await.unwrap();
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert_eq!(hint_of(&response), Some(Duration::from_secs(3)));
+        assert_eq!(metrics.pushback.at_once.get(), 1);
+    }
+}
