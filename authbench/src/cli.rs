@@ -109,6 +109,12 @@ pub struct Args {
     #[arg(long, conflicts_with = "rate")]
     pub backoff: bool,
 
+    /// Open every connection from this local address (e.g. 127.0.0.2: on loopback
+    /// the server sees another client, with its own shares and limits)
+    /// [default: the system's choice].
+    #[arg(long, value_name = "ADDRESS")]
+    pub bind: Option<std::net::IpAddr>,
+
     /// Print the report as JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -162,6 +168,7 @@ impl Args {
         plan.connect_timeout = self.connect_timeout;
         plan.wait = self.wait;
         plan.backoff = self.backoff;
+        plan.bind = self.bind;
         plan.progress = progress;
         if plan.target.starts_with("https://") {
             plan.tls = Some(tls);

@@ -96,6 +96,9 @@ pub struct Recorder {
     first_send: Option<Instant>,
     first_done: Option<Instant>,
     last_done: Option<Instant>,
+    /// The first and last successful answers.
+    first_ok: Option<Instant>,
+    last_ok: Option<Instant>,
     first_client_error: Option<String>,
 }
 
@@ -109,6 +112,8 @@ impl Recorder {
             first_send: None,
             first_done: None,
             last_done: None,
+            first_ok: None,
+            last_ok: None,
             first_client_error: None,
         }
     }
@@ -129,6 +134,8 @@ impl Recorder {
                 stats.codes[code_index(code)] += 1;
                 if code == Code::Ok {
                     stats.ok.saturating_record(micros);
+                    self.first_ok = Some(self.first_ok.map_or(done, |t| t.min(done)));
+                    self.last_ok = Some(self.last_ok.map_or(done, |t| t.max(done)));
                 }
             }
             Outcome::Connection => stats.connection += 1,
@@ -160,6 +167,8 @@ impl Recorder {
         self.first_send = earliest(self.first_send, other.first_send);
         self.first_done = earliest(self.first_done, other.first_done);
         self.last_done = self.last_done.into_iter().chain(other.last_done).max();
+        self.first_ok = earliest(self.first_ok, other.first_ok);
+        self.last_ok = self.last_ok.into_iter().chain(other.last_ok).max();
         if self.first_client_error.is_none() {
             self.first_client_error
                 .clone_from(&other.first_client_error);
@@ -292,7 +301,8 @@ pub struct Report {
     pub success_rate: Option<f64>,
     /// Answers (of any status) per second; see [`throughput`].
     pub qps: f64,
-    /// Successful answers per second.
+    /// Successful answers per second, over the span of the successful answers (see
+    /// [`throughput`]).
     pub ok_qps: f64,
     /// Latency of every measured request, whatever its outcome.
     pub latency_ms: Option<Latency>,
@@ -346,9 +356,10 @@ impl Report {
             ok: whole.ok,
             success_rate: whole.success_rate,
             qps: throughput(whole.requests, responses, elapsed),
-            // Successes arrive spread like all answers: same time base.
-            ok_qps: throughput(whole.requests, responses, elapsed)
-                * ratio(whole.ok, whole.requests),
+            // Over the successes' own span: refusals a server holds back before
+            // answering them (pushback) arrive after the last success, and must not
+            // stretch the time the successes took.
+            ok_qps: throughput(whole.ok, span(recorder.first_ok, recorder.last_ok), elapsed),
             latency_ms: whole.latency_ms,
             ok_latency_ms: whole.ok_latency_ms,
             codes: whole.codes,
@@ -754,7 +765,12 @@ mod tests {
         // Sent from 0 ms to the last answer at 1008 ms; answers from 2 ms to 1008 ms.
         assert!((report.elapsed_s - 1.008).abs() < 1e-9);
         assert!((report.qps - 4.0 / 1.006).abs() < 1e-9, "{}", report.qps);
-        assert!((report.ok_qps - report.qps * 0.4).abs() < 1e-9);
+        // Successes answered at 10 ms and 25 ms: one gap of 15 ms.
+        assert!(
+            (report.ok_qps - 1.0 / 0.015).abs() < 1e-9,
+            "{}",
+            report.ok_qps
+        );
         let ok = report.ok_latency_ms.unwrap();
         assert!(close(ok.min, 10.0) && close(ok.max, 20.0), "{ok:?}");
         assert!(close(report.latency_ms.unwrap().max, 1000.0));

@@ -102,6 +102,8 @@ pub struct Plan {
     pub wait: Duration,
     /// Closed loop: wait out the server's RetryInfo after RESOURCE_EXHAUSTED.
     pub backoff: bool,
+    /// The local address every connection is opened from.
+    pub bind: Option<std::net::IpAddr>,
     /// Draw a progress bar on stderr.
     pub progress: bool,
     /// TLS, for an `https://` target.
@@ -170,6 +172,7 @@ impl Plan {
             connect_timeout: Duration::from_secs(3),
             wait: Duration::ZERO,
             backoff: false,
+            bind: None,
             progress: false,
             tls: None,
         }
@@ -302,6 +305,7 @@ async fn connect(plan: &Plan) -> anyhow::Result<Vec<Channel>> {
         .map_err(|e| anyhow!("{:?} is not a valid target URL: {e}", plan.target))?
         .connect_timeout(plan.connect_timeout)
         .tcp_nodelay(true)
+        .local_address(plan.bind)
         // Requests waiting for the connection's dispatcher: an open loop may have many.
         .buffer_size(64 * 1024);
     if plan.target.starts_with("https://") {
