@@ -8,6 +8,8 @@
 # core 0 with one hash thread, authbench on core 1), waits until it is SERVING, runs
 # authbench --json with a warm-up, reads the server's peak RSS (VmHWM) and stops it.
 # A fresh server per scenario gives each row its own peak RSS and an empty database.
+# Throughout every scenario a prober checks the health-only port 20 times a second,
+# as Kubernetes probes do; its p99 is the table's "probe p99" column.
 # Before that it measures the hash-bound limit (`authd hash-bench`) at each PBKDF2
 # cost on the server's cores: no login or registration can go faster than it.
 #
@@ -23,17 +25,18 @@
 #                     for overload; "default" leaves authd's own (64 per hash thread)
 #   BENCH_PORT        the server's port on 127.0.0.1 [a free one]
 #   BENCH_HEALTH_PORT the server's health-only port (AUTHD_HEALTH_LISTEN), which the
-#                     "health under register load" row probes, as Kubernetes does
-#                     [a free one]
+#                     "health under register load" row and the prober of every row
+#                     probe, as Kubernetes does [a free one]
 #   BENCH_POSTGRES_URL  also run the login and register rows against PostgreSQL at
 #                     this URL, each on a fresh schema that is dropped afterwards
 #                     (needs psql) [unset: SQLite only]
 #   BENCH_BASELINE_AUTHD  an authd binary of another revision (e.g. built from a
 #                     `git worktree` of it): the login and register rows at 100k and
-#                     600k are run with it too, in the same run, marked "baseline",
-#                     against its own hash-bound limit [unset: no baseline rows]
-# Needs: cargo, taskset (util-linux), python3. The whole suite takes about 4 minutes
-# after the build.
+#                     600k, and the overload rows, are run with it too, in the same
+#                     run, marked "baseline", against its own hash-bound limit
+#                     [unset: no baseline rows]
+# Needs: cargo, taskset (util-linux), python3. The whole suite takes about 9 minutes
+# after the build (15 with a baseline).
 set -euo pipefail
 
 die() {
@@ -114,8 +117,10 @@ stop_server() {
     fi
 }
 BG_PID=
+PROBE_PID=
 cleanup() {
     [[ -n $BG_PID ]] && kill -TERM "$BG_PID" 2>/dev/null || true
+    [[ -n $PROBE_PID ]] && kill -TERM "$PROBE_PID" 2>/dev/null || true
     stop_server
     drop_schema
     rm -rf "$WORK"
@@ -142,7 +147,8 @@ start_server() {
     [[ $HASH_QUEUE != default ]] && queue_env=("AUTHD_HASH_QUEUE=$HASH_QUEUE")
     # authbench is one client (127.0.0.1): its share is the whole in-flight cap, as
     # the load of many clients would be, and no limit on Register (it registers every
-    # user from that one address; an older BINARY ignores the variable).
+    # user from that one address; an older BINARY ignores the variable). Everything
+    # else is authd's defaults.
     env AUTHD_LISTEN="127.0.0.1:$PORT" \
         AUTHD_DATABASE_URL="${DATABASE_URL:-sqlite://$WORK/authd.db}" \
         AUTHD_PBKDF2_ITERATIONS="$1" \
@@ -197,23 +203,33 @@ hash_bench() {
 }
 hash_bench before
 
-# name | iterations | scenario | concurrency | note | authbench flags
-# Overload runs twice: with clients that ask again at once when refused (the closed
-# loop of the original report), and with clients that wait out the RetryInfo hint.
+# name | iterations | scenario | concurrency | background load | authbench flags
+# The background load (authbench arguments) starts first, on a separate authbench
+# process and so separate connections, and outlasts the row's warm-up and
+# measurement. Overload runs twice: with clients that ask again at once when
+# refused (the closed loop of the original report), and with clients that wait out
+# the RetryInfo hint. Overload logins use one account per request in flight, so no
+# login waits for another attempt on its account (the login throttle's rule).
+# "polite" is a client of its own address (127.0.0.2) with 20 logins in flight,
+# alone and beside one that re-asks at once with 2,000.
+EAGER_LOGINS="login --concurrency 2000 --users 2000"
 SCENARIOS=(
     "login|600000|login|100||"
     "login|100000|login|100||"
     "register|100000|register|100||"
     "login|10000|login|100||"
     "login|10000|login|200||"
+    "register|10000|register|100||"
     "register|10000|register|300||"
     "register|10000|register|3000||"
     "register, clients back off|10000|register|3000||--backoff"
-    "health under register load|10000|health|100|register 3000 on the gRPC port|"
-    "login overload|10000|login|2000||"
-    "login overload, clients back off|10000|login|2000||--backoff"
-    "register overload|10000|register|5000||"
+    "health under register load|10000|health|100|register --concurrency 3000|"
+    "login overload, clients re-ask at once|10000|login|2000||--users 2000"
+    "login overload, clients back off|10000|login|2000||--users 2000 --backoff"
+    "register overload, clients re-ask at once|10000|register|5000||"
     "register overload, clients back off|10000|register|5000||--backoff"
+    "polite client alone|10000|login|20||--users 20 --bind 127.0.0.2"
+    "polite client beside one re-asking at once|10000|login|20|$EAGER_LOGINS|--users 20 --bind 127.0.0.2"
 )
 if [[ -n ${BENCH_POSTGRES_URL:-} ]]; then
     command -v psql >/dev/null || die "BENCH_POSTGRES_URL needs psql"
@@ -230,6 +246,13 @@ if [[ -n ${BENCH_BASELINE_AUTHD:-} ]]; then
         "login, baseline|100000|login|100||"
         "register, baseline|100000|register|100||"
         "login, baseline|10000|login|100||"
+        "register, baseline|10000|register|100||"
+        "login overload, clients re-ask at once, baseline|10000|login|2000||--users 2000"
+        "login overload, clients back off, baseline|10000|login|2000||--users 2000 --backoff"
+        "register overload, clients re-ask at once, baseline|10000|register|5000||"
+        "register overload, clients back off, baseline|10000|register|5000||--backoff"
+        "polite client alone, baseline|10000|login|20||--users 20 --bind 127.0.0.2"
+        "polite client beside one re-asking at once, baseline|10000|login|20|$EAGER_LOGINS|--users 20 --bind 127.0.0.2"
     )
 fi
 PG_SCHEMA=
@@ -243,7 +266,7 @@ MANIFEST=$WORK/manifest.tsv
 : >"$MANIFEST"
 i=0
 for row in "${SCENARIOS[@]}"; do
-    IFS='|' read -r name iterations scenario concurrency note flags <<<"$row"
+    IFS='|' read -r name iterations scenario concurrency load flags <<<"$row"
     i=$((i + 1))
     echo "== [$i/${#SCENARIOS[@]}] $name: PBKDF2 $iterations, concurrency $concurrency" >&2
     DATABASE_URL=
@@ -261,30 +284,36 @@ for row in "${SCENARIOS[@]}"; do
     start_server "$iterations" "$binary"
     json=$WORK/run-$i.json
     background=
-    if [[ -n $note ]]; then
-        # The register load starts first and outlasts the health run's warm-up and
-        # measurement, on a separate authbench process and so separate connections.
+    if [[ -n $load ]]; then
         background=$WORK/run-$i-background.json
-        taskset -c "$CLIENT_CPUS" "$AUTHBENCH" register --concurrency 3000 \
+        # shellcheck disable=SC2086 # load is a list of words
+        taskset -c "$CLIENT_CPUS" "$AUTHBENCH" $load \
             --duration "$((WARMUP + DURATION + 3))s" --warmup 1s --target "$TARGET" \
             --threads "$CLIENT_THREADS" --json >"$background" &
         BG_PID=$!
         sleep 2
     fi
+    # The prober: Kubernetes' probes, on the health-only port, at 20 a second.
+    probe=$WORK/run-$i-probe.json
+    taskset -c "$CLIENT_CPUS" "$AUTHBENCH" health --rate 20 --target "$HEALTH_TARGET" \
+        --duration "${DURATION}s" --warmup "${WARMUP}s" --threads 1 --json >"$probe" &
+    PROBE_PID=$!
     # Probes go to the health-only port, as the shipped Kubernetes manifests do.
     target=$TARGET
     [[ $scenario == health ]] && target=$HEALTH_TARGET
     # shellcheck disable=SC2086 # flags is a list of words
     bench "$json" "$target" "$scenario" --concurrency "$concurrency" \
         --warmup "${WARMUP}s" --duration "${DURATION}s" $flags
+    wait "$PROBE_PID" || die "the health prober failed"
+    PROBE_PID=
     if [[ -n $BG_PID ]]; then
-        wait "$BG_PID" || die "the background register load failed"
+        wait "$BG_PID" || die "the background load failed"
         BG_PID=
     fi
     rss=$(peak_rss_kb)
     stop_server
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$iterations" "$concurrency" \
-        "$json" "$rss" "$background" "$note" >>"$MANIFEST"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$iterations" "$concurrency" \
+        "$json" "$rss" "$background" "$load" "$probe" >>"$MANIFEST"
 done
 
 drop_schema
@@ -321,11 +350,15 @@ def short(it):
 
 print("| scenario | config | concurrency | QPS | avg (ms) | p99 (ms) | success rate "
       "| hash-bound limit (/s) | QPS / limit | RESOURCE_EXHAUSTED | p99 all (ms) "
-      "| other errors | server peak RSS (MB) |")
-print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+      "| other errors | probe p99 (ms) | server peak RSS (MB) |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 notes = []
+rows = {}
 for line in open(manifest):
-    name, it, conc, path, rss, background, note = line.rstrip("\n").split("\t")
+    name, it, conc, path, rss, background, load, probe = line.rstrip("\n").split("\t")
+    probed = json.load(open(probe))
+    probe_p99 = (probed.get("latency_ms") or {}).get("p99")
+    probe_bad = probed["requests"] - probed["ok"]
     it = int(it)
     r = json.load(open(path))
     ok = r.get("ok_latency_ms") or {}
@@ -341,17 +374,22 @@ for line in open(manifest):
     kind = "-baseline" if "baseline" in name else ""
     limit = limits[(it, kind)]["hashes_per_second"] if hashes else None
     rate = r["ok_qps"]
+    rows[name] = rows.get(name) or {}
+    rows[name][(it, int(conc))] = dict(rate=rate, p99=ok.get("p99"),
+                                      success=r["ok"] / requests, probe=probe_p99)
     print(f"| {name} | PBKDF2 {short(it)} | {conc} | {rate:.0f} | {ms(ok.get('avg'))} "
           f"| {ms(ok.get('p99'))} | {100 * r['ok'] / requests:.1f} % "
           f"| {'—' if limit is None else f'{limit:.0f}'} "
           f"| {'—' if limit is None else f'{rate / limit:.2f}'} "
           f"| {100 * refused / requests:.1f} % | {ms(every.get('p99'))} "
           f"| {other}{f' ({other_detail})' if other_detail else ''} "
+          f"| {ms(probe_p99)}{f' ({probe_bad} failed)' if probe_bad else ''} "
           f"| {int(rss) / 1024:.0f} |")
     if background:
         b = json.load(open(background))
         bref = b["codes"].get("RESOURCE_EXHAUSTED", 0)
-        notes.append(f"- {name}: the {note} ran at {b['ok_qps']:.0f} successful req/s, "
+        notes.append(f"- {name}: the background `authbench {load}` ran at "
+                     f"{b['ok_qps']:.0f} successful req/s, "
                      f"{100 * bref / max(b['requests'], 1):.1f} % RESOURCE_EXHAUSTED, "
                      f"p99 of its successes {ms((b.get('ok_latency_ms') or {}).get('p99'))} ms.")
 print()
@@ -373,6 +411,38 @@ for (it, kind), h in limits.items():
               f"{h['hashes_per_second'] / crate['hashes_per_second']:.2f}.")
 for n in notes:
     print(n)
+
+# Overload against the uncongested rows of the same run (10k rounds).
+def row(name, conc):
+    return (rows.get(name) or {}).get((10000, conc))
+
+print()
+print("## Overload, against the uncongested rows of this run")
+print()
+print("| row | QPS / uncongested QPS | p99 / uncongested p99 | success rate |")
+print("|---|---:|---:|---:|")
+for suffix in ("", ", baseline"):
+    pairs = [
+        (f"login overload, clients re-ask at once{suffix}", 2000, f"login{suffix}", 100),
+        (f"login overload, clients back off{suffix}", 2000, f"login{suffix}", 100),
+        (f"register overload, clients re-ask at once{suffix}", 5000, f"register{suffix}", 100),
+        (f"register overload, clients back off{suffix}", 5000, f"register{suffix}", 100),
+        (f"polite client beside one re-asking at once{suffix}", 20,
+         f"polite client alone{suffix}", 20),
+    ]
+    for name, conc, base_name, base_conc in pairs:
+        over, base = row(name, conc), row(base_name, base_conc)
+        if not over or not base or not base["rate"] or not base["p99"]:
+            continue
+        p99 = "—" if over["p99"] is None else f"{over['p99'] / base['p99']:.2f}"
+        print(f"| {name} | {over['rate'] / base['rate']:.2f} | {p99} "
+              f"| {100 * over['success']:.1f} % |")
+probes = [(v["probe"], n) for n, by in rows.items() for v in by.values()
+          if v["probe"] is not None and "baseline" not in n]
+if probes:
+    worst, where = max(probes)
+    print()
+    print(f"The health probes' p99, worst row of this revision: {worst:.1f} ms ({where}).")
 PY
 
 {
@@ -400,6 +470,9 @@ PY
     echo "RESOURCE_EXHAUSTED, plus client-side connection errors and timeouts. QPS / limit"
     echo "compares with the hash-bound limit measured in the same run on the server's cores."
     echo "Peak RSS is the server's VmHWM at the end of the scenario (one server per row)."
+    echo "Probe p99 is the p99 of the health checks sent to the health-only port 20 times"
+    echo "a second during the row. authd holds a refusal before answering it (see"
+    echo "docs/operations.md, Overload), so p99 all includes those holds."
 } >"$OUT"
 
 cat "$OUT"
