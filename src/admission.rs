@@ -41,9 +41,6 @@ use tokio::{sync::Semaphore, time::Instant};
 use tonic::body::Body;
 use tower::Service;
 
-/// The client of requests that did not come over TCP (in-process tests): one share.
-const UNKNOWN_CLIENT: IpAddr = IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
-
 /// How admission control is configured.
 #[derive(Debug, Clone)]
 pub struct AdmissionSettings {
@@ -183,9 +180,7 @@ impl Middleware for Admission {
         if timeout.is_some_and(|t| t.is_zero()) {
             return refuse(Error::DeadlineExceeded);
         }
-        let peer = rpc::peer_ip(req.extensions());
-        let client = rpc::client_ip(req.headers(), peer, self.settings.trust_forwarded_for)
-            .unwrap_or(UNKNOWN_CLIENT);
+        let client = rpc::request_client(&req, self.settings.trust_forwarded_for);
         // The share covers the request from its headers to its answer, receiving included.
         let Some(share) = self.open(client) else {
             self.metrics.admission_client.inc();

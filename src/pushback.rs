@@ -9,7 +9,8 @@
 //! sent, and refusals are answered at a budgeted pace:
 //! - each refusal takes the next answer slot of a schedule that gives
 //!   `AUTHD_REFUSAL_RATE` slots a second, and is answered at its slot or at the end
-//!   of its hint, whichever is later;
+//!   of its hint, whichever is later, rounded up to a 20 ms grid (a crowd's answers
+//!   go out together, in one wake-up of the runtime);
 //! - never later than `AUTHD_REFUSAL_HOLD` after it was refused, nor than just
 //!   before the client's deadline.
 //!
@@ -43,13 +44,15 @@ use std::{
 use tokio::{sync::watch, time::Instant};
 use tower::Service;
 
-/// The client of requests that did not come over TCP (in-process tests): one share.
-const UNKNOWN_CLIENT: IpAddr = IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
-
 /// How long before the client's deadline a held refusal is answered at the latest:
 /// the client's timer started before ours, and a client that times out by itself
 /// sees no status and no hint.
 const DEADLINE_MARGIN: Duration = Duration::from_millis(20);
+
+/// Held answers are sent on a grid of this step (their time rounded up to it), so
+/// that a crowd's answers go out together, in one wake-up of the runtime, rather
+/// than one wake-up each.
+const TICK: Duration = Duration::from_millis(20);
 
 /// How pushback is configured.
 #[derive(Debug, Clone)]
@@ -82,6 +85,8 @@ struct Held {
     clients: HashMap<IpAddr, u32>,
     /// The next answer slot of the schedule.
     next_slot: Instant,
+    /// The origin of the grid of [`TICK`]s.
+    origin: Instant,
 }
 
 impl Pushback {
@@ -93,6 +98,7 @@ impl Pushback {
                 total: 0,
                 clients: HashMap::new(),
                 next_slot: Instant::now(),
+                origin: Instant::now(),
             }),
             released: watch::Sender::new(false),
             metrics,
@@ -142,13 +148,23 @@ impl Pushback {
         // The schedule runs at most one longest hold ahead: past it, answers are due
         // at the longest hold anyway, and a burst must not delay the answers after it.
         held.next_slot = (slot + spacing).min(now + self.settings.max_hold);
+        let due = on_grid(held.origin, slot.max(hinted));
         self.metrics.held.inc();
         let held = HeldRefusal {
             pushback: self.clone(),
             client,
         };
-        Some((held, slot.max(hinted).min(latest)))
+        Some((held, due.min(latest)))
     }
+}
+
+/// `at`, rounded up to the grid of [`TICK`]s from `origin`.
+fn on_grid(origin: Instant, at: Instant) -> Instant {
+    let ticks = at
+        .saturating_duration_since(origin)
+        .as_nanos()
+        .div_ceil(TICK.as_nanos());
+    origin + TICK * u32::try_from(ticks).unwrap_or(u32::MAX)
 }
 
 /// One refusal counted as held, until dropped (answered, or the stream gone).
@@ -188,9 +204,7 @@ impl Middleware for Pushback {
         }
         let arrived = Instant::now();
         let deadline = rpc::grpc_timeout(req.headers()).and_then(|t| arrived.checked_add(t));
-        let peer = rpc::peer_ip(req.extensions());
-        let client = rpc::client_ip(req.headers(), peer, self.settings.trust_forwarded_for)
-            .unwrap_or(UNKNOWN_CLIENT);
+        let client = rpc::request_client(&req, self.settings.trust_forwarded_for);
         Box::pin(async move {
             // The time the layers below spend on the request, polled on this runtime:
             // for a refusal, what refusing it cost.
@@ -332,14 +346,15 @@ mod tests {
         assert_eq!(metrics.pushback.at_once.get(), 0);
         assert_eq!(state.held(), 0);
         assert_eq!(metrics.pushback.held.get(), 0);
-        // A refusal with a hint shorter than the hold waits only its hint.
+        // A refusal with a hint shorter than the hold waits only its hint, rounded up
+        // to the grid of answers (here 1.33 s from the start, to 1.34 s).
         let svc = layer(state.clone()).layer(refusing(|| Error::Overloaded {
             what: "full",
             retry_after: Duration::from_millis(50),
         }));
         let start = Instant::now();
         let response = svc.oneshot(from("10.0.0.1", None)).await.unwrap();
-        assert_eq!(start.elapsed(), Duration::from_millis(50));
+        assert_eq!(start.elapsed(), Duration::from_millis(60));
         assert_eq!(hint_of(&response), Some(Duration::ZERO));
     }
 
@@ -354,7 +369,8 @@ mod tests {
             retry_after: Duration::from_millis(150),
         }));
         // Forty refusals at once: slots at 0, 100, 200, … ms; each waits for its slot
-        // or its 150 ms hint, whichever is later, and none more than 2 s.
+        // or its 150 ms hint, whichever is later, on the 20 ms grid, and none more
+        // than 2 s.
         let start = Instant::now();
         let calls: Vec<_> = (0..40)
             .map(|_| {
@@ -371,17 +387,17 @@ mod tests {
         }
         answered.sort();
         let at: Vec<u64> = answered.iter().map(|(t, _)| t.as_millis() as u64).collect();
-        assert_eq!(&at[..3], [150, 150, 200]);
+        assert_eq!(&at[..3], [160, 160, 200]);
         assert_eq!(at[10], 1000);
         // The schedule runs at most 2 s ahead: the last twenty are answered at 2 s.
         assert_eq!(at.iter().filter(|&&t| t == 2000).count(), 20);
         assert!(answered.iter().all(|(_, left)| left.is_zero()));
         assert_eq!(metrics.pushback.held_total.get(), 40);
-        // Once the crowd is gone, a refusal waits only for its hint again.
+        // Once the crowd is gone, a refusal waits only for its hint again (on the grid).
         tokio::time::sleep(Duration::from_secs(3)).await;
         let start = Instant::now();
         svc.oneshot(from("10.0.0.1", None)).await.unwrap();
-        assert_eq!(start.elapsed(), Duration::from_millis(150));
+        assert_eq!(start.elapsed(), Duration::from_millis(160));
     }
 
     #[tokio::test(start_paused = true)]

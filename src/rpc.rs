@@ -191,6 +191,24 @@ pub(crate) fn peer_ip(extensions: &http::Extensions) -> Option<IpAddr> {
         .map(|addr| addr.ip())
 }
 
+/// The client of requests that name none (in-process callers, tests without TCP):
+/// they share one place in every per-client bound.
+pub(crate) const UNKNOWN_CLIENT: IpAddr = IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
+
+/// The client a request is counted for in the layers' per-client bounds: as
+/// [`client_ip`], or [`UNKNOWN_CLIENT`].
+pub(crate) fn request_client(
+    request: &http::Request<impl Sized>,
+    trust_forwarded_for: bool,
+) -> IpAddr {
+    client_ip(
+        request.headers(),
+        peer_ip(request.extensions()),
+        trust_forwarded_for,
+    )
+    .unwrap_or(UNKNOWN_CLIENT)
+}
+
 /// The client a request is counted for: the first `x-forwarded-for` hop when that
 /// header is trusted (behind a proxy that sets it) and holds an address, else the
 /// connection's peer; IPv4-mapped IPv6 addresses are the IPv4 client they stand for.

@@ -28,6 +28,7 @@ use crate::{
     error::Error,
     metrics::{HashMetrics, Metrics},
     otel,
+    rpc::UNKNOWN_CLIENT,
 };
 use pbkdf2_lanes::{Backend, Engine, Job};
 use std::{
@@ -42,9 +43,6 @@ use std::{
 };
 use subtle::ConstantTimeEq as _;
 use tokio::sync::oneshot;
-
-/// The client of work that names none (in-process callers): one share.
-const UNKNOWN_CLIENT: IpAddr = IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
 
 /// One PBKDF2-HMAC-SHA256 computation with a 32-byte output.
 pub(crate) struct Derivation {
