@@ -288,10 +288,12 @@ for row in "${SCENARIOS[@]}"; do
         background=$WORK/run-$i-background.json
         # shellcheck disable=SC2086 # load is a list of words
         taskset -c "$CLIENT_CPUS" "$AUTHBENCH" $load \
-            --duration "$((WARMUP + DURATION + 3))s" --warmup 1s --target "$TARGET" \
+            --duration "$((WARMUP + DURATION + 11))s" --warmup 1s --target "$TARGET" \
             --threads "$CLIENT_THREADS" --json >"$background" &
         BG_PID=$!
-        sleep 2
+        # Long enough for the background to register its users (--users) and be
+        # loading the server before this row's warm-up ends.
+        if [[ $load == *--users* ]]; then sleep 10; else sleep 2; fi
     fi
     # The prober: Kubernetes' probes, on the health-only port, at 20 a second.
     probe=$WORK/run-$i-probe.json
