@@ -382,17 +382,23 @@ async fn a_taken_and_a_free_name_answer_alike_under_a_short_deadline(db: TestDb)
         .iter()
         .map(|r| r.as_ref().err().map_or(Code::Ok, Status::code))
         .collect();
-    // The client's own timer may end it first (CANCELLED), or the server's answer:
-    // DEADLINE_EXCEEDED, or RESOURCE_EXHAUSTED when the hash queue sees the deadline
-    // would pass in it. Whichever, the same for both names.
-    assert_eq!(codes[0], codes[1], "{answers:?}");
+    // The client's own timer may end either first (CANCELLED: no answer from the
+    // server to compare), or the server answers: DEADLINE_EXCEEDED, or
+    // RESOURCE_EXHAUSTED when the hash queue sees the deadline would pass in it
+    // (before the name is looked up). The server's answers are the same for both.
     assert!(
-        matches!(
-            codes[0],
+        codes.iter().all(|c| matches!(
+            c,
             Code::DeadlineExceeded | Code::Cancelled | Code::ResourceExhausted
-        ),
+        )),
         "{answers:?}"
     );
+    let answered: Vec<Code> = codes
+        .iter()
+        .copied()
+        .filter(|c| *c != Code::Cancelled)
+        .collect();
+    assert!(answered.windows(2).all(|w| w[0] == w[1]), "{answers:?}");
     for b in busy {
         b.await.unwrap().unwrap();
     }
