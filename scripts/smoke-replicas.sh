@@ -116,6 +116,9 @@ export AUTHD_PBKDF2_ITERATIONS=1000
 export AUTHD_RATE_LIMITS="Login:global=$limit/1m"
 export AUTHD_RATE_LIMIT_PREFIX="$prefix"
 export AUTHD_RATE_LIMIT_FAILURE=open
+# The smoke client counts rate-limit refusals as they come, with its own timeout and
+# no gRPC deadline: refusals are answered at once, not held.
+export AUTHD_REFUSAL_HOLD=0s
 export AUTHD_DRAIN_TIMEOUT=5s
 export AUTHD_LOG=info
 "$root/scripts/replicas.sh" -n 3 --base-port "$base_port" --bin "$authd" \

@@ -11,8 +11,8 @@
 //!   `AUTHD_REFUSAL_RATE` slots a second, and is answered at its slot or at the end
 //!   of its hint, whichever is later, rounded up to a 20 ms grid (a crowd's answers
 //!   go out together, in one wake-up of the runtime);
-//! - never later than `AUTHD_REFUSAL_HOLD` after it was refused, nor than just
-//!   before the client's deadline.
+//! - never later than `AUTHD_REFUSAL_HOLD` after it was refused, nor than half the
+//!   time left to the client's deadline.
 //!
 //! A client that re-asks at once is then answered no faster than the budget, so
 //! the refusals it can cost the server are bounded, whatever its concurrency: it is
@@ -44,10 +44,10 @@ use std::{
 use tokio::{sync::watch, time::Instant};
 use tower::Service;
 
-/// How long before the client's deadline a held refusal is answered at the latest:
-/// the client's timer started before ours, and a client that times out by itself
-/// sees no status and no hint.
-const DEADLINE_MARGIN: Duration = Duration::from_millis(20);
+/// A held refusal is answered before this share of the time left to the client's
+/// deadline has passed: the client's timer started before ours, and a client that
+/// times out by itself sees no status and no hint.
+const DEADLINE_SHARE: u32 = 2;
 
 /// Held answers are sent on a grid of this step (their time rounded up to it), so
 /// that a crowd's answers go out together, in one wake-up of the runtime, rather
@@ -228,7 +228,8 @@ impl Middleware for Pushback {
             let refused = Instant::now();
             let mut latest = refused + self.settings.max_hold;
             if let Some(deadline) = deadline {
-                latest = latest.min(deadline.checked_sub(DEADLINE_MARGIN).unwrap_or(deadline));
+                let left = deadline.saturating_duration_since(refused);
+                latest = latest.min(refused + left / DEADLINE_SHARE);
             }
             let mut released = self.released.subscribe();
             if latest <= refused || *released.borrow() {
@@ -333,28 +334,28 @@ mod tests {
         assert_eq!(grpc_status(&response), Some("8"));
         assert_eq!(hint_of(&response), Some(Duration::from_secs(2)));
         assert_eq!(response.headers().get("retry-after").unwrap(), "2");
-        // Never past the client's deadline (less a margin).
+        // Never past half the time left to the client's deadline.
         let start = Instant::now();
         let response = svc
             .clone()
             .oneshot(from("10.0.0.1", Some("300m")))
             .await
             .unwrap();
-        assert_eq!(start.elapsed(), Duration::from_millis(280));
-        assert_eq!(hint_of(&response), Some(Duration::from_millis(2720)));
+        assert_eq!(start.elapsed(), Duration::from_millis(150));
+        assert_eq!(hint_of(&response), Some(Duration::from_millis(2850)));
         assert_eq!(metrics.pushback.held_total.get(), 2);
         assert_eq!(metrics.pushback.at_once.get(), 0);
         assert_eq!(state.held(), 0);
         assert_eq!(metrics.pushback.held.get(), 0);
         // A refusal with a hint shorter than the hold waits only its hint, rounded up
-        // to the grid of answers (here 1.33 s from the start, to 1.34 s).
+        // to the grid of answers (here 1.2 s from the start, on it already).
         let svc = layer(state.clone()).layer(refusing(|| Error::Overloaded {
             what: "full",
             retry_after: Duration::from_millis(50),
         }));
         let start = Instant::now();
         let response = svc.oneshot(from("10.0.0.1", None)).await.unwrap();
-        assert_eq!(start.elapsed(), Duration::from_millis(60));
+        assert_eq!(start.elapsed(), Duration::from_millis(50));
         assert_eq!(hint_of(&response), Some(Duration::ZERO));
     }
 
