@@ -5,24 +5,11 @@
 
 use crate::helpers::{
     TEST_KEY, TEST_KID, TestDb, authd_command, expect_code, key_spec, metric, spawn_app,
-    spawn_app_on, spawn_app_with,
+    spawn_app_on, spawn_app_with, violations,
 };
 use authd::config::Switch;
 use std::io::Write as _;
 use tonic::{Code, Status};
-use tonic_types::StatusExt;
-
-/// The field violations of a refused request, as (field, description) pairs.
-fn violations(status: &Status) -> Vec<(String, String)> {
-    let details = status.check_error_details().expect("error details decode");
-    details
-        .bad_request()
-        .expect("a google.rpc.BadRequest detail")
-        .field_violations
-        .iter()
-        .map(|v| (v.field.clone(), v.description.clone()))
-        .collect()
-}
 
 /// Asserts that `result` is INVALID_ARGUMENT with one violation, on the password,
 /// described as `description`, and that the message does not show the password.

@@ -107,9 +107,8 @@ fn bad_configuration_stops_the_start_with_one_clear_line() {
         .env("AUTHD_TOKEN_KEYS", key_spec(TEST_KID, TEST_KEY))
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8(out.stderr).unwrap();
-    let last = stderr.lines().last().unwrap_or_default();
+    let (stderr, last) = refused_start(out);
+    let last = last.as_str();
     assert!(
         last.starts_with("authd: error: opening SQLite database"),
         "{stderr}"
@@ -154,6 +153,14 @@ pub(crate) struct Running {
     pub(crate) addr: String,
     /// Where its metrics endpoint answers.
     pub(crate) metrics_addr: String,
+}
+
+/// The standard error of a start that was refused (exit status 1), and its last line.
+pub(crate) fn refused_start(out: std::process::Output) -> (String, String) {
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    let last = stderr.lines().last().unwrap_or_default().to_owned();
+    (stderr, last)
 }
 
 /// Starts the binary on 127.0.0.1:0 (metrics too) with JSON logs and waits until it

@@ -17,7 +17,7 @@
 
 use crate::helpers::{
     Backend, TestApp, TestDb, connect_from, expect_code, redis_url, spawn_app_on, spawn_app_with,
-    unique_name,
+    spawn_registrations, unique_name,
 };
 use authd::{
     config::Config,
@@ -349,19 +349,7 @@ async fn a_taken_and_a_free_name_answer_alike_under_a_short_deadline(db: TestDb)
     .await;
     app.register(OWNER, PASSWORD).await.unwrap();
     // Two registrations that keep the thread busy.
-    let busy: Vec<_> = (0..2)
-        .map(|i| {
-            let mut client = app.client.clone();
-            tokio::spawn(async move {
-                client
-                    .register(RegisterRequest {
-                        username: format!("busy-{i}"),
-                        password: PASSWORD.into(),
-                    })
-                    .await
-            })
-        })
-        .collect();
+    let busy = spawn_registrations(&app.client, "busy", 2, PASSWORD);
     for _ in 0..500 {
         if app.handle.hash_stats().running > 0 {
             break;

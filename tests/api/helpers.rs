@@ -117,35 +117,55 @@ impl TestDb {
 
     /// A user's stored password hash, read straight from the database.
     pub async fn stored_hash(&self, username: &str) -> Option<String> {
-        const SQL: &str = "SELECT password_hash FROM users WHERE username = $1";
         match &self.url {
             DatabaseUrl::Sqlite(path) => {
                 let options = SqliteConnectOptions::new().filename(path).read_only(true);
-                let mut conn = SqliteConnection::connect_with(&options)
+                let conn = SqliteConnection::connect_with(&options)
                     .await
                     .expect("open the database file");
-                let hash = sqlx::query_scalar::<_, String>(SQL)
-                    .bind(username)
-                    .fetch_optional(&mut conn)
-                    .await
-                    .expect("query the database");
-                conn.close().await.ok();
-                hash
+                password_hash_of(conn, username).await
             }
             DatabaseUrl::Postgres(url) => {
-                let mut conn = PgConnection::connect(url.expose())
+                let conn = PgConnection::connect(url.expose())
                     .await
                     .expect("connect to PostgreSQL");
-                let hash = sqlx::query_scalar::<_, String>(SQL)
-                    .bind(username)
-                    .fetch_optional(&mut conn)
-                    .await
-                    .expect("query the database");
-                conn.close().await.ok();
-                hash
+                password_hash_of(conn, username).await
             }
         }
     }
+}
+
+/// `username`'s stored password hash, over either backend's connection (closed after).
+async fn password_hash_of<C>(mut conn: C, username: &str) -> Option<String>
+where
+    C: Connection,
+    for<'c> &'c mut C: sqlx::Executor<'c, Database = C::Database>,
+    <C::Database as sqlx::Database>::Arguments: sqlx::IntoArguments<C::Database>,
+    String: sqlx::Type<C::Database> + for<'r> sqlx::Decode<'r, C::Database>,
+    usize: sqlx::ColumnIndex<<C::Database as sqlx::Database>::Row>,
+    for<'q> &'q str: sqlx::Type<C::Database> + sqlx::Encode<'q, C::Database>,
+{
+    let hash =
+        sqlx::query_scalar::<_, String>("SELECT password_hash FROM users WHERE username = $1")
+            .bind(username)
+            .fetch_optional(&mut conn)
+            .await
+            .expect("query the database");
+    conn.close().await.ok();
+    hash
+}
+
+/// The field violations of a refused request, as (field, description) pairs.
+pub fn violations(status: &Status) -> Vec<(String, String)> {
+    use tonic_types::StatusExt as _;
+    let details = status.check_error_details().expect("error details decode");
+    details
+        .bad_request()
+        .expect("a google.rpc.BadRequest detail")
+        .field_violations
+        .iter()
+        .map(|v| (v.field.clone(), v.description.clone()))
+        .collect()
 }
 
 /// A PostgreSQL schema for one test, dropped (with everything in it) on drop.
@@ -280,13 +300,12 @@ pub async fn spawn_app_on(db: &TestDb, adjust: impl FnOnce(&mut Config)) -> Test
     init_logs();
     let mut config = test_config(db.url.clone());
     adjust(&mut config);
-    let app = Application::build(config).await.expect("the app builds");
-    let addr = app.local_addr();
-    let handle = app.handle();
-    let (tx, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(app.run_until_stopped(async {
-        let _ = rx.await;
-    }));
+    let Started {
+        addr,
+        handle,
+        shutdown,
+        task,
+    } = start(config).await;
     let channel = Channel::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect()
@@ -298,8 +317,44 @@ pub async fn spawn_app_on(db: &TestDb, adjust: impl FnOnce(&mut Config)) -> Test
         health: HealthClient::new(channel),
         handle,
         _db: db.clone(),
-        shutdown: Some(tx),
+        shutdown: Some(shutdown),
         task: Some(task),
+    }
+}
+
+/// An app built from `config`, serving on its own task until `shutdown` fires (or
+/// is dropped).
+pub struct Started {
+    pub addr: std::net::SocketAddr,
+    pub handle: AppHandle,
+    pub shutdown: oneshot::Sender<()>,
+    pub task: JoinHandle<anyhow::Result<()>>,
+}
+
+impl Started {
+    /// Shuts the app down gracefully and waits (at most 30 s) for its end.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        let _ = self.shutdown.send(());
+        tokio::time::timeout(Duration::from_secs(30), self.task)
+            .await
+            .expect("the app stops in time")
+            .expect("the app task does not panic")
+    }
+}
+
+pub async fn start(config: Config) -> Started {
+    let app = Application::build(config).await.expect("the app builds");
+    let addr = app.local_addr();
+    let handle = app.handle();
+    let (shutdown, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(app.run_until_stopped(async {
+        let _ = stopped.await;
+    }));
+    Started {
+        addr,
+        handle,
+        shutdown,
+        task,
     }
 }
 
@@ -380,6 +435,23 @@ pub async fn register(
         })
         .await
         .map(|r| r.into_inner().user_id)
+}
+
+/// `count` registrations at once on `client`, each on a task of its own, of the
+/// users `{prefix}-0`, `{prefix}-1`, …: their answers (the new user ids).
+pub fn spawn_registrations(
+    client: &AuthServiceClient<Channel>,
+    prefix: &str,
+    count: usize,
+    password: &str,
+) -> Vec<JoinHandle<Result<String, Status>>> {
+    (0..count)
+        .map(|i| {
+            let (mut client, username) = (client.clone(), format!("{prefix}-{i}"));
+            let password = password.to_owned();
+            tokio::spawn(async move { register(&mut client, &username, &password).await })
+        })
+        .collect()
 }
 
 pub async fn login(
@@ -526,6 +598,14 @@ async fn forward(
 }
 
 impl TcpProxy {
+    /// A proxy in front of the server `url` names, and `url` with the proxy in the
+    /// server's place (its user, path and query kept).
+    pub async fn in_front_of(url: &str) -> (Self, String) {
+        let proxy = Self::start(host_of(url)).await;
+        let through = with_host(url, proxy.addr);
+        (proxy, through)
+    }
+
     pub async fn start(upstream: String) -> Self {
         use std::sync::atomic::{AtomicBool, Ordering};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -601,6 +681,45 @@ impl Drop for TcpProxy {
     }
 }
 
+/// The test Redis reached through a proxy the test can cut or stall, and a key
+/// prefix of the test's own; `None` (the test skipped) without
+/// `AUTHD_TEST_REDIS_URL`.
+pub struct ProxiedRedis {
+    pub proxy: TcpProxy,
+    /// The Redis URL through the proxy.
+    pub url: String,
+    pub prefix: String,
+}
+
+impl ProxiedRedis {
+    pub async fn start(test: &str) -> Option<Self> {
+        let direct = redis_url(test)?;
+        let (proxy, url) = TcpProxy::in_front_of(&direct).await;
+        Some(Self {
+            proxy,
+            url,
+            prefix: unique_name("rl"),
+        })
+    }
+}
+
+/// An app on the PostgreSQL database `db`, reached through a proxy the test controls.
+pub async fn spawn_app_behind_proxy(
+    db: &TestDb,
+    adjust: impl FnOnce(&mut Config),
+) -> (TestApp, TcpProxy) {
+    let DatabaseUrl::Postgres(direct) = &db.url else {
+        unreachable!("a PostgreSQL test database")
+    };
+    let (proxy, proxied) = TcpProxy::in_front_of(direct.expose()).await;
+    let app = spawn_app_on(db, |c| {
+        c.database_url = proxied.parse().unwrap();
+        adjust(c);
+    })
+    .await;
+    (app, proxy)
+}
+
 /// `postgres://user@host:port/db?…` with `host:port` replaced by `addr`.
 pub fn with_host(url: &str, addr: std::net::SocketAddr) -> String {
     let (scheme, rest) = url.split_once("://").expect("a URL");
@@ -644,4 +763,21 @@ pub async fn connect_from(
         .await
         .expect("connect from a loopback address of its own");
     authd::pb::auth_service_client::AuthServiceClient::new(channel)
+}
+
+/// `GET path` on an HTTP port over a plain TCP connection, with extra header lines
+/// (each ending in CRLF): the status line and headers, and the body.
+pub async fn http_get(addr: std::net::SocketAddr, path: &str, headers: &str) -> (String, String) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("the HTTP port accepts");
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{headers}Connection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8(raw).expect("a UTF-8 response");
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
+    (head.to_owned(), body.to_owned())
 }

@@ -1,10 +1,9 @@
 //! Input at the edge of the wire: a request that is not a valid protobuf message,
 //! and the username and password rules that normalization could slip past.
 
-use crate::helpers::{TestDb, expect_code, spawn_app, spawn_app_on};
+use crate::helpers::{TestDb, expect_code, spawn_app, spawn_app_on, violations};
 use authd::pb::LoginResponse;
 use tonic::{Code, Request, codegen::http::uri::PathAndQuery, transport::Channel};
-use tonic_types::StatusExt;
 
 /// A LoginRequest look-alike whose `password` (field 2) is raw bytes, so the test
 /// can put invalid UTF-8 where the server expects a string.
@@ -85,17 +84,6 @@ async fn a_malformed_message_is_an_invalid_argument_with_a_generic_message() {
     );
     assert_eq!(status.message(), "invalid username or password");
     app.register("mallory", "a fine password").await.unwrap();
-}
-
-fn violations(status: &tonic::Status) -> Vec<(String, String)> {
-    let details = status.check_error_details().expect("error details decode");
-    details
-        .bad_request()
-        .expect("a google.rpc.BadRequest detail")
-        .field_violations
-        .iter()
-        .map(|v| (v.field.clone(), v.description.clone()))
-        .collect()
 }
 
 async fn a_password_short_before_normalization_is_refused(db: TestDb) {

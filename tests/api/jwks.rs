@@ -5,7 +5,8 @@
 //! rotation from HS256 to EdDSA and between Ed25519 keys by rewriting the key file.
 
 use crate::helpers::{
-    TEST_KEY, TEST_KID, TestApp, expect_code, key_spec, metric, spawn_app_with, wait_until,
+    TEST_KEY, TEST_KID, TestApp, expect_code, http_get, key_spec, metric, spawn_app_with,
+    wait_until,
 };
 use authd::token::{Algorithm as KeyAlgorithm, generate_key_entry};
 use base64::{
@@ -21,10 +22,6 @@ use std::{
     net::SocketAddr,
     path::Path,
     time::{Duration, SystemTime, UNIX_EPOCH},
-};
-use tokio::{
-    io::{AsyncReadExt as _, AsyncWriteExt as _},
-    net::TcpStream,
 };
 use tonic::Code;
 
@@ -43,22 +40,6 @@ fn ed25519(kid: &str) -> (String, Vec<u8>) {
     let entry = generate_key_entry(KeyAlgorithm::EdDsa, kid).unwrap();
     let der = STANDARD.decode(entry.rsplit(':').next().unwrap()).unwrap();
     (entry, der)
-}
-
-/// `GET path` on the HTTP port over a plain TCP connection, with extra header lines:
-/// the status line and headers, and the body.
-async fn http_get(addr: SocketAddr, path: &str, headers: &str) -> (String, String) {
-    let mut stream = TcpStream::connect(addr)
-        .await
-        .expect("the HTTP port accepts");
-    let request =
-        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{headers}Connection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).await.unwrap();
-    let text = String::from_utf8(raw).expect("a UTF-8 response");
-    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
-    (head.to_owned(), body.to_owned())
 }
 
 /// The value of the header `name` (case-insensitive) in `head`.

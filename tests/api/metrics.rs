@@ -6,7 +6,7 @@ use crate::{
     backend_tests,
     cli::spawn_authd,
     helpers::{
-        TEST_KEY, TEST_KID, TestDb, expect_code, key_spec, login, register, spawn_app,
+        TEST_KEY, TEST_KID, TestDb, expect_code, http_get, key_spec, login, register, spawn_app,
         spawn_app_on, spawn_app_with,
     },
 };
@@ -20,10 +20,6 @@ use prometheus_parse::{Scrape, Value};
 use std::{
     net::SocketAddr,
     time::{SystemTime, UNIX_EPOCH},
-};
-use tokio::{
-    io::{AsyncReadExt as _, AsyncWriteExt as _},
-    net::TcpStream,
 };
 use tonic::{Code, Request, metadata::MetadataMap};
 
@@ -140,23 +136,9 @@ async fn a_fresh_server_exports_every_request_series_at_zero() {
     app.stop().await.unwrap();
 }
 
-/// `GET path` over a plain TCP connection: the status line and headers, and the body.
-async fn http_get(addr: SocketAddr, path: &str) -> (String, String) {
-    let mut stream = TcpStream::connect(addr)
-        .await
-        .expect("the metrics port accepts");
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).await.unwrap();
-    let text = String::from_utf8(raw).expect("a UTF-8 response");
-    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
-    (head.to_owned(), body.to_owned())
-}
-
 /// Scrapes `/metrics` and parses it, checking the status and the content type first.
 async fn scrape(addr: SocketAddr) -> Metrics {
-    let (head, body) = http_get(addr, "/metrics").await;
+    let (head, body) = http_get(addr, "/metrics", "").await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert!(
         head.to_ascii_lowercase()
@@ -483,7 +465,7 @@ async fn the_request_id_round_trips() {
 #[tokio::test]
 async fn only_get_metrics_is_served_and_an_empty_address_turns_it_off() {
     let app = spawn_app().await;
-    let (head, _) = http_get(app.handle.metrics_addr().unwrap(), "/other").await;
+    let (head, _) = http_get(app.handle.metrics_addr().unwrap(), "/other", "").await;
     assert!(head.starts_with("HTTP/1.1 404"), "{head}");
     app.stop().await.unwrap();
 

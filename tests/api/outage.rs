@@ -4,10 +4,9 @@
 //! SERVING throughout.
 
 use crate::helpers::{
-    Backend, TcpProxy, TestApp, TestDb, expect_code, host_of, login, register, spawn_app_on,
-    with_host,
+    Backend, TestApp, TestDb, expect_code, login, register, spawn_app_behind_proxy, spawn_app_on,
 };
-use authd::config::{Config, DatabaseUrl};
+use authd::config::DatabaseUrl;
 use futures::future::join_all;
 use sqlx::{Connection, PgConnection, SqliteConnection, sqlite::SqliteConnectOptions};
 use std::time::{Duration, Instant};
@@ -18,21 +17,6 @@ const PASSWORD: &str = "a fine password";
 /// Long enough that no periodic probe runs during a test: only a request's failure
 /// (or the recovery probing it starts) can change readiness.
 const NO_POLLING: Duration = Duration::from_secs(3600);
-
-/// An app on `db` reached through a proxy the test controls.
-async fn behind_a_proxy(db: &TestDb, adjust: impl FnOnce(&mut Config)) -> (TestApp, TcpProxy) {
-    let DatabaseUrl::Postgres(direct) = &db.url else {
-        unreachable!("a PostgreSQL test database")
-    };
-    let proxy = TcpProxy::start(host_of(direct.expose())).await;
-    let proxied = with_host(direct.expose(), proxy.addr);
-    let app = spawn_app_on(db, |c| {
-        c.database_url = proxied.parse().unwrap();
-        adjust(c);
-    })
-    .await;
-    (app, proxy)
-}
 
 /// Waits (at most 10 s) until readiness is `status`.
 async fn until_ready_is(app: &mut TestApp, status: ServingStatus) {
@@ -145,7 +129,7 @@ async fn a_black_holed_database_gives_unavailable_not_a_hang() {
     let Some(db) = TestDb::new(Backend::Postgres, "black_holed_database").await else {
         return;
     };
-    let (mut app, proxy) = behind_a_proxy(&db, |c| {
+    let (mut app, proxy) = spawn_app_behind_proxy(&db, |c| {
         c.db_statement_timeout = Duration::from_secs(1);
         c.db_acquire_timeout = Duration::from_secs(1);
         c.health_interval = NO_POLLING;
@@ -201,7 +185,7 @@ async fn an_outage_under_a_burst_is_unavailable_never_resource_exhausted() {
     let Some(db) = TestDb::new(Backend::Postgres, "outage_under_a_burst").await else {
         return;
     };
-    let (mut app, proxy) = behind_a_proxy(&db, |c| {
+    let (mut app, proxy) = spawn_app_behind_proxy(&db, |c| {
         // Two places in the hash pool for a burst of forty.
         c.hash_threads = Some(1);
         c.hash_queue = Some(1);
@@ -247,7 +231,7 @@ async fn a_request_that_cannot_reach_the_database_turns_readiness_not_serving_at
     let Some(db) = TestDb::new(Backend::Postgres, "readiness_follows_requests").await else {
         return;
     };
-    let (mut app, proxy) = behind_a_proxy(&db, |c| {
+    let (mut app, proxy) = spawn_app_behind_proxy(&db, |c| {
         c.db_acquire_timeout = Duration::from_secs(1);
         c.health_interval = NO_POLLING;
     })

@@ -10,8 +10,10 @@
 //!
 //! Every verdict is a count (answers by code, refusals held), never a time.
 
-use crate::helpers::{SLOW_ITERATIONS, TestDb, connect_from, spawn_app_on, wait_until};
-use authd::pb::{LoginRequest, RegisterRequest, auth_service_client::AuthServiceClient};
+use crate::helpers::{
+    SLOW_ITERATIONS, TestDb, connect_from, spawn_app_on, spawn_registrations, wait_until,
+};
+use authd::pb::{LoginRequest, auth_service_client::AuthServiceClient};
 use futures::future::join_all;
 use std::{
     net::Ipv4Addr,
@@ -139,19 +141,7 @@ async fn one_busy_client_alone_may_fill_the_whole_queue(db: TestDb) {
     let busy = connect_from(app.addr, EAGER).await;
     // Ten registrations at once: the thread and the queue of five take six (one
     // running, five queued), and only the hash queue's bound refuses the rest.
-    let calls: Vec<_> = (0..10)
-        .map(|i| {
-            let mut client = busy.clone();
-            tokio::spawn(async move {
-                client
-                    .register(RegisterRequest {
-                        username: format!("busy-{i}"),
-                        password: PASSWORD.into(),
-                    })
-                    .await
-            })
-        })
-        .collect();
+    let calls = spawn_registrations(&busy, "busy", 10, PASSWORD);
     let handle = app.handle.clone();
     wait_until("the thread and the queue are full", || {
         let stats = handle.hash_stats();

@@ -11,7 +11,7 @@
 //! Tests without Redis in their name run on the in-process limiter and need nothing.
 
 use crate::helpers::{
-    TcpProxy, TestApp, expect_code, redis_url, spawn_app_with, unique_name, wait_until,
+    ProxiedRedis, TestApp, expect_code, redis_url, spawn_app_with, unique_name, wait_until,
 };
 use authd::{
     config::Config,
@@ -21,7 +21,7 @@ use authd::{
     ratelimit::{Backend, FailureMode},
 };
 use std::{
-    net::{IpAddr, SocketAddr},
+    net::IpAddr,
     process::Command,
     time::{Duration, Instant},
 };
@@ -432,26 +432,17 @@ async fn allowed_responses_carry_the_quota() {
     assert_rate_limited(&refused, "Login:peer=3/1m", 3);
 }
 
-fn redis_via(url: &str, proxy: SocketAddr) -> String {
-    crate::helpers::with_host(url, proxy)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_redis_costs_one_timeout_then_the_local_limiter_serves_until_it_answers() {
-    let Some(url) =
-        redis_url("a_hung_redis_costs_one_timeout_then_the_local_limiter_serves_until_it_answers")
+    let Some(redis) = ProxiedRedis::start(
+        "a_hung_redis_costs_one_timeout_then_the_local_limiter_serves_until_it_answers",
+    )
+    .await
     else {
         return;
     };
-    let proxy = TcpProxy::start(crate::helpers::host_of(&url)).await;
-    let prefix = unique_name("rl");
     let mut app = spawn_app_with(|c| {
-        with_redis(
-            c,
-            &redis_via(&url, proxy.addr),
-            &prefix,
-            "Login:global=5/1m",
-        );
+        with_redis(c, &redis.url, &redis.prefix, "Login:global=5/1m");
         // Short enough to see that a hung Redis costs one timeout, long enough that a
         // busy test machine does not time out before the freeze.
         c.redis_timeout = Duration::from_millis(250);
@@ -461,7 +452,7 @@ async fn a_hung_redis_costs_one_timeout_then_the_local_limiter_serves_until_it_a
     login(&mut app.client).await.unwrap(); // 1 of 5 on Redis
     assert_eq!(app.handle.rate_limit_stats().backend, Backend::Redis);
 
-    proxy.stall();
+    redis.proxy.stall();
     // The first request waits out the timeout, then the local limiter decides.
     let started = Instant::now();
     login(&mut app.client)
@@ -503,7 +494,7 @@ async fn a_hung_redis_costs_one_timeout_then_the_local_limiter_serves_until_it_a
 
     // Redis answers again: authd returns to it by itself, and Redis still holds the
     // one login it counted before the outage.
-    proxy.restore();
+    redis.proxy.restore();
     let handle = app.handle.clone();
     wait_until("the limiter is back on Redis", || {
         handle.rate_limit_stats().backend == Backend::Redis
@@ -532,21 +523,14 @@ fn assert_metrics(app: &crate::helpers::TestApp, lines: &[&str]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rate_limiter_and_the_login_throttle_share_one_redis_connection() {
-    let Some(url) = redis_url("the_rate_limiter_and_the_login_throttle_share_one_redis_connection")
+    let Some(redis) =
+        ProxiedRedis::start("the_rate_limiter_and_the_login_throttle_share_one_redis_connection")
+            .await
     else {
         return;
     };
-    let proxy = TcpProxy::start(crate::helpers::host_of(&url)).await;
-    let prefix = unique_name("rl");
-    let mut app = spawn_app_with(|c| {
-        with_redis(
-            c,
-            &redis_via(&url, proxy.addr),
-            &prefix,
-            "Login:global=100/1m",
-        )
-    })
-    .await;
+    let mut app =
+        spawn_app_with(|c| with_redis(c, &redis.url, &redis.prefix, "Login:global=100/1m")).await;
     assert_eq!(app.handle.rate_limit_stats().backend, Backend::Redis);
     app.register(USER, PASSWORD).await.unwrap();
     // A failed login: a rate-limit decision, then the throttle's read and count.
@@ -572,28 +556,21 @@ async fn the_rate_limiter_and_the_login_throttle_share_one_redis_connection() {
         sample(&text, "authd_login_throttle_redis_errors_total "),
         0.0
     );
-    assert_eq!(proxy.accepted(), 1, "one connection for both");
+    assert_eq!(redis.proxy.accepted(), 1, "one connection for both");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_down_at_start_does_not_stop_authd_and_is_used_once_it_answers() {
-    let Some(url) =
-        redis_url("a_redis_down_at_start_does_not_stop_authd_and_is_used_once_it_answers")
+    let Some(redis) = ProxiedRedis::start(
+        "a_redis_down_at_start_does_not_stop_authd_and_is_used_once_it_answers",
+    )
+    .await
     else {
         return;
     };
-    let proxy = TcpProxy::start(crate::helpers::host_of(&url)).await;
-    proxy.cut();
-    let prefix = unique_name("rl");
-    let mut app = spawn_app_with(|c| {
-        with_redis(
-            c,
-            &redis_via(&url, proxy.addr),
-            &prefix,
-            "Login:global=2/1m",
-        )
-    })
-    .await;
+    redis.proxy.cut();
+    let mut app =
+        spawn_app_with(|c| with_redis(c, &redis.url, &redis.prefix, "Login:global=2/1m")).await;
     assert_eq!(app.handle.rate_limit_stats().backend, Backend::Degraded);
     use tonic_health::pb::health_check_response::ServingStatus;
     assert_eq!(app.health_status("").await, ServingStatus::Serving);
@@ -607,7 +584,7 @@ async fn a_redis_down_at_start_does_not_stop_authd_and_is_used_once_it_answers()
     expect_code(login(&mut app.client).await, Code::ResourceExhausted);
     assert_eq!(app.handle.rate_limit_stats().redis_decisions, 0);
 
-    proxy.restore();
+    redis.proxy.restore();
     let handle = app.handle.clone();
     wait_until("the limiter is on Redis", || {
         handle.rate_limit_stats().backend == Backend::Redis
@@ -622,27 +599,22 @@ async fn a_redis_down_at_start_does_not_stop_authd_and_is_used_once_it_answers()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fail_closed_refuses_with_unavailable_while_redis_is_down_and_recovers() {
-    let Some(url) =
-        redis_url("fail_closed_refuses_with_unavailable_while_redis_is_down_and_recovers")
+    let Some(redis) = ProxiedRedis::start(
+        "fail_closed_refuses_with_unavailable_while_redis_is_down_and_recovers",
+    )
+    .await
     else {
         return;
     };
-    let proxy = TcpProxy::start(crate::helpers::host_of(&url)).await;
-    let prefix = unique_name("rl");
     let mut app = spawn_app_with(|c| {
-        with_redis(
-            c,
-            &redis_via(&url, proxy.addr),
-            &prefix,
-            "Login:global=100/1m",
-        );
+        with_redis(c, &redis.url, &redis.prefix, "Login:global=100/1m");
         c.rate_limit_failure = FailureMode::Closed;
     })
     .await;
     app.register(USER, PASSWORD).await.unwrap();
     login(&mut app.client).await.unwrap();
 
-    proxy.cut();
+    redis.proxy.cut();
     let status = expect_code(login(&mut app.client).await, Code::Unavailable);
     assert!(status.message().contains("Redis"), "{status:?}");
     expect_code(login(&mut app.client).await, Code::Unavailable);
@@ -662,7 +634,7 @@ async fn fail_closed_refuses_with_unavailable_while_redis_is_down_and_recovers()
         ],
     );
 
-    proxy.restore();
+    redis.proxy.restore();
     let handle = app.handle.clone();
     wait_until("the limiter is back on Redis", || {
         handle.rate_limit_stats().backend == Backend::Redis

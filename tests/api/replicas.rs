@@ -2,11 +2,10 @@
 //! answering and comes back.
 
 use crate::helpers::{
-    Backend, TcpProxy, TestDb, expect_code, host_of, login, ok_and_taken, register, spawn_app_on,
-    wait_until, with_host,
+    Backend, TestDb, expect_code, login, ok_and_taken, register, spawn_app_behind_proxy,
+    spawn_app_on, wait_until,
 };
 use crate::timing::rounds_of_a_failed_login;
-use authd::config::DatabaseUrl;
 use futures::future::join_all;
 use std::time::{Duration, Instant};
 use tonic::Code;
@@ -52,14 +51,8 @@ async fn an_unreachable_database_gives_unavailable_and_not_serving_until_it_retu
     let Some(db) = TestDb::new(Backend::Postgres, "unreachable_database").await else {
         return;
     };
-    let DatabaseUrl::Postgres(direct) = &db.url else {
-        unreachable!()
-    };
-    let proxy = TcpProxy::start(host_of(direct.expose())).await;
-    let proxied = with_host(direct.expose(), proxy.addr);
     let acquire_timeout = Duration::from_secs(1);
-    let mut app = spawn_app_on(&db, |c| {
-        c.database_url = proxied.parse().unwrap();
+    let (mut app, proxy) = spawn_app_behind_proxy(&db, |c| {
         c.db_acquire_timeout = acquire_timeout;
         c.health_interval = Duration::from_millis(100);
     })

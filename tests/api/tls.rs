@@ -2,9 +2,12 @@
 //! services over TLS, refused handshakes, the client identity in rate limits, logs
 //! and the allow-list, live rotation of the certificate files, bad files.
 
-use crate::helpers::{Backend, TestDb, metric, test_config, wait_until};
+use crate::{
+    cli::refused_start,
+    helpers::{Backend, Started, TestDb, metric, start, test_config, wait_until},
+};
 use authd::{
-    app::{AppHandle, Application},
+    app::Application,
     config::Config,
     pb::{ValidateTokenRequest, auth_service_client::AuthServiceClient},
 };
@@ -13,7 +16,6 @@ use rcgen::{
     KeyPair, KeyUsagePurpose, SanType,
 };
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
-use tokio::{sync::oneshot, task::JoinHandle};
 use tonic::{
     Code,
     transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity},
@@ -127,11 +129,16 @@ impl Files {
 
 /// authd serving TLS on 127.0.0.1:0.
 struct TlsApp {
-    addr: SocketAddr,
-    handle: AppHandle,
+    app: Started,
     _db: TestDb,
-    shutdown: Option<oneshot::Sender<()>>,
-    task: JoinHandle<anyhow::Result<()>>,
+}
+
+impl std::ops::Deref for TlsApp {
+    type Target = Started;
+
+    fn deref(&self) -> &Started {
+        &self.app
+    }
 }
 
 async fn spawn_tls(files: &Files, mutual: bool, adjust: impl FnOnce(&mut Config)) -> TlsApp {
@@ -139,19 +146,9 @@ async fn spawn_tls(files: &Files, mutual: bool, adjust: impl FnOnce(&mut Config)
     let mut config = test_config(db.url.clone());
     files.configure(&mut config, mutual);
     adjust(&mut config);
-    let app = Application::build(config).await.expect("the app builds");
-    let addr = app.local_addr();
-    let handle = app.handle();
-    let (tx, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(app.run_until_stopped(async {
-        let _ = rx.await;
-    }));
     TlsApp {
-        addr,
-        handle,
+        app: start(config).await,
         _db: db,
-        shutdown: Some(tx),
-        task,
     }
 }
 
@@ -172,13 +169,8 @@ impl TlsApp {
         )
     }
 
-    async fn stop(mut self) {
-        let _ = self.shutdown.take().unwrap().send(());
-        tokio::time::timeout(Duration::from_secs(30), self.task)
-            .await
-            .expect("stops in time")
-            .unwrap()
-            .unwrap();
+    async fn stop(self) {
+        self.app.stop().await.unwrap();
     }
 }
 
@@ -595,9 +587,8 @@ async fn a_bad_file_at_start_stops_the_start_naming_the_option() {
         .env("AUTHD_TLS_KEY", files.path("key.pem"))
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8(out.stderr).unwrap();
-    let last = stderr.lines().last().unwrap_or_default();
+    let (stderr, last) = refused_start(out);
+    let last = last.as_str();
     assert!(
         last.starts_with("authd: error: --tls-key (AUTHD_TLS_KEY) ")
             && last.ends_with("the key does not match the certificate of --tls-cert"),
