@@ -324,31 +324,34 @@ mod tests {
         Password::parse(s).unwrap()
     }
 
+    /// A hasher of `rounds` on `engine`, one thread, a queue four deep.
+    fn hasher_on(rounds: u32, engine: pbkdf2_lanes::Engine, metrics: &Metrics) -> Hasher {
+        Hasher::new(rounds, HashPool::new(1, 4, 0, engine, metrics).unwrap()).unwrap()
+    }
+
+    fn hasher(rounds: u32) -> Hasher {
+        hasher_on(rounds, pbkdf2_lanes::Engine::detect(), &Metrics::new())
+    }
+
+    async fn hash(hasher: &Hasher, password: &str) -> String {
+        let slot = hasher.reserve(None, None).unwrap();
+        hasher.hash(slot, pw(password), None).await.unwrap()
+    }
+
+    async fn verify(hasher: &Hasher, password: &str, stored: Option<String>) -> Verification {
+        let slot = hasher.reserve(None, None).unwrap();
+        hasher
+            .verify(slot, pw(password), stored, None)
+            .await
+            .unwrap()
+    }
+
     #[tokio::test]
     async fn hashes_are_phc_strings_that_verify() {
-        let hasher = Hasher::new(
-            1000,
-            HashPool::new(1, 4, 0, pbkdf2_lanes::Engine::detect(), &Metrics::new()).unwrap(),
-        )
-        .unwrap();
-        let phc = hasher
-            .hash(
-                hasher.reserve(None, None).unwrap(),
-                pw("correct horse"),
-                None,
-            )
-            .await
-            .unwrap();
+        let hasher = hasher(1000);
+        let phc = hash(&hasher, "correct horse").await;
         assert!(phc.starts_with("$pbkdf2-sha256$i=1000,l=32$"), "{phc}");
-        let ok = hasher
-            .verify(
-                hasher.reserve(None, None).unwrap(),
-                pw("correct horse"),
-                Some(phc.clone()),
-                None,
-            )
-            .await
-            .unwrap();
+        let ok = verify(&hasher, "correct horse", Some(phc.clone())).await;
         assert_eq!(
             ok,
             Verification {
@@ -356,35 +359,15 @@ mod tests {
                 needs_rehash: false
             }
         );
-        let bad = hasher
-            .verify(
-                hasher.reserve(None, None).unwrap(),
-                pw("wrong horse"),
-                Some(phc),
-                None,
-            )
-            .await
-            .unwrap();
+        let bad = verify(&hasher, "wrong horse", Some(phc)).await;
         assert!(!bad.matches);
     }
 
     #[tokio::test]
     async fn unknown_users_never_match() {
-        let hasher = Hasher::new(
-            1000,
-            HashPool::new(1, 4, 0, pbkdf2_lanes::Engine::detect(), &Metrics::new()).unwrap(),
-        )
-        .unwrap();
+        let hasher = hasher(1000);
         assert!(hasher.dummy.starts_with("$pbkdf2-sha256$i=1000,l=32$"));
-        let v = hasher
-            .verify(
-                hasher.reserve(None, None).unwrap(),
-                pw("anything at all"),
-                None,
-                None,
-            )
-            .await
-            .unwrap();
+        let v = verify(&hasher, "anything at all", None).await;
         assert_eq!(
             v,
             Verification {
@@ -396,29 +379,10 @@ mod tests {
 
     #[tokio::test]
     async fn other_parameters_ask_for_a_rehash() {
-        let old = Hasher::new(
-            1000,
-            HashPool::new(1, 4, 0, pbkdf2_lanes::Engine::detect(), &Metrics::new()).unwrap(),
-        )
-        .unwrap();
-        let new = Hasher::new(
-            2000,
-            HashPool::new(1, 4, 0, pbkdf2_lanes::Engine::detect(), &Metrics::new()).unwrap(),
-        )
-        .unwrap();
-        let phc = old
-            .hash(old.reserve(None, None).unwrap(), pw("correct horse"), None)
-            .await
-            .unwrap();
-        let v = new
-            .verify(
-                new.reserve(None, None).unwrap(),
-                pw("correct horse"),
-                Some(phc),
-                None,
-            )
-            .await
-            .unwrap();
+        let old = hasher(1000);
+        let new = hasher(2000);
+        let phc = hash(&old, "correct horse").await;
+        let v = verify(&new, "correct horse", Some(phc)).await;
         assert_eq!(
             v,
             Verification {
@@ -431,19 +395,8 @@ mod tests {
     #[tokio::test]
     async fn every_failure_costs_the_dearest_stored_hash_and_a_success_is_not_padded() {
         let metrics = Metrics::new();
-        let hasher = Hasher::new(
-            1000,
-            HashPool::new(1, 4, 0, pbkdf2_lanes::Engine::detect(), &metrics).unwrap(),
-        )
-        .unwrap();
-        let phc = hasher
-            .hash(
-                hasher.reserve(None, None).unwrap(),
-                pw("correct horse"),
-                None,
-            )
-            .await
-            .unwrap();
+        let hasher = hasher_on(1000, pbkdf2_lanes::Engine::detect(), &metrics);
+        let phc = hash(&hasher, "correct horse").await;
         hasher.set_highest_stored(5000);
         assert_eq!(hasher.failure_cost(), 5000);
         let rounds = || metrics.hash.rounds.get();
@@ -455,15 +408,7 @@ mod tests {
             ("correct horse", Some(phc.clone()), 1000),
         ] {
             let before = rounds();
-            hasher
-                .verify(
-                    hasher.reserve(None, None).unwrap(),
-                    pw(password),
-                    stored,
-                    None,
-                )
-                .await
-                .unwrap();
+            verify(&hasher, password, stored).await;
             assert_eq!(spent(before), expected, "{password}");
         }
         // A stored cost below the current one changes nothing.
@@ -478,17 +423,9 @@ mod tests {
             let Some(engine) = Engine::with_backend(backend) else {
                 continue;
             };
-            let pool = HashPool::new(1, 4, 0, engine, &Metrics::new()).unwrap();
-            let hasher = Hasher::new(1000, pool).unwrap();
+            let hasher = hasher_on(1000, engine, &Metrics::new());
             // Made by the engine, checked by the crate.
-            let ours = hasher
-                .hash(
-                    hasher.reserve(None, None).unwrap(),
-                    pw("correct horse"),
-                    None,
-                )
-                .await
-                .unwrap();
+            let ours = hash(&hasher, "correct horse").await;
             assert!(ours.starts_with("$pbkdf2-sha256$i=1000,l=32$"), "{ours}");
             assert_eq!(
                 verify_with_crate(&pw("correct horse"), &ours).unwrap(),
@@ -499,15 +436,7 @@ mod tests {
             // Made by the crate (authd before the engine), checked by the engine.
             let theirs = hash_now(&pw("correct horse"), Params::new(1000).unwrap()).unwrap();
             for (password, expected) in [("correct horse", true), ("wrong horse", false)] {
-                let v = hasher
-                    .verify(
-                        hasher.reserve(None, None).unwrap(),
-                        pw(password),
-                        Some(theirs.clone()),
-                        None,
-                    )
-                    .await
-                    .unwrap();
+                let v = verify(&hasher, password, Some(theirs.clone())).await;
                 assert_eq!(v.matches, expected, "{backend:?} {password}");
             }
         }

@@ -761,20 +761,22 @@ mod tests {
         assert_eq!(metrics.hash.duration.get_sample_count(), 2);
     }
 
-    #[tokio::test]
-    async fn what_waits_is_hashed_together_and_nothing_waits_for_a_batch() {
-        let metrics = Metrics::new();
-        let pool = pool(1, 16, &metrics);
-        // Hold the only thread, queue several requests, then let it go: they come
-        // off the queue as batches of up to the engine's lanes.
-        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    /// Holds `pool`'s only thread with a job that runs until the sender is used or
+    /// dropped; returns once the job runs.
+    async fn occupy_the_thread(
+        pool: &HashPool,
+    ) -> (
+        tokio::task::JoinHandle<Result<(), PoolError>>,
+        std::sync::mpsc::Sender<()>,
+    ) {
         let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
         let busy = tokio::spawn({
             let pool = pool.clone();
             async move {
                 pool.run(None, move || {
                     started_tx.send(()).unwrap();
-                    release_rx.recv().unwrap();
+                    let _ = release_rx.recv();
                 })
                 .await
             }
@@ -782,6 +784,16 @@ mod tests {
         tokio::task::spawn_blocking(move || started_rx.recv().unwrap())
             .await
             .unwrap();
+        (busy, release_tx)
+    }
+
+    #[tokio::test]
+    async fn what_waits_is_hashed_together_and_nothing_waits_for_a_batch() {
+        let metrics = Metrics::new();
+        let pool = pool(1, 16, &metrics);
+        // Hold the only thread, queue several requests, then let it go: they come
+        // off the queue as batches of up to the engine's lanes.
+        let (busy, release_tx) = occupy_the_thread(&pool).await;
         let lanes = pool.engine().lanes();
         let waiting: Vec<_> = (0..lanes)
             .map(|i| {
@@ -857,21 +869,7 @@ mod tests {
     async fn a_full_queue_refuses_at_once() {
         let metrics = Metrics::new();
         let pool = pool(1, 1, &metrics);
-        let (started_tx, started_rx) = std::sync::mpsc::channel();
-        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
-        let busy = tokio::spawn({
-            let pool = pool.clone();
-            async move {
-                pool.run(None, move || {
-                    started_tx.send(()).unwrap();
-                    release_rx.recv().unwrap();
-                })
-                .await
-            }
-        });
-        tokio::task::spawn_blocking(move || started_rx.recv().unwrap())
-            .await
-            .unwrap();
+        let (busy, release_tx) = occupy_the_thread(&pool).await;
         // The thread is busy; one request fits in the queue, the next is refused.
         let queued = tokio::spawn({
             let pool = pool.clone();

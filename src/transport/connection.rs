@@ -3,7 +3,7 @@
 //! close on idleness or shutdown.
 
 use super::{
-    BoxError, Limits, Protocol, Slot,
+    BoxError, HttpService, Limits, Protocol, ResponseBody, Slot,
     io::{FirstBytes, HTTP2_PREFACE_LEN},
     tls::ServerTls,
 };
@@ -56,13 +56,8 @@ pub(super) async fn serve<S, B>(
     metrics: ListenerMetrics,
     _slot: Slot,
 ) where
-    S: tower::Service<http::Request<Incoming>, Response = http::Response<B>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
+    S: HttpService<B>,
+    B: ResponseBody,
 {
     super::tune(&stream);
     metrics.open.inc();
@@ -127,13 +122,8 @@ async fn serve_http<IO, S, B>(
     metrics: ListenerMetrics,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    S: tower::Service<http::Request<Incoming>, Response = http::Response<B>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
+    S: HttpService<B>,
+    B: ResponseBody,
 {
     let peer = info.remote_addr;
     let activity = Arc::new(Activity::new());

@@ -96,6 +96,43 @@ pub(crate) enum Protocol {
 const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(1);
 const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
+/// What a listener serves: an HTTP service that never fails (tonic's router with
+/// its layers, or the plain-HTTP router), cloned for each connection.
+pub(crate) trait HttpService<B>:
+    tower::Service<
+        http::Request<hyper::body::Incoming>,
+        Response = http::Response<B>,
+        Error = Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S, B> HttpService<B> for S where
+    S: tower::Service<
+            http::Request<hyper::body::Incoming>,
+            Response = http::Response<B>,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + 'static
+{
+}
+
+/// A response body a connection can send.
+pub(crate) trait ResponseBody:
+    http_body::Body<Data = bytes::Bytes, Error: Into<BoxError>> + Send + 'static
+{
+}
+
+impl<B> ResponseBody for B where
+    B: http_body::Body<Data = bytes::Bytes, Error: Into<BoxError>> + Send + 'static
+{
+}
+
 /// Serves `service` on every connection `listener` accepts, within `limits`, until
 /// `shutdown` turns true; then stops accepting and waits for the connections to
 /// close gracefully. Dropping the returned future closes them all at once. With
@@ -111,16 +148,8 @@ pub(crate) async fn serve<S, B>(
     service: S,
     mut shutdown: watch::Receiver<bool>,
 ) where
-    S: tower::Service<
-            http::Request<hyper::body::Incoming>,
-            Response = http::Response<B>,
-            Error = Infallible,
-        > + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
+    S: HttpService<B>,
+    B: ResponseBody,
 {
     metrics.max_connections.set(limits.max_connections as i64);
     let limits = Arc::new(limits);
