@@ -6,26 +6,28 @@
 //! `main.rs` and every integration test start authd through this same code.
 
 use crate::{
-    access,
     accounts::{Accounts, SessionSettings},
-    admission::{self, Admission, AdmissionSettings},
     audit::Audit,
     blocklist::Blocklist,
     config::{Config, DatabaseUrl},
     grpc::{AuthApi, MAX_MESSAGE_BYTES},
     health, jwks,
     keyfile::{self, KeyFile},
+    layers::{
+        access,
+        admission::{self, Admission, AdmissionSettings},
+        pushback::{self, Pushback, PushbackSettings},
+        trace,
+    },
     metrics::{self, Metrics},
     otel::Traces,
     password::{HashPool, Hasher, PoolSnapshot},
     pb::{self, auth_service_server::AuthServiceServer},
-    pushback::{self, Pushback, PushbackSettings},
     ratelimit::{self, RateLimitStats, RateLimiter, Settings as RateLimitSettings},
     shared_redis::SharedRedis,
     store::{PostgresSettings, SqliteSettings, Store, StoreSettings, WriterSnapshot},
     throttle::{Settings as ThrottleSettings, Throttle, UsernameDigest},
     token::{KeyRing, LiveKeyRing, Tokens},
-    trace,
     transport::{
         self, Limits, Protocol,
         tls::{ServerTls, TlsFiles},

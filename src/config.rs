@@ -11,7 +11,7 @@
 //! and `Debug` redact them, and each can be read from a file (`*_FILE`) so that it
 //! shows in neither `ps` nor the environment. [`secrets_on_command_line`] finds those given as flags anyway.
 
-use crate::access::AllowList;
+use crate::layers::access::AllowList;
 use crate::otel::{SamplerKind, TraceSettings};
 use crate::ratelimit::{FailureMode, RateLimits, RegisterLimit};
 use crate::secret::{self, DigestKey, RedisUrl, SecretUrl};

@@ -15,11 +15,11 @@
 //! ```text
 //! transport                     accept loop and per-connection bounds (hyper, HTTP/2), TLS
 //!                               and mutual TLS (rustls, files reloaded live)
-//!   trace                       request id, one log event and the request metrics per request
-//!   pushback                    refusals with a retry hint held on a timer before their answer
-//!   access                      mutual TLS allow-list: identity per method (PERMISSION_DENIED)
+//!   layers::trace               request id, one log event and the request metrics per request
+//!   layers::pushback            refusals with a retry hint held on a timer before their answer
+//!   layers::access              mutual TLS allow-list: identity per method (PERMISSION_DENIED)
 //!   ratelimit::layer            per-rule sliding windows, on Redis or in process (reject)
-//!   admission                   whole request first, share per client, in-flight cap,
+//!   layers::admission           whole request first, share per client, in-flight cap,
 //!                               deadline, drain (reject, never queue)
 //!   codec                       protobuf decoding; malformed -> INVALID_ARGUMENT, generic
 //!   grpc                        proto <-> domain, for auth.v1.AuthService
@@ -57,7 +57,7 @@
 //! - `keyfile`: the token key file, re-read while serving; a bad file keeps the ring.
 //! - `jwks`: `GET /.well-known/jwks.json` on the plain-HTTP port, the public keys.
 //! - `health`: readiness from store probes and real request failures; liveness.
-//! - [`healthcheck`]: `authd health`, the client side: one check, turned into an exit status.
+//! - [`health::check`]: `authd health`, the client side: one check, turned into an exit status.
 //! - [`password`]: also `authd hash-bench` (`password::bench`), this machine's hashing rate.
 //! - [`telemetry`]: the `tracing` subscriber (text or JSON lines).
 //! - [`priority`]: the OS scheduling priority of the runtime's and the hashing threads.
@@ -66,9 +66,7 @@
 //! and nothing more.
 #![forbid(unsafe_code)]
 
-pub(crate) mod access;
 pub(crate) mod accounts;
-pub(crate) mod admission;
 pub mod app;
 pub mod audit;
 pub(crate) mod blocklist;
@@ -77,16 +75,15 @@ pub mod config;
 pub mod credentials;
 pub(crate) mod error;
 pub(crate) mod grpc;
-pub(crate) mod health;
-pub mod healthcheck;
+pub mod health;
 pub(crate) mod jwks;
 pub(crate) mod keyfile;
+pub(crate) mod layers;
 pub(crate) mod metrics;
 pub(crate) mod middleware;
 pub mod otel;
 pub mod password;
 pub mod priority;
-pub(crate) mod pushback;
 pub mod ratelimit;
 pub(crate) mod refresh;
 pub(crate) mod revocation;
@@ -97,7 +94,6 @@ pub(crate) mod store;
 pub mod telemetry;
 pub mod throttle;
 pub mod token;
-pub(crate) mod trace;
 pub(crate) mod transport;
 
 /// Code generated from `proto/auth/v1/auth.proto`.

@@ -82,13 +82,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             tls_key,
             tls_server_name,
         } => {
-            let tls = authd::healthcheck::ClientTls {
+            let tls = authd::health::check::ClientTls {
                 ca: tls_ca,
                 cert: tls_cert,
                 key: tls_key,
                 server_name: tls_server_name,
             };
-            authd::healthcheck::run(&config, addr.as_deref(), &service, timeout, &tls).await
+            authd::health::check::run(&config, addr.as_deref(), &service, timeout, &tls).await
         }
         Command::Keygen { alg, kid } => {
             let kid = kid.unwrap_or_else(new_kid);

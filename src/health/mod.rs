@@ -14,6 +14,10 @@
 //! Liveness ([`LIVENESS`]) is SERVING from the start until the process stops,
 //! whatever the database does: a liveness probe restarts a pod, and a restart cures
 //! no database outage. This module reports statuses; it does not own the store.
+//!
+//! [`check`] is the other side: `authd health`, a client that asks a running authd.
+
+pub mod check;
 
 use crate::accounts::Accounts;
 use prometheus::IntGauge;

@@ -1,0 +1,20 @@
+//! The request path's tower layers, outermost first, each in a file of its own and
+//! each built on the shell they share (`crate::middleware`): it refuses fast and
+//! never queues.
+//!
+//! - `trace`: request id, one log event and the request metrics per request;
+//! - `pushback`: refusals with a retry hint held on a timer before their answer;
+//! - `access`: the mutual-TLS allow-list, identity per method (PERMISSION_DENIED);
+//! - (the rate limit layer, `crate::ratelimit::layer`, stands here);
+//! - `admission`: whole request first, share per client, in-flight cap, deadline,
+//!   drain.
+//!
+//! Below them, `crate::codec` decodes the request for the handler.
+//!
+//! A layer imports the bottom floor (`rpc`, `error`, `middleware`, `metrics`,
+//! `otel`) and nothing of the handler or of another layer.
+
+pub(crate) mod access;
+pub(crate) mod admission;
+pub(crate) mod pushback;
+pub(crate) mod trace;
