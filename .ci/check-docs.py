@@ -1,4 +1,4 @@
-"""Checks that docs/configuration.md documents every option of src/config.rs once.
+"""Checks that docs/configuration.md documents every option of src/config/ once.
 
 - An option table is a markdown table whose header names a `flag` and an `env var`
   column; each of its rows documents the option named in those two cells (a `--flag`
@@ -8,12 +8,14 @@
 - No flag and no environment variable is the key of more than one row. A row that
   looks like an option row but stands outside a table (no header and `|---|` line
   above it, e.g. rows pasted after a paragraph) is counted as well, and reported.
-- Every `env = "…"` of a clap `#[arg(…)]` in src/config.rs has exactly one row, and
+- Every `env = "…"` of a clap `#[arg(…)]` in any `.rs` file under src/config/ (the
+  command line in mod.rs, one file per group of options) has exactly one row, and
   every environment variable with a row is one of them. Where the arg's flag and a
   simple default (`default_value`/`default_value_t`) can be read, the row must name
   the same flag and, when its default is one literal, the same default.
 
-Standard library only. Run by .ci/run: `python3 .ci/check-docs.py [DOC [CONFIG_RS]]`.
+Standard library only. Run by .ci/run: `python3 .ci/check-docs.py [DOC [CONFIG_DIR]]`
+(CONFIG_DIR may also name one `.rs` file).
 """
 
 import pathlib
@@ -22,7 +24,7 @@ import sys
 
 root = pathlib.Path(__file__).resolve().parent.parent
 doc_path = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else root / "docs/configuration.md"
-src_path = pathlib.Path(sys.argv[2]) if len(sys.argv) > 2 else root / "src/config.rs"
+src_path = pathlib.Path(sys.argv[2]) if len(sys.argv) > 2 else root / "src/config"
 
 
 def shown(path):
@@ -59,7 +61,7 @@ def cells(line):
     return out
 
 
-# --- src/config.rs -------------------------------------------------------------------
+# --- src/config/ ---------------------------------------------------------------------
 
 
 def strip_comments(text):
@@ -141,43 +143,46 @@ def string_value(body, key):
     return found.group(1) if found else None
 
 
-try:
-    src_text = src_path.read_text(encoding="utf-8")
-except OSError as e:
-    sys.exit(f"{SRC}: cannot read it: {e}")
-code = strip_comments(src_text)
+src_files = sorted(src_path.rglob("*.rs")) if src_path.is_dir() else [src_path]
+if not src_files:
+    sys.exit(f"{SRC}: no .rs file in it; has the configuration moved?")
 
-
-def src_line(offset):
-    return code.count("\n", 0, offset) + 1
-
-
-# Every env = "…" of the file, whatever surrounds it: the list the docs must cover.
+# Every env = "…" of the files, whatever surrounds it: the list the docs must cover,
+# each with where it stands ("src/config/store.rs:42").
 src_envs = {}
-for match in re.finditer(r"(?<![\w])env\s*=\s*\"([A-Z][A-Z0-9_]*)\"", code):
-    src_envs.setdefault(match.group(1), src_line(match.start()))
-
 # What can be read of each one's arg: its flag and a simple default.
 src_flag, src_default = {}, {}
-for start, body, field in arg_attributes(code):
-    env = string_value(body, "env")
-    if not env:
-        continue
-    long = string_value(body, "long")
-    if long is None and re.search(r"(?<![\w])long\s*(,|$)", body) and field:
-        long = field.replace("_", "-")
-    if long:
-        src_flag[env] = "--" + long
-    default = string_value(body, "default_value")
-    if default is None:
-        typed = re.search(r"(?<![\w])default_value_t\s*=\s*([A-Za-z0-9_.]+)\s*(,|$)", body)
-        if typed and re.fullmatch(r"[0-9_]+|true|false|[0-9_]*\.[0-9_]+", typed.group(1)):
-            default = typed.group(1)
-    if default is not None:
-        src_default[env] = default
+for file in src_files:
+    try:
+        code = strip_comments(file.read_text(encoding="utf-8"))
+    except OSError as e:
+        sys.exit(f"{shown(file)}: cannot read it: {e}")
+
+    def src_line(offset):
+        return f"{shown(file)}:{code.count(chr(10), 0, offset) + 1}"
+
+    for match in re.finditer(r"(?<![\w])env\s*=\s*\"([A-Z][A-Z0-9_]*)\"", code):
+        src_envs.setdefault(match.group(1), src_line(match.start()))
+
+    for start, body, field in arg_attributes(code):
+        env = string_value(body, "env")
+        if not env:
+            continue
+        long = string_value(body, "long")
+        if long is None and re.search(r"(?<![\w])long\s*(,|$)", body) and field:
+            long = field.replace("_", "-")
+        if long:
+            src_flag[env] = "--" + long
+        default = string_value(body, "default_value")
+        if default is None:
+            typed = re.search(r"(?<![\w])default_value_t\s*=\s*([A-Za-z0-9_.]+)\s*(,|$)", body)
+            if typed and re.fullmatch(r"[0-9_]+|true|false|[0-9_]*\.[0-9_]+", typed.group(1)):
+                default = typed.group(1)
+        if default is not None:
+            src_default[env] = default
 
 if not src_envs:
-    sys.exit(f'{SRC}: no `env = "…"` found in any #[arg(…)]; has the file moved?')
+    sys.exit(f'{SRC}: no `env = "…"` found in any #[arg(…)]; has the configuration moved?')
 
 # --- docs/configuration.md -----------------------------------------------------------
 
@@ -269,10 +274,16 @@ for numbers, keys in sorted(duplicates.items()):
     problems.append(f"{DOC}: {' / '.join(keys)} is documented {len(numbers)} times, lines "
                     f"{', '.join(map(str, numbers))}: keep the row that agrees with {SRC}")
 
-for env, line in sorted(src_envs.items(), key=lambda item: item[1]):
+def where_key(where):
+    """A "path:line" sorted by path, then by line as a number."""
+    path, line = where.rsplit(":", 1)
+    return path, int(line)
+
+
+for env, line in sorted(src_envs.items(), key=lambda item: where_key(item[1])):
     if env not in by_env:
         flag = f" ({src_flag[env]})" if env in src_flag else ""
-        problems.append(f"{SRC}:{line}: {env}{flag} has no row in {DOC}")
+        problems.append(f"{line}: {env}{flag} has no row in {DOC}")
 for env, numbers in sorted(by_env.items()):
     if env not in src_envs:
         problems.append(f"{DOC}:{numbers[0]}: {env} has a row, but no "
@@ -297,12 +308,12 @@ for number, flags, envs, default in rows:
         want = src_flag.get(env)
         if want and flags and want not in flags:
             problems.append(f"{DOC}:{number}: {env} is documented with {', '.join(flags)}, "
-                            f"but its flag in {SRC}:{src_envs[env]} is {want}")
+                            f"but its flag in {src_envs[env]} is {want}")
         doc_default = literal(default)
         if env in src_default and doc_default is not None \
                 and doc_default != normal(src_default[env]):
             problems.append(f"{DOC}:{number}: {env} is documented with the default "
-                            f"`{doc_default}`, but {SRC}:{src_envs[env]} says "
+                            f"`{doc_default}`, but {src_envs[env]} says "
                             f"\"{src_default[env]}\"")
 
 if problems:

@@ -6,32 +6,29 @@
 //! `main.rs` and every integration test start authd through this same code.
 
 use crate::{
-    accounts::{Accounts, SessionSettings},
+    accounts::Accounts,
     audit::Audit,
     blocklist::Blocklist,
-    config::{Config, DatabaseUrl},
+    config::Config,
     grpc::{AuthApi, MAX_MESSAGE_BYTES},
     health, jwks,
     keyfile::{self, KeyFile},
     layers::{
         access,
-        admission::{self, Admission, AdmissionSettings},
-        pushback::{self, Pushback, PushbackSettings},
+        admission::{self, Admission},
+        pushback::{self, Pushback},
         trace,
     },
     metrics::{self, Metrics},
     otel::Traces,
-    password::{HashPool, Hasher, PoolSnapshot},
+    password::PoolSnapshot,
     pb::{self, auth_service_server::AuthServiceServer},
-    ratelimit::{self, RateLimitStats, RateLimiter, Settings as RateLimitSettings},
+    ratelimit::{self, RateLimitStats, RateLimiter},
     shared_redis::SharedRedis,
-    store::{PostgresSettings, SqliteSettings, Store, StoreSettings, WriterSnapshot},
-    throttle::{Settings as ThrottleSettings, Throttle, UsernameDigest},
-    token::{KeyRing, LiveKeyRing, Tokens},
-    transport::{
-        self, Limits, Protocol,
-        tls::{ServerTls, TlsFiles},
-    },
+    store::{Store, WriterSnapshot},
+    throttle::Throttle,
+    token::LiveKeyRing,
+    transport::{self, Limits, Protocol, tls::ServerTls},
 };
 use anyhow::Context as _;
 use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
@@ -44,10 +41,6 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The gRPC framing of a message: a flag byte and a 4-byte length.
 const GRPC_FRAME_HEADER: usize = 5;
-
-/// File descriptors kept free for the database, Redis, the other listeners and logs
-/// when the connection cap is fitted under the process's limit.
-const RESERVED_FDS: u64 = 256;
 
 /// A built, bound, not yet serving authd.
 pub struct Application {
@@ -153,131 +146,55 @@ impl AppHandle {
 
 /// Opens the configured store (migrating it) without serving: `authd migrate`.
 pub async fn migrate(config: &Config) -> anyhow::Result<()> {
-    Store::migrate(&store_settings(config)).await
-}
-
-fn store_settings(config: &Config) -> StoreSettings {
-    match &config.database_url {
-        DatabaseUrl::Sqlite(path) => StoreSettings::Sqlite(SqliteSettings {
-            path: path.clone(),
-            readers: config.db_max_connections,
-            acquire_timeout: config.db_acquire_timeout,
-            max_batch: config.sqlite_max_batch as usize,
-            statement_timeout: config.db_statement_timeout,
-        }),
-        DatabaseUrl::Postgres(url) => StoreSettings::Postgres(PostgresSettings {
-            url: url.expose().to_owned(),
-            max_connections: config.db_max_connections,
-            acquire_timeout: config.db_acquire_timeout,
-            statement_timeout: config.db_statement_timeout,
-        }),
-    }
+    Store::migrate(&config.store.settings()).await
 }
 
 impl Application {
     pub async fn build(config: Config) -> anyhow::Result<Self> {
-        // The key file is read here rather than by `config.key_ring`: the watcher needs
-        // the digest of the content in use.
-        let mut key_file_digest = None;
-        let keys = match (&config.token_keys, &config.token_keys_file) {
-            (Some(keys), _) => keys.clone(),
-            (None, Some(path)) => {
-                let (keys, digest) = keyfile::load(path)?;
-                key_file_digest = Some((path.clone(), digest));
-                keys
-            }
-            (None, None) => {
-                tracing::warn!(
-                    "no token keys configured (AUTHD_TOKEN_KEYS): using a random key; tokens will \
-                     not survive a restart and will not be accepted by other replicas"
-                );
-                KeyRing::random()
-            }
-        };
+        let keys = config.tokens.keys()?;
         // One registry per application, never the process-wide default: tests run
         // several applications in one process and count each one's requests.
         let metrics = Arc::new(Metrics::new());
         // Before anything is opened: a bad certificate or key stops the start with
         // one line naming the option.
-        let tls = match (&config.tls_cert, &config.tls_key) {
-            (Some(cert), Some(key)) => {
-                let files = TlsFiles {
-                    cert: cert.clone(),
-                    key: key.clone(),
-                    client_ca: config.tls_client_ca.clone(),
-                };
-                Some(ServerTls::load(files, metrics.tls.clone())?)
-            }
-            (None, None) => None,
-            _ => anyhow::bail!(
-                "--tls-cert (AUTHD_TLS_CERT) and --tls-key (AUTHD_TLS_KEY) go together"
-            ),
-        };
-        if tls.is_none() && (config.tls_client_ca.is_some() || config.tls_allow.is_some()) {
-            anyhow::bail!(
-                "--tls-client-ca (AUTHD_TLS_CLIENT_CA) and --tls-allow (AUTHD_TLS_ALLOW) need \
-                 --tls-cert and --tls-key"
-            );
-        }
-        if config.tls_allow.is_some() && config.tls_client_ca.is_none() {
-            anyhow::bail!(
-                "--tls-allow (AUTHD_TLS_ALLOW) needs --tls-client-ca (AUTHD_TLS_CLIENT_CA)"
-            );
-        }
+        let tls = config
+            .tls
+            .files()?
+            .map(|files| ServerTls::load(files, metrics.tls.clone()))
+            .transpose()?;
         // This application's traces (none without OTEL_EXPORTER_OTLP_ENDPOINT).
-        let traces = Traces::start(&config.trace_settings(), &metrics)?.map(Arc::new);
+        let traces = Traces::start(&config.telemetry.trace_settings(), &metrics)?.map(Arc::new);
         // Before the store: a bad list file stops the start before anything is opened.
-        let blocklist = Arc::new(Blocklist::new(
-            config.password_blocklist.is_on(),
-            config.password_blocklist_file.as_deref(),
-            &metrics,
-        )?);
-        let store = Store::open(store_settings(&config), &metrics).await?;
-        let engine = config.hash_backend.engine()?;
-        let pool = HashPool::new(
-            config.hash_threads(),
-            config.hash_queue(),
-            config.hash_thread_nice,
-            engine,
-            &metrics,
-        )
-        .context("starting the password hashing threads")?
-        .with_queue_wait(config.hash_queue_wait);
-        let hasher = Hasher::new(config.pbkdf2_iterations, pool)?;
-        let tokens = Tokens::new(keys.clone(), config.token_ttl, &metrics)
-            .with_audience(&config.token_audience)
-            .with_clock_skew(config.token_clock_skew);
+        let blocklist = Arc::new(config.passwords.blocklist(&metrics)?);
+        let store = Store::open(config.store.settings(), &metrics).await?;
+        let hasher = config.passwords.hasher(&metrics)?;
+        let tokens = config.tokens.tokens(keys.ring.clone(), &metrics);
         let key_ring = tokens.key_ring().clone();
-        let key_file = key_file_digest
+        let key_file = keys
+            .file
             .map(|(path, digest)| Arc::new(KeyFile::new(path, digest, key_ring.clone(), &metrics)));
         // Names accounts in the throttle's Redis keys and in audit events.
-        let digest = match &config.account_digest_key {
-            Some(key) => UsernameDigest::from_key(key),
-            None => UsernameDigest::new(keys.derive_key(UsernameDigest::LABEL)),
-        };
+        let digest = config.tokens.account_digest(&keys.ring);
         // One Redis connection for the rate limiter and the login throttle.
         let redis = config
+            .limits
             .redis_url
             .as_ref()
             .map(SharedRedis::open)
             .transpose()?;
         let throttle = Throttle::new(
-            throttle_settings(&config, redis.clone())?,
+            config.limits.throttle(redis.clone())?,
             digest.clone(),
             metrics.throttle.clone(),
         )?;
         throttle.connect().await;
-        let sessions = SessionSettings {
-            refresh_ttl: config.refresh_ttl,
-            token_ttl: config.token_ttl,
-        };
         let accounts = Arc::new(Accounts::new(
             Arc::new(store),
             hasher,
             tokens,
             throttle,
             Audit::new(digest),
-            sessions,
+            config.tokens.sessions(),
             &metrics,
         ));
         // Failed logins cost as much as the most expensive stored hash from the first.
@@ -285,11 +202,12 @@ impl Application {
             .refresh_hash_cost()
             .await
             .map_err(|e| anyhow::anyhow!("reading the highest stored password hash cost: {e}"))?;
-        let listener = TcpListener::bind(config.listen)
+        let listen = config.server.listen;
+        let listener = TcpListener::bind(listen)
             .await
-            .with_context(|| format!("cannot listen on {}", config.listen))?;
+            .with_context(|| format!("cannot listen on {listen}"))?;
         let local_addr = listener.local_addr()?;
-        let metrics_listener = match config.metrics_listen.addr() {
+        let metrics_listener = match config.telemetry.metrics_listen.addr() {
             Some(addr) => Some(transport::bind(addr, "metrics").await?),
             None => None,
         };
@@ -298,7 +216,7 @@ impl Application {
             None => None,
         };
         // A std listener: it is served by a runtime of its own, on its own thread.
-        let health_listener = match config.health_listen.addr() {
+        let health_listener = match config.server.health_listen.addr() {
             Some(addr) => Some(
                 std::net::TcpListener::bind(addr)
                     .map_err(|e| anyhow::anyhow!("cannot listen for health on {addr}: {e}"))?,
@@ -309,28 +227,20 @@ impl Application {
             Some(listener) => Some(listener.local_addr()?),
             None => None,
         };
-        let limits = connection_limits(&config);
+        // The connection cap is fitted under the open-file limit, raised to its hard
+        // limit first.
+        let limits = config.server.connection_limits(transport::raise_fd_limit());
         // Never fails on a Redis outage: the limiter starts degraded and keeps trying.
-        let rate_limiter =
-            RateLimiter::start(rate_limit_settings(&config, redis), &metrics).await?;
+        let rate_limiter = RateLimiter::start(config.limits.rate_limiter(redis), &metrics).await?;
+        let trust_forwarded_for = config.limits.trust_forwarded_for;
         let admission = Admission::new(
-            AdmissionSettings {
-                max_in_flight: config.max_in_flight,
-                max_per_client: config.max_in_flight_per_client(),
-                receive_timeout: config.receive_timeout,
-                max_body_bytes: MAX_MESSAGE_BYTES + GRPC_FRAME_HEADER,
-                trust_forwarded_for: config.trust_forwarded_for,
-            },
+            config
+                .overload
+                .admission(MAX_MESSAGE_BYTES + GRPC_FRAME_HEADER, trust_forwarded_for),
             metrics.pushback.clone(),
         );
         let pushback = Pushback::new(
-            PushbackSettings {
-                max_hold: config.refusal_hold,
-                rate: config.refusal_rate,
-                max_held: config.refusal_hold_max,
-                max_held_per_client: config.refusal_hold_max_per_client(),
-                trust_forwarded_for: config.trust_forwarded_for,
-            },
+            config.overload.pushback(trust_forwarded_for),
             metrics.pushback.clone(),
         );
         Ok(Self {
@@ -432,8 +342,8 @@ impl Application {
                 auxiliary_stopped.clone(),
             ))
         });
-        let key_file_watcher =
-            key_file.map(|file| file.spawn(config.token_keys_reload, auxiliary_stopped.clone()));
+        let key_file_watcher = key_file
+            .map(|file| file.spawn(config.tokens.token_keys_reload, auxiliary_stopped.clone()));
 
         let (reporter, health_service) = tonic_health::server::health_reporter();
         health::report_alive(&reporter).await;
@@ -443,11 +353,11 @@ impl Application {
         }
         health::report(&reporter, first.is_ok(), &metrics.serving).await;
         // Revocations from every replica, and the purge of old sessions.
-        let upkeep = tokio::spawn(accounts.clone().upkeep(config.revocation_delay / 2));
+        let upkeep = tokio::spawn(accounts.clone().upkeep(config.tokens.revocation_delay / 2));
         let checker = health::spawn_checker(
             reporter.clone(),
             accounts.clone(),
-            config.health_interval,
+            config.server.health_interval,
             first.is_ok(),
             metrics.serving.clone(),
         );
@@ -475,7 +385,7 @@ impl Application {
         let auth = AuthServiceServer::new(AuthApi::new(
             accounts.clone(),
             blocklist,
-            config.trust_forwarded_for,
+            config.limits.trust_forwarded_for,
         ))
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
         let routes = Routes::new(health_service)
@@ -491,7 +401,7 @@ impl Application {
             // A refusal with a retry hint, from any layer below, is held before its answer.
             .layer(pushback::layer(pushback.clone()))
             // Mutual TLS: an identity not allowed for the method costs nothing further.
-            .layer(access::layer(config.tls_allow.clone().unwrap_or_default()))
+            .layer(access::layer(config.tls.allow_list()))
             // Then: a request refused by a rate limit never takes an admission slot.
             .layer(ratelimit::layer(rate_limiter))
             .layer(admission::layer(admission.clone()))
@@ -499,7 +409,7 @@ impl Application {
         // Stops when the gRPC port does.
         let reloader = tls
             .as_ref()
-            .map(|tls| tls.spawn_reloader(config.tls_reload, serving_stopped.clone()));
+            .map(|tls| tls.spawn_reloader(config.tls.tls_reload, serving_stopped.clone()));
         let mut server = tokio::spawn(transport::serve(
             "grpc",
             listener,
@@ -514,14 +424,14 @@ impl Application {
             listen = %local_addr,
             health = %health_addr.map_or_else(|| "off".to_owned(), |a| a.to_string()),
             metrics = %metrics_addr.map_or_else(|| "off".to_owned(), |a| a.to_string()),
-            database = %config.database_url,
-            pbkdf2_iterations = config.pbkdf2_iterations,
-            hash_threads = config.hash_threads(),
+            database = %config.store.database_url,
+            pbkdf2_iterations = config.passwords.pbkdf2_iterations,
+            hash_threads = config.passwords.hash_threads(),
             hash_backend = accounts.hasher().pool().engine().backend().name(),
             hash_lanes = accounts.hasher().pool().engine().lanes(),
-            hash_queue = config.hash_queue(),
+            hash_queue = config.passwords.hash_queue(),
             max_connections = limits.max_connections,
-            tls = match (&tls, &config.tls_client_ca) {
+            tls = match (&tls, &config.tls.tls_client_ca) {
                 (None, _) => "off",
                 (Some(_), None) => "on",
                 (Some(_), Some(_)) => "mutual",
@@ -558,10 +468,10 @@ impl Application {
         health::report(&reporter, false, &metrics.serving).await;
         checker.abort();
         pushback.release();
-        if !admission.drain(config.drain_timeout).await {
+        if !admission.drain(config.server.drain_timeout).await {
             tracing::warn!(
                 in_flight = admission.in_flight(),
-                drain_timeout = ?config.drain_timeout,
+                drain_timeout = ?config.server.drain_timeout,
                 "the drain timed out; abandoning the requests still in flight"
             );
         }
@@ -581,86 +491,6 @@ impl Application {
         }
         tracing::info!("authd stopped");
         Ok(())
-    }
-}
-
-/// What the login throttle needs from the configuration; refuses an across-clients
-/// threshold that one client could reach alone.
-fn throttle_settings(
-    c: &Config,
-    redis: Option<Arc<SharedRedis>>,
-) -> anyhow::Result<ThrottleSettings> {
-    if c.login_failures > 0 && c.login_account_failures <= c.login_failures {
-        anyhow::bail!(
-            "--login-account-failures ({}) must be greater than --login-failures ({}), so that \
-             one client alone cannot throttle an account for everyone",
-            c.login_account_failures,
-            c.login_failures
-        );
-    }
-    if c.login_delay > c.login_delay_max {
-        anyhow::bail!("--login-delay must not be longer than --login-delay-max");
-    }
-    // A client's count must outlive the account count it fed, or a lone client
-    // whose count expired could feed the account again.
-    if c.login_account_delay_max > c.login_delay_max {
-        anyhow::bail!("--login-account-delay-max must not be longer than --login-delay-max");
-    }
-    Ok(ThrottleSettings {
-        failures: c.login_failures,
-        delay: c.login_delay,
-        delay_max: c.login_delay_max,
-        account_failures: c.login_account_failures,
-        account_delay_max: c.login_account_delay_max,
-        max_entries: c.login_throttle_max_entries as usize,
-        redis,
-        prefix: format!("{}:", c.rate_limit_prefix),
-        redis_timeout: c.redis_timeout,
-        failure: c.rate_limit_failure,
-    })
-}
-
-/// What the rate limiter needs from the configuration.
-fn rate_limit_settings(c: &Config, redis: Option<Arc<SharedRedis>>) -> RateLimitSettings {
-    RateLimitSettings {
-        rules: (c.rate_limits.clone().unwrap_or_default()).with_register_limit(&c.register_limit),
-        redis,
-        prefix: c.rate_limit_prefix.clone(),
-        redis_timeout: c.redis_timeout,
-        failure: c.rate_limit_failure,
-        trust_forwarded_for: c.trust_forwarded_for,
-        max_local_keys: c.rate_limit_max_keys as usize,
-    }
-}
-
-/// The bounds of the gRPC port's connections, from the configuration, with the
-/// connection cap fitted under the process's file-descriptor limit (raised to its
-/// hard limit first): running out of descriptors would fail accepts, database
-/// connections and log files alike.
-fn connection_limits(config: &Config) -> Limits {
-    let mut max_connections = u64::from(config.max_connections);
-    if let Some(fds) = transport::raise_fd_limit() {
-        let fits =
-            fds.saturating_sub(RESERVED_FDS + transport::AUXILIARY_MAX_CONNECTIONS as u64 * 2);
-        if max_connections > fits {
-            tracing::warn!(
-                max_connections,
-                fd_limit = fds,
-                "AUTHD_MAX_CONNECTIONS is above what the open-file limit allows; using {fits}"
-            );
-            max_connections = fits.max(1);
-        }
-    }
-    let max_connections = max_connections as usize;
-    Limits {
-        max_connections,
-        max_connections_per_client: (config.max_connections_per_client() as usize)
-            .min(max_connections),
-        handshake_timeout: config.handshake_timeout,
-        idle_timeout: config.idle_timeout,
-        keepalive_interval: Some(config.keepalive_interval),
-        keepalive_timeout: config.keepalive_timeout,
-        max_concurrent_streams: config.max_streams_per_connection,
     }
 }
 

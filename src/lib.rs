@@ -46,7 +46,8 @@
 //! Around the request path:
 //! - [`app`]: [`app::Application`] binds, wires everything and runs until shut down;
 //!   `main.rs`, the integration tests and authbench's tests start the service through it.
-//! - [`config`]: the one `Config` (flags and `AUTHD_*` environment variables).
+//! - [`config`]: the command line and the one `Config` (flags and `AUTHD_*` environment
+//!   variables), one group of options per component, each building its component's settings.
 //! - `secret`: secret-bearing settings: URLs printed with their passwords hidden, and
 //!   the value parser whose errors never quote a secret.
 //! - [`credentials`]: `Username` and `Password`, parsed and normalized at the edge.

@@ -12,7 +12,7 @@ fn main() -> ExitCode {
     // Parsed in two steps to keep the matches: they tell where each value came from.
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-    if let Err(e) = telemetry::init(&cli.config.log, cli.config.log_format) {
+    if let Err(e) = telemetry::init(&cli.config.telemetry.log, cli.config.telemetry.log_format) {
         eprintln!("authd: error: {e:#}");
         return ExitCode::FAILURE;
     }
@@ -29,7 +29,7 @@ fn main() -> ExitCode {
     }
     // The workers answer AuthService requests below the priority of the thread that
     // answers probes (the health-only port's, started from this one), above hashing.
-    let nice = cli.config.runtime_thread_nice;
+    let nice = cli.config.server.runtime_thread_nice;
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .on_thread_start(move || authd::priority::lower(nice, "runtime"))
@@ -57,7 +57,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Migrate => {
             config.read_secret_files()?;
             app::migrate(&config).await?;
-            tracing::info!(database = %config.database_url, "migrations applied");
+            tracing::info!(database = %config.store.database_url, "migrations applied");
             Ok(())
         }
         Command::HashBench {
@@ -70,8 +70,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             use authd::password::bench;
             let batch = batch.map(|b| b as usize);
-            let options = bench::options(&config, iterations, threads, duration, batch, compare);
-            bench::run_command(&config, options, json)
+            let options = config
+                .passwords
+                .bench_options(iterations, threads, duration, batch, compare);
+            bench::run_command(config.passwords.hash_backend.engine()?, options, json)
         }
         Command::Health {
             addr,

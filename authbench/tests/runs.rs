@@ -128,9 +128,9 @@ async fn refusals_of_a_full_server_are_counted_as_resource_exhausted() {
     // One hash thread and room for one waiting job: of 20 registrations sent at once,
     // all but about two are refused at once.
     let app = spawn_app_with(|c| {
-        c.hash_threads = Some(1);
-        c.hash_queue = Some(1);
-        c.pbkdf2_iterations = 200_000;
+        c.passwords.hash_threads = Some(1);
+        c.passwords.hash_queue = Some(1);
+        c.passwords.pbkdf2_iterations = 200_000;
     })
     .await;
     let plan = plan(

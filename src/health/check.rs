@@ -134,7 +134,14 @@ pub async fn run(
         Some(addr) => addr.to_owned(),
         // The health-only port when there is one: it answers however busy the
         // gRPC port is. Otherwise the gRPC port, which serves health too.
-        None => local_addr(config.health_listen.addr().unwrap_or(config.listen)).to_string(),
+        None => local_addr(
+            config
+                .server
+                .health_listen
+                .addr()
+                .unwrap_or(config.server.listen),
+        )
+        .to_string(),
     };
     check(&addr, service, timeout, tls).await?;
     println!("{}: SERVING", describe(&addr, service));

@@ -18,7 +18,7 @@
 //! batch, so a batch cut off by the end of the window does not bias the rate.
 
 use super::hash_now;
-use crate::{config::Config, credentials::Password};
+use crate::credentials::Password;
 use anyhow::{Context as _, anyhow};
 use pbkdf2_lanes::{Engine, Job};
 use serde::Serialize;
@@ -84,11 +84,9 @@ pub struct HashBenchReport {
     pub pbkdf2_crate: Option<Rates>,
 }
 
-/// Runs `authd hash-bench` with the options given on its command line, falling back
-/// to the server's configuration (`--pbkdf2-iterations`, `--hash-threads`,
-/// `--hash-backend`), and prints the result on stdout.
-pub fn run_command(config: &Config, options: Options, json: bool) -> anyhow::Result<()> {
-    let engine = config.hash_backend.engine()?;
+/// Runs `authd hash-bench` on `engine` (the one the server would use, or the one
+/// `--hash-backend` forces) and prints the result on stdout.
+pub fn run_command(engine: Engine, options: Options, json: bool) -> anyhow::Result<()> {
     let report = measure(engine, options)?;
     if json {
         println!(
@@ -99,24 +97,6 @@ pub fn run_command(config: &Config, options: Options, json: bool) -> anyhow::Res
         print!("{}", render_text(&report));
     }
     Ok(())
-}
-
-/// The options of `authd hash-bench`, resolved against the configuration.
-pub fn options(
-    config: &Config,
-    iterations: Option<u32>,
-    threads: Option<u32>,
-    duration: Duration,
-    batch: Option<usize>,
-    compare: bool,
-) -> Options {
-    Options {
-        iterations: iterations.unwrap_or(config.pbkdf2_iterations),
-        threads: threads.map_or_else(|| config.hash_threads(), |t| t as usize),
-        duration,
-        batch,
-        compare,
-    }
 }
 
 /// Hashes on `options.threads` threads for `options.duration` on `engine` (and then

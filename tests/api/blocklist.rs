@@ -93,7 +93,7 @@ async fn logins_are_not_checked_against_the_list() {
         .await
         .unwrap();
     // An account made while the list was off keeps working once it is on.
-    let mut off = spawn_app_on(&db, |c| c.password_blocklist = Switch::Off).await;
+    let mut off = spawn_app_on(&db, |c| c.passwords.password_blocklist = Switch::Off).await;
     off.register("legacy", "password123").await.unwrap();
     off.stop().await.unwrap();
     let mut on = spawn_app_on(&db, |_| {}).await;
@@ -107,7 +107,7 @@ async fn logins_are_not_checked_against_the_list() {
 
 #[tokio::test]
 async fn the_bundled_list_can_be_turned_off_but_the_username_rule_stays() {
-    let mut app = spawn_app_with(|c| c.password_blocklist = Switch::Off).await;
+    let mut app = spawn_app_with(|c| c.passwords.password_blocklist = Switch::Off).await;
     app.register("alice", "password123").await.unwrap();
     app.register("bob", "QWERTYuiop").await.unwrap();
     assert_refused(
@@ -123,8 +123,8 @@ async fn an_organization_file_adds_passwords_with_or_without_the_bundled_list() 
     for bundled in [Switch::On, Switch::Off] {
         let path = file.path().to_owned();
         let mut app = spawn_app_with(move |c| {
-            c.password_blocklist = bundled;
-            c.password_blocklist_file = Some(path);
+            c.passwords.password_blocklist = bundled;
+            c.passwords.password_blocklist_file = Some(path);
         })
         .await;
         for listed in [
@@ -152,7 +152,10 @@ async fn an_organization_file_adds_passwords_with_or_without_the_bundled_list() 
 async fn a_refused_registration_costs_no_hash_and_creates_no_user(db: TestDb) {
     let file = list_file("our-own-2024!\n");
     let path = file.path().to_owned();
-    let mut app = spawn_app_on(&db, move |c| c.password_blocklist_file = Some(path)).await;
+    let mut app = spawn_app_on(&db, move |c| {
+        c.passwords.password_blocklist_file = Some(path)
+    })
+    .await;
     let hashes = |app: &crate::helpers::TestApp| {
         let text = app.handle.render_metrics();
         (

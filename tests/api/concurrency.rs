@@ -55,12 +55,12 @@ crate::backend_tests!(
 /// a test takes) and the rate limiter counting by the connection's address.
 fn throttled(c: &mut Config) {
     let defaults = Config::defaults();
-    c.login_failures = defaults.login_failures;
-    c.login_account_failures = defaults.login_account_failures;
-    c.login_delay = HOUR;
-    c.login_delay_max = 8 * HOUR;
-    c.login_account_delay_max = HOUR;
-    c.trust_forwarded_for = false;
+    c.limits.login_failures = defaults.limits.login_failures;
+    c.limits.login_account_failures = defaults.limits.login_account_failures;
+    c.limits.login_delay = HOUR;
+    c.limits.login_delay_max = 8 * HOUR;
+    c.limits.login_account_delay_max = HOUR;
+    c.limits.trust_forwarded_for = false;
 }
 
 /// The `n`th client address: 127.0.0.10 and up.
@@ -207,7 +207,7 @@ async fn guesses_from_twenty_addresses_at_once_reach_the_account_threshold_and_n
     // Each address's first five count for the account, whose threshold (20) holds
     // every client that has not logged in to it: at most 20 guesses are hashed.
     let hashed = hashes(&[&app], before);
-    let threshold = Config::defaults().login_account_failures as u64;
+    let threshold = Config::defaults().limits.login_account_failures as u64;
     assert!(hashed <= threshold, "{hashed} hashed: {codes:?}");
     assert_eq!(count(&codes, "Unauthenticated") as u64, hashed, "{codes:?}");
     assert_eq!(codes.values().sum::<usize>(), 200);
@@ -239,8 +239,8 @@ async fn the_owner_logging_in_eight_times_at_once_always_succeeds(db: TestDb) {
 async fn no_session_verified_against_the_old_password_outlives_a_password_change(db: TestDb) {
     let mut app = spawn_app_on(&db, |c| {
         // Hashes long enough that logins are in flight when the change commits.
-        c.pbkdf2_iterations = 20_000;
-        c.login_failures = 0;
+        c.passwords.pbkdf2_iterations = 20_000;
+        c.limits.login_failures = 0;
     })
     .await;
     app.register(OWNER, PASSWORD).await.unwrap();
@@ -343,8 +343,8 @@ async fn a_taken_and_a_free_name_answer_alike_under_a_short_deadline(db: TestDb)
     let mut app = spawn_app_on(&db, |c| {
         // One hashing thread, and hashes that take far longer than the deadline on
         // any machine (200,000 rounds of SHA-256 pairs: tens of milliseconds at least).
-        c.hash_threads = Some(1);
-        c.pbkdf2_iterations = 200_000;
+        c.passwords.hash_threads = Some(1);
+        c.passwords.pbkdf2_iterations = 200_000;
     })
     .await;
     app.register(OWNER, PASSWORD).await.unwrap();
@@ -396,8 +396,11 @@ async fn a_taken_and_a_free_name_answer_alike_under_a_short_deadline(db: TestDb)
 
 #[tokio::test]
 async fn a_client_probing_names_is_refused_by_the_default_limit() {
-    let mut app = spawn_app_with(|c| c.register_limit = Config::defaults().register_limit).await;
+    let mut app =
+        spawn_app_with(|c| c.limits.register_limit = Config::defaults().limits.register_limit)
+            .await;
     let limit = Config::defaults()
+        .limits
         .register_limit
         .rule()
         .expect("on by default")
@@ -453,11 +456,11 @@ async fn replicas_on_redis_with(test: &str, defaults: bool) -> Option<(TestDb, T
         if !defaults {
             throttled(c);
         }
-        c.redis_url = Some(url.parse().unwrap());
-        c.rate_limit_prefix = prefix.clone();
+        c.limits.redis_url = Some(url.parse().unwrap());
+        c.limits.rate_limit_prefix = prefix.clone();
         // An unoptimized server on a busy machine; a timeout would fall back to the
         // per-replica counts, which is not what these tests look at.
-        c.redis_timeout = Duration::from_secs(10);
+        c.limits.redis_timeout = Duration::from_secs(10);
     };
     let a = spawn_app_on(&db, adjust).await;
     let b = spawn_app_on(&db, adjust).await;
@@ -489,7 +492,7 @@ async fn two_replicas_on_redis_count_guesses_at_once_as_one() {
     let codes = guesses_from_many_addresses(&[&a, &b], 20, 10).await;
     let hashed = hashes(&[&a, &b], before);
     // The five above already count for the account.
-    let threshold = Config::defaults().login_account_failures as u64 - 5;
+    let threshold = Config::defaults().limits.login_account_failures as u64 - 5;
     assert!(hashed <= threshold, "{hashed} hashed: {codes:?}");
     assert_eq!(count(&codes, "Unauthenticated") as u64, hashed, "{codes:?}");
     assert_eq!(

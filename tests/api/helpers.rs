@@ -252,22 +252,22 @@ macro_rules! backend_tests {
 /// The configuration every test starts from: port 0, the given database, fast hashes.
 pub fn test_config(url: DatabaseUrl) -> Config {
     let mut config = Config::defaults();
-    config.listen = "127.0.0.1:0".parse().unwrap();
+    config.server.listen = "127.0.0.1:0".parse().unwrap();
     // Every test app serves its own metrics, on a port of its own.
-    config.metrics_listen = "127.0.0.1:0".parse().unwrap();
+    config.telemetry.metrics_listen = "127.0.0.1:0".parse().unwrap();
     // And its own health-only port.
-    config.health_listen = "127.0.0.1:0".parse().unwrap();
-    config.database_url = url;
-    config.pbkdf2_iterations = FAST_ITERATIONS;
-    config.token_keys = Some(key_spec(TEST_KID, TEST_KEY).parse().unwrap());
-    config.health_interval = Duration::from_millis(200);
-    config.drain_timeout = Duration::from_secs(10);
+    config.server.health_listen = "127.0.0.1:0".parse().unwrap();
+    config.store.database_url = url;
+    config.passwords.pbkdf2_iterations = FAST_ITERATIONS;
+    config.tokens.token_keys = Some(key_spec(TEST_KID, TEST_KEY).parse().unwrap());
+    config.server.health_interval = Duration::from_millis(200);
+    config.server.drain_timeout = Duration::from_secs(10);
     // Tests register many users from one address; the default limit on Register
     // has tests of its own (`concurrency`).
-    config.register_limit = authd::ratelimit::RegisterLimit::OFF;
+    config.limits.register_limit = authd::ratelimit::RegisterLimit::OFF;
     // Refusals answered at once: tests count refusals as they come; holding them
     // (pushback) has tests of its own (`overload`).
-    config.refusal_hold = Duration::ZERO;
+    config.overload.refusal_hold = Duration::ZERO;
     config
 }
 
@@ -713,7 +713,7 @@ pub async fn spawn_app_behind_proxy(
     };
     let (proxy, proxied) = TcpProxy::in_front_of(direct.expose()).await;
     let app = spawn_app_on(db, |c| {
-        c.database_url = proxied.parse().unwrap();
+        c.store.database_url = proxied.parse().unwrap();
         adjust(c);
     })
     .await;

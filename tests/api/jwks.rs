@@ -119,7 +119,7 @@ async fn eddsa_tokens_verify_with_an_independent_library_from_the_jwks_alone() {
     let (entry, _) = ed25519("ed-1");
     // An HMAC key in the ring too: it must never be published.
     let ring = format!("{entry},{}", key_spec(TEST_KID, TEST_KEY));
-    let mut app = spawn_app_with(|c| c.token_keys = Some(ring.parse().unwrap())).await;
+    let mut app = spawn_app_with(|c| c.tokens.token_keys = Some(ring.parse().unwrap())).await;
     let user_id = app.register("olivia", PASSWORD).await.unwrap();
     let token = login_token(&mut app, "olivia").await;
     let header = jsonwebtoken::decode_header(&token).unwrap();
@@ -213,7 +213,7 @@ async fn the_jwks_document_is_cacheable_and_empty_for_an_hmac_ring() {
 async fn hmac_forgeries_and_algorithm_confusion_are_refused() {
     let (entry, der) = ed25519("ed-1");
     let ring = format!("{entry},{}", key_spec(TEST_KID, TEST_KEY));
-    let mut app = spawn_app_with(|c| c.token_keys = Some(ring.parse().unwrap())).await;
+    let mut app = spawn_app_with(|c| c.tokens.token_keys = Some(ring.parse().unwrap())).await;
     let (jwks, raw) = fetch_jwks(&app).await;
     let x = raw["keys"][0]["x"].as_str().unwrap().to_owned();
     let public = URL_SAFE_NO_PAD.decode(&x).unwrap();
@@ -265,7 +265,7 @@ async fn hmac_forgeries_and_algorithm_confusion_are_refused() {
 
 #[tokio::test]
 async fn tokens_carry_the_audience_and_validate_only_for_it() {
-    let mut app = spawn_app_with(|c| c.token_audience = vec!["orders".into()]).await;
+    let mut app = spawn_app_with(|c| c.tokens.token_audience = vec!["orders".into()]).await;
     app.register("peggy", PASSWORD).await.unwrap();
     let token = login_token(&mut app, "peggy").await;
     let payload: Value = serde_json::from_slice(
@@ -320,8 +320,8 @@ async fn tokens_carry_the_audience_and_validate_only_for_it() {
 async fn nbf_and_iat_in_the_future_are_refused_beyond_the_clock_skew() {
     let (entry, der) = ed25519("ed-1");
     let mut app = spawn_app_with(|c| {
-        c.token_keys = Some(entry.parse().unwrap());
-        c.token_clock_skew = Duration::from_secs(30);
+        c.tokens.token_keys = Some(entry.parse().unwrap());
+        c.tokens.token_clock_skew = Duration::from_secs(30);
     })
     .await;
     let with = |field: &str, value: u64| {
@@ -356,8 +356,8 @@ async fn nbf_and_iat_in_the_future_are_refused_beyond_the_clock_skew() {
 
     // With no skew allowed, 10 s ahead is too early.
     let mut strict = spawn_app_with(|c| {
-        c.token_keys = Some(entry.parse().unwrap());
-        c.token_clock_skew = Duration::ZERO;
+        c.tokens.token_keys = Some(entry.parse().unwrap());
+        c.tokens.token_clock_skew = Duration::ZERO;
     })
     .await;
     expect_code(
@@ -386,10 +386,10 @@ async fn rotation_from_hs256_to_eddsa_by_editing_the_key_file_never_refuses_a_va
     let (new, _) = ed25519("new-ed");
     write_keys(&path, &[&old]);
     let mut app = spawn_app_with(|c| {
-        c.token_keys = None;
-        c.token_keys_file = Some(path.clone());
+        c.tokens.token_keys = None;
+        c.tokens.token_keys_file = Some(path.clone());
         // Only the explicit reloads below: the test decides when the file is read.
-        c.token_keys_reload = Duration::from_secs(3600);
+        c.tokens.token_keys_reload = Duration::from_secs(3600);
     })
     .await;
     app.register("rupert", PASSWORD).await.unwrap();
@@ -446,9 +446,9 @@ async fn the_key_file_is_reloaded_on_its_own_and_a_bad_file_keeps_the_ring() {
     let (second, _) = ed25519("second");
     write_keys(&path, &[&first]);
     let mut app = spawn_app_with(|c| {
-        c.token_keys = None;
-        c.token_keys_file = Some(path.clone());
-        c.token_keys_reload = Duration::from_millis(20);
+        c.tokens.token_keys = None;
+        c.tokens.token_keys_file = Some(path.clone());
+        c.tokens.token_keys_reload = Duration::from_millis(20);
     })
     .await;
     app.register("sybil", PASSWORD).await.unwrap();

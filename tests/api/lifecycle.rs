@@ -34,13 +34,13 @@ async fn data_survives_a_restart_on_the_same_database(db: TestDb) {
 }
 
 async fn a_login_rehashes_a_password_stored_with_other_parameters(db: TestDb) {
-    let mut first = spawn_app_on(&db, |c| c.pbkdf2_iterations = 1000).await;
+    let mut first = spawn_app_on(&db, |c| c.passwords.pbkdf2_iterations = 1000).await;
     first.register("leo", "a fine password").await.unwrap();
     let before = db.stored_hash("leo").await.unwrap();
     assert!(before.starts_with("$pbkdf2-sha256$i=1000,"), "{before}");
     first.stop().await.unwrap();
 
-    let mut second = spawn_app_on(&db, |c| c.pbkdf2_iterations = 2000).await;
+    let mut second = spawn_app_on(&db, |c| c.passwords.pbkdf2_iterations = 2000).await;
     // A failed login changes nothing.
     expect_code(
         second.login("leo", "not the password").await,
@@ -59,8 +59,8 @@ async fn a_login_rehashes_a_password_stored_with_other_parameters(db: TestDb) {
 
 async fn shutdown_reports_not_serving_refuses_new_work_and_finishes_work_in_flight(db: TestDb) {
     let mut app = spawn_app_on(&db, |c| {
-        c.hash_threads = Some(1);
-        c.pbkdf2_iterations = SLOW_ITERATIONS;
+        c.passwords.hash_threads = Some(1);
+        c.passwords.pbkdf2_iterations = SLOW_ITERATIONS;
     })
     .await;
     assert_eq!(app.health_status("").await, ServingStatus::Serving);

@@ -18,9 +18,9 @@ fn retry_delay(status: &tonic::Status) -> Duration {
 
 async fn a_burst_beyond_the_hash_queue_is_refused_at_once(db: TestDb) {
     let app = spawn_app_on(&db, |c| {
-        c.hash_threads = Some(1);
-        c.hash_queue = Some(1);
-        c.pbkdf2_iterations = SLOW_ITERATIONS;
+        c.passwords.hash_threads = Some(1);
+        c.passwords.hash_queue = Some(1);
+        c.passwords.pbkdf2_iterations = SLOW_ITERATIONS;
     })
     .await;
     let handle = app.handle.clone();
@@ -59,8 +59,8 @@ async fn a_burst_beyond_the_hash_queue_is_refused_at_once(db: TestDb) {
 
 async fn health_answers_while_every_hash_thread_is_busy(db: TestDb) {
     let mut app = spawn_app_on(&db, |c| {
-        c.hash_threads = Some(1);
-        c.pbkdf2_iterations = SLOW_ITERATIONS;
+        c.passwords.hash_threads = Some(1);
+        c.passwords.pbkdf2_iterations = SLOW_ITERATIONS;
     })
     .await;
     let busy = tokio::spawn({
@@ -86,8 +86,8 @@ async fn health_answers_while_every_hash_thread_is_busy(db: TestDb) {
 
 async fn a_request_whose_deadline_passes_in_the_queue_is_never_hashed(db: TestDb) {
     let mut app = spawn_app_on(&db, |c| {
-        c.hash_threads = Some(1);
-        c.pbkdf2_iterations = SLOW_ITERATIONS;
+        c.passwords.hash_threads = Some(1);
+        c.passwords.pbkdf2_iterations = SLOW_ITERATIONS;
     })
     .await;
     let first = tokio::spawn({
@@ -140,9 +140,9 @@ async fn a_request_whose_deadline_passes_in_the_queue_is_never_hashed(db: TestDb
 
 async fn requests_beyond_the_admission_cap_are_refused_but_probes_pass(db: TestDb) {
     let mut app = spawn_app_on(&db, |c| {
-        c.hash_threads = Some(1);
-        c.max_in_flight = 1;
-        c.pbkdf2_iterations = SLOW_ITERATIONS;
+        c.passwords.hash_threads = Some(1);
+        c.overload.max_in_flight = 1;
+        c.passwords.pbkdf2_iterations = SLOW_ITERATIONS;
     })
     .await;
     let first = tokio::spawn({

@@ -357,7 +357,7 @@ async fn a_known_sequence_of_calls_gives_exact_counts(db: TestDb) {
 #[tokio::test]
 async fn rate_limit_decisions_and_refusals_are_counted() {
     let mut app = spawn_app_with(|c| {
-        c.rate_limits = Some("Login:global=1/1m,*:peer=100/1m".parse().unwrap());
+        c.limits.rate_limits = Some("Login:global=1/1m,*:peer=100/1m".parse().unwrap());
     })
     .await;
     expect_code(
@@ -469,7 +469,8 @@ async fn only_get_metrics_is_served_and_an_empty_address_turns_it_off() {
     assert!(head.starts_with("HTTP/1.1 404"), "{head}");
     app.stop().await.unwrap();
 
-    let app = spawn_app_with(|c| c.metrics_listen = "".parse::<MetricsListen>().unwrap()).await;
+    let app =
+        spawn_app_with(|c| c.telemetry.metrics_listen = "".parse::<MetricsListen>().unwrap()).await;
     assert_eq!(app.handle.metrics_addr(), None);
     app.stop().await.unwrap();
 }

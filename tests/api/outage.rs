@@ -56,8 +56,8 @@ async fn a_locked_users_table_gives_unavailable_in_bounded_time_and_not_serving(
         return;
     };
     let mut app = spawn_app_on(&db, |c| {
-        c.db_statement_timeout = Duration::from_millis(300);
-        c.health_interval = NO_POLLING;
+        c.store.db_statement_timeout = Duration::from_millis(300);
+        c.server.health_interval = NO_POLLING;
     })
     .await;
     app.register("sam", PASSWORD).await.unwrap();
@@ -130,9 +130,9 @@ async fn a_black_holed_database_gives_unavailable_not_a_hang() {
         return;
     };
     let (mut app, proxy) = spawn_app_behind_proxy(&db, |c| {
-        c.db_statement_timeout = Duration::from_secs(1);
-        c.db_acquire_timeout = Duration::from_secs(1);
-        c.health_interval = NO_POLLING;
+        c.store.db_statement_timeout = Duration::from_secs(1);
+        c.store.db_acquire_timeout = Duration::from_secs(1);
+        c.server.health_interval = NO_POLLING;
     })
     .await;
     app.register("sam", PASSWORD).await.unwrap();
@@ -187,10 +187,10 @@ async fn an_outage_under_a_burst_is_unavailable_never_resource_exhausted() {
     };
     let (mut app, proxy) = spawn_app_behind_proxy(&db, |c| {
         // Two places in the hash pool for a burst of forty.
-        c.hash_threads = Some(1);
-        c.hash_queue = Some(1);
-        c.db_acquire_timeout = Duration::from_secs(1);
-        c.db_statement_timeout = Duration::from_millis(300);
+        c.passwords.hash_threads = Some(1);
+        c.passwords.hash_queue = Some(1);
+        c.store.db_acquire_timeout = Duration::from_secs(1);
+        c.store.db_statement_timeout = Duration::from_millis(300);
     })
     .await;
     app.register("sam", PASSWORD).await.unwrap();
@@ -232,8 +232,8 @@ async fn a_request_that_cannot_reach_the_database_turns_readiness_not_serving_at
         return;
     };
     let (mut app, proxy) = spawn_app_behind_proxy(&db, |c| {
-        c.db_acquire_timeout = Duration::from_secs(1);
-        c.health_interval = NO_POLLING;
+        c.store.db_acquire_timeout = Duration::from_secs(1);
+        c.server.health_interval = NO_POLLING;
     })
     .await;
     app.register("sam", PASSWORD).await.unwrap();
@@ -273,8 +273,8 @@ async fn a_request_that_cannot_reach_the_database_turns_readiness_not_serving_at
 async fn a_write_locked_sqlite_database_gives_unavailable_not_a_hang() {
     let db = TestDb::new(Backend::Sqlite, "").await.unwrap();
     let mut app = spawn_app_on(&db, |c| {
-        c.db_statement_timeout = Duration::from_millis(300);
-        c.health_interval = NO_POLLING;
+        c.store.db_statement_timeout = Duration::from_millis(300);
+        c.server.health_interval = NO_POLLING;
     })
     .await;
     app.register("first", PASSWORD).await.unwrap();

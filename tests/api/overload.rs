@@ -49,10 +49,10 @@ async fn login(client: &AuthServiceClient<Channel>, username: &str) -> Result<()
 async fn a_polite_client_beside_one_that_re_asks_at_once_is_never_refused(db: TestDb) {
     let mut app = spawn_app_on(&db, |c| {
         // One thread and a queue of a few batches: the eager client alone fills it.
-        c.hash_threads = Some(1);
-        c.hash_queue = Some(8);
+        c.passwords.hash_threads = Some(1);
+        c.passwords.hash_queue = Some(8);
         // Refusals answered at once: the eager client re-asks as fast as it can.
-        c.refusal_hold = Duration::ZERO;
+        c.overload.refusal_hold = Duration::ZERO;
     })
     .await;
     // One account per request in flight: no login waits for another's attempt.
@@ -128,14 +128,14 @@ async fn a_polite_client_beside_one_that_re_asks_at_once_is_never_refused(db: Te
 
 async fn one_busy_client_alone_may_fill_the_whole_queue(db: TestDb) {
     let app = spawn_app_on(&db, |c| {
-        c.hash_threads = Some(1);
-        c.hash_queue = Some(5);
-        c.pbkdf2_iterations = SLOW_ITERATIONS;
+        c.passwords.hash_threads = Some(1);
+        c.passwords.hash_queue = Some(5);
+        c.passwords.pbkdf2_iterations = SLOW_ITERATIONS;
         // A share of one request per client: the busy client goes past it while
         // the in-flight cap has room beyond a share.
-        c.max_in_flight = 16;
-        c.max_in_flight_per_client = Some(1);
-        c.refusal_hold = Duration::ZERO;
+        c.overload.max_in_flight = 16;
+        c.overload.max_in_flight_per_client = Some(1);
+        c.overload.refusal_hold = Duration::ZERO;
     })
     .await;
     let busy = connect_from(app.addr, EAGER).await;
@@ -165,12 +165,12 @@ async fn one_busy_client_alone_may_fill_the_whole_queue(db: TestDb) {
 async fn refusals_are_held_within_their_bounds_and_a_shutdown_answers_them(db: TestDb) {
     let mut app = spawn_app_on(&db, |c| {
         // Two logins an hour per address: the rest refused, with an hour's hint.
-        c.rate_limits = Some("Login:peer=2/1h".parse().unwrap());
-        c.trust_forwarded_for = false;
+        c.limits.rate_limits = Some("Login:peer=2/1h".parse().unwrap());
+        c.limits.trust_forwarded_for = false;
         // Held for as long as a test could take; five at most for one client.
-        c.refusal_hold = Duration::from_secs(60);
-        c.refusal_rate = 1;
-        c.refusal_hold_max_per_client = Some(5);
+        c.overload.refusal_hold = Duration::from_secs(60);
+        c.overload.refusal_rate = 1;
+        c.overload.refusal_hold_max_per_client = Some(5);
     })
     .await;
     app.register("held", PASSWORD).await.unwrap();

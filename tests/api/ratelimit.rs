@@ -33,15 +33,15 @@ const PASSWORD: &str = "correct horse battery";
 
 /// Redis settings for `c`: the test server, a prefix of its own, `rules`.
 fn with_redis(c: &mut Config, url: &str, prefix: &str, rules: &str) {
-    c.redis_url = Some(url.parse().expect("a Redis URL"));
-    c.rate_limit_prefix = prefix.to_owned();
-    c.rate_limits = Some(rules.parse().expect("valid rules"));
+    c.limits.redis_url = Some(url.parse().expect("a Redis URL"));
+    c.limits.rate_limit_prefix = prefix.to_owned();
+    c.limits.rate_limits = Some(rules.parse().expect("valid rules"));
     // Unoptimized servers and the whole test suite share two cores: an answer can
     // take longer than the production default of 50ms (a burst of 100 calls queued on
     // one connection of a busy machine has taken over 1 s), and a timeout (rightly)
     // falls back to the per-replica limiter, which is not what most tests look at.
     // Tests of a slow Redis set their own.
-    c.redis_timeout = Duration::from_secs(10);
+    c.limits.redis_timeout = Duration::from_secs(10);
 }
 
 fn login_request(username: &str) -> LoginRequest {
@@ -275,7 +275,7 @@ async fn the_window_slides_on_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_local_limiter_enforces_the_same_rules() {
     let mut app = spawn_app_with(|c| {
-        c.rate_limits = Some("Login:global=50/1h".parse().unwrap());
+        c.limits.rate_limits = Some("Login:global=50/1h".parse().unwrap());
     })
     .await;
     app.register(USER, PASSWORD).await.unwrap();
@@ -385,8 +385,8 @@ async fn forwarded_for_counts_peers_only_when_trusted() {
     };
     for trusted in [false, true] {
         let mut app = spawn_app_with(|c| {
-            c.rate_limits = Some("Login:peer=1/1m".parse().unwrap());
-            c.trust_forwarded_for = trusted;
+            c.limits.rate_limits = Some("Login:peer=1/1m".parse().unwrap());
+            c.limits.trust_forwarded_for = trusted;
         })
         .await;
         app.register(USER, PASSWORD).await.unwrap();
@@ -408,7 +408,7 @@ async fn forwarded_for_counts_peers_only_when_trusted() {
 #[tokio::test]
 async fn allowed_responses_carry_the_quota() {
     let mut app = spawn_app_with(|c| {
-        c.rate_limits = Some("Login:peer=3/1m,Login:global=100/1m".parse().unwrap());
+        c.limits.rate_limits = Some("Login:peer=3/1m,Login:global=100/1m".parse().unwrap());
     })
     .await;
     app.register(USER, PASSWORD).await.unwrap();
@@ -445,7 +445,7 @@ async fn a_hung_redis_costs_one_timeout_then_the_local_limiter_serves_until_it_a
         with_redis(c, &redis.url, &redis.prefix, "Login:global=5/1m");
         // Short enough to see that a hung Redis costs one timeout, long enough that a
         // busy test machine does not time out before the freeze.
-        c.redis_timeout = Duration::from_millis(250);
+        c.limits.redis_timeout = Duration::from_millis(250);
     })
     .await;
     app.register(USER, PASSWORD).await.unwrap();
@@ -608,7 +608,7 @@ async fn fail_closed_refuses_with_unavailable_while_redis_is_down_and_recovers()
     };
     let mut app = spawn_app_with(|c| {
         with_redis(c, &redis.url, &redis.prefix, "Login:global=100/1m");
-        c.rate_limit_failure = FailureMode::Closed;
+        c.limits.rate_limit_failure = FailureMode::Closed;
     })
     .await;
     app.register(USER, PASSWORD).await.unwrap();
@@ -661,7 +661,7 @@ async fn health_and_reflection_pass_when_every_rule_is_exhausted() {
         server_reflection_request::MessageRequest,
     };
     let mut app = spawn_app_with(|c| {
-        c.rate_limits = Some("*:global=1/1m,*:peer=1/1m".parse().unwrap());
+        c.limits.rate_limits = Some("*:global=1/1m,*:peer=1/1m".parse().unwrap());
     })
     .await;
     expect_code(

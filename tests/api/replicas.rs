@@ -17,8 +17,8 @@ async fn two_replicas_on_one_database_agree_on_users_and_tokens() {
         return;
     };
     // Each replica has its own pool; both share the key ring.
-    let mut a = spawn_app_on(&db, |c| c.hash_queue = Some(100)).await;
-    let mut b = spawn_app_on(&db, |c| c.hash_queue = Some(100)).await;
+    let mut a = spawn_app_on(&db, |c| c.passwords.hash_queue = Some(100)).await;
+    let mut b = spawn_app_on(&db, |c| c.passwords.hash_queue = Some(100)).await;
 
     let attempts = (0..50).map(|i| {
         let mut client = if i % 2 == 0 {
@@ -53,8 +53,8 @@ async fn an_unreachable_database_gives_unavailable_and_not_serving_until_it_retu
     };
     let acquire_timeout = Duration::from_secs(1);
     let (mut app, proxy) = spawn_app_behind_proxy(&db, |c| {
-        c.db_acquire_timeout = acquire_timeout;
-        c.health_interval = Duration::from_millis(100);
+        c.store.db_acquire_timeout = acquire_timeout;
+        c.server.health_interval = Duration::from_millis(100);
     })
     .await;
     app.register("sam", "a fine password").await.unwrap();
@@ -101,11 +101,11 @@ async fn a_replica_learns_the_hash_costs_other_replicas_store() {
         return;
     };
     let mut cheap = spawn_app_on(&db, |c| {
-        c.pbkdf2_iterations = 1000;
-        c.health_interval = Duration::from_millis(100);
+        c.passwords.pbkdf2_iterations = 1000;
+        c.server.health_interval = Duration::from_millis(100);
     })
     .await;
-    let mut dear = spawn_app_on(&db, |c| c.pbkdf2_iterations = 20_000).await;
+    let mut dear = spawn_app_on(&db, |c| c.passwords.pbkdf2_iterations = 20_000).await;
     assert_eq!(rounds_of_a_failed_login(&mut cheap, "nobody").await, 1000);
 
     // Another replica stores a dearer hash: the next readiness probe reads it, and

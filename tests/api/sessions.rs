@@ -464,8 +464,8 @@ async fn a_logout_on_one_replica_is_honoured_by_another() {
         return;
     };
     let delay = Duration::from_millis(200);
-    let mut a = spawn_app_on(&db, |c| c.revocation_delay = delay).await;
-    let mut b = spawn_app_on(&db, |c| c.revocation_delay = delay).await;
+    let mut a = spawn_app_on(&db, |c| c.tokens.revocation_delay = delay).await;
+    let mut b = spawn_app_on(&db, |c| c.tokens.revocation_delay = delay).await;
     let login = user_with_session(&mut a, "fritz").await;
     let rotated = refresh(&mut b, &login.refresh_token).await.unwrap();
     b.validate(&rotated.access_token).await.unwrap();

@@ -129,7 +129,7 @@ async fn a_database_of_the_first_release_upgrades_in_place(db: TestDb) {
     let old = authd::password::hash_now(&password, pbkdf2::Params::new(20_000).unwrap()).unwrap();
     insert_with_the_first_schema(&db, "dormant", &old).await;
 
-    let mut app = spawn_app_on(&db, |c| c.pbkdf2_iterations = 1000).await;
+    let mut app = spawn_app_on(&db, |c| c.passwords.pbkdf2_iterations = 1000).await;
     // The existing row's cost was read from its PHC string by the migration: from
     // the first request, an unknown user's failure costs what the dormant user's does.
     assert_eq!(rounds_of_a_failed_login(&mut app, "nobody").await, 20_000);

@@ -30,12 +30,12 @@ const HOUR: Duration = Duration::from_secs(3600);
 /// Long delays, counted by the forwarded client address so one test client can be
 /// many addresses.
 fn throttled(c: &mut Config, failures: u32, account_failures: u32) {
-    c.login_failures = failures;
-    c.login_account_failures = account_failures;
-    c.login_delay = HOUR;
-    c.login_delay_max = 8 * HOUR;
-    c.login_account_delay_max = HOUR;
-    c.trust_forwarded_for = true;
+    c.limits.login_failures = failures;
+    c.limits.login_account_failures = account_failures;
+    c.limits.login_delay = HOUR;
+    c.limits.login_delay_max = 8 * HOUR;
+    c.limits.login_account_delay_max = HOUR;
+    c.limits.trust_forwarded_for = true;
 }
 
 /// A login of `username` with `password` from the client address `from`.
@@ -226,9 +226,9 @@ async fn an_account_threshold_one_client_could_reach_stops_the_start() {
 
 /// Redis settings for a throttle shared under `prefix`.
 fn with_redis(c: &mut Config, url: &str, prefix: &str) {
-    c.redis_url = Some(url.parse().unwrap());
-    c.rate_limit_prefix = prefix.to_owned();
-    c.redis_timeout = Duration::from_secs(1);
+    c.limits.redis_url = Some(url.parse().unwrap());
+    c.limits.rate_limit_prefix = prefix.to_owned();
+    c.limits.redis_timeout = Duration::from_secs(1);
 }
 
 async fn redis_connection(url: &str) -> redis::aio::MultiplexedConnection {
@@ -253,8 +253,8 @@ async fn an_account_digest_key_of_its_own_keeps_the_counts_across_signing_keys()
         spawn_app_with(move |c| {
             throttled(c, 3, 10);
             with_redis(c, &url, &prefix);
-            c.token_keys = Some(key_spec("k", signing).parse().unwrap());
-            c.account_digest_key = digest.map(|k| k.parse().unwrap());
+            c.tokens.token_keys = Some(key_spec("k", signing).parse().unwrap());
+            c.tokens.account_digest_key = digest.map(|k| k.parse().unwrap());
         })
     };
     let mut a = replica(b"first signing key, 32 bytes long", Some(digest_key)).await;
@@ -374,7 +374,7 @@ async fn while_redis_fails_the_counts_fall_back_to_the_replica_or_refuse_when_cl
     let mut open = spawn_app_with(|c| {
         throttled(c, 2, 10);
         with_redis(c, dead, "authd-test-dead");
-        c.redis_timeout = Duration::from_millis(100);
+        c.limits.redis_timeout = Duration::from_millis(100);
     })
     .await;
     register(&mut open, OWNER).await;
@@ -401,8 +401,8 @@ async fn while_redis_fails_the_counts_fall_back_to_the_replica_or_refuse_when_cl
     let mut closed = spawn_app_with(|c| {
         throttled(c, 2, 10);
         with_redis(c, dead, "authd-test-dead");
-        c.redis_timeout = Duration::from_millis(100);
-        c.rate_limit_failure = FailureMode::Closed;
+        c.limits.redis_timeout = Duration::from_millis(100);
+        c.limits.rate_limit_failure = FailureMode::Closed;
     })
     .await;
     register(&mut closed, OWNER).await;

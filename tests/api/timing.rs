@@ -33,14 +33,14 @@ pub(crate) async fn rounds_of_a_failed_login(app: &mut TestApp, username: &str) 
 
 /// An app at `iterations`, on `db` where "known" was registered at `stored`.
 async fn app_after_a_cost_change(db: &TestDb, stored: u32, iterations: u32) -> TestApp {
-    let mut before = spawn_app_on(db, |c| c.pbkdf2_iterations = stored).await;
+    let mut before = spawn_app_on(db, |c| c.passwords.pbkdf2_iterations = stored).await;
     before.register("known", "a fine password").await.unwrap();
     before.stop().await.unwrap();
     spawn_app_on(db, |c| {
-        c.pbkdf2_iterations = iterations;
+        c.passwords.pbkdf2_iterations = iterations;
         // Hundreds of failed logins of two usernames: the login throttle would
         // (rightly) refuse most of them before any hash.
-        c.login_failures = 0;
+        c.limits.login_failures = 0;
     })
     .await
 }

@@ -118,12 +118,12 @@ impl Files {
     }
 
     fn configure(&self, config: &mut Config, mutual: bool) {
-        config.tls_cert = Some(self.path("cert.pem"));
-        config.tls_key = Some(self.path("key.pem"));
+        config.tls.tls_cert = Some(self.path("cert.pem"));
+        config.tls.tls_key = Some(self.path("key.pem"));
         if mutual {
-            config.tls_client_ca = Some(self.path("client-ca.pem"));
+            config.tls.tls_client_ca = Some(self.path("client-ca.pem"));
         }
-        config.tls_reload = Duration::from_millis(20);
+        config.tls.tls_reload = Duration::from_millis(20);
     }
 }
 
@@ -340,7 +340,7 @@ async fn the_client_identity_is_a_rate_limit_key() {
     let files = Files::new(&server_ca.server(2040), Some(&client_ca));
     // A long window: nothing here depends on the clock.
     let app = spawn_tls(&files, true, |c| {
-        c.rate_limits = Some("*:client-cert=2/1h".parse().unwrap());
+        c.limits.rate_limits = Some("*:client-cert=2/1h".parse().unwrap());
     })
     .await;
     let a = tls_channel(
@@ -376,7 +376,7 @@ async fn the_allow_list_refuses_other_identities_with_permission_denied() {
     let client_ca = Ca::new("client-ca");
     let files = Files::new(&server_ca.server(2040), Some(&client_ca));
     let app = spawn_tls(&files, true, |c| {
-        c.tls_allow = Some(
+        c.tls.tls_allow = Some(
             "Register:spiffe://corp/ns/web/sa/signup,ValidateToken:spiffe://corp/ns/web/sa/signup"
                 .parse()
                 .unwrap(),
@@ -603,9 +603,9 @@ async fn a_client_that_sends_no_client_hello_is_closed_at_the_handshake_timeout(
     let files = Files::new(&ca.server(2040), None);
     let app = spawn_tls(&files, false, |c| {
         // Long enough for a real handshake on a busy machine.
-        c.handshake_timeout = Duration::from_secs(2);
+        c.server.handshake_timeout = Duration::from_secs(2);
         // One connection from this address at a time: the silent one holds it.
-        c.max_connections_per_client = Some(1);
+        c.server.max_connections_per_client = Some(1);
     })
     .await;
     let mut silent = tokio::net::TcpStream::connect(app.addr).await.unwrap();

@@ -331,7 +331,7 @@ async fn the_reason_of_a_refusal_is_logged_with_the_request_id() {
 
 #[tokio::test]
 async fn a_token_lifetime_at_the_limit_issues_tokens_that_validate() {
-    let mut app = spawn_app_with(|c| c.token_ttl = authd::token::MAX_TTL).await;
+    let mut app = spawn_app_with(|c| c.tokens.token_ttl = authd::token::MAX_TTL).await;
     app.register("kate", "a fine password").await.unwrap();
     let session = app.login("kate", "a fine password").await.unwrap();
     let claims = jsonwebtoken::decode::<Claims>(
@@ -349,7 +349,7 @@ async fn tokens_signed_by_a_rotated_out_key_still_verify_while_it_is_listed(db: 
     let old_key = b"the old key, thirty-two bytes ok";
     let new_key = b"the new key, thirty-two bytes ok";
     let mut before = spawn_app_on(&db, |c| {
-        c.token_keys = Some(key_spec("old", old_key).parse().unwrap())
+        c.tokens.token_keys = Some(key_spec("old", old_key).parse().unwrap())
     })
     .await;
     before.register("ivan", "a fine password").await.unwrap();
@@ -362,7 +362,7 @@ async fn tokens_signed_by_a_rotated_out_key_still_verify_while_it_is_listed(db: 
     // The next deployment signs with "new" and still lists "old".
     let ring = format!("{},{}", key_spec("new", new_key), key_spec("old", old_key));
     before.stop().await.unwrap();
-    let mut after = spawn_app_on(&db, |c| c.token_keys = Some(ring.parse().unwrap())).await;
+    let mut after = spawn_app_on(&db, |c| c.tokens.token_keys = Some(ring.parse().unwrap())).await;
     assert_eq!(after.validate(&old_token).await.unwrap().username, "ivan");
     let new_token = after
         .login("ivan", "a fine password")
@@ -375,7 +375,7 @@ async fn tokens_signed_by_a_rotated_out_key_still_verify_while_it_is_listed(db: 
     // Once "old" is dropped from the ring, its tokens stop verifying.
     after.stop().await.unwrap();
     let mut last = spawn_app_on(&db, |c| {
-        c.token_keys = Some(key_spec("new", new_key).parse().unwrap())
+        c.tokens.token_keys = Some(key_spec("new", new_key).parse().unwrap())
     })
     .await;
     expect_code(last.validate(&old_token).await, Code::Unauthenticated);

@@ -133,8 +133,8 @@ fn login_with_traceparent(username: &str, password: &str) -> Request<LoginReques
 async fn a_login_continues_the_callers_trace_with_spans_for_each_wait() {
     let (collector, addr) = Collector::start().await;
     let mut app = spawn_app_with(|c| {
-        c.otlp_endpoint = Some(format!("http://{addr}"));
-        c.otel_service_name = "authd-under-test".into();
+        c.telemetry.otlp_endpoint = Some(format!("http://{addr}"));
+        c.telemetry.otel_service_name = "authd-under-test".into();
     })
     .await;
     app.register("erin", "correct horse").await.unwrap();
@@ -227,8 +227,8 @@ async fn with_the_collector_down_tracing_pauses_and_resumes_once_it_is_back() {
         listener.local_addr().unwrap()
     };
     let mut app = spawn_app_with(|c| {
-        c.otlp_endpoint = Some(format!("http://{port}"));
-        c.trace_queue = 4;
+        c.telemetry.otlp_endpoint = Some(format!("http://{port}"));
+        c.telemetry.trace_queue = 4;
     })
     .await;
     app.register("frank", "correct horse").await.unwrap();
@@ -311,8 +311,8 @@ async fn a_collector_that_never_answers_fills_the_queue_and_pauses_tracing() {
             .serve_with_incoming(TcpListenerStream::new(listener)),
     );
     let mut app = spawn_app_with(|c| {
-        c.otlp_endpoint = Some(format!("http://{addr}"));
-        c.trace_queue = 4;
+        c.telemetry.otlp_endpoint = Some(format!("http://{addr}"));
+        c.telemetry.trace_queue = 4;
     })
     .await;
     app.register("heidi", "correct horse").await.unwrap();

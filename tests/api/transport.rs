@@ -64,7 +64,7 @@ async fn header_only_streams(
 
 #[tokio::test]
 async fn the_server_advertises_its_stream_limit() {
-    let app = spawn_app_with(|c| c.max_streams_per_connection = 37).await;
+    let app = spawn_app_with(|c| c.server.max_streams_per_connection = 37).await;
     let mut raw = RawConnection::open(connect_from("127.0.0.1", app.addr).await).await;
     let settings = raw.server_settings().await;
     assert!(
@@ -76,10 +76,10 @@ async fn the_server_advertises_its_stream_limit() {
 #[tokio::test]
 async fn requests_whose_body_never_comes_take_no_place_from_other_clients() {
     let mut app = spawn_app_with(|c| {
-        c.max_in_flight = 4;
-        c.max_in_flight_per_client = Some(1000);
-        c.receive_timeout = Duration::from_secs(60);
-        c.drain_timeout = Duration::from_secs(60);
+        c.overload.max_in_flight = 4;
+        c.overload.max_in_flight_per_client = Some(1000);
+        c.overload.receive_timeout = Duration::from_secs(60);
+        c.server.drain_timeout = Duration::from_secs(60);
     })
     .await;
     // One connection, 90 Login streams with headers and no body: far beyond the
@@ -106,9 +106,9 @@ async fn requests_whose_body_never_comes_take_no_place_from_other_clients() {
 #[tokio::test]
 async fn one_client_leaves_a_share_of_the_capacity_to_the_others() {
     let app = spawn_app_with(|c| {
-        c.max_in_flight = 30;
-        c.max_in_flight_per_client = Some(10);
-        c.receive_timeout = Duration::from_secs(60);
+        c.overload.max_in_flight = 30;
+        c.overload.max_in_flight_per_client = Some(10);
+        c.overload.receive_timeout = Duration::from_secs(60);
     })
     .await;
     let mut streams = header_only_streams("127.0.0.2", app.addr, 30).await;
@@ -132,7 +132,7 @@ async fn one_client_leaves_a_share_of_the_capacity_to_the_others() {
 
 #[tokio::test]
 async fn a_request_not_received_in_time_gets_deadline_exceeded_and_frees_its_place() {
-    let mut app = spawn_app_with(|c| c.receive_timeout = Duration::from_millis(300)).await;
+    let mut app = spawn_app_with(|c| c.overload.receive_timeout = Duration::from_millis(300)).await;
     let mut streams = header_only_streams("127.0.0.2", app.addr, 3).await;
     for (response, _body) in streams.drain(..) {
         let response = tokio::time::timeout(Duration::from_secs(10), response)
@@ -150,7 +150,7 @@ async fn a_request_not_received_in_time_gets_deadline_exceeded_and_frees_its_pla
 
 #[tokio::test]
 async fn a_connection_that_never_sends_the_preface_is_closed() {
-    let app = spawn_app_with(|c| c.handshake_timeout = Duration::from_millis(200)).await;
+    let app = spawn_app_with(|c| c.server.handshake_timeout = Duration::from_millis(200)).await;
     let mut silent = connect_from("127.0.0.2", app.addr).await;
     // Half a preface is no better than none.
     let mut trickle = connect_from("127.0.0.2", app.addr).await;
@@ -169,7 +169,7 @@ async fn a_connection_that_never_sends_the_preface_is_closed() {
 
 #[tokio::test]
 async fn the_metrics_port_closes_half_sent_and_silent_connections() {
-    let app = spawn_app_with(|c| c.handshake_timeout = Duration::from_millis(200)).await;
+    let app = spawn_app_with(|c| c.server.handshake_timeout = Duration::from_millis(200)).await;
     let addr = app.handle.metrics_addr().unwrap();
     let mut silent = connect_from("127.0.0.2", addr).await;
     let mut half = connect_from("127.0.0.2", addr).await;
@@ -182,7 +182,7 @@ async fn the_metrics_port_closes_half_sent_and_silent_connections() {
 
 #[tokio::test]
 async fn an_idle_connection_is_closed_with_goaway() {
-    let app = spawn_app_with(|c| c.idle_timeout = Duration::from_millis(300)).await;
+    let app = spawn_app_with(|c| c.server.idle_timeout = Duration::from_millis(300)).await;
     let tcp = connect_from("127.0.0.2", app.addr).await;
     let (send, connection) = h2::client::handshake(tcp).await.unwrap();
     let mut connection = tokio::spawn(connection);
@@ -223,9 +223,9 @@ async fn an_idle_connection_is_closed_with_goaway() {
 #[tokio::test]
 async fn a_peer_that_stops_answering_pings_is_closed() {
     let app = spawn_app_with(|c| {
-        c.idle_timeout = Duration::from_secs(3600);
-        c.keepalive_interval = Duration::from_millis(200);
-        c.keepalive_timeout = Duration::from_millis(200);
+        c.server.idle_timeout = Duration::from_secs(3600);
+        c.server.keepalive_interval = Duration::from_millis(200);
+        c.server.keepalive_timeout = Duration::from_millis(200);
     })
     .await;
     let mut raw = RawConnection::open(connect_from("127.0.0.2", app.addr).await).await;
@@ -253,8 +253,8 @@ async fn a_peer_that_stops_answering_pings_is_closed() {
 async fn connections_beyond_the_caps_are_closed_at_once() {
     // The test's own client holds one connection (from 127.0.0.1).
     let app = spawn_app_with(|c| {
-        c.max_connections = 4;
-        c.max_connections_per_client = Some(2);
+        c.server.max_connections = 4;
+        c.server.max_connections_per_client = Some(2);
     })
     .await;
     // Two connections from 127.0.0.2 are served …

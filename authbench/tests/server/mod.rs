@@ -22,12 +22,12 @@ pub async fn spawn_app() -> TestApp {
 pub async fn spawn_app_with(adjust: impl FnOnce(&mut Config)) -> TestApp {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let mut config = Config::defaults();
-    config.listen = "127.0.0.1:0".parse().unwrap();
-    config.metrics_listen = "".parse().unwrap();
-    config.health_listen = "".parse().unwrap();
-    config.database_url = DatabaseUrl::Sqlite(dir.path().join("authd.db"));
-    config.pbkdf2_iterations = 1000;
-    config.token_keys = Some(
+    config.server.listen = "127.0.0.1:0".parse().unwrap();
+    config.telemetry.metrics_listen = "".parse().unwrap();
+    config.server.health_listen = "".parse().unwrap();
+    config.store.database_url = DatabaseUrl::Sqlite(dir.path().join("authd.db"));
+    config.passwords.pbkdf2_iterations = 1000;
+    config.tokens.token_keys = Some(
         "bench:MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="
             .parse()
             .unwrap(),

@@ -1,0 +1,235 @@
+//! The password options: the PBKDF2 cost of new hashes, the engine and the threads
+//! that compute them, the queue in front of those threads, and the blocklist of
+//! common passwords.
+//!
+//! [`PasswordConfig::hasher`] starts the hashing pool and builds the [`Hasher`];
+//! [`PasswordConfig::blocklist`] reads the lists; `authd hash-bench` takes its
+//! options from [`PasswordConfig::bench_options`]. The hashing itself is
+//! `crate::password`'s job, not this file's.
+
+use super::parse::positive_duration;
+use crate::{
+    blocklist::Blocklist,
+    metrics::Metrics,
+    password::{HashPool, Hasher, bench},
+};
+use anyhow::Context as _;
+use clap::{Args, ValueEnum};
+use std::{path::PathBuf, time::Duration};
+
+/// Password hashing and the password policy.
+#[derive(Debug, Clone, Args)]
+pub struct PasswordConfig {
+    /// PBKDF2-SHA256 iterations for new password hashes (at least 1000; OWASP: 600000).
+    #[arg(long, env = "AUTHD_PBKDF2_ITERATIONS", default_value_t = 600_000,
+          value_parser = clap::value_parser!(u32).range(1000..), global = true, display_order = 12)]
+    pub pbkdf2_iterations: u32,
+
+    /// Threads that hash passwords [default: the number of cores].
+    #[arg(long, env = "AUTHD_HASH_THREADS",
+          value_parser = clap::value_parser!(u32).range(1..=1024), global = true,
+          display_order = 13)]
+    pub hash_threads: Option<u32>,
+
+    /// Hash jobs that may wait for a thread (the count bound); beyond it requests get
+    /// RESOURCE_EXHAUSTED, except a client below its fair share (up to twice the bound)
+    /// [default: 64 per hash thread].
+    #[arg(long, env = "AUTHD_HASH_QUEUE",
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000), global = true,
+          display_order = 14)]
+    pub hash_queue: Option<u32>,
+
+    /// Longest expected wait in the hash queue: places are granted while the queue
+    /// ahead, at the hashing rate measured on the threads, would be worked through
+    /// within it (never fewer than two full batches per thread, and within
+    /// --hash-queue); beyond it RESOURCE_EXHAUSTED.
+    #[arg(long, env = "AUTHD_HASH_QUEUE_WAIT", default_value = "150ms",
+          value_parser = positive_duration, global = true, display_order = 15)]
+    pub hash_queue_wait: Duration,
+
+    /// PBKDF2 engine: auto picks the fastest this CPU runs (sha-ni, then avx2, then
+    /// portable); naming one forces it, and the start fails if the CPU lacks it.
+    #[arg(
+        long,
+        env = "AUTHD_HASH_BACKEND",
+        default_value = "auto",
+        value_enum,
+        global = true,
+        display_order = 36
+    )]
+    pub hash_backend: HashBackend,
+
+    /// Nice value of the hashing threads (0 to 19): above 0, the threads that answer
+    /// requests and probes run first when the cores are busy hashing.
+    #[arg(long, env = "AUTHD_HASH_THREAD_NICE", default_value_t = 10,
+          value_parser = clap::value_parser!(u8).range(0..=19), global = true, display_order = 38)]
+    pub hash_thread_nice: u8,
+
+    /// The bundled list of the 100,000 most common passwords (SecLists): on refuses them at
+    /// Register, compared after NFKC and case-insensitively; off turns the list off (the
+    /// --password-blocklist-file list and the rule that a password must not be the
+    /// username still apply).
+    #[arg(
+        long,
+        env = "AUTHD_PASSWORD_BLOCKLIST",
+        default_value = "on",
+        value_enum,
+        global = true,
+        display_order = 58
+    )]
+    pub password_blocklist: Switch,
+
+    /// A file of more passwords to refuse, one per line (UTF-8, at most 64 MiB; empty lines
+    /// and a trailing \r ignored), compared like the bundled list. Read at start.
+    #[arg(
+        long,
+        env = "AUTHD_PASSWORD_BLOCKLIST_FILE",
+        global = true,
+        display_order = 59
+    )]
+    pub password_blocklist_file: Option<PathBuf>,
+}
+
+impl PasswordConfig {
+    /// Hash threads, resolving the default.
+    pub fn hash_threads(&self) -> usize {
+        match self.hash_threads {
+            Some(n) => n as usize,
+            None => std::thread::available_parallelism().map_or(1, usize::from),
+        }
+    }
+
+    /// Hash queue bound, resolving the default.
+    pub fn hash_queue(&self) -> usize {
+        match self.hash_queue {
+            Some(n) => n as usize,
+            None => 64 * self.hash_threads(),
+        }
+    }
+
+    /// Starts the hashing threads and builds the hasher of new and stored passwords;
+    /// fails when the CPU lacks the engine named, or the threads cannot start.
+    pub(crate) fn hasher(&self, metrics: &Metrics) -> anyhow::Result<Hasher> {
+        let engine = self.hash_backend.engine()?;
+        let pool = HashPool::new(
+            self.hash_threads(),
+            self.hash_queue(),
+            self.hash_thread_nice,
+            engine,
+            metrics,
+        )
+        .context("starting the password hashing threads")?
+        .with_queue_wait(self.hash_queue_wait);
+        Hasher::new(self.pbkdf2_iterations, pool)
+    }
+
+    /// The passwords Register and ChangePassword refuse; a list file that cannot be
+    /// read stops the start.
+    pub(crate) fn blocklist(&self, metrics: &Metrics) -> anyhow::Result<Blocklist> {
+        Blocklist::new(
+            self.password_blocklist.is_on(),
+            self.password_blocklist_file.as_deref(),
+            metrics,
+        )
+    }
+
+    /// The options of `authd hash-bench`: those given on its command line, the rest
+    /// from this configuration (`--pbkdf2-iterations`, `--hash-threads`).
+    pub fn bench_options(
+        &self,
+        iterations: Option<u32>,
+        threads: Option<u32>,
+        duration: Duration,
+        batch: Option<usize>,
+        compare: bool,
+    ) -> bench::Options {
+        bench::Options {
+            iterations: iterations.unwrap_or(self.pbkdf2_iterations),
+            threads: threads.map_or_else(|| self.hash_threads(), |t| t as usize),
+            duration,
+            batch,
+            compare,
+        }
+    }
+}
+
+/// Which PBKDF2 kernels hash passwords.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum HashBackend {
+    /// The fastest this CPU runs.
+    Auto,
+    /// x86-64 SHA extensions, four chains interleaved per core.
+    #[value(name = "sha-ni")]
+    ShaNi,
+    /// x86-64 AVX2, eight chains per core (for CPUs without SHA extensions).
+    Avx2,
+    /// One chain at a time on the sha2 crate's compression; runs everywhere.
+    Portable,
+}
+
+impl HashBackend {
+    /// The engine this names, or why this CPU cannot run it.
+    pub fn engine(self) -> anyhow::Result<pbkdf2_lanes::Engine> {
+        use pbkdf2_lanes::{Backend, Engine};
+        let backend = match self {
+            HashBackend::Auto => return Ok(Engine::detect()),
+            HashBackend::ShaNi => Backend::ShaNi,
+            HashBackend::Avx2 => Backend::Avx2,
+            HashBackend::Portable => Backend::Portable,
+        };
+        Engine::with_backend(backend).ok_or_else(|| {
+            anyhow::anyhow!(
+                "--hash-backend {}: this CPU does not have the instructions it needs",
+                backend.name()
+            )
+        })
+    }
+}
+
+/// A feature that is on or off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Switch {
+    On,
+    Off,
+}
+
+impl Switch {
+    pub fn is_on(self) -> bool {
+        self == Switch::On
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Cli, Config};
+
+    #[test]
+    fn the_password_blocklist_is_on_by_default_and_takes_on_or_off() {
+        let c = Config::defaults().passwords;
+        assert_eq!(c.password_blocklist, Switch::On);
+        assert_eq!(c.password_blocklist_file, None);
+        let parse = |args: &[&str]| Cli::parse_for_test(args).map(|cli| cli.config.passwords);
+        let off = parse(&["--password-blocklist", "off"]).unwrap();
+        assert_eq!(off.password_blocklist, Switch::Off);
+        let err = parse(&["--password-blocklist", "maybe"]).unwrap_err();
+        assert!(err.contains("[possible values: on, off]"), "{err}");
+        let file = parse(&["--password-blocklist-file", "/etc/authd/blocked.txt"]).unwrap();
+        assert_eq!(
+            file.password_blocklist_file,
+            Some(PathBuf::from("/etc/authd/blocked.txt"))
+        );
+    }
+
+    #[test]
+    fn hash_bench_takes_what_its_command_line_leaves_out_from_the_configuration() {
+        let mut c = Config::defaults().passwords;
+        c.pbkdf2_iterations = 1000;
+        c.hash_threads = Some(3);
+        let options = c.bench_options(None, None, Duration::from_secs(1), None, false);
+        assert_eq!((options.iterations, options.threads), (1000, 3));
+        let options = c.bench_options(Some(2000), Some(1), Duration::from_secs(1), Some(1), true);
+        assert_eq!((options.iterations, options.threads), (2000, 1));
+        assert_eq!((options.batch, options.compare), (Some(1), true));
+    }
+}
