@@ -13,8 +13,7 @@ use crate::{
     blocklist::Blocklist,
     config::{Config, DatabaseUrl},
     grpc::{AuthApi, MAX_MESSAGE_BYTES},
-    health, jwks,
-    keyfile::{self, KeyFile},
+    health,
     metrics::{self, Metrics},
     otel::Traces,
     password::{HashPool, Hasher, PoolSnapshot},
@@ -24,7 +23,10 @@ use crate::{
     shared_redis::SharedRedis,
     store::{PostgresSettings, SqliteSettings, Store, StoreSettings, WriterSnapshot},
     throttle::{Settings as ThrottleSettings, Throttle, UsernameDigest},
-    token::{KeyRing, LiveKeyRing, Tokens},
+    token::{
+        KeyRing, LiveKeyRing, Tokens, jwks,
+        keyfile::{self, KeyFile},
+    },
     trace,
     transport::{
         self, Limits, Protocol,

@@ -795,7 +795,7 @@ impl Config {
         let Some(path) = &self.token_keys_file else {
             return Ok(None);
         };
-        crate::keyfile::load(path).map(|(ring, _)| Some(ring))
+        crate::token::keyfile::load(path).map(|(ring, _)| Some(ring))
     }
 }
 

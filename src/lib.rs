@@ -79,8 +79,6 @@ pub(crate) mod error;
 pub(crate) mod grpc;
 pub(crate) mod health;
 pub mod healthcheck;
-pub(crate) mod jwks;
-pub(crate) mod keyfile;
 pub(crate) mod metrics;
 pub(crate) mod middleware;
 pub mod otel;

@@ -20,6 +20,9 @@
 //! future, and `exp` in the past, by at most the clock skew allowed. Why a token was
 //! refused is told to the metrics and the log, never to the client (see `grpc`).
 
+pub(crate) mod jwks;
+pub(crate) mod keyfile;
+
 use crate::{credentials::Username, metrics::Metrics};
 use base64::{
     Engine as _,
