@@ -23,6 +23,7 @@
 pub(crate) mod jwks;
 pub(crate) mod keyfile;
 
+pub use crate::error::TokenError;
 use crate::{credentials::Username, metrics::Metrics};
 use base64::{
     Engine as _,
@@ -62,72 +63,6 @@ pub const DEFAULT_CLOCK_SKEW: Duration = Duration::from_secs(30);
 pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(300);
 /// The longest audience a token may name or a request may ask for.
 pub const MAX_AUDIENCE_BYTES: usize = 256;
-
-/// Why a token was refused: a metric label and a log field. The client is told only
-/// that the token is invalid, so that nobody can probe for key names or algorithms.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum TokenError {
-    #[error("malformed token")]
-    Malformed,
-    #[error("unsupported signing algorithm (only HS256 and EdDSA are accepted)")]
-    UnsupportedAlgorithm,
-    #[error("token signed by an unknown key")]
-    UnknownKey,
-    #[error("bad signature")]
-    BadSignature,
-    #[error("token expired")]
-    Expired,
-    #[error("token issued by someone else")]
-    WrongIssuer,
-    /// The `alg` of the header is not the algorithm of the key its `kid` names.
-    #[error("the token's algorithm is not its key's")]
-    AlgorithmMismatch,
-    /// `nbf` or `iat` lies in the future, beyond the clock skew allowed.
-    #[error("token not valid yet")]
-    NotYetValid,
-    /// The token is not meant for the audience the caller asked about.
-    #[error("token meant for another audience")]
-    WrongAudience,
-    /// Valid, but its session has ended (Logout, reuse, password change).
-    #[error("the token's session has ended")]
-    Revoked,
-}
-
-impl TokenError {
-    /// Every kind, in the order of [`TokenError::index`].
-    const ALL: [TokenError; 10] = [
-        TokenError::Malformed,
-        TokenError::UnsupportedAlgorithm,
-        TokenError::UnknownKey,
-        TokenError::BadSignature,
-        TokenError::Expired,
-        TokenError::WrongIssuer,
-        TokenError::AlgorithmMismatch,
-        TokenError::NotYetValid,
-        TokenError::WrongAudience,
-        TokenError::Revoked,
-    ];
-
-    /// A metric label: `authd_tokens_validated_total{outcome=…}`.
-    pub fn label(self) -> &'static str {
-        match self {
-            TokenError::Malformed => "malformed",
-            TokenError::UnsupportedAlgorithm => "unsupported_algorithm",
-            TokenError::UnknownKey => "unknown_key",
-            TokenError::BadSignature => "bad_signature",
-            TokenError::Expired => "expired",
-            TokenError::WrongIssuer => "wrong_issuer",
-            TokenError::AlgorithmMismatch => "algorithm_mismatch",
-            TokenError::NotYetValid => "not_yet_valid",
-            TokenError::WrongAudience => "wrong_audience",
-            TokenError::Revoked => "revoked",
-        }
-    }
-
-    fn index(self) -> usize {
-        self as usize
-    }
-}
 
 /// A signing algorithm of authd's tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
