@@ -24,7 +24,7 @@ use crate::{
     store::{PostgresSettings, SqliteSettings, Store, StoreSettings, WriterSnapshot},
     throttle::{Settings as ThrottleSettings, Throttle, UsernameDigest},
     token::{
-        KeyRing, LiveKeyRing, Tokens, jwks,
+        self, KeyRing, LiveKeyRing, Tokens,
         keyfile::{self, KeyFile},
     },
     trace,
@@ -428,7 +428,7 @@ impl Application {
                 None,
                 auxiliary.clone(),
                 metrics.listener("metrics"),
-                metrics::router(metrics.clone()).merge(jwks::router(key_ring.clone())),
+                metrics::router(metrics.clone()).merge(token::jwks_router(key_ring.clone())),
                 auxiliary_stopped.clone(),
             ))
         });
