@@ -57,6 +57,19 @@ pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(300);
 /// The longest audience a token may name or a request may ask for.
 pub const MAX_AUDIENCE_BYTES: usize = 256;
 
+/// The audience a request asks a token to be checked for (ValidateToken's
+/// `audience`): `None` when empty (any audience), or what is wrong with it, in words
+/// safe to show the caller.
+pub(crate) fn requested_audience(requested: &str) -> Result<Option<&str>, String> {
+    match requested {
+        "" => Ok(None),
+        a if a.len() > MAX_AUDIENCE_BYTES => {
+            Err(format!("must be at most {MAX_AUDIENCE_BYTES} bytes"))
+        }
+        a => Ok(Some(a)),
+    }
+}
+
 /// `GET /.well-known/jwks.json` for the ring in use, merged into the HTTP port's router.
 pub(crate) fn jwks_router(ring: LiveKeyRing) -> axum::Router {
     jwks::router(move || ring.current().jwks().clone())
@@ -265,6 +278,18 @@ mod tests {
         // Tokens without a session have neither claim.
         let plain = claims(&t.issue("id", &alice).unwrap().token);
         assert!(plain.sid.is_none() && plain.jti.is_none());
+    }
+
+    #[test]
+    fn a_requested_audience_is_checked_at_the_edge() {
+        assert_eq!(requested_audience(""), Ok(None));
+        assert_eq!(requested_audience("orders"), Ok(Some("orders")));
+        let longest = "a".repeat(MAX_AUDIENCE_BYTES);
+        assert_eq!(requested_audience(&longest), Ok(Some(longest.as_str())));
+        assert_eq!(
+            requested_audience(&format!("{longest}a")),
+            Err(format!("must be at most {MAX_AUDIENCE_BYTES} bytes"))
+        );
     }
 
     #[test]
