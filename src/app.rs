@@ -11,8 +11,7 @@ use crate::{
     blocklist::Blocklist,
     config::Config,
     grpc::{AuthApi, MAX_MESSAGE_BYTES},
-    health, jwks,
-    keyfile::{self, KeyFile},
+    health,
     layers::{
         access,
         admission::{self, Admission},
@@ -27,7 +26,10 @@ use crate::{
     shared_redis::SharedRedis,
     store::{Store, WriterSnapshot},
     throttle::Throttle,
-    token::LiveKeyRing,
+    token::{
+        self, LiveKeyRing,
+        keyfile::{self, KeyFile},
+    },
     transport::{self, Limits, Protocol, tls::ServerTls},
 };
 use anyhow::Context as _;
@@ -338,7 +340,7 @@ impl Application {
                 None,
                 auxiliary.clone(),
                 metrics.listener("metrics"),
-                metrics::router(metrics.clone()).merge(jwks::router(key_ring.clone())),
+                metrics::router(metrics.clone()).merge(token::jwks_router(key_ring.clone())),
                 auxiliary_stopped.clone(),
             ))
         });

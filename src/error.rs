@@ -15,6 +15,76 @@ use tonic_types::{ErrorDetails, StatusExt};
 /// `authd_tokens_validated_total{outcome}` and to the log instead.
 pub const INVALID_TOKEN: &str = "invalid token";
 
+/// Why a token was refused: a metric label and a log field. The client is told only
+/// that the token is invalid, so that nobody can probe for key names or algorithms.
+///
+/// Named here, on the bottom floor, so that the error table stands on nothing above
+/// it; `token` decides which kind applies and re-exports it as `token::TokenError`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    #[error("malformed token")]
+    Malformed,
+    #[error("unsupported signing algorithm (only HS256 and EdDSA are accepted)")]
+    UnsupportedAlgorithm,
+    #[error("token signed by an unknown key")]
+    UnknownKey,
+    #[error("bad signature")]
+    BadSignature,
+    #[error("token expired")]
+    Expired,
+    #[error("token issued by someone else")]
+    WrongIssuer,
+    /// The `alg` of the header is not the algorithm of the key its `kid` names.
+    #[error("the token's algorithm is not its key's")]
+    AlgorithmMismatch,
+    /// `nbf` or `iat` lies in the future, beyond the clock skew allowed.
+    #[error("token not valid yet")]
+    NotYetValid,
+    /// The token is not meant for the audience the caller asked about.
+    #[error("token meant for another audience")]
+    WrongAudience,
+    /// Valid, but its session has ended (Logout, reuse, password change).
+    #[error("the token's session has ended")]
+    Revoked,
+}
+
+impl TokenError {
+    /// Every kind, in the order of [`TokenError::index`].
+    pub(crate) const ALL: [TokenError; 10] = [
+        TokenError::Malformed,
+        TokenError::UnsupportedAlgorithm,
+        TokenError::UnknownKey,
+        TokenError::BadSignature,
+        TokenError::Expired,
+        TokenError::WrongIssuer,
+        TokenError::AlgorithmMismatch,
+        TokenError::NotYetValid,
+        TokenError::WrongAudience,
+        TokenError::Revoked,
+    ];
+
+    /// A metric label: `authd_tokens_validated_total{outcome=…}`.
+    pub fn label(self) -> &'static str {
+        match self {
+            TokenError::Malformed => "malformed",
+            TokenError::UnsupportedAlgorithm => "unsupported_algorithm",
+            TokenError::UnknownKey => "unknown_key",
+            TokenError::BadSignature => "bad_signature",
+            TokenError::Expired => "expired",
+            TokenError::WrongIssuer => "wrong_issuer",
+            TokenError::AlgorithmMismatch => "algorithm_mismatch",
+            TokenError::NotYetValid => "not_yet_valid",
+            TokenError::WrongAudience => "wrong_audience",
+            TokenError::Revoked => "revoked",
+        }
+    }
+
+    /// The position in [`TokenError::ALL`]: an index into per-kind counters.
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+}
+
 /// A wait as whole seconds, rounded up, for `retry-after` and `ratelimit-reset`:
 /// a client that waits that long finds what it waits for.
 pub(crate) fn whole_seconds(wait: Duration) -> u64 {
@@ -55,7 +125,7 @@ pub enum Error {
     #[error("invalid username or password")]
     InvalidCredentials,
     #[error("invalid token: {0}")]
-    InvalidToken(#[from] crate::token::TokenError),
+    InvalidToken(#[from] TokenError),
     /// A refresh token that is malformed, unknown, of an ended or expired session,
     /// or reused; the reason goes to the log, the client sees [`INVALID_TOKEN`].
     #[error("invalid refresh token: {0}")]

@@ -20,6 +20,7 @@ use crate::{
         ValidateTokenRequest, ValidateTokenResponse, auth_service_server::AuthService,
     },
     rpc::{self, Deadline, RequestId, UserId},
+    token,
 };
 use std::{
     future::Future,
@@ -287,19 +288,12 @@ impl AuthService for AuthApi {
                     description: "must not be empty".into(),
                 }]));
             }
-            let audience = match req.audience.as_str() {
-                "" => None,
-                a if a.len() > crate::token::MAX_AUDIENCE_BYTES => {
-                    return Err(Error::InvalidArgument(vec![FieldViolation {
-                        field: "audience",
-                        description: format!(
-                            "must be at most {} bytes",
-                            crate::token::MAX_AUDIENCE_BYTES
-                        ),
-                    }]));
-                }
-                a => Some(a),
-            };
+            let audience = token::requested_audience(&req.audience).map_err(|description| {
+                Error::InvalidArgument(vec![FieldViolation {
+                    field: "audience",
+                    description,
+                }])
+            })?;
             let token = self.accounts.validate(&req.access_token, audience)?;
             Ok(ValidateTokenResponse {
                 user_id: token.user_id,

@@ -55,8 +55,8 @@
 //! - `blocklist`: the common-password list (bundled, plus an organization's file) and
 //!   the rule that a new password is neither on it nor the username; checked before hashing.
 //! - [`audit`]: the audit trail, one event per security outcome on `authd::audit`.
-//! - `keyfile`: the token key file, re-read while serving; a bad file keeps the ring.
-//! - `jwks`: `GET /.well-known/jwks.json` on the plain-HTTP port, the public keys.
+//! - `token::keyfile`: the token key file, re-read while serving; a bad file keeps the ring.
+//! - `token::jwks`: `GET /.well-known/jwks.json` on the plain-HTTP port, the public keys.
 //! - `health`: readiness from store probes and real request failures; liveness.
 //! - [`health::check`]: `authd health`, the client side: one check, turned into an exit status.
 //! - [`password`]: also `authd hash-bench` (`password::bench`), this machine's hashing rate.
@@ -77,8 +77,6 @@ pub mod credentials;
 pub(crate) mod error;
 pub(crate) mod grpc;
 pub mod health;
-pub(crate) mod jwks;
-pub(crate) mod keyfile;
 pub(crate) mod layers;
 pub(crate) mod metrics;
 pub(crate) mod middleware;

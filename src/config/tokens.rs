@@ -6,17 +6,16 @@
 //! [`TokenConfig::keys`] loads the key ring (a random one, with a warning, when none
 //! is configured); [`TokenConfig::tokens`], [`TokenConfig::sessions`] and
 //! [`TokenConfig::account_digest`] build what the accounts take. The only file of
-//! the configuration that knows `crate::token` and `crate::keyfile`; signing and
+//! the configuration that knows `crate::token` (and its key file); signing and
 //! verifying are theirs, not this file's.
 
 use super::parse::{positive_duration, read_secret_file};
 use crate::{
     accounts::SessionSettings,
-    keyfile,
     metrics::Metrics,
     secret::{self, DigestKey},
     throttle::UsernameDigest,
-    token::{self, KeyRing, Tokens},
+    token::{self, KeyRing, Tokens, keyfile},
 };
 use clap::{Args, ValueEnum};
 use std::{path::PathBuf, time::Duration};

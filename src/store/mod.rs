@@ -1,9 +1,9 @@
 //! Where users are kept. [`Store`] is the one type the use cases see; which
 //! database sits behind it (SQLite or PostgreSQL) is chosen by the URL at start.
 //!
-//! Both backends run the same statements ([`sql`]) and read rows with the same
-//! mapper; they differ in how they write: SQLite through one batching writer task,
-//! PostgreSQL through its pool, with uniqueness enforced by the database.
+//! Both backends run the same statements and read rows with the same mapper; they
+//! differ in how they write: SQLite through one batching writer task, PostgreSQL
+//! through its pool, with uniqueness enforced by the database.
 //!
 //! Errors are classified here, once: a uniqueness conflict is [`StoreError::Duplicate`],
 //! a database that cannot be reached is [`StoreError::Unavailable`], the rest is
@@ -14,142 +14,42 @@
 //! the wait for a pooled connection, the SQLite writer's batches and commits.
 //!
 //! Every operation is bounded: a connection is waited for at most the acquire
-//! timeout, and the statement itself at most [`operation_limit`] of the statement
-//! timeout (PostgreSQL cancels it on its side at the statement timeout; the limit
-//! here covers a database that no longer answers at all). A connection whose
-//! operation did not finish is closed, never returned to the pool ([`Lease`]).
+//! timeout, and the statement itself at most `connection::operation_limit` of the
+//! statement timeout (PostgreSQL cancels it on its side at the statement timeout; the
+//! limit here covers a database that no longer answers at all). A connection whose
+//! operation did not finish is closed, never returned to the pool (`connection`).
 //! Each operation that fails as unavailable is announced on a watch channel
 //! ([`Store::unavailable_events`]), so readiness can turn at once on what requests
 //! see instead of waiting for its next probe; the store knows nothing of who listens.
+//!
+//! # Layout
+//!
+//! - `connection`: the backend choice and its settings, connect options, migrations,
+//!   and the pools operations take a bounded connection from.
+//! - `users`: users' rows and statements, and their reads, written once for both
+//!   backends.
+//! - `session`: sessions' rows, statements and the rotation rule.
+//! - `sqlite`: the reader pool and the one batching writer task.
+//! - `postgres`: operations on a PostgreSQL pool.
+//! - this file: [`Store`], the errors, and the metrics and spans of every operation.
 
+mod connection;
 mod postgres;
 mod session;
 mod sqlite;
+mod users;
 
+pub use connection::{PostgresSettings, SqliteSettings, StoreSettings};
 pub use session::{
     EndReason, Ended, EndedSession, LiveSession, LoggedOut, NewSession, Purged, Refreshed, Rotation,
 };
-
-pub use postgres::PostgresSettings;
-pub use sqlite::{SqliteSettings, WriterSnapshot};
+pub use sqlite::WriterSnapshot;
+pub use users::{NewUser, User};
 
 use crate::{credentials::Username, error::Error, metrics::Metrics, otel};
 use prometheus::{Histogram, IntCounter};
-use sqlx::{ColumnIndex, Database, Decode, Encode, Row, Type, pool::PoolConnection, query::Query};
-use std::{
-    future::Future,
-    ops::{Deref, DerefMut},
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
-};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
-
-/// The statements both backends run. `$N` placeholders are PostgreSQL's and are
-/// also understood by SQLite, so each statement is written once.
-mod sql {
-    pub const FIND_USER: &str =
-        "SELECT id, username, password_hash, password_version FROM users WHERE username = $1";
-    /// Usernames are stored lowercased, so the UNIQUE (username) conflict is
-    /// case-insensitive. A conflict inserts nothing: zero rows affected.
-    pub const INSERT_USER: &str = "INSERT INTO users (id, username, password_hash, created_at, updated_at) \
-         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (username) DO NOTHING";
-    /// A rehash: the same password, so the same version, and only if it is still
-    /// the version verified (a rehash never undoes a password change).
-    pub const UPDATE_PASSWORD_HASH: &str = "UPDATE users SET password_hash = $1, updated_at = $2 \
-         WHERE id = $3 AND password_version = $4";
-    /// A new password: a new version, only if the old one is still the one verified.
-    pub const CHANGE_PASSWORD: &str = "UPDATE users \
-         SET password_hash = $1, password_version = password_version + 1, updated_at = $2 \
-         WHERE id = $3 AND password_version = $4";
-    pub const PING: &str = "SELECT 1";
-    /// Read through the index on the generated `hash_iterations` column.
-    pub const MAX_HASH_ITERATIONS: &str = "SELECT MAX(hash_iterations) FROM users";
-}
-
-/// The highest stored iteration count, as the rest of authd counts them.
-fn iterations_from_column(max: Option<i64>) -> u32 {
-    max.map_or(0, |n| u32::try_from(n.max(0)).unwrap_or(u32::MAX))
-}
-
-fn insert_user_query<DB>(user: &NewUser, now: i64) -> Query<'static, DB, DB::Arguments>
-where
-    DB: Database,
-    for<'a> &'a str: Encode<'a, DB> + Type<DB>,
-    for<'a> i64: Encode<'a, DB> + Type<DB>,
-{
-    sqlx::query(sql::INSERT_USER)
-        .bind(user.id.as_str())
-        .bind(user.username.as_str())
-        .bind(user.password_hash.as_str())
-        .bind(now)
-        .bind(now)
-}
-
-/// A new hash of user `id` whose password is at `version`: a rehash of the same
-/// password, or (`change`) a new password, which takes the next version.
-fn password_hash_query<'q, DB>(
-    id: &'q str,
-    hash: &'q str,
-    version: i64,
-    change: bool,
-    now: i64,
-) -> Query<'q, DB, DB::Arguments>
-where
-    DB: Database,
-    &'q str: Encode<'q, DB> + Type<DB>,
-    i64: Encode<'q, DB> + Type<DB>,
-{
-    let statement = if change {
-        sql::CHANGE_PASSWORD
-    } else {
-        sql::UPDATE_PASSWORD_HASH
-    };
-    sqlx::query(statement)
-        .bind(hash)
-        .bind(now)
-        .bind(id)
-        .bind(version)
-}
-
-fn find_user_query<DB>(username: &Username) -> Query<'static, DB, DB::Arguments>
-where
-    DB: Database,
-    for<'a> &'a str: Encode<'a, DB> + Type<DB>,
-{
-    sqlx::query(sql::FIND_USER).bind(username.as_str())
-}
-
-fn user_from_row<'r, R>(row: &'r R) -> Result<User, sqlx::Error>
-where
-    R: Row,
-    &'r str: ColumnIndex<R>,
-    String: Decode<'r, R::Database> + Type<R::Database>,
-    i64: Decode<'r, R::Database> + Type<R::Database>,
-{
-    Ok(User {
-        id: row.try_get("id")?,
-        username: Username::from_store(row.try_get("username")?),
-        password_hash: row.try_get("password_hash")?,
-        password_version: row.try_get("password_version")?,
-    })
-}
-
-/// A stored user.
-#[derive(Debug, Clone)]
-pub struct User {
-    pub id: String,
-    pub username: Username,
-    pub password_hash: String,
-    /// One more at every change of password: what a login verified.
-    pub password_version: i64,
-}
-
-/// A user about to be stored.
-#[derive(Debug, Clone)]
-pub struct NewUser {
-    pub id: String,
-    pub username: Username,
-    pub password_hash: String,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -303,114 +203,6 @@ impl Operations {
     }
 }
 
-/// Exports a pool's connections (read at scrape time) and returns the histogram of
-/// the wait for one, which the backend records when it acquires a connection.
-fn watch_pool<DB: Database>(metrics: &Metrics, backend: &str, pool: &sqlx::Pool<DB>) -> Histogram {
-    let store = &metrics.store;
-    (store.pool_max.with_label_values(&[backend]))
-        .set(i64::from(pool.options().get_max_connections()));
-    let in_use = store
-        .pool_connections
-        .with_label_values(&[backend, "in_use"]);
-    let idle = store.pool_connections.with_label_values(&[backend, "idle"]);
-    let pool = pool.clone();
-    metrics.on_scrape(move || {
-        let (size, free) = (i64::from(pool.size()), pool.num_idle() as i64);
-        // Two separate reads of a live pool: keep them consistent.
-        let free = free.min(size);
-        in_use.set(size - free);
-        idle.set(free);
-    });
-    store.pool_acquire.with_label_values(&[backend])
-}
-
-/// Takes a connection from `pool`, recording how long that took in `wait`.
-async fn acquire<DB: Database>(
-    pool: &sqlx::Pool<DB>,
-    wait: &Histogram,
-) -> Result<Lease<DB>, StoreError> {
-    let started = Instant::now();
-    let connection = pool.acquire().await;
-    wait.observe(started.elapsed().as_secs_f64());
-    Ok(Lease {
-        conn: Some(connection?),
-    })
-}
-
-/// A pooled connection lent to one operation.
-///
-/// Given back with [`Lease::finish`] once the operation has an answer. Dropped
-/// before that (the operation timed out, or its caller went away mid-query), the
-/// connection is in an unknown state, possibly waiting on a peer that will never
-/// answer: it is detached and closed, so the pool opens a fresh one, instead of
-/// going back to the pool, whose release check (a ping) nothing would bound.
-struct Lease<DB: Database> {
-    conn: Option<PoolConnection<DB>>,
-}
-
-impl<DB: Database> Lease<DB> {
-    /// The operation is over: the connection goes back to the pool.
-    fn finish(mut self) {
-        drop(self.conn.take());
-    }
-}
-
-impl<DB: Database> Drop for Lease<DB> {
-    fn drop(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            // Dropping the detached connection closes its socket without a goodbye.
-            drop(conn.detach());
-        }
-    }
-}
-
-impl<DB: Database> Deref for Lease<DB> {
-    type Target = DB::Connection;
-
-    fn deref(&self) -> &Self::Target {
-        self.conn
-            .as_ref()
-            .expect("a lease holds its connection until it ends")
-    }
-}
-
-impl<DB: Database> DerefMut for Lease<DB> {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        self.conn
-            .as_mut()
-            .expect("a lease holds its connection until it ends")
-    }
-}
-
-/// How long authd itself waits for one statement, given the statement timeout:
-/// the timeout plus as much again (at most a second), so that a database that
-/// answers reports its own cancellation first, and one that does not (a dead or
-/// unreachable peer) is given up on shortly after.
-pub(crate) fn operation_limit(statement_timeout: Duration) -> Duration {
-    statement_timeout + statement_timeout.min(Duration::from_secs(1))
-}
-
-/// Runs `operation` for at most `limit`. The outer error is the timeout (the
-/// operation was dropped unfinished); the inner result is the operation's own.
-async fn within<T, E>(
-    limit: Duration,
-    operation: impl Future<Output = Result<T, E>>,
-) -> Result<Result<T, E>, StoreError> {
-    tokio::time::timeout(limit, operation).await.map_err(|_| {
-        StoreError::Unavailable(format!(
-            "the database did not answer within {}",
-            humantime::format_duration(limit)
-        ))
-    })
-}
-
-/// Which database to open, and how.
-#[derive(Debug, Clone)]
-pub enum StoreSettings {
-    Sqlite(SqliteSettings),
-    Postgres(PostgresSettings),
-}
-
 /// Dispatches a call to whichever backend this store is.
 macro_rules! each_backend {
     ($store:expr, $backend:ident => $call:expr) => {
@@ -466,10 +258,7 @@ impl Store {
     /// Runs the embedded migrations and closes the connection: `authd migrate`.
     /// Safe when several replicas start at once (sqlx takes a migration lock).
     pub async fn migrate(settings: &StoreSettings) -> anyhow::Result<()> {
-        match settings {
-            StoreSettings::Sqlite(s) => sqlite::migrate_only(s).await,
-            StoreSettings::Postgres(s) => postgres::migrate_only(s).await,
-        }
+        connection::migrate_only(settings).await
     }
 
     /// Stores a new user; [`StoreError::Duplicate`] when the username is taken.

@@ -13,27 +13,22 @@
 //! Every pooled connection runs with `statement_timeout` set
 //! (`AUTHD_DB_STATEMENT_TIMEOUT`), so a statement stuck behind a lock is cancelled
 //! by PostgreSQL and the connection stays usable; authd also stops waiting on its
-//! own shortly after ([`super::operation_limit`]), for a peer that stopped answering.
-//! Migrations run on a connection of their own without that timeout: rewriting a
-//! large table may take longer than any request should.
+//! own shortly after (`connection::operation_limit`), for a peer that stopped
+//! answering. Connecting and migrating are `connection`'s; the reads are written
+//! once for both backends (`users`, `session`); what is here are the writes.
 
 use super::{
-    Lease, NewUser, StoreError, User, acquire, find_user_query, insert_user_query,
-    iterations_from_column, operation_limit, password_hash_query,
+    StoreError,
+    connection::{Connections, PostgresSettings, connect_postgres, migrate_postgres, within},
     session::{
-        EndReason, Ended, EndedSession, LoggedOut, NewSession, Purged, Refreshed, Rotation,
+        self, EndReason, Ended, EndedSession, LoggedOut, NewSession, Purged, Refreshed, Rotation,
         session_ops,
     },
-    sql, unix_millis, user_from_row, watch_pool, within,
+    unix_millis,
+    users::{self, NewUser, User, insert_user_query, password_hash_query},
 };
 use crate::{credentials::Username, metrics::Metrics};
-use anyhow::Context as _;
-use prometheus::Histogram;
-use sqlx::{
-    Connection, PgConnection, PgPool, Postgres,
-    postgres::{PgConnectOptions, PgPoolOptions},
-};
-use std::{fmt, str::FromStr, time::Duration};
+use sqlx::{Connection, PgConnection, Postgres};
 
 /// The session statements on a pooled connection.
 mod ops {
@@ -48,8 +43,8 @@ mod ops {
 /// pooled connection, bounded by the operation limit, and commits it.
 macro_rules! in_transaction {
     ($store:expr, |$tx:ident| $body:expr) => {{
-        let mut conn = $store.connection().await?;
-        let result = within($store.limit, async {
+        let mut conn = $store.conns.lease().await?;
+        let result = within($store.conns.limit(), async {
             let mut transaction = conn.begin().await?;
             let value = {
                 let $tx: &mut PgConnection = &mut transaction;
@@ -64,72 +59,8 @@ macro_rules! in_transaction {
     }};
 }
 
-/// How to reach PostgreSQL.
-#[derive(Clone)]
-pub struct PostgresSettings {
-    /// A `postgres://` URL; it may hold a password, so it is never printed.
-    pub url: String,
-    pub max_connections: u32,
-    pub acquire_timeout: Duration,
-    /// Longest a statement may run (PostgreSQL's `statement_timeout`).
-    pub statement_timeout: Duration,
-}
-
-impl fmt::Debug for PostgresSettings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostgresSettings")
-            .field("url", &"<redacted>")
-            .field("max_connections", &self.max_connections)
-            .field("acquire_timeout", &self.acquire_timeout)
-            .field("statement_timeout", &self.statement_timeout)
-            .finish()
-    }
-}
-
 pub struct PostgresStore {
-    pool: PgPool,
-    /// Time waiting for a connection from the pool.
-    pool_wait: Histogram,
-    /// Longest authd waits for one statement's answer.
-    limit: Duration,
-}
-
-fn connect_options(settings: &PostgresSettings) -> anyhow::Result<PgConnectOptions> {
-    Ok(PgConnectOptions::from_str(&settings.url)
-        .context("parsing the PostgreSQL URL")?
-        .application_name("authd"))
-}
-
-async fn connect(settings: &PostgresSettings) -> anyhow::Result<PgPool> {
-    // Whole milliseconds, at least one: PostgreSQL reads 0 as "no timeout".
-    let timeout_ms = settings.statement_timeout.as_millis().max(1);
-    let options =
-        connect_options(settings)?.options([("statement_timeout", format!("{timeout_ms}ms"))]);
-    PgPoolOptions::new()
-        .max_connections(settings.max_connections.max(1))
-        .acquire_timeout(settings.acquire_timeout)
-        .connect_with(options)
-        .await
-        .context("connecting to PostgreSQL")
-}
-
-async fn migrate(settings: &PostgresSettings) -> anyhow::Result<()> {
-    let mut conn = PgConnection::connect_with(&connect_options(settings)?)
-        .await
-        .context("connecting to PostgreSQL")?;
-    // sqlx holds an advisory lock while it migrates, so replicas starting together
-    // take turns instead of racing.
-    sqlx::migrate!("migrations/postgres")
-        .run(&mut conn)
-        .await
-        .context("migrating the PostgreSQL database")?;
-    conn.close()
-        .await
-        .context("closing the migration connection")
-}
-
-pub(crate) async fn migrate_only(settings: &PostgresSettings) -> anyhow::Result<()> {
-    migrate(settings).await
+    conns: Connections<Postgres>,
 }
 
 impl PostgresStore {
@@ -137,24 +68,17 @@ impl PostgresStore {
         settings: PostgresSettings,
         metrics: &Metrics,
     ) -> anyhow::Result<Self> {
-        migrate(&settings).await?;
-        let pool = connect(&settings).await?;
-        let pool_wait = watch_pool(metrics, "postgres", &pool);
+        migrate_postgres(&settings).await?;
+        let pool = connect_postgres(&settings).await?;
         Ok(Self {
-            pool,
-            pool_wait,
-            limit: operation_limit(settings.statement_timeout),
+            conns: Connections::new(pool, metrics, "postgres", settings.statement_timeout),
         })
     }
 
-    async fn connection(&self) -> Result<Lease<Postgres>, StoreError> {
-        acquire(&self.pool, &self.pool_wait).await
-    }
-
     pub(crate) async fn insert_user(&self, user: NewUser) -> Result<(), StoreError> {
-        let mut conn = self.connection().await?;
+        let mut conn = self.conns.lease().await?;
         let inserted = within(
-            self.limit,
+            self.conns.limit(),
             insert_user_query(&user, unix_millis()).execute(&mut *conn),
         )
         .await?;
@@ -167,14 +91,7 @@ impl PostgresStore {
     }
 
     pub(crate) async fn find_user(&self, username: &Username) -> Result<Option<User>, StoreError> {
-        let mut conn = self.connection().await?;
-        let row = within(
-            self.limit,
-            find_user_query(username).fetch_optional(&mut *conn),
-        )
-        .await?;
-        conn.finish();
-        Ok(row?.as_ref().map(user_from_row).transpose()?)
+        users::find(&self.conns, username).await
     }
 
     pub(crate) async fn update_password_hash(
@@ -183,9 +100,9 @@ impl PostgresStore {
         hash: String,
         version: i64,
     ) -> Result<(), StoreError> {
-        let mut conn = self.connection().await?;
+        let mut conn = self.conns.lease().await?;
         let updated = within(
-            self.limit,
+            self.conns.limit(),
             password_hash_query(id, &hash, version, false, unix_millis()).execute(&mut *conn),
         )
         .await?;
@@ -195,19 +112,12 @@ impl PostgresStore {
     }
 
     pub(crate) async fn max_hash_iterations(&self) -> Result<u32, StoreError> {
-        let mut conn = self.connection().await?;
-        let max = within(
-            self.limit,
-            sqlx::query_scalar::<_, Option<i64>>(sql::MAX_HASH_ITERATIONS).fetch_one(&mut *conn),
-        )
-        .await?;
-        conn.finish();
-        Ok(iterations_from_column(max?))
+        users::max_hash_iterations(&self.conns).await
     }
 
     pub(crate) async fn insert_session(&self, session: NewSession) -> Result<bool, StoreError> {
-        let mut conn = self.connection().await?;
-        let inserted = within(self.limit, ops::insert_session(&mut conn, &session)).await?;
+        let mut conn = self.conns.lease().await?;
+        let inserted = within(self.conns.limit(), ops::insert_session(&mut conn, &session)).await?;
         conn.finish();
         Ok(inserted?)
     }
@@ -277,10 +187,7 @@ impl PostgresStore {
         after: (i64, &str),
         limit: i64,
     ) -> Result<Vec<EndedSession>, StoreError> {
-        let mut conn = self.connection().await?;
-        let rows = within(self.limit, ops::ended_since(&mut conn, after, limit)).await?;
-        conn.finish();
-        Ok(rows?)
+        session::ended_since(&self.conns, after, limit).await
     }
 
     pub(crate) async fn probe(&self) -> Result<u32, StoreError> {
@@ -288,6 +195,6 @@ impl PostgresStore {
     }
 
     pub(crate) async fn close(&self) {
-        self.pool.close().await;
+        self.conns.close().await;
     }
 }

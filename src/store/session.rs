@@ -1,8 +1,9 @@
 //! Sessions in the store: the rows, the statements, and the rotation rule.
 //!
-//! Both backends run the same statements, through the same code ([`session_ops`]
-//! is instantiated once per connection type), inside one transaction per
-//! operation: SQLite's batching writer (which runs every write of a batch in its
+//! Both backends run the same statements, through the same code. The one read,
+//! [`ended_since`], is generic over the database and runs on either backend's
+//! connections; the writes ([`session_ops`] is instantiated once per connection
+//! type) run inside one transaction per operation: SQLite's batching writer (which runs every write of a batch in its
 //! transaction, one after the other) and a PostgreSQL transaction. Races between
 //! requests, on one replica or many, are decided by the database: every change is a
 //! conditional `UPDATE … WHERE refresh_digest = …` (or `ended_at IS NULL`) whose
@@ -15,7 +16,12 @@
 //! one request performs a rotation (its conditional `UPDATE` affects the row); the
 //! others find the token one step back and are given the winner's result.
 
+use super::{
+    StoreError,
+    connection::{Connections, within},
+};
 use crate::refresh::{RefreshToken, RotationKey};
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row as _, Type};
 
 /// Why a session ended: the `end_reason` column and the `reason` label of
 /// `authd_sessions_ended_total`.
@@ -183,6 +189,44 @@ pub(super) mod sql {
          (SELECT id FROM sessions WHERE ended_at <= $1 LIMIT $2)";
 }
 
+/// Sessions ended after `after` (ended_at, id), in that order, at most `limit`: what
+/// the revocation pollers read, on `conns` (PostgreSQL's pool, SQLite's readers).
+pub(super) async fn ended_since<DB>(
+    conns: &Connections<DB>,
+    after: (i64, &str),
+    limit: i64,
+) -> Result<Vec<EndedSession>, StoreError>
+where
+    DB: Database,
+    DB::Arguments: IntoArguments<DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'a> &'a str: Encode<'a, DB> + Type<DB> + ColumnIndex<DB::Row>,
+    for<'a> i64: Encode<'a, DB> + Decode<'a, DB> + Type<DB>,
+    for<'r> String: Decode<'r, DB> + Type<DB>,
+{
+    let mut conn = conns.lease().await?;
+    let rows = within(
+        conns.limit(),
+        sqlx::query::<DB>(sql::ENDED_SINCE)
+            .bind(after.0)
+            .bind(after.1)
+            .bind(limit)
+            .fetch_all(&mut *conn),
+    )
+    .await?;
+    conn.finish();
+    let ended = rows?
+        .iter()
+        .map(|row| {
+            Ok(EndedSession {
+                id: row.try_get("id")?,
+                ended_at: row.try_get("ended_at")?,
+            })
+        })
+        .collect::<Result<_, sqlx::Error>>()?;
+    Ok(ended)
+}
+
 /// The session operations, written once for a connection type (`SqliteConnection`,
 /// `PgConnection`) and its form of Login's insert. Each runs inside a transaction
 /// its caller holds.
@@ -191,8 +235,7 @@ macro_rules! session_ops {
         use sqlx::Row as _;
         use $crate::refresh::RotationKey;
         use $crate::store::session::{
-            EndReason, Ended, EndedSession, LiveSession, LoggedOut, NewSession, Purged, Refreshed,
-            Rotation, sql,
+            EndReason, Ended, LiveSession, LoggedOut, NewSession, Purged, Refreshed, Rotation, sql,
         };
 
         /// `false`: the user's password is no longer at the version verified (or the
@@ -477,27 +520,6 @@ macro_rules! session_ops {
                 ended_now,
                 named: Some(id),
             })
-        }
-
-        pub(crate) async fn ended_since(
-            conn: &mut $conn,
-            after: (i64, &str),
-            limit: i64,
-        ) -> Result<Vec<EndedSession>, sqlx::Error> {
-            let rows = sqlx::query(sql::ENDED_SINCE)
-                .bind(after.0)
-                .bind(after.1)
-                .bind(limit)
-                .fetch_all(&mut *conn)
-                .await?;
-            rows.iter()
-                .map(|row| {
-                    Ok(EndedSession {
-                        id: row.try_get("id")?,
-                        ended_at: row.try_get("ended_at")?,
-                    })
-                })
-                .collect()
         }
 
         pub(crate) async fn purge(

@@ -8,34 +8,32 @@
 //! acknowledged only after its transaction commits, so an acknowledged registration
 //! survives a crash or a power loss. Readers never wait for the writer (WAL).
 //!
-//! Every read and every write is bounded ([`super::operation_limit`] of
+//! Every read and every write is bounded (`connection::operation_limit` of
 //! `AUTHD_DB_STATEMENT_TIMEOUT`): a disk that stalls makes requests fail with
 //! UNAVAILABLE instead of hanging. A write given up on may still commit later (the
 //! writer finishes what it started), as with any database that stops answering.
 //!
-//! The database holds password hashes: on Unix its file is created readable by its
-//! owner only (0600) before SQLite opens it, and an existing file (with its `-wal`
-//! and `-shm`) that others may read is tightened, with a warning. SQLite creates the
-//! `-wal` and `-shm` files with the database file's permissions.
+//! The database holds password hashes: `connection` opens it (file permissions, WAL,
+//! migrations). The reads are written once for both backends (`users`, `session`)
+//! and run on the reader pool; what is here is the writer.
 
 use super::{
-    NewUser, StoreError, User, acquire, find_user_query, insert_user_query, iterations_from_column,
-    operation_limit, password_hash_query,
+    StoreError,
+    connection::{
+        Connections, SqliteSettings, open_sqlite_readers, open_sqlite_writer, operation_limit,
+        within,
+    },
     session::{
-        EndReason, Ended, EndedSession, LoggedOut, NewSession, Purged, Refreshed, Rotation,
+        self, EndReason, Ended, EndedSession, LoggedOut, NewSession, Purged, Refreshed, Rotation,
         session_ops,
     },
-    sql, unix_millis, user_from_row, watch_pool, within,
+    unix_millis,
+    users::{self, NewUser, User, insert_user_query, password_hash_query},
 };
 use crate::{credentials::Username, metrics::Metrics};
-use anyhow::Context as _;
 use prometheus::Histogram;
-use sqlx::{
-    Connection, SqliteConnection, SqlitePool,
-    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
-};
+use sqlx::{Connection as _, Sqlite, SqliteConnection};
 use std::{
-    path::{Path, PathBuf},
     sync::{
         Arc, Mutex,
         atomic::{AtomicU64, Ordering},
@@ -46,20 +44,6 @@ use tokio::{
     sync::{mpsc, oneshot},
     task::JoinHandle,
 };
-
-/// How to open the SQLite database.
-#[derive(Debug, Clone)]
-pub struct SqliteSettings {
-    pub path: PathBuf,
-    /// Read-only connections in the reader pool.
-    pub readers: u32,
-    /// How long a read waits for a free connection before giving up (UNAVAILABLE).
-    pub acquire_timeout: Duration,
-    /// The most writes committed in one transaction.
-    pub max_batch: usize,
-    /// Longest a read or a write may take (see [`super::operation_limit`]).
-    pub statement_timeout: Duration,
-}
 
 /// Counters of the writer task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,6 +119,9 @@ mod ops {
     );
 }
 
+/// What the writer runs to answer a ping once what came before has committed.
+const PING: &str = "SELECT 1";
+
 /// A writer answer of the wrong kind: a bug, reported as an internal error.
 fn unexpected() -> StoreError {
     StoreError::Other(anyhow::anyhow!(
@@ -154,9 +141,8 @@ enum Command {
 }
 
 pub struct SqliteStore {
-    readers: SqlitePool,
-    /// Time waiting for a reader connection.
-    reader_wait: Histogram,
+    /// The read-only connections.
+    readers: Connections<Sqlite>,
     writer: mpsc::Sender<Command>,
     writer_task: Mutex<Option<JoinHandle<()>>>,
     stats: Arc<WriterStats>,
@@ -170,91 +156,11 @@ struct WriterMetrics {
     commit: Histogram,
 }
 
-fn connect_options(settings: &SqliteSettings) -> SqliteConnectOptions {
-    SqliteConnectOptions::new()
-        .filename(&settings.path)
-        .journal_mode(SqliteJournalMode::Wal)
-        // FULL: the WAL is synced at every commit, so a commit that returned is durable.
-        .synchronous(SqliteSynchronous::Full)
-        .busy_timeout(Duration::from_secs(5))
-        .foreign_keys(true)
-}
-
-/// Makes sure the database file exists and only its owner may read it, before
-/// SQLite opens it (and creates the `-wal` and `-shm` files with its permissions).
-#[cfg(unix)]
-fn restrict_permissions(path: &Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("opening SQLite database {}", path.display()))?;
-    let with_suffix = |suffix: &str| {
-        let mut name = path.as_os_str().to_owned();
-        name.push(suffix);
-        PathBuf::from(name)
-    };
-    for file in [path.to_owned(), with_suffix("-wal"), with_suffix("-shm")] {
-        let file = file.as_path();
-        let mode = match std::fs::metadata(file) {
-            Ok(meta) => meta.permissions().mode(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => {
-                return Err(e)
-                    .with_context(|| format!("reading the permissions of {}", file.display()));
-            }
-        };
-        if mode & 0o077 != 0 {
-            tracing::warn!(
-                file = %file.display(),
-                mode = format!("{:o}", mode & 0o777),
-                "the SQLite database was readable by other users; restricting it to its owner (0600)"
-            );
-            std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o600))
-                .with_context(|| format!("restricting the permissions of {}", file.display()))?;
-        }
-    }
-    Ok(())
-}
-
-#[cfg(not(unix))]
-fn restrict_permissions(_path: &Path) -> anyhow::Result<()> {
-    Ok(())
-}
-
-async fn open_writer(settings: &SqliteSettings) -> anyhow::Result<SqliteConnection> {
-    restrict_permissions(&settings.path)?;
-    let mut conn =
-        SqliteConnection::connect_with(&connect_options(settings).create_if_missing(true))
-            .await
-            .with_context(|| format!("opening SQLite database {}", settings.path.display()))?;
-    sqlx::migrate!("migrations/sqlite")
-        .run(&mut conn)
-        .await
-        .with_context(|| format!("migrating SQLite database {}", settings.path.display()))?;
-    Ok(conn)
-}
-
-pub(crate) async fn migrate_only(settings: &SqliteSettings) -> anyhow::Result<()> {
-    let conn = open_writer(settings).await?;
-    conn.close().await.context("closing the SQLite database")?;
-    Ok(())
-}
-
 impl SqliteStore {
     pub(crate) async fn open(settings: SqliteSettings, metrics: &Metrics) -> anyhow::Result<Self> {
         // The writer connection comes first: it creates the file and migrates it.
-        let conn = open_writer(&settings).await?;
-        let readers = SqlitePoolOptions::new()
-            .max_connections(settings.readers.max(1))
-            .min_connections(1)
-            .acquire_timeout(settings.acquire_timeout)
-            .connect_with(connect_options(&settings).read_only(true))
-            .await
-            .with_context(|| format!("opening SQLite readers on {}", settings.path.display()))?;
+        let conn = open_sqlite_writer(&settings).await?;
+        let readers = open_sqlite_readers(&settings).await?;
         let (tx, rx) = mpsc::channel(4096);
         let stats = Arc::new(WriterStats::default());
         let writer_metrics = WriterMetrics {
@@ -269,8 +175,7 @@ impl SqliteStore {
             writer_metrics,
         ));
         Ok(Self {
-            reader_wait: watch_pool(metrics, "sqlite", &readers),
-            readers,
+            readers: Connections::new(readers, metrics, "sqlite", settings.statement_timeout),
             writer: tx,
             writer_task: Mutex::new(Some(task)),
             stats,
@@ -388,10 +293,7 @@ impl SqliteStore {
         after: (i64, &str),
         limit: i64,
     ) -> Result<Vec<EndedSession>, StoreError> {
-        let mut conn = acquire(&self.readers, &self.reader_wait).await?;
-        let rows = within(self.limit, ops::ended_since(&mut conn, after, limit)).await?;
-        conn.finish();
-        Ok(rows?)
+        session::ended_since(&self.readers, after, limit).await
     }
 
     pub(crate) async fn update_password_hash(
@@ -410,25 +312,11 @@ impl SqliteStore {
     }
 
     pub(crate) async fn find_user(&self, username: &Username) -> Result<Option<User>, StoreError> {
-        let mut conn = acquire(&self.readers, &self.reader_wait).await?;
-        let row = within(
-            self.limit,
-            find_user_query(username).fetch_optional(&mut *conn),
-        )
-        .await?;
-        conn.finish();
-        Ok(row?.as_ref().map(user_from_row).transpose()?)
+        users::find(&self.readers, username).await
     }
 
     pub(crate) async fn max_hash_iterations(&self) -> Result<u32, StoreError> {
-        let mut conn = acquire(&self.readers, &self.reader_wait).await?;
-        let max = within(
-            self.limit,
-            sqlx::query_scalar::<_, Option<i64>>(sql::MAX_HASH_ITERATIONS).fetch_one(&mut *conn),
-        )
-        .await?;
-        conn.finish();
-        Ok(iterations_from_column(max?))
+        users::max_hash_iterations(&self.readers).await
     }
 
     /// A read through the reader pool, then a round trip through the writer (which
@@ -502,7 +390,7 @@ async fn run_writer(
             commit(&mut conn, &mut batch, &stats, &metrics).await;
         }
         for ping in pings {
-            let result = sqlx::query(sql::PING)
+            let result = sqlx::query(PING)
                 .execute(&mut conn)
                 .await
                 .map(|_| ())

@@ -11,7 +11,7 @@
 
 use crate::{
     metrics::Metrics,
-    token::{KeyRing, LiveKeyRing},
+    token::keys::{KeyRing, LiveKeyRing},
 };
 use prometheus::IntCounter;
 use sha2::{Digest as _, Sha256};

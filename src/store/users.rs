@@ -1,0 +1,182 @@
+//! Users in the store: the rows, their statements, and the reads, written once for
+//! both backends.
+//!
+//! The writes are built here ([`insert_user_query`], [`password_hash_query`]) and run
+//! by each backend its own way (SQLite's batching writer, a PostgreSQL pooled
+//! connection); the reads ([`find`], [`max_hash_iterations`]) run on whichever
+//! backend's [`Connections`], generic over the database. Usernames are stored
+//! lowercased, so the UNIQUE (username) constraint is case-insensitive. A password
+//! change takes the next `password_version`; a rehash keeps it, and neither writes
+//! unless the version is still the one verified.
+
+use super::{
+    StoreError,
+    connection::{Connections, within},
+};
+use crate::credentials::Username;
+use sqlx::{
+    ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArguments, Row, Type,
+    query::Query,
+};
+
+/// The users' statements. `$N` placeholders are PostgreSQL's and are also understood
+/// by SQLite, so each statement is written once.
+mod sql {
+    pub const FIND_USER: &str =
+        "SELECT id, username, password_hash, password_version FROM users WHERE username = $1";
+    /// Usernames are stored lowercased, so the UNIQUE (username) conflict is
+    /// case-insensitive. A conflict inserts nothing: zero rows affected.
+    pub const INSERT_USER: &str = "INSERT INTO users (id, username, password_hash, created_at, updated_at) \
+         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (username) DO NOTHING";
+    /// A rehash: the same password, so the same version, and only if it is still
+    /// the version verified (a rehash never undoes a password change).
+    pub const UPDATE_PASSWORD_HASH: &str = "UPDATE users SET password_hash = $1, updated_at = $2 \
+         WHERE id = $3 AND password_version = $4";
+    /// A new password: a new version, only if the old one is still the one verified.
+    pub const CHANGE_PASSWORD: &str = "UPDATE users \
+         SET password_hash = $1, password_version = password_version + 1, updated_at = $2 \
+         WHERE id = $3 AND password_version = $4";
+    /// Read through the index on the generated `hash_iterations` column.
+    pub const MAX_HASH_ITERATIONS: &str = "SELECT MAX(hash_iterations) FROM users";
+}
+
+/// The highest stored iteration count, as the rest of authd counts them.
+fn iterations_from_column(max: Option<i64>) -> u32 {
+    max.map_or(0, |n| u32::try_from(n.max(0)).unwrap_or(u32::MAX))
+}
+
+pub(super) fn insert_user_query<DB>(user: &NewUser, now: i64) -> Query<'static, DB, DB::Arguments>
+where
+    DB: Database,
+    for<'a> &'a str: Encode<'a, DB> + Type<DB>,
+    for<'a> i64: Encode<'a, DB> + Type<DB>,
+{
+    sqlx::query(sql::INSERT_USER)
+        .bind(user.id.as_str())
+        .bind(user.username.as_str())
+        .bind(user.password_hash.as_str())
+        .bind(now)
+        .bind(now)
+}
+
+/// A new hash of user `id` whose password is at `version`: a rehash of the same
+/// password, or (`change`) a new password, which takes the next version.
+pub(super) fn password_hash_query<'q, DB>(
+    id: &'q str,
+    hash: &'q str,
+    version: i64,
+    change: bool,
+    now: i64,
+) -> Query<'q, DB, DB::Arguments>
+where
+    DB: Database,
+    &'q str: Encode<'q, DB> + Type<DB>,
+    i64: Encode<'q, DB> + Type<DB>,
+{
+    let statement = if change {
+        sql::CHANGE_PASSWORD
+    } else {
+        sql::UPDATE_PASSWORD_HASH
+    };
+    sqlx::query(statement)
+        .bind(hash)
+        .bind(now)
+        .bind(id)
+        .bind(version)
+}
+
+fn find_user_query<DB>(username: &Username) -> Query<'static, DB, DB::Arguments>
+where
+    DB: Database,
+    for<'a> &'a str: Encode<'a, DB> + Type<DB>,
+{
+    sqlx::query(sql::FIND_USER).bind(username.as_str())
+}
+
+fn user_from_row<'r, R>(row: &'r R) -> Result<User, sqlx::Error>
+where
+    R: Row,
+    &'r str: ColumnIndex<R>,
+    String: Decode<'r, R::Database> + Type<R::Database>,
+    i64: Decode<'r, R::Database> + Type<R::Database>,
+{
+    Ok(User {
+        id: row.try_get("id")?,
+        username: Username::from_store(row.try_get("username")?),
+        password_hash: row.try_get("password_hash")?,
+        password_version: row.try_get("password_version")?,
+    })
+}
+
+/// A stored user.
+#[derive(Debug, Clone)]
+pub struct User {
+    pub id: String,
+    pub username: Username,
+    pub password_hash: String,
+    /// One more at every change of password: what a login verified.
+    pub password_version: i64,
+}
+
+/// A user about to be stored.
+#[derive(Debug, Clone)]
+pub struct NewUser {
+    pub id: String,
+    pub username: Username,
+    pub password_hash: String,
+}
+
+/// The user named `username`, read on `conns` (PostgreSQL's pool, SQLite's readers).
+pub(super) async fn find<DB>(
+    conns: &Connections<DB>,
+    username: &Username,
+) -> Result<Option<User>, StoreError>
+where
+    DB: Database,
+    DB::Arguments: IntoArguments<DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'a> &'a str: Encode<'a, DB> + Type<DB> + ColumnIndex<DB::Row>,
+    for<'r> String: Decode<'r, DB> + Type<DB>,
+    for<'r> i64: Decode<'r, DB> + Type<DB>,
+{
+    let mut conn = conns.lease().await?;
+    let row = within(
+        conns.limit(),
+        find_user_query::<DB>(username).fetch_optional(&mut *conn),
+    )
+    .await?;
+    conn.finish();
+    Ok(row?.as_ref().map(user_from_row).transpose()?)
+}
+
+/// The highest PBKDF2 iteration count of any stored hash (0 with no users), read on
+/// `conns`.
+pub(super) async fn max_hash_iterations<DB>(conns: &Connections<DB>) -> Result<u32, StoreError>
+where
+    DB: Database,
+    DB::Arguments: IntoArguments<DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    (Option<i64>,): for<'r> FromRow<'r, DB::Row>,
+{
+    let mut conn = conns.lease().await?;
+    let max = within(
+        conns.limit(),
+        sqlx::query_scalar::<DB, Option<i64>>(sql::MAX_HASH_ITERATIONS).fetch_one(&mut *conn),
+    )
+    .await?;
+    conn.finish();
+    Ok(iterations_from_column(max?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stored_iteration_count_reads_as_authd_counts_it() {
+        assert_eq!(iterations_from_column(None), 0);
+        assert_eq!(iterations_from_column(Some(-1)), 0);
+        assert_eq!(iterations_from_column(Some(600_000)), 600_000);
+        assert_eq!(iterations_from_column(Some(i64::MAX)), u32::MAX);
+    }
+}

@@ -1,0 +1,428 @@
+//! Stateless access tokens: JWT (RFC 7519) signed with HMAC-SHA256 (`HS256`) or
+//! Ed25519 (`EdDSA`, RFC 8037). [`Tokens`] is what the rest of authd uses: it issues
+//! and verifies tokens with the ring in use, and counts every outcome.
+//!
+//! A [`KeyRing`] holds named keys (`kid`), each of one algorithm; the first signs, all
+//! verify, so keys can be rotated without downtime: add the new key second, roll it
+//! out, move it first, and drop the old one once its tokens have expired. The `kid`
+//! of a token picks the key and the key fixes the algorithm: a token whose `alg` is
+//! not its key's is refused, so an Ed25519 public key can never be used as an HMAC
+//! secret (the classic algorithm confusion). HMAC verification is constant-time
+//! (`Mac::verify_slice`); Ed25519 uses `verify_strict`. Keys never appear in `Debug`,
+//! in an error or in a log; only the public halves of Ed25519 keys leave this module,
+//! as a JWKS document (RFC 7517, [`KeyRing::jwks`]).
+//!
+//! The ring in use is a [`LiveKeyRing`]: the key file can be re-read while serving
+//! (`keyfile`), and every token is issued or verified with the ring of that moment.
+//!
+//! Every time computed from a token is checked: a validly signed token whose `exp`,
+//! `iat` or `nbf` lies past [`MAX_TIMESTAMP`] (year 9999) is refused as malformed,
+//! never added to an instant where it would overflow. `nbf` and `iat` may lie in the
+//! future, and `exp` in the past, by at most the clock skew allowed. Why a token was
+//! refused is told to the metrics and the log, never to the client (see `grpc`).
+//!
+//! # Layout
+//!
+//! - `keys`: keys, the key ring (parsing, `Debug` without secrets, signing and
+//!   checking signatures), new key entries, and the live ring.
+//! - `jwt`: the header and claims, a token signed, and a token checked.
+//! - `jwks`: the JWKS document of a ring and `GET /.well-known/jwks.json`.
+//! - `keyfile`: the key file, re-read while serving; a bad file keeps the ring.
+//! - this file: [`Tokens`] (issue, verify, count) and the limits config and requests
+//!   are checked against.
+
+mod jwks;
+mod jwt;
+pub(crate) mod keyfile;
+mod keys;
+
+pub use crate::error::TokenError;
+pub use jwks::{Jwks, PublicJwk};
+pub use jwt::{ISSUER, MAX_TIMESTAMP, VerifiedToken};
+pub use keys::{Algorithm, KeyRing, LiveKeyRing, MIN_KEY_BYTES, generate_key_entry};
+
+use crate::{credentials::Username, metrics::Metrics};
+use jwt::{Audience, Claims, unix_now, unix_time};
+use prometheus::IntCounter;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The longest lifetime a token may be issued with (`AUTHD_TOKEN_TTL`). A service
+/// that verifies tokens itself cannot see their sessions end: past a week, a stolen
+/// token outlives any reasonable response to the theft there.
+pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The clock skew allowed by default between the issuer's clock and a verifier's.
+pub const DEFAULT_CLOCK_SKEW: Duration = Duration::from_secs(30);
+/// The most clock skew that may be allowed (`AUTHD_TOKEN_CLOCK_SKEW`).
+pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(300);
+/// The longest audience a token may name or a request may ask for.
+pub const MAX_AUDIENCE_BYTES: usize = 256;
+
+/// The audience a request asks a token to be checked for (ValidateToken's
+/// `audience`): `None` when empty (any audience), or what is wrong with it, in words
+/// safe to show the caller.
+pub(crate) fn requested_audience(requested: &str) -> Result<Option<&str>, String> {
+    match requested {
+        "" => Ok(None),
+        a if a.len() > MAX_AUDIENCE_BYTES => {
+            Err(format!("must be at most {MAX_AUDIENCE_BYTES} bytes"))
+        }
+        a => Ok(Some(a)),
+    }
+}
+
+/// `GET /.well-known/jwks.json` for the ring in use, merged into the HTTP port's router.
+pub(crate) fn jwks_router(ring: LiveKeyRing) -> axum::Router {
+    jwks::router(move || ring.current().jwks().clone())
+}
+
+/// A token just issued.
+#[derive(Debug, Clone)]
+pub struct IssuedToken {
+    pub token: String,
+    pub expires_at: SystemTime,
+}
+
+/// Issues and verifies tokens with a key ring and a lifetime.
+pub struct Tokens {
+    keys: LiveKeyRing,
+    ttl: Duration,
+    /// The `aud` of every token issued (`AUTHD_TOKEN_AUDIENCE`).
+    audience: Option<Audience>,
+    /// How far `nbf` and `iat` may lie ahead of this clock, and `exp` behind it.
+    clock_skew: Duration,
+    issued: IntCounter,
+    valid: IntCounter,
+    /// Refusals, indexed by [`TokenError::index`].
+    refused: [IntCounter; TokenError::ALL.len()],
+}
+
+impl Tokens {
+    pub fn new(keys: KeyRing, ttl: Duration, metrics: &Metrics) -> Self {
+        let validated = &metrics.tokens.validated;
+        Self {
+            keys: LiveKeyRing::new(keys, metrics.tokens.signing_key.clone()),
+            ttl,
+            audience: None,
+            clock_skew: DEFAULT_CLOCK_SKEW,
+            issued: metrics.tokens.issued.clone(),
+            valid: validated.with_label_values(&["ok"]),
+            refused: TokenError::ALL.map(|e| validated.with_label_values(&[e.label()])),
+        }
+    }
+
+    /// Puts `aud` in every token: one audience as a string, several as an array.
+    pub fn with_audience(mut self, audiences: &[String]) -> Self {
+        self.audience = Audience::of(audiences);
+        self
+    }
+
+    /// The clock skew allowed when checking `nbf`, `iat` and `exp`.
+    pub fn with_clock_skew(mut self, skew: Duration) -> Self {
+        self.clock_skew = skew;
+        self
+    }
+
+    /// The ring in use, shared: for the JWKS document and the key file reload.
+    pub fn key_ring(&self) -> &LiveKeyRing {
+        &self.keys
+    }
+
+    pub fn issue(&self, user_id: &str, username: &Username) -> anyhow::Result<IssuedToken> {
+        self.issue_with(user_id, username, None, None)
+    }
+
+    /// A token of session `sid` (with a fresh `jti`) that expires at the token
+    /// lifetime or at `not_after` (the session's end), whichever comes first.
+    pub fn issue_in_session(
+        &self,
+        user_id: &str,
+        username: &Username,
+        sid: &str,
+        not_after: SystemTime,
+    ) -> anyhow::Result<IssuedToken> {
+        let end = not_after
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        self.issue_with(user_id, username, Some(sid), Some(end))
+    }
+
+    fn issue_with(
+        &self,
+        user_id: &str,
+        username: &Username,
+        sid: Option<&str>,
+        not_after: Option<u64>,
+    ) -> anyhow::Result<IssuedToken> {
+        let mut span = crate::otel::child("token.sign");
+        let now = unix_now();
+        let mut exp = now.saturating_add(self.ttl.as_secs().max(1));
+        if let Some(end) = not_after {
+            exp = exp.min(end.max(now + 1));
+        }
+        // Unreachable with a TTL of at most `MAX_TTL` and a sane clock; refused
+        // rather than issued as a token that this server would call malformed.
+        let expires_at = unix_time(exp).ok_or_else(|| {
+            anyhow::anyhow!("a token lifetime of {:?} ends past year 9999", self.ttl)
+        })?;
+        let ring = self.keys.current();
+        let key = ring.signer();
+        span.set("token.alg", key.algorithm().jose_name());
+        let claims = Claims {
+            sub: user_id.to_owned(),
+            name: username.as_str().to_owned(),
+            iat: now,
+            exp,
+            iss: ISSUER.into(),
+            nbf: Some(now),
+            aud: self.audience.clone(),
+            sid: sid.map(str::to_owned),
+            jti: sid.map(|_| uuid::Uuid::now_v7().simple().to_string()),
+        };
+        let token = jwt::sign(key, &claims)?;
+        self.issued.inc();
+        Ok(IssuedToken { token, expires_at })
+    }
+
+    /// Checks a token and counts the outcome.
+    pub fn verify(&self, token: &str) -> Result<VerifiedToken, TokenError> {
+        self.verify_for(token, None)
+    }
+
+    /// Checks a token, and when `audience` is given that the token is meant for it
+    /// (its `aud` names it); counts the outcome.
+    pub fn verify_for(
+        &self,
+        token: &str,
+        audience: Option<&str>,
+    ) -> Result<VerifiedToken, TokenError> {
+        self.verify_unless(token, audience, |_| false)
+    }
+
+    /// Like [`Tokens::verify_for`], and refuses as [`TokenError::Revoked`] a token
+    /// that is otherwise valid when `revoked` says so of it; counts the outcome.
+    pub fn verify_unless(
+        &self,
+        token: &str,
+        audience: Option<&str>,
+        revoked: impl FnOnce(&VerifiedToken) -> bool,
+    ) -> Result<VerifiedToken, TokenError> {
+        let mut span = crate::otel::child("token.verify");
+        let result = self.check(token, audience).and_then(|v| {
+            if revoked(&v) {
+                Err(TokenError::Revoked)
+            } else {
+                Ok(v)
+            }
+        });
+        match &result {
+            Ok(_) => self.valid.inc(),
+            Err(e) => {
+                self.refused[e.index()].inc();
+                span.set("token.refused", e.label());
+            }
+        }
+        result
+    }
+
+    /// Checks a token without counting it (Logout reads the session it names).
+    pub(crate) fn check(
+        &self,
+        token: &str,
+        audience: Option<&str>,
+    ) -> Result<VerifiedToken, TokenError> {
+        jwt::verify(&self.keys.current(), token, self.clock_skew, audience)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD};
+    use jwt::{Claims, Header, decode_json, unix_now};
+
+    /// An HMAC key entry (kid `a`), for the tests of every file of `token`.
+    pub(super) const KEY_A: &str = "a:MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
+
+    pub(super) fn tokens(spec: &str) -> Tokens {
+        Tokens::new(
+            spec.parse().unwrap(),
+            Duration::from_secs(60),
+            &Metrics::new(),
+        )
+    }
+
+    #[test]
+    fn session_tokens_carry_sid_and_a_unique_jti_and_end_with_their_session() {
+        let t = tokens(KEY_A);
+        let alice = Username::parse("alice").unwrap();
+        let far = SystemTime::now() + Duration::from_secs(3600);
+        let a = t.issue_in_session("id", &alice, "sid-1", far).unwrap();
+        let b = t.issue_in_session("id", &alice, "sid-1", far).unwrap();
+        let v = t.verify(&a.token).unwrap();
+        assert_eq!(v.session_id.as_deref(), Some("sid-1"));
+        let claims =
+            |token: &str| -> Claims { decode_json(token.split('.').nth(1).unwrap()).unwrap() };
+        let (ca, cb) = (claims(&a.token), claims(&b.token));
+        assert!(ca.jti.is_some());
+        assert_ne!(ca.jti, cb.jti);
+        // A session that ends in 10 s caps its tokens' lifetime (60 s here).
+        let soon = SystemTime::now() + Duration::from_secs(10);
+        let capped = t.issue_in_session("id", &alice, "sid-1", soon).unwrap();
+        assert!(capped.expires_at <= soon);
+        // Refused when the caller says its session ended, and counted as revoked.
+        assert_eq!(
+            t.verify_unless(&a.token, None, |v| v.session_id.as_deref() == Some("sid-1")),
+            Err(TokenError::Revoked)
+        );
+        // Tokens without a session have neither claim.
+        let plain = claims(&t.issue("id", &alice).unwrap().token);
+        assert!(plain.sid.is_none() && plain.jti.is_none());
+    }
+
+    #[test]
+    fn a_requested_audience_is_checked_at_the_edge() {
+        assert_eq!(requested_audience(""), Ok(None));
+        assert_eq!(requested_audience("orders"), Ok(Some("orders")));
+        let longest = "a".repeat(MAX_AUDIENCE_BYTES);
+        assert_eq!(requested_audience(&longest), Ok(Some(longest.as_str())));
+        assert_eq!(
+            requested_audience(&format!("{longest}a")),
+            Err(format!("must be at most {MAX_AUDIENCE_BYTES} bytes"))
+        );
+    }
+
+    #[test]
+    fn issued_tokens_verify() {
+        let t = tokens(KEY_A);
+        let issued = t.issue("id-1", &Username::parse("Alice").unwrap()).unwrap();
+        let v = t.verify(&issued.token).unwrap();
+        assert_eq!(v.user_id, "id-1");
+        assert_eq!(v.username, "alice");
+        assert_eq!(v.expires_at, issued.expires_at);
+    }
+
+    #[test]
+    fn issued_and_validated_tokens_are_counted_by_outcome() {
+        let metrics = Metrics::new();
+        let t = Tokens::new(KEY_A.parse().unwrap(), Duration::from_secs(60), &metrics);
+        let issued = t.issue("id-1", &Username::parse("Alice").unwrap()).unwrap();
+        t.verify(&issued.token).unwrap();
+        t.verify("not a token").unwrap_err();
+        // Another first character of the signature: a signature that does not match.
+        let dot = issued.token.rfind('.').unwrap();
+        let first = &issued.token[dot + 1..dot + 2];
+        let other = if first == "A" { "B" } else { "A" };
+        let tampered = format!(
+            "{}{other}{}",
+            &issued.token[..=dot],
+            &issued.token[dot + 2..]
+        );
+        assert_eq!(t.verify(&tampered), Err(TokenError::BadSignature));
+        let text = metrics.render();
+        for line in [
+            "authd_tokens_issued_total 1",
+            r#"authd_tokens_validated_total{outcome="ok"} 1"#,
+            r#"authd_tokens_validated_total{outcome="malformed"} 1"#,
+            r#"authd_tokens_validated_total{outcome="bad_signature"} 1"#,
+        ] {
+            assert!(text.contains(line), "{line} missing in:\n{text}");
+        }
+        for (i, e) in TokenError::ALL.iter().enumerate() {
+            assert_eq!(e.index(), i);
+        }
+    }
+
+    /// A token with these claims (JSON text), correctly signed with `KEY_A`.
+    pub(super) fn signed(claims: &str) -> String {
+        let header = URL_SAFE_NO_PAD.encode(br#"{"alg":"HS256","typ":"JWT","kid":"a"}"#);
+        let payload = URL_SAFE_NO_PAD.encode(claims);
+        let key: KeyRing = KEY_A.parse().unwrap();
+        let signing_input = format!("{header}.{payload}");
+        let signature = key.signer().sign(signing_input.as_bytes());
+        format!("{signing_input}.{}", URL_SAFE_NO_PAD.encode(signature))
+    }
+
+    #[test]
+    fn issuing_never_overflows() {
+        let t = Tokens::new(KEY_A.parse().unwrap(), Duration::MAX, &Metrics::new());
+        let err = t
+            .issue("id", &Username::parse("alice").unwrap())
+            .unwrap_err();
+        assert!(err.to_string().contains("past year 9999"), "{err}");
+        let t = Tokens::new(KEY_A.parse().unwrap(), MAX_TTL, &Metrics::new());
+        let issued = t.issue("id", &Username::parse("alice").unwrap()).unwrap();
+        assert!(t.verify(&issued.token).is_ok());
+    }
+
+    pub(super) fn ed25519_entry(kid: &str) -> String {
+        generate_key_entry(Algorithm::EdDsa, kid).unwrap()
+    }
+
+    #[test]
+    fn ed25519_tokens_are_eddsa_and_verify() {
+        let spec = format!("{},{KEY_A}", ed25519_entry("ed"));
+        let t = tokens(&spec);
+        let issued = t.issue("id-1", &Username::parse("Alice").unwrap()).unwrap();
+        let header: Header = decode_json(issued.token.split('.').next().unwrap()).unwrap();
+        assert_eq!(header.alg, "EdDSA");
+        assert_eq!(header.kid.as_deref(), Some("ed"));
+        assert_eq!(t.verify(&issued.token).unwrap().username, "alice");
+        let claims: Claims = decode_json(issued.token.split('.').nth(1).unwrap()).unwrap();
+        assert_eq!(claims.nbf, Some(claims.iat));
+        assert_eq!(claims.aud, None);
+    }
+
+    #[test]
+    fn audiences_and_the_clock_skew() {
+        let metrics = Metrics::new();
+        let t = Tokens::new(KEY_A.parse().unwrap(), Duration::from_secs(60), &metrics)
+            .with_audience(&["orders".to_owned()])
+            .with_clock_skew(Duration::from_secs(30));
+        let issued = t.issue("id", &Username::parse("alice").unwrap()).unwrap();
+        assert!(t.verify_for(&issued.token, Some("orders")).is_ok());
+        assert!(t.verify_for(&issued.token, None).is_ok());
+        assert_eq!(
+            t.verify_for(&issued.token, Some("billing")),
+            Err(TokenError::WrongAudience)
+        );
+        let now = unix_now();
+        let token = |extra: &str, iat: u64, exp: u64| {
+            signed(&format!(
+                r#"{{"sub":"id","name":"alice","iat":{iat},"exp":{exp},"iss":"{ISSUER}"{extra}}}"#
+            ))
+        };
+        let many = token(r#","aud":["a","orders"]"#, now, now + 60);
+        assert!(t.verify_for(&many, Some("orders")).is_ok());
+        assert_eq!(
+            t.verify_for(&token("", now, now + 60), Some("orders")),
+            Err(TokenError::WrongAudience)
+        );
+        let nbf = |at: u64| token(&format!(r#","nbf":{at}"#), now, now + 600);
+        assert!(t.verify(&nbf(now + 10)).is_ok());
+        assert_eq!(t.verify(&nbf(now + 600)), Err(TokenError::NotYetValid));
+        assert!(t.verify(&token("", now + 10, now + 600)).is_ok());
+        assert_eq!(
+            t.verify(&token("", now + 600, now + 900)),
+            Err(TokenError::NotYetValid)
+        );
+        assert!(t.verify(&token("", now - 600, now - 10)).is_ok());
+        assert_eq!(
+            t.verify(&token("", now - 600, now - 60)),
+            Err(TokenError::Expired)
+        );
+        assert_eq!(
+            t.verify(&nbf(MAX_TIMESTAMP + 1)),
+            Err(TokenError::Malformed)
+        );
+        let strict = tokens(KEY_A).with_clock_skew(Duration::ZERO);
+        assert_eq!(strict.verify(&nbf(now + 10)), Err(TokenError::NotYetValid));
+        let text = metrics.render();
+        for line in [
+            r#"authd_tokens_validated_total{outcome="wrong_audience"} 2"#,
+            r#"authd_tokens_validated_total{outcome="not_yet_valid"} 2"#,
+        ] {
+            assert!(text.contains(line), "{line} missing in:\n{text}");
+        }
+    }
+}
