@@ -26,7 +26,7 @@ pub const TEST_KEY: &[u8; 32] = b"0123456789abcdef0123456789abcdef";
 /// Cheap hashes: the minimum PBKDF2 allows.
 pub const FAST_ITERATIONS: u32 = 1000;
 /// A hash that takes half a second or more (a single stream of the fastest engine
-/// here), to hold a hash thread busy; tests that race it allow it a fifth of that.
+/// here), to hold a hash thread busy; tests that race it allow it at most half of that.
 pub const SLOW_ITERATIONS: u32 = 5_000_000;
 
 pub fn key_spec(kid: &str, key: &[u8]) -> String {

@@ -103,6 +103,9 @@ async fn a_request_whose_deadline_passes_in_the_queue_is_never_hashed(db: TestDb
     // The deadline travels as grpc-timeout, on a connection whose client does not
     // enforce it itself (a tonic client would race the server with its own timer
     // and may give up with CANCELLED first), so what comes back is the server's answer.
+    // Half the shortest time the first hash takes: enough for the request to reach
+    // the queue on a loaded machine (its lookup on PostgreSQL included), too little
+    // for the first hash to end.
     let request = authd::pb::RegisterRequest {
         username: "hasty".into(),
         password: "a fine password".into(),
@@ -111,7 +114,7 @@ async fn a_request_whose_deadline_passes_in_the_queue_is_never_hashed(db: TestDb
         app.addr,
         "/auth.v1.AuthService/Register",
         &request,
-        &[("grpc-timeout", "100m")],
+        &[("grpc-timeout", "250m")],
     )
     .await;
     assert_eq!(status.0, Code::DeadlineExceeded as i32, "{status:?}");
