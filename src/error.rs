@@ -114,6 +114,43 @@ pub struct QuotaViolation {
     pub description: String,
 }
 
+/// Which count of the login throttle refused an attempt: named here, with what the
+/// client is shown of it, because a refusal carries it up to [`Error::to_status`];
+/// the throttle (`crate::throttle`) decides which.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThrottleScope {
+    /// This client's failures for this username.
+    Client,
+    /// The username's failures across clients.
+    Account,
+}
+
+impl ThrottleScope {
+    /// The scope as audit events name it.
+    pub fn label(self) -> &'static str {
+        match self {
+            ThrottleScope::Client => "client",
+            ThrottleScope::Account => "account",
+        }
+    }
+
+    /// The `QuotaFailure` subject a client is shown.
+    pub fn subject(self) -> &'static str {
+        match self {
+            ThrottleScope::Client => "login-throttle:client",
+            ThrottleScope::Account => "login-throttle:account",
+        }
+    }
+
+    /// The `QuotaFailure` description a client is shown.
+    fn description(self) -> &'static str {
+        match self {
+            ThrottleScope::Client => "failed logins for this account from this client",
+            ThrottleScope::Account => "failed logins for this account",
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The request is malformed; one entry per bad field.
@@ -150,7 +187,7 @@ pub enum Error {
     /// username); the same for every username, known or not.
     #[error("too many failed logins for this account; retry later")]
     Throttled {
-        scope: crate::throttle::Scope,
+        scope: ThrottleScope,
         retry_after: Duration,
     },
     /// Mutual TLS: the client's certificate identity is not on `AUTHD_TLS_ALLOW` for
@@ -245,12 +282,7 @@ impl Error {
                 let mut details = ErrorDetails::with_retry_info(Some(*wait));
                 details.add_quota_failure_violation(
                     scope.subject(),
-                    match scope {
-                        crate::throttle::Scope::Client => {
-                            "failed logins for this account from this client"
-                        }
-                        crate::throttle::Scope::Account => "failed logins for this account",
-                    },
+                    scope.description(),
                 );
                 let mut status =
                     Status::with_error_details(Code::ResourceExhausted, self.to_string(), details);

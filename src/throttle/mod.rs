@@ -111,31 +111,8 @@ impl Settings {
     }
 }
 
-/// Which count refused an attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scope {
-    /// This client's failures for this username.
-    Client,
-    /// The username's failures across clients.
-    Account,
-}
-
-impl Scope {
-    pub fn label(self) -> &'static str {
-        match self {
-            Scope::Client => "client",
-            Scope::Account => "account",
-        }
-    }
-
-    /// The `QuotaFailure` subject a client is shown.
-    pub fn subject(self) -> &'static str {
-        match self {
-            Scope::Client => "login-throttle:client",
-            Scope::Account => "login-throttle:account",
-        }
-    }
-}
+/// Which count refused an attempt (defined with the error that carries it).
+pub use crate::error::ThrottleScope as Scope;
 
 /// A keyed digest of a username: what keys and audit events carry instead of it
 /// (people type their password into the username field).
