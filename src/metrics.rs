@@ -104,6 +104,11 @@ impl GrpcMetrics {
     }
 }
 
+/// The `cause` values of `authd_hash_refused_total`: why the hash queue refused a
+/// place. Indexed by the queue's refusal (`password::Refusal`, which names its
+/// causes in this order), so the series exist from the first scrape.
+pub(crate) const HASH_REFUSAL_CAUSES: [&str; 4] = ["full", "wait", "share", "deadline"];
+
 /// The password hashing pool.
 #[derive(Clone)]
 pub(crate) struct HashMetrics {
@@ -412,8 +417,8 @@ impl Metrics {
                      held its fair share), deadline (the deadline would pass in the queue).",
                     &["cause"],
                 );
-                for why in crate::password::Refusal::ALL {
-                    refused.with_label_values(&[why.label()]);
+                for cause in HASH_REFUSAL_CAUSES {
+                    refused.with_label_values(&[cause]);
                 }
                 refused
             },

@@ -28,6 +28,7 @@
 //! It knows nothing of hashing: the queued items are opaque. Every map here is keyed
 //! by a client that holds a place, so it is bounded by the places.
 
+use crate::metrics::HASH_REFUSAL_CAUSES;
 use std::{
     collections::{HashMap, VecDeque},
     net::IpAddr,
@@ -41,22 +42,23 @@ use std::{
 /// The queue's wait target when none is configured.
 pub const DEFAULT_WAIT: Duration = Duration::from_millis(150);
 
-/// Why a request got no place.
+/// Why a request got no place: in the order of the metric's causes
+/// ([`HASH_REFUSAL_CAUSES`], which the discriminant indexes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
     /// Every place the count bound allows is taken.
-    Full,
+    Full = 0,
     /// More places would wait longer than the target.
-    Wait,
+    Wait = 1,
     /// The queue is at its bound and this client holds its fair share of it.
-    Share,
+    Share = 2,
     /// The request's deadline would pass before a thread reaches it.
-    Deadline,
+    Deadline = 3,
 }
 
 impl Refusal {
-    /// Every value, in the order of [`Refusal::label`]'s metric series.
-    pub const ALL: [Refusal; 4] = [
+    /// Every value, one per metric cause.
+    pub const ALL: [Refusal; HASH_REFUSAL_CAUSES.len()] = [
         Refusal::Full,
         Refusal::Wait,
         Refusal::Share,
@@ -65,12 +67,7 @@ impl Refusal {
 
     /// The `cause` label of `authd_hash_refused_total`.
     pub fn label(self) -> &'static str {
-        match self {
-            Refusal::Full => "full",
-            Refusal::Wait => "wait",
-            Refusal::Share => "share",
-            Refusal::Deadline => "deadline",
-        }
+        HASH_REFUSAL_CAUSES[self as usize]
     }
 }
 
@@ -333,6 +330,15 @@ fn nanos(d: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_refusal_names_its_own_cause() {
+        let labels = Refusal::ALL.map(Refusal::label);
+        assert_eq!(labels, ["full", "wait", "share", "deadline"]);
+        for (i, why) in Refusal::ALL.into_iter().enumerate() {
+            assert_eq!(why as usize, i);
+        }
+    }
 
     fn ip(last: u8) -> IpAddr {
         IpAddr::from([127, 0, 0, last])
