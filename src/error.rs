@@ -280,10 +280,7 @@ impl Error {
                 retry_after: wait,
             } => {
                 let mut details = ErrorDetails::with_retry_info(Some(*wait));
-                details.add_quota_failure_violation(
-                    scope.subject(),
-                    scope.description(),
-                );
+                details.add_quota_failure_violation(scope.subject(), scope.description());
                 let mut status =
                     Status::with_error_details(Code::ResourceExhausted, self.to_string(), details);
                 status

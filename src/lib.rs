@@ -71,6 +71,7 @@ pub(crate) mod accounts;
 pub mod app;
 pub mod audit;
 pub(crate) mod blocklist;
+pub(crate) mod clock;
 pub(crate) mod codec;
 pub mod config;
 pub mod credentials;

@@ -4,11 +4,12 @@
 //!
 //! It must not queue or delay a request: a decision is one Redis call bounded by
 //! `AUTHD_REDIS_TIMEOUT`, or a few in-memory operations. Time for the in-process
-//! logs comes from a [`Clock`], so their window logic is tested with one the test
-//! controls; Redis keeps its own (`TIME`).
+//! logs comes from a `crate::clock::Clock`, so their window logic is tested with one
+//! the test controls; Redis keeps its own (`TIME`).
 
 use super::{Check, FailureMode, Outcome, Quota, RateLimits, Settings, keys::Keys, local, redis};
 use crate::{
+    clock::{Clock, SystemClock},
     error::{Error, QuotaViolation},
     metrics::Metrics,
 };
@@ -16,7 +17,7 @@ use prometheus::{Histogram, IntCounter};
 use std::{
     net::IpAddr,
     sync::{
-        Arc, Mutex, Weak,
+        Arc, Weak,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::{Duration, Instant},
@@ -29,41 +30,6 @@ const PROBE_INTERVAL: Duration = Duration::from_millis(500);
 /// request path, so more generous than `AUTHD_REDIS_TIMEOUT`; a refused connection
 /// fails at once, so only a black-holed Redis makes the start wait this long.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// Where the in-process limiter reads the time.
-pub(crate) trait Clock: Send + Sync + 'static {
-    fn now(&self) -> Instant;
-}
-
-/// The machine's monotonic clock.
-pub(crate) struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now(&self) -> Instant {
-        Instant::now()
-    }
-}
-
-/// A clock that moves only when told to: for tests of the window logic.
-#[cfg_attr(not(test), allow(dead_code))]
-pub(crate) struct ManualClock(Mutex<Instant>);
-
-#[cfg_attr(not(test), allow(dead_code))]
-impl ManualClock {
-    pub(crate) fn new() -> Self {
-        Self(Mutex::new(Instant::now()))
-    }
-
-    pub(crate) fn advance(&self, by: Duration) {
-        *self.0.lock().unwrap() += by;
-    }
-}
-
-impl Clock for ManualClock {
-    fn now(&self) -> Instant {
-        *self.0.lock().unwrap()
-    }
-}
 
 /// Which backend decides right now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -505,6 +471,7 @@ fn spawn_prober(limiter: Weak<RateLimiter>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::ManualClock;
 
     fn limiter(rules: &str, clock: Arc<dyn Clock>) -> RateLimiter {
         let settings = Settings {

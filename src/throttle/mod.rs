@@ -45,7 +45,11 @@ mod local;
 mod redis;
 
 use crate::{
-    credentials::Username, error::Error, metrics::ThrottleMetrics, ratelimit::FailureMode,
+    clock::{Clock, SystemClock},
+    credentials::Username,
+    error::Error,
+    metrics::ThrottleMetrics,
+    ratelimit::FailureMode,
     shared_redis::SharedRedis,
 };
 use hmac::{KeyInit, Mac};
@@ -55,7 +59,7 @@ use std::{
         Arc,
         atomic::{AtomicU64, Ordering},
     },
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 use tokio::sync::Notify;
 
@@ -273,22 +277,6 @@ impl Keys {
             account_pending: format!("login:{{{digest}}}:ap"),
             shard,
         }
-    }
-}
-
-/// The clock of the counts: ms since the epoch (the replica's clock; replicas
-/// sharing Redis should run NTP, as delays are seconds to minutes).
-pub(crate) trait Clock: Send + Sync {
-    fn now_ms(&self) -> u64;
-}
-
-struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now_ms(&self) -> u64 {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
     }
 }
 
@@ -593,7 +581,7 @@ impl Throttle {
     /// Asks the counts for a place: in Redis when configured and answering, else in
     /// process (fail open) or not at all (fail closed).
     async fn reserve(self: &Arc<Self>, keys: &Keys, id: &str) -> Result<(Decision, Held), Error> {
-        let now = self.clock.now_ms();
+        let now = self.clock.unix_ms();
         if let Some(redis) = &self.redis {
             match redis.reserve(keys, id, now, &self.settings).await {
                 Ok(decision) => {
@@ -634,7 +622,7 @@ impl Throttle {
         };
         runtime.spawn(async move {
             if let Some(redis) = &release.throttle.redis {
-                let (now, s) = (release.throttle.clock.now_ms(), &release.throttle.settings);
+                let (now, s) = (release.throttle.clock.unix_ms(), &release.throttle.settings);
                 let outcome = Outcome::Released;
                 let _ = (redis.settle(&release.keys, &release.id, true, outcome, now, s)).await;
             }
@@ -647,7 +635,7 @@ impl Throttle {
         if attempt.held == Held::Redis
             && let Some(redis) = &self.redis
         {
-            let now = self.clock.now_ms();
+            let now = self.clock.unix_ms();
             match redis
                 .settle(
                     &attempt.keys,
@@ -672,7 +660,7 @@ impl Throttle {
     }
 
     fn settle_local(&self, attempt: &Attempt, outcome: Outcome) {
-        let now = self.clock.now_ms();
+        let now = self.clock.unix_ms();
         self.local.settle(
             &attempt.keys,
             attempt.held == Held::Local,
@@ -715,29 +703,14 @@ pub(crate) fn test_settings() -> Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::Metrics;
-    use std::sync::atomic::{AtomicU64, Ordering};
-
-    struct ManualClock(AtomicU64);
-
-    impl Clock for ManualClock {
-        fn now_ms(&self) -> u64 {
-            self.0.load(Ordering::SeqCst)
-        }
-    }
-
-    impl ManualClock {
-        fn advance(&self, d: Duration) {
-            self.0.fetch_add(ms(d), Ordering::SeqCst);
-        }
-    }
+    use crate::{clock::ManualClock, metrics::Metrics};
 
     fn settings() -> Settings {
         test_settings()
     }
 
     fn throttle(s: Settings) -> (Arc<Throttle>, Arc<ManualClock>) {
-        let clock = Arc::new(ManualClock(AtomicU64::new(1_800_000_000_000)));
+        let clock = Arc::new(ManualClock::new());
         let metrics = Metrics::new();
         let t = Throttle::with_clock(
             s,
@@ -1042,7 +1015,7 @@ mod tests {
             drop(held);
         }
         let keys = Keys::new(&t.digest.of(&user("kim")), ip("10.0.0.1"));
-        assert_eq!(t.local.view(&keys, t.clock.now_ms()), View::default());
+        assert_eq!(t.local.view(&keys, t.clock.unix_ms()), View::default());
         fail(&t, "kim", "10.0.0.1").await.unwrap();
     }
 

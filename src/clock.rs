@@ -1,0 +1,91 @@
+//! The one clock of the code that counts requests over time (the rate limiter's
+//! in-process windows, the login throttle's delays): read through [`Clock`], so that
+//! tests move time by hand ([`ManualClock`]) instead of sleeping.
+//!
+//! It owns nothing but the time: it must not import anything of the crate, and
+//! code that only measures how long something took reads `Instant` directly.
+
+#[cfg(test)]
+use std::time::Duration;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+/// Where counting code reads the time.
+pub(crate) trait Clock: Send + Sync + 'static {
+    /// The monotonic time: for windows kept in this process only.
+    fn now(&self) -> Instant;
+
+    /// Milliseconds since the Unix epoch: for counts shared with other replicas
+    /// through Redis (which then must run NTP: the delays so kept are seconds to
+    /// minutes, far longer than their clocks drift apart).
+    fn unix_ms(&self) -> u64;
+}
+
+/// The machine's clocks.
+pub(crate) struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
+    fn unix_ms(&self) -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
+}
+
+/// A clock that moves only when told to; both of its readings move together.
+#[cfg(test)]
+pub(crate) struct ManualClock {
+    start: Instant,
+    start_ms: u64,
+    elapsed: std::sync::Mutex<Duration>,
+}
+
+#[cfg(test)]
+impl ManualClock {
+    /// Stopped at the machine's time now.
+    pub(crate) fn new() -> Self {
+        ManualClock {
+            start: Instant::now(),
+            start_ms: SystemClock.unix_ms(),
+            elapsed: std::sync::Mutex::new(Duration::ZERO),
+        }
+    }
+
+    pub(crate) fn advance(&self, by: Duration) {
+        *self.elapsed.lock().unwrap() += by;
+    }
+
+    fn elapsed(&self) -> Duration {
+        *self.elapsed.lock().unwrap()
+    }
+}
+
+#[cfg(test)]
+impl Clock for ManualClock {
+    fn now(&self) -> Instant {
+        self.start + self.elapsed()
+    }
+
+    fn unix_ms(&self) -> u64 {
+        let elapsed = u64::try_from(self.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.start_ms.saturating_add(elapsed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_manual_clock_moves_both_readings_only_when_told() {
+        let clock = ManualClock::new();
+        let (now, ms) = (clock.now(), clock.unix_ms());
+        assert_eq!((clock.now(), clock.unix_ms()), (now, ms));
+        clock.advance(Duration::from_millis(1500));
+        assert_eq!(clock.now() - now, Duration::from_millis(1500));
+        assert_eq!(clock.unix_ms() - ms, 1500);
+    }
+}
