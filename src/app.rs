@@ -23,7 +23,7 @@ use crate::{
     password::PoolSnapshot,
     pb::{self, auth_service_server::AuthServiceServer},
     ratelimit::{self, RateLimitStats, RateLimiter},
-    shared_redis::SharedRedis,
+    redis::SharedRedis,
     store::{Store, WriterSnapshot},
     throttle::Throttle,
     token::{

@@ -4,13 +4,13 @@
 //!
 //! [`LimitsConfig::rate_limiter`] and [`LimitsConfig::throttle`] build the two
 //! components' settings; the throttle's refuses thresholds that do not go together.
-//! Connecting to Redis is `crate::shared_redis`'s job, not this file's.
+//! Connecting to Redis is `crate::redis`'s job, not this file's.
 
 use super::parse::{positive_duration, read_secret_file};
 use crate::{
     ratelimit::{FailureMode, RateLimits, RegisterLimit, Settings as RateLimitSettings},
+    redis::SharedRedis,
     secret::{self, RedisUrl},
-    shared_redis::SharedRedis,
     throttle::Settings as ThrottleSettings,
 };
 use clap::Args;

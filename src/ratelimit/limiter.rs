@@ -12,6 +12,7 @@ use crate::{
     clock::{Clock, SystemClock},
     error::{Error, QuotaViolation},
     metrics::Metrics,
+    redis::RedisFailure,
 };
 use prometheus::{Histogram, IntCounter};
 use std::{
@@ -134,12 +135,12 @@ impl LimiterMetrics {
         }
     }
 
-    fn redis_failed(&self, why: &redis::RedisFailure) {
+    fn redis_failed(&self, why: &RedisFailure) {
         match why {
-            redis::RedisFailure::NotConnected => &self.redis_not_connected,
-            redis::RedisFailure::Timeout(_) => &self.redis_timeout,
-            redis::RedisFailure::Redis(_) => &self.redis_error,
-            redis::RedisFailure::BadReply(_) => &self.redis_bad_reply,
+            RedisFailure::NotConnected => &self.redis_not_connected,
+            RedisFailure::ConnectTimeout(_) | RedisFailure::Timeout(_) => &self.redis_timeout,
+            RedisFailure::Redis(_) => &self.redis_error,
+            RedisFailure::BadReply(_) => &self.redis_bad_reply,
         }
         .inc();
     }

@@ -4,7 +4,7 @@
 //! them before asking, and of the configuration only the [`Settings`] it is given.
 //!
 //! One job per file:
-//! - `rules`: the rule syntax, parsed once at the edge, and [`FailureMode`];
+//! - `rules`: the rule syntax, parsed once at the edge;
 //! - `keys`: which rules match a request, and the key each counts it under;
 //! - `limiter`: the [`RateLimiter`] (Redis tier, local fallback, prober, stats);
 //! - `redis`: the Lua script that decides for all matching rules in one round trip;
@@ -22,16 +22,17 @@ use std::time::Duration;
 
 pub(crate) use layer::layer;
 pub use limiter::{Backend, RateLimitStats, RateLimiter};
-pub use rules::{FailureMode, KeyKind, RateLimits, RegisterLimit, Rule};
-// The URL type lives with the other secret-bearing settings.
-pub use crate::secret::RedisUrl;
+pub use rules::{KeyKind, RateLimits, RegisterLimit, Rule};
+// What a request meets while Redis fails is the same for every Redis user; the URL
+// type lives with the other secret-bearing settings.
+pub use crate::{redis::FailureMode, secret::RedisUrl};
 
 /// Everything the limiter needs from the configuration.
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub rules: RateLimits,
     /// The Redis that holds the counts of every replica; `None`: per replica only.
-    pub redis: Option<std::sync::Arc<crate::shared_redis::SharedRedis>>,
+    pub redis: Option<std::sync::Arc<crate::redis::SharedRedis>>,
     pub prefix: String,
     pub redis_timeout: Duration,
     pub failure: FailureMode,

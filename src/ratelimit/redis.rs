@@ -1,7 +1,7 @@
 //! The Redis tier: one Lua script decides for every rule a request matches, in one
 //! round trip, atomically, so replicas sharing a Redis share exact limits.
 //!
-//! It uses the process's Redis connection (`crate::shared_redis`, shared with the
+//! It uses the process's Redis connection (`crate::redis`, shared with the
 //! login throttle) and owns the script and the members it adds. Each key is a sorted set: a
 //! sliding-window log of the allowed requests, scored by Redis' own clock (`TIME`,
 //! never this replica's, so clock skew between replicas does not matter).
@@ -11,10 +11,9 @@
 //! Every call is bounded by `AUTHD_REDIS_TIMEOUT`.
 
 use super::{Check, Outcome, RuleState};
-use crate::shared_redis::{ConnectFailure, SharedRedis};
+use crate::redis::{RedisFailure, SharedRedis, within};
 use redis::Script;
 use std::{
-    fmt,
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -74,30 +73,6 @@ end
 return out
 "#;
 
-/// Why a Redis decision could not be had.
-#[derive(Debug)]
-pub(crate) enum RedisFailure {
-    /// Not connected yet (Redis was down at start and has not answered since).
-    NotConnected,
-    /// No answer within the timeout.
-    Timeout(Duration),
-    Redis(redis::RedisError),
-    /// An answer of the wrong shape: a script from another version, say.
-    BadReply(String),
-}
-
-impl fmt::Display for RedisFailure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RedisFailure::NotConnected => f.write_str("not connected"),
-            RedisFailure::Timeout(t) => write!(f, "no answer within {t:?}"),
-            // The crate's errors name the server's address, never its password.
-            RedisFailure::Redis(e) => write!(f, "{e}"),
-            RedisFailure::BadReply(why) => write!(f, "unexpected reply: {why}"),
-        }
-    }
-}
-
 pub(crate) struct RedisLimiter {
     redis: Arc<SharedRedis>,
     script: Script,
@@ -125,7 +100,6 @@ impl RedisLimiter {
 
     /// Runs the script for `checks` (not empty) within the timeout.
     pub(crate) async fn decide(&self, checks: &[Check]) -> Result<Outcome, RedisFailure> {
-        let mut connection = self.redis.get().ok_or(RedisFailure::NotConnected)?;
         let unique = self.counter.fetch_add(1, Ordering::Relaxed);
         let mut invocation = self.script.prepare_invoke();
         invocation.arg(format!("{}:{unique}", self.replica));
@@ -135,11 +109,7 @@ impl RedisLimiter {
                 .arg(check.limit)
                 .arg(check.window.as_millis() as u64);
         }
-        let reply: Vec<i64> =
-            tokio::time::timeout(self.timeout, invocation.invoke_async(&mut connection))
-                .await
-                .map_err(|_| RedisFailure::Timeout(self.timeout))?
-                .map_err(RedisFailure::Redis)?;
+        let reply: Vec<i64> = self.redis.invoke(&invocation, self.timeout).await?;
         parse_reply(&reply, checks.len())
     }
 
@@ -148,19 +118,12 @@ impl RedisLimiter {
     /// a Redis restart emptied its cache.
     pub(crate) async fn probe(&self, timeout: Duration) -> Result<(), RedisFailure> {
         let work = async {
-            let mut connection = self.redis.connect(timeout).await.map_err(|e| match e {
-                ConnectFailure::Timeout(t) => RedisFailure::Timeout(t),
-                ConnectFailure::Redis(e) => RedisFailure::Redis(e),
-            })?;
+            let mut connection = self.redis.connect(timeout).await?;
             let mut invocation = self.script.prepare_invoke();
             invocation.arg("probe");
-            let reply: Vec<i64> =
-                (invocation.invoke_async(&mut connection).await).map_err(RedisFailure::Redis)?;
-            Ok::<_, RedisFailure>(reply)
+            Ok::<Vec<i64>, RedisFailure>(invocation.invoke_async(&mut connection).await?)
         };
-        let reply = tokio::time::timeout(timeout, work)
-            .await
-            .map_err(|_| RedisFailure::Timeout(timeout))??;
+        let reply = within(timeout, work).await?;
         parse_reply(&reply, 0).map(|_| ())
     }
 }

@@ -1,6 +1,5 @@
 //! The rules of `AUTHD_RATE_LIMITS`: their syntax (`METHOD:KEY=LIMIT/WINDOW`), parsed
-//! once at the edge so that a bad rule stops the start with a line naming it, and
-//! what to do while Redis fails ([`FailureMode`]).
+//! once at the edge so that a bad rule stops the start with a line naming it.
 //!
 //! A rule names an AuthService method (or `*`), a key kind, a limit and a window. It
 //! knows nothing of how requests are counted (`limiter`) or keyed (`keys`).
@@ -276,15 +275,6 @@ impl fmt::Display for RegisterLimit {
             None => f.write_str("off"),
         }
     }
-}
-
-/// What to do with a request a rule matches while Redis fails.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum FailureMode {
-    /// Enforce the same rules per replica with the in-process limiter.
-    Open,
-    /// Refuse with UNAVAILABLE until Redis answers again.
-    Closed,
 }
 
 #[cfg(test)]

@@ -49,8 +49,7 @@ use crate::{
     credentials::Username,
     error::Error,
     metrics::ThrottleMetrics,
-    ratelimit::FailureMode,
-    shared_redis::SharedRedis,
+    redis::{FailureMode, RedisFailure, SharedRedis},
 };
 use hmac::{KeyInit, Mac};
 use std::{
@@ -673,7 +672,7 @@ impl Throttle {
         self.wakers[attempt.keys.shard].notify_waiters();
     }
 
-    fn redis_failed(&self, why: &redis::RedisCountsError) {
+    fn redis_failed(&self, why: &RedisFailure) {
         self.metrics.redis_errors.inc();
         tracing::warn!(error = %why, "the login throttle's Redis call failed");
     }

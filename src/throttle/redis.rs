@@ -12,14 +12,14 @@
 //! A reservation whose replica never settles it (it died mid-attempt) lapses with
 //! its lease ([`LEASE`]). All the keys of a username share one hash tag.
 //!
-//! The connection is the process's one (`crate::shared_redis`, shared with the rate
+//! The connection is the process's one (`crate::redis`, shared with the rate
 //! limiter). While it is missing an attempt starts in the background, at most once
 //! a second, so a Redis that is down never makes a login wait.
 
 use super::{Decision, KNOWN_CLIENT_FOR, Keys, LEASE, Outcome, Scope, Settings, ms};
-use crate::shared_redis::SharedRedis;
+use crate::redis::{RedisFailure, SharedRedis};
 use redis::Script;
-use std::{fmt, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 /// KEYS: pair, account, known, pair reservations, account reservations.
 /// ARGV: now, failures, account failures, delay, delay max, account delay max (ms),
@@ -91,27 +91,6 @@ end
 return 1
 ";
 
-#[derive(Debug)]
-pub(crate) enum RedisCountsError {
-    NotConnected,
-    Timeout(Duration),
-    Redis(redis::RedisError),
-    /// The script answered something it never answers.
-    BadReply(i64),
-}
-
-impl fmt::Display for RedisCountsError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RedisCountsError::NotConnected => f.write_str("not connected"),
-            RedisCountsError::Timeout(t) => write!(f, "no answer within {t:?}"),
-            // The crate's errors name the server's address, never its password.
-            RedisCountsError::Redis(e) => write!(f, "{e}"),
-            RedisCountsError::BadReply(code) => write!(f, "unexpected reply {code}"),
-        }
-    }
-}
-
 pub(super) struct RedisCounts {
     redis: Arc<SharedRedis>,
     prefix: String,
@@ -149,14 +128,12 @@ impl RedisCounts {
     async fn run<T: redis::FromRedisValue>(
         &self,
         invocation: &redis::ScriptInvocation<'_>,
-    ) -> Result<T, RedisCountsError> {
-        let mut connection = (self.redis)
-            .get_or_reconnect(self.timeout)
-            .ok_or(RedisCountsError::NotConnected)?;
-        tokio::time::timeout(self.timeout, invocation.invoke_async(&mut connection))
-            .await
-            .map_err(|_| RedisCountsError::Timeout(self.timeout))?
-            .map_err(RedisCountsError::Redis)
+    ) -> Result<T, RedisFailure> {
+        // Without a connection, one is attempted in the background; this call fails.
+        if self.redis.get_or_reconnect(self.timeout).is_none() {
+            return Err(RedisFailure::NotConnected);
+        }
+        self.redis.invoke(invocation, self.timeout).await
     }
 
     /// Decides an attempt and, when it may go on, reserves its place.
@@ -166,7 +143,7 @@ impl RedisCounts {
         id: &str,
         now: u64,
         s: &Settings,
-    ) -> Result<Decision, RedisCountsError> {
+    ) -> Result<Decision, RedisFailure> {
         let mut invocation = self.invocation(&self.reserve, keys);
         invocation
             .arg(now)
@@ -187,7 +164,7 @@ impl RedisCounts {
             2 => Ok(Decision::Refused(Scope::Account, wait)),
             3 => Ok(Decision::Wait(Scope::Client)),
             4 => Ok(Decision::Wait(Scope::Account)),
-            _ => Err(RedisCountsError::BadReply(code)),
+            _ => Err(RedisFailure::BadReply(code.to_string())),
         }
     }
 
@@ -200,7 +177,7 @@ impl RedisCounts {
         outcome: Outcome,
         now: u64,
         s: &Settings,
-    ) -> Result<(), RedisCountsError> {
+    ) -> Result<(), RedisFailure> {
         let outcome = match outcome {
             Outcome::Failed => "failed",
             Outcome::Succeeded => "succeeded",

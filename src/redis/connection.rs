@@ -1,5 +1,5 @@
 //! The process's one Redis connection, shared by the rate limiter and the login
-//! throttle: one multiplexed connection (the redis crate's `ConnectionManager`,
+//! throttle, and the calls made on it: one multiplexed connection (the redis crate's `ConnectionManager`,
 //! which reconnects by itself once it has connected) per replica, one place that
 //! connects.
 //!
@@ -8,8 +8,9 @@
 //! only start-up and the rate limiter's health probe wait for one, within their own
 //! timeout.
 
+use super::{RedisFailure, within};
 use crate::secret::RedisUrl;
-use redis::{Client, aio::ConnectionManager};
+use redis::{Client, FromRedisValue, ScriptInvocation, aio::ConnectionManager};
 use std::{
     fmt,
     sync::{Arc, Mutex, OnceLock},
@@ -20,23 +21,6 @@ use std::{
 const RETRY_EVERY: Duration = Duration::from_secs(1);
 /// The shortest time a connection attempt is given.
 const MIN_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
-
-/// Why [`SharedRedis::connect`] gave no connection.
-#[derive(Debug)]
-pub(crate) enum ConnectFailure {
-    Timeout(Duration),
-    Redis(redis::RedisError),
-}
-
-impl fmt::Display for ConnectFailure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ConnectFailure::Timeout(t) => write!(f, "no connection within {t:?}"),
-            // The crate's errors name the server's address, never its password.
-            ConnectFailure::Redis(e) => write!(f, "{e}"),
-        }
-    }
-}
 
 /// A Redis server, and the connection to it once made.
 pub struct SharedRedis {
@@ -109,7 +93,7 @@ impl SharedRedis {
     pub(crate) async fn connect(
         &self,
         timeout: Duration,
-    ) -> Result<ConnectionManager, ConnectFailure> {
+    ) -> Result<ConnectionManager, RedisFailure> {
         if let Some(c) = self.get() {
             return Ok(c);
         }
@@ -125,9 +109,21 @@ impl SharedRedis {
             ConnectionManager::new_with_config(self.client.clone(), config),
         )
         .await
-        .map_err(|_| ConnectFailure::Timeout(timeout))?
-        .map_err(ConnectFailure::Redis)?;
+        .map_err(|_| RedisFailure::ConnectTimeout(timeout))?
+        .map_err(RedisFailure::Redis)?;
         // Another attempt may have won the race: use whichever was stored.
         Ok(self.connection.get_or_init(|| manager).clone())
+    }
+
+    /// Runs a script within `timeout`: the one shape of every script call
+    /// (`EVALSHA`, and the script loaded again if Redis lost it). Fails at once while
+    /// there is no connection.
+    pub(crate) async fn invoke<T: FromRedisValue>(
+        &self,
+        invocation: &ScriptInvocation<'_>,
+        timeout: Duration,
+    ) -> Result<T, RedisFailure> {
+        let mut connection = self.get().ok_or(RedisFailure::NotConnected)?;
+        within(timeout, invocation.invoke_async(&mut connection)).await
     }
 }

@@ -1,0 +1,27 @@
+//! Redis, as every part of authd that uses it sees it: the process's one connection
+//! ([`SharedRedis`]), why a call failed ([`RedisFailure`]) and the bound on every
+//! call ([`within`]), and what a request meets while Redis fails ([`FailureMode`]).
+//! The rate limiter and the login throttle stand on it; it stands on nothing of
+//! theirs.
+//!
+//! One job per file:
+//! - `connection`: the shared connection, made once and kept, and its calls;
+//! - `error`: the one failure type and the timeout of a call.
+//!
+//! It must not decide for its users: what a key means, what a script does, and
+//! whether a request falls back or is refused stay with them.
+
+mod connection;
+mod error;
+
+pub use connection::SharedRedis;
+pub(crate) use error::{RedisFailure, within};
+
+/// What to do with a request a rule matches while Redis fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FailureMode {
+    /// Enforce the same rules per replica with the in-process limiter.
+    Open,
+    /// Refuse with UNAVAILABLE until Redis answers again.
+    Closed,
+}
