@@ -1,6 +1,7 @@
 //! The [`RateLimiter`]: decides whether a request may pass, on Redis while it
-//! answers and in process otherwise, with each switch logged once; its prober, which
-//! brings Redis back after an outage; and its counters.
+//! answers and in process otherwise, with each switch logged once (the flag and its
+//! prober, which brings Redis back after an outage, are the connection's:
+//! `crate::redis`); and its counters.
 //!
 //! It must not queue or delay a request: a decision is one Redis call bounded by
 //! `AUTHD_REDIS_TIMEOUT`, or a few in-memory operations. Time for the in-process
@@ -12,25 +13,17 @@ use crate::{
     clock::{Clock, SystemClock},
     error::{Error, QuotaViolation},
     metrics::Metrics,
-    redis::RedisFailure,
+    redis::{CONNECT_TIMEOUT, Health, RedisFailure},
 };
 use prometheus::{Histogram, IntCounter};
 use std::{
     net::IpAddr,
     sync::{
-        Arc, Weak,
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc,
+        atomic::{AtomicU64, Ordering},
     },
-    time::{Duration, Instant},
+    time::Instant,
 };
-
-/// How often, while Redis fails, a background task checks whether it answers again.
-const PROBE_INTERVAL: Duration = Duration::from_millis(500);
-
-/// How long connecting to Redis may take, at start and when probing. Off the
-/// request path, so more generous than `AUTHD_REDIS_TIMEOUT`; a refused connection
-/// fails at once, so only a black-holed Redis makes the start wait this long.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Which backend decides right now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,9 +67,10 @@ struct Counters {
 /// The Redis backend and whether it currently decides.
 pub(crate) struct RedisTier {
     limiter: redis::RedisLimiter,
-    /// False from a failed call until a probe succeeds: requests meanwhile do not
-    /// call Redis at all, so an outage costs at most one timeout, not one per request.
-    healthy: Arc<AtomicBool>,
+    /// The connection's flag, down from a failed call (of any user of the connection)
+    /// until a probe succeeds: requests meanwhile do not call Redis at all, so an
+    /// outage costs at most one timeout, not one per request.
+    health: Arc<Health>,
 }
 
 /// The decision counters of one rule (`authd_ratelimit_decisions_total`).
@@ -137,7 +131,7 @@ impl LimiterMetrics {
 
     fn redis_failed(&self, why: &RedisFailure) {
         match why {
-            RedisFailure::NotConnected => &self.redis_not_connected,
+            RedisFailure::NotConnected | RedisFailure::Down => &self.redis_not_connected,
             RedisFailure::ConnectTimeout(_) | RedisFailure::Timeout(_) => &self.redis_timeout,
             RedisFailure::Redis(_) => &self.redis_error,
             RedisFailure::BadReply(_) => &self.redis_bad_reply,
@@ -173,11 +167,11 @@ impl RateLimiter {
         );
         if let Some(tier) = &redis {
             // Read when scraped, so the gauge always says what the flag says.
-            let (healthy, gauge) = (
-                tier.healthy.clone(),
+            let (health, gauge) = (
+                tier.health.clone(),
                 metrics.rate_limit.fallback_active.clone(),
             );
-            metrics.on_scrape(move || gauge.set(i64::from(!healthy.load(Ordering::SeqCst))));
+            metrics.on_scrape(move || gauge.set(i64::from(!health.is_up())));
         }
         let local = local::LocalLimiter::new(
             settings.max_local_keys,
@@ -200,13 +194,13 @@ impl RateLimiter {
     }
 
     /// Builds the limiter. With Redis configured it tries to connect once (at most
-    /// `CONNECT_TIMEOUT`); if that fails it starts degraded and a background task
-    /// keeps trying, so a Redis outage never stops authd from starting.
+    /// `CONNECT_TIMEOUT`); if that fails it starts degraded and the connection's
+    /// prober keeps trying, so a Redis outage never stops authd from starting.
     pub async fn start(settings: Settings, metrics: &Metrics) -> anyhow::Result<Arc<Self>> {
         let redis = match &settings.redis {
             Some(shared) if !settings.rules.is_empty() => Some(RedisTier {
                 limiter: redis::RedisLimiter::new(shared.clone(), settings.redis_timeout),
-                healthy: Arc::new(AtomicBool::new(false)),
+                health: shared.health().clone(),
             }),
             _ => None,
         };
@@ -230,9 +224,8 @@ impl RateLimiter {
                 "rate limits enforced per replica by the in-process limiter (no AUTHD_REDIS_URL)"
             ),
             Some(tier) => {
-                match tier.limiter.probe(CONNECT_TIMEOUT).await {
+                match tier.limiter.redis().start(CONNECT_TIMEOUT).await {
                     Ok(()) => {
-                        tier.healthy.store(true, Ordering::SeqCst);
                         tracing::info!(
                             rules = %limiter.rules,
                             redis = %tier.limiter.url(),
@@ -247,7 +240,13 @@ impl RateLimiter {
                         limiter.degraded_behaviour()
                     ),
                 }
-                spawn_prober(Arc::downgrade(&limiter));
+                let url = tier.limiter.url().clone();
+                tier.health.on_recovery(move || {
+                    tracing::info!(
+                        redis = %url,
+                        "Redis answers again: rate limits are global across replicas again"
+                    );
+                });
             }
         }
         Ok(limiter)
@@ -273,7 +272,7 @@ impl RateLimiter {
         match &self.redis {
             _ if self.rules.is_empty() => Backend::Off,
             None => Backend::Local,
-            Some(tier) if tier.healthy.load(Ordering::SeqCst) => Backend::Redis,
+            Some(tier) if tier.health.is_up() => Backend::Redis,
             Some(_) => Backend::Degraded,
         }
     }
@@ -326,7 +325,7 @@ impl RateLimiter {
                 span.set("ratelimit.backend", "local");
                 self.decide_locally(checks)
             }
-            Some(tier) if tier.healthy.load(Ordering::SeqCst) => {
+            Some(tier) if tier.health.is_up() => {
                 span.set("ratelimit.backend", "redis");
                 let started = Instant::now();
                 let decided = tier.limiter.decide(checks).await;
@@ -341,7 +340,7 @@ impl RateLimiter {
                     Err(why) => {
                         self.counters.redis_failures.fetch_add(1, Ordering::Relaxed);
                         self.metrics.redis_failed(&why);
-                        if tier.healthy.swap(false, Ordering::SeqCst) {
+                        if tier.health.mark_down() {
                             tracing::warn!(
                                 redis = %tier.limiter.url(),
                                 error = %why,
@@ -437,42 +436,11 @@ impl RateLimiter {
     }
 }
 
-/// While Redis is degraded, tries it every [`PROBE_INTERVAL`] and restores it once
-/// it answers; ends when the limiter is dropped (the server stopped).
-fn spawn_prober(limiter: Weak<RateLimiter>) {
-    tokio::spawn(async move {
-        let mut ticker = tokio::time::interval(PROBE_INTERVAL);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            ticker.tick().await;
-            let Some(limiter) = limiter.upgrade() else {
-                return;
-            };
-            let Some(tier) = &limiter.redis else {
-                return;
-            };
-            if tier.healthy.load(Ordering::SeqCst) {
-                continue;
-            }
-            match tier.limiter.probe(CONNECT_TIMEOUT).await {
-                Ok(()) => {
-                    if !tier.healthy.swap(true, Ordering::SeqCst) {
-                        tracing::info!(
-                            redis = %tier.limiter.url(),
-                            "Redis answers again: rate limits are global across replicas again"
-                        );
-                    }
-                }
-                Err(why) => tracing::debug!(error = %why, "Redis still does not answer"),
-            }
-        }
-    });
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
+    use std::time::Duration;
 
     fn limiter(rules: &str, clock: Arc<dyn Clock>) -> RateLimiter {
         let settings = Settings {

@@ -11,7 +11,7 @@
 //! Every call is bounded by `AUTHD_REDIS_TIMEOUT`.
 
 use super::{Check, Outcome, RuleState};
-use crate::redis::{RedisFailure, SharedRedis, within};
+use crate::redis::{RedisFailure, SharedRedis};
 use redis::Script;
 use std::{
     sync::{
@@ -84,13 +84,20 @@ pub(crate) struct RedisLimiter {
 
 impl RedisLimiter {
     pub(crate) fn new(redis: Arc<SharedRedis>, timeout: Duration) -> Self {
+        let script = Script::new(SCRIPT);
+        redis.load_on_probe(&script);
         RedisLimiter {
             redis,
-            script: Script::new(SCRIPT),
+            script,
             replica: format!("{:016x}", rand::random::<u64>()),
             counter: AtomicU64::new(0),
             timeout,
         }
+    }
+
+    /// The connection, for its health and start.
+    pub(crate) fn redis(&self) -> &Arc<SharedRedis> {
+        &self.redis
     }
 
     /// The server's URL, for log lines (its password redacted when shown).
@@ -109,22 +116,9 @@ impl RedisLimiter {
                 .arg(check.limit)
                 .arg(check.window.as_millis() as u64);
         }
-        let reply: Vec<i64> = self.redis.invoke(&invocation, self.timeout).await?;
+        // The limiter has read the connection's health itself to choose its backend.
+        let reply: Vec<i64> = self.redis.invoke_anyway(&invocation, self.timeout).await?;
         parse_reply(&reply, checks.len())
-    }
-
-    /// Connects if not yet connected, then runs the script with no keys (it only
-    /// reads `TIME`): proves the whole path works, and loads the script again after
-    /// a Redis restart emptied its cache.
-    pub(crate) async fn probe(&self, timeout: Duration) -> Result<(), RedisFailure> {
-        let work = async {
-            let mut connection = self.redis.connect(timeout).await?;
-            let mut invocation = self.script.prepare_invoke();
-            invocation.arg("probe");
-            Ok::<Vec<i64>, RedisFailure>(invocation.invoke_async(&mut connection).await?)
-        };
-        let reply = within(timeout, work).await?;
-        parse_reply(&reply, 0).map(|_| ())
     }
 }
 

@@ -1,24 +1,27 @@
 //! The process's one Redis connection, shared by the rate limiter and the login
-//! throttle, and the calls made on it: one multiplexed connection (the redis crate's `ConnectionManager`,
-//! which reconnects by itself once it has connected) per replica, one place that
-//! connects.
+//! throttle, and the calls made on it: one multiplexed connection (the redis crate's
+//! `ConnectionManager`, which reconnects by itself once it has connected) per
+//! replica, one place that connects, and one [`Health`] flag.
 //!
-//! Connecting never makes a request wait: a caller that finds no connection gets
-//! `None` at once, and an attempt starts in the background (at most one a second);
-//! only start-up and the rate limiter's health probe wait for one, within their own
-//! timeout.
+//! Connecting never makes a request wait: a call while there is no connection fails
+//! at once, and connections are made only at start ([`SharedRedis::start`]) and by
+//! the prober (`super::health`), each within its own timeout.
 
-use super::{RedisFailure, within};
+use super::{
+    RedisFailure,
+    health::{Health, spawn_prober},
+    within,
+};
 use crate::secret::RedisUrl;
-use redis::{Client, FromRedisValue, ScriptInvocation, aio::ConnectionManager};
+use redis::{Client, FromRedisValue, Script, ScriptInvocation, aio::ConnectionManager};
 use std::{
     fmt,
-    sync::{Arc, Mutex, OnceLock},
-    time::{Duration, Instant},
+    sync::{
+        Arc, Mutex, OnceLock,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
 };
-
-/// How often, at most, a background connection attempt starts.
-const RETRY_EVERY: Duration = Duration::from_secs(1);
 /// The shortest time a connection attempt is given.
 const MIN_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
@@ -28,8 +31,12 @@ pub struct SharedRedis {
     client: Client,
     /// Set by the first connection that succeeds; kept for good (it reconnects).
     connection: OnceLock<ConnectionManager>,
-    /// When the last background attempt started.
-    last_attempt: Mutex<Option<Instant>>,
+    /// Whether Redis answers: shared by every user (`Arc`: the metrics read it).
+    health: Arc<Health>,
+    /// The users' scripts, loaded by every probe.
+    scripts: Mutex<Vec<Script>>,
+    /// The prober runs (it is started once).
+    probing: AtomicBool,
 }
 
 impl fmt::Debug for SharedRedis {
@@ -37,6 +44,7 @@ impl fmt::Debug for SharedRedis {
         f.debug_struct("SharedRedis")
             .field("url", &self.url.to_string())
             .field("connected", &self.connection.get().is_some())
+            .field("up", &self.health.is_up())
             .finish()
     }
 }
@@ -50,7 +58,9 @@ impl SharedRedis {
             url: url.clone(),
             client,
             connection: OnceLock::new(),
-            last_attempt: Mutex::new(None),
+            health: Arc::default(),
+            scripts: Mutex::default(),
+            probing: AtomicBool::new(false),
         }))
     }
 
@@ -64,28 +74,53 @@ impl SharedRedis {
         self.connection.get().cloned()
     }
 
-    /// The connection; else `None` now, and an attempt started in the background
-    /// (at most one a second, each given `timeout`).
-    pub(crate) fn get_or_reconnect(
-        self: &Arc<Self>,
-        timeout: Duration,
-    ) -> Option<ConnectionManager> {
-        if let Some(c) = self.get() {
-            return Some(c);
+    /// Whether Redis answers, as every user of the connection sees it.
+    pub(crate) fn health(&self) -> &Arc<Health> {
+        &self.health
+    }
+
+    /// Has every probe load `script` too, so that it is in Redis' cache before the
+    /// first call after Redis restarts.
+    pub(crate) fn load_on_probe(&self, script: &Script) {
+        (self.scripts.lock().unwrap_or_else(|e| e.into_inner())).push(script.clone());
+    }
+
+    /// At start: connects and probes (waiting at most `timeout`, at least half a
+    /// second), marks the connection up if Redis answered, and starts the prober
+    /// that brings it back whenever it is down. Called by each user; only the first
+    /// starts the prober, and a connection found up is not probed again.
+    pub(crate) async fn start(self: &Arc<Self>, timeout: Duration) -> Result<(), RedisFailure> {
+        let probed = if self.health.is_up() {
+            Ok(())
+        } else {
+            self.probe(timeout).await
+        };
+        if probed.is_ok() {
+            self.health.started();
         }
-        let mut last = self.last_attempt.lock().unwrap_or_else(|e| e.into_inner());
-        if last.is_none_or(|t| t.elapsed() >= RETRY_EVERY)
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            *last = Some(Instant::now());
-            let redis = self.clone();
-            runtime.spawn(async move {
-                if let Err(e) = redis.connect(timeout).await {
-                    tracing::debug!(error = %e, "Redis does not answer yet");
-                }
-            });
+        if !self.probing.swap(true, Ordering::SeqCst) {
+            spawn_prober(Arc::downgrade(self));
         }
-        None
+        probed
+    }
+
+    /// Connects if not yet connected, then loads the users' scripts (or, with none,
+    /// pings): proves the whole path works, within `timeout`.
+    pub(super) async fn probe(&self, timeout: Duration) -> Result<(), RedisFailure> {
+        let scripts = (self.scripts.lock().unwrap_or_else(|e| e.into_inner())).clone();
+        let work = async {
+            let mut connection = self.connect(timeout).await?;
+            if scripts.is_empty() {
+                redis::cmd("PING")
+                    .query_async::<()>(&mut connection)
+                    .await?;
+            }
+            for script in &scripts {
+                script.load_async(&mut connection).await?;
+            }
+            Ok::<(), RedisFailure>(())
+        };
+        within(timeout, work).await
     }
 
     /// The connection, made now if there is none, waiting at most `timeout` (at
@@ -117,13 +152,36 @@ impl SharedRedis {
 
     /// Runs a script within `timeout`: the one shape of every script call
     /// (`EVALSHA`, and the script loaded again if Redis lost it). Fails at once while
-    /// there is no connection.
+    /// there is no connection, or while it is marked down: an outage costs the
+    /// callers one timeout, not one per call.
     pub(crate) async fn invoke<T: FromRedisValue>(
         &self,
         invocation: &ScriptInvocation<'_>,
         timeout: Duration,
     ) -> Result<T, RedisFailure> {
-        let mut connection = self.get().ok_or(RedisFailure::NotConnected)?;
+        let connection = self.get().ok_or(RedisFailure::NotConnected)?;
+        if !self.health.is_up() {
+            return Err(RedisFailure::Down);
+        }
+        Self::call(connection, invocation, timeout).await
+    }
+
+    /// As [`invoke`](Self::invoke), even while the connection is marked down: for a
+    /// caller that read the health itself, or a call no request waits for.
+    pub(crate) async fn invoke_anyway<T: FromRedisValue>(
+        &self,
+        invocation: &ScriptInvocation<'_>,
+        timeout: Duration,
+    ) -> Result<T, RedisFailure> {
+        let connection = self.get().ok_or(RedisFailure::NotConnected)?;
+        Self::call(connection, invocation, timeout).await
+    }
+
+    async fn call<T: FromRedisValue>(
+        mut connection: ConnectionManager,
+        invocation: &ScriptInvocation<'_>,
+        timeout: Duration,
+    ) -> Result<T, RedisFailure> {
         within(timeout, invocation.invoke_async(&mut connection)).await
     }
 }

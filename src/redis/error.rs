@@ -12,6 +12,9 @@ use std::{fmt, future::Future, time::Duration};
 pub(crate) enum RedisFailure {
     /// Not connected yet (Redis was down at start and has not answered since).
     NotConnected,
+    /// Not called: the connection is marked down (a call failed, and no probe has
+    /// succeeded since).
+    Down,
     /// No connection could be made within the timeout.
     ConnectTimeout(Duration),
     /// No answer within the timeout.
@@ -25,6 +28,7 @@ impl fmt::Display for RedisFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RedisFailure::NotConnected => f.write_str("not connected"),
+            RedisFailure::Down => f.write_str("not answering since a call failed"),
             RedisFailure::ConnectTimeout(t) => write!(f, "no connection within {t:?}"),
             RedisFailure::Timeout(t) => write!(f, "no answer within {t:?}"),
             // The crate's errors name the server's address, never its password.

@@ -1,11 +1,14 @@
 //! Redis, as every part of authd that uses it sees it: the process's one connection
-//! ([`SharedRedis`]), why a call failed ([`RedisFailure`]) and the bound on every
-//! call ([`within`]), and what a request meets while Redis fails ([`FailureMode`]).
+//! ([`SharedRedis`]), whether it answers ([`Health`], one flag for every user, and
+//! the prober that brings it back), why a call failed ([`RedisFailure`]) and the
+//! bound on every call ([`within`]), and what a request meets while Redis fails
+//! ([`FailureMode`]).
 //! The rate limiter and the login throttle stand on it; it stands on nothing of
 //! theirs.
 //!
 //! One job per file:
 //! - `connection`: the shared connection, made once and kept, and its calls;
+//! - `health`: the flag, and the prober;
 //! - `error`: the one failure type and the timeout of a call.
 //!
 //! It must not decide for its users: what a key means, what a script does, and
@@ -13,9 +16,11 @@
 
 mod connection;
 mod error;
+mod health;
 
 pub use connection::SharedRedis;
 pub(crate) use error::{RedisFailure, within};
+pub(crate) use health::{CONNECT_TIMEOUT, Health};
 
 /// What to do with a request a rule matches while Redis fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -672,9 +672,17 @@ impl Throttle {
         self.wakers[attempt.keys.shard].notify_waiters();
     }
 
+    /// A Redis call that failed marks the connection down for every user of it;
+    /// one not made (the connection was already down) is no failure of its own.
     fn redis_failed(&self, why: &RedisFailure) {
+        if matches!(why, RedisFailure::Down) {
+            return;
+        }
         self.metrics.redis_errors.inc();
         tracing::warn!(error = %why, "the login throttle's Redis call failed");
+        if let Some(redis) = &self.settings.redis {
+            redis.health().mark_down();
+        }
     }
 }
 

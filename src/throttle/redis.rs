@@ -13,8 +13,10 @@
 //! its lease ([`LEASE`]). All the keys of a username share one hash tag.
 //!
 //! The connection is the process's one (`crate::redis`, shared with the rate
-//! limiter). While it is missing an attempt starts in the background, at most once
-//! a second, so a Redis that is down never makes a login wait.
+//! limiter), and so is its health: while a call of either has failed and no probe
+//! has succeeded since, the counts are not asked at all (the throttle falls back at
+//! once), so a Redis that is down or hangs makes one login wait its timeout, not
+//! every one. Releases are sent all the same: no login waits for them.
 
 use super::{Decision, KNOWN_CLIENT_FOR, Keys, LEASE, Outcome, Scope, Settings, ms};
 use crate::redis::{RedisFailure, SharedRedis};
@@ -101,18 +103,22 @@ pub(super) struct RedisCounts {
 
 impl RedisCounts {
     pub(super) fn new(redis: Arc<SharedRedis>, prefix: &str, timeout: Duration) -> Self {
+        let (reserve, settle) = (Script::new(RESERVE), Script::new(SETTLE));
+        redis.load_on_probe(&reserve);
+        redis.load_on_probe(&settle);
         RedisCounts {
             redis,
             prefix: prefix.to_owned(),
             timeout,
-            reserve: Script::new(RESERVE),
-            settle: Script::new(SETTLE),
+            reserve,
+            settle,
         }
     }
 
-    /// Connects now (at start) if not yet connected, waiting at most the timeout.
+    /// Connects now (at start) if not yet connected, waiting at most the timeout,
+    /// and has the connection probed while it is down.
     pub(super) async fn connect(&self) {
-        if let Err(e) = self.redis.connect(self.timeout).await {
+        if let Err(e) = self.redis.start(self.timeout).await {
             tracing::debug!(error = %e, "the login throttle cannot reach Redis yet");
         }
     }
@@ -123,17 +129,6 @@ impl RedisCounts {
             invocation.key(format!("{}{key}", self.prefix));
         }
         invocation
-    }
-
-    async fn run<T: redis::FromRedisValue>(
-        &self,
-        invocation: &redis::ScriptInvocation<'_>,
-    ) -> Result<T, RedisFailure> {
-        // Without a connection, one is attempted in the background; this call fails.
-        if self.redis.get_or_reconnect(self.timeout).is_none() {
-            return Err(RedisFailure::NotConnected);
-        }
-        self.redis.invoke(invocation, self.timeout).await
     }
 
     /// Decides an attempt and, when it may go on, reserves its place.
@@ -154,7 +149,7 @@ impl RedisCounts {
             .arg(ms(s.account_delay_max))
             .arg(ms(LEASE))
             .arg(id);
-        let (code, value): (i64, i64) = self.run(&invocation).await?;
+        let (code, value): (i64, i64) = self.redis.invoke(&invocation, self.timeout).await?;
         let wait = Duration::from_millis(u64::try_from(value).unwrap_or(0));
         match code {
             0 => Ok(Decision::Reserved {
@@ -192,7 +187,14 @@ impl RedisCounts {
             .arg(ms(s.pair_ttl()))
             .arg(ms(s.account_ttl()))
             .arg(ms(KNOWN_CLIENT_FOR));
-        let _: i64 = self.run(&invocation).await?;
+        let _: i64 = if outcome == "released" {
+            // A release runs on its own, after the request: sent even while the
+            // connection is marked down, it frees the place as soon as Redis answers
+            // (else the place is held until its lease ends).
+            self.redis.invoke_anyway(&invocation, self.timeout).await?
+        } else {
+            self.redis.invoke(&invocation, self.timeout).await?
+        };
         Ok(())
     }
 }
@@ -270,6 +272,7 @@ mod tests {
             return;
         };
         let shared = SharedRedis::open(&url.parse().unwrap()).unwrap();
+        shared.start(Duration::from_secs(5)).await.unwrap();
         let mut connection = shared.connect(Duration::from_secs(5)).await.unwrap();
         let prefix = format!("authd-test-reserve-{:016x}:", rand::random::<u64>());
         let counts = RedisCounts::new(shared, &prefix, Duration::from_secs(10));

@@ -1,7 +1,8 @@
 //! The login throttle through the real server: per client and per account, the
 //! owner from another address unaffected, unknown usernames indistinguishable, no
 //! hash for a throttled attempt, counts shared through Redis by two replicas, the
-//! fallback while Redis fails, and the audit trail of it all.
+//! fallback while Redis fails (one timeout while it hangs, not one per login), and
+//! the audit trail of it all.
 //!
 //! No verdict depends on the machine's speed: delays are hours long beside any
 //! test's run time, and the doubling on Redis is shown by moving a stored failure
@@ -11,8 +12,8 @@
 
 use crate::cli::spawn_authd;
 use crate::helpers::{
-    TEST_KEY, TEST_KID, TestApp, expect_code, key_spec, metric, redis_url, spawn_app_with,
-    unique_name,
+    ProxiedRedis, TEST_KEY, TEST_KID, TestApp, expect_code, key_spec, metric, redis_url,
+    spawn_app_with, unique_name,
 };
 use authd::{
     config::Config,
@@ -409,6 +410,84 @@ async fn while_redis_fails_the_counts_fall_back_to_the_replica_or_refuse_when_cl
     expect_code(
         login_from(&closed.client, "198.51.100.7", OWNER, PASSWORD).await,
         Code::Unavailable,
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_redis_costs_the_throttle_one_timeout_then_it_counts_in_process_until_redis_answers()
+{
+    let Some(redis) = ProxiedRedis::start("a_hung_redis_costs_the_throttle_one_timeout").await
+    else {
+        return;
+    };
+    let proxy = &redis.proxy;
+    let mut app = spawn_app_with(|c| {
+        throttled(c, 3, 10);
+        with_redis(c, &redis.url, &redis.prefix);
+        c.limits.redis_timeout = Duration::from_millis(250);
+    })
+    .await;
+    register(&mut app, OWNER).await;
+    let throttle_metric = |name: &str| metric(&app.handle.render_metrics(), name);
+    expect_code(
+        login_from(&app.client, "203.0.113.1", OWNER, "a wrong guess").await,
+        Code::Unauthenticated,
+    );
+    assert_eq!(
+        throttle_metric("authd_login_throttle_redis_errors_total"),
+        Some(0.0)
+    );
+    assert_eq!(
+        throttle_metric("authd_login_throttle_fallback_active"),
+        Some(0.0)
+    );
+
+    // Redis hangs: the first attempt waits out the timeout, and marks the shared
+    // connection down; the next ones do not call Redis at all. Every one is counted
+    // in process: three failures, then refusals.
+    proxy.stall();
+    for _ in 0..3 {
+        expect_code(
+            login_from(&app.client, "198.51.100.1", OWNER, "a wrong guess").await,
+            Code::Unauthenticated,
+        );
+    }
+    for _ in 0..3 {
+        let refused = login_from(&app.client, "198.51.100.1", OWNER, PASSWORD)
+            .await
+            .unwrap_err();
+        assert_throttled(&refused, "login-throttle:client");
+    }
+    assert_eq!(
+        throttle_metric("authd_login_throttle_redis_errors_total"),
+        Some(1.0),
+        "six logins while Redis hangs: one call timed out, the others were not made"
+    );
+    assert_eq!(
+        throttle_metric("authd_login_throttle_fallback_active"),
+        Some(1.0)
+    );
+
+    // Redis answers again: the connection's prober marks it up, and the counts are
+    // kept in Redis again, with no further failure.
+    proxy.restore();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        login_from(&app.client, "192.0.2.9", OWNER, PASSWORD)
+            .await
+            .unwrap();
+        if throttle_metric("authd_login_throttle_fallback_active") == Some(0.0) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the throttle is back on Redis"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        throttle_metric("authd_login_throttle_redis_errors_total"),
+        Some(1.0)
     );
 }
 
