@@ -42,6 +42,10 @@
 //! - [`otel`]: the OpenTelemetry traces of one application: the server span the
 //!   trace layer starts, and the child spans (rate limit, hash queue and hash,
 //!   store operations, tokens) started from the request's context.
+//! - `redis`: the process's one Redis connection, whether it answers (one flag for
+//!   the rate limiter and the login throttle, and the prober that brings it back),
+//!   the one failure of a call and its timeout, and the failure mode.
+//! - `clock`: the time of the code that counts over time, faked in tests.
 //!
 //! Around the request path:
 //! - [`app`]: [`app::Application`] binds, wires everything and runs until shut down;

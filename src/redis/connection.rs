@@ -22,7 +22,8 @@ use std::{
     },
     time::Duration,
 };
-/// The shortest time a connection attempt is given.
+
+/// The shortest time a connection attempt (or a probe) is given.
 const MIN_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// A Redis server, and the connection to it once made.
@@ -70,7 +71,7 @@ impl SharedRedis {
     }
 
     /// The connection, once one was made.
-    pub(crate) fn get(&self) -> Option<ConnectionManager> {
+    fn get(&self) -> Option<ConnectionManager> {
         self.connection.get().cloned()
     }
 
@@ -105,8 +106,10 @@ impl SharedRedis {
     }
 
     /// Connects if not yet connected, then loads the users' scripts (or, with none,
-    /// pings): proves the whole path works, within `timeout`.
+    /// pings): proves the whole path works, within `timeout` (at least half a
+    /// second).
     pub(super) async fn probe(&self, timeout: Duration) -> Result<(), RedisFailure> {
+        let timeout = timeout.max(MIN_CONNECT_TIMEOUT);
         let scripts = (self.scripts.lock().unwrap_or_else(|e| e.into_inner())).clone();
         let work = async {
             let mut connection = self.connect(timeout).await?;

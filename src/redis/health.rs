@@ -22,7 +22,7 @@ use std::{
 };
 
 /// How often, while Redis fails, the prober checks whether it answers again.
-pub(crate) const PROBE_INTERVAL: Duration = Duration::from_millis(500);
+const PROBE_INTERVAL: Duration = Duration::from_millis(500);
 
 /// How long connecting to Redis may take, at start and when probing. Off the
 /// request path, so more generous than `AUTHD_REDIS_TIMEOUT`; a refused connection

@@ -19,7 +19,8 @@ mod error;
 mod health;
 
 pub use connection::SharedRedis;
-pub(crate) use error::{RedisFailure, within};
+pub(crate) use error::RedisFailure;
+use error::within;
 pub(crate) use health::{CONNECT_TIMEOUT, Health};
 
 /// What to do with a request a rule matches while Redis fails.

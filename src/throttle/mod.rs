@@ -589,7 +589,10 @@ impl Throttle {
                 }
                 Err(e) => {
                     self.redis_failed(&e);
-                    self.withdraw(keys, id);
+                    // Only a call that was made may have taken a place.
+                    if !matches!(e, RedisFailure::NotConnected | RedisFailure::Down) {
+                        self.withdraw(keys, id);
+                    }
                     if self.settings.failure == FailureMode::Closed {
                         return Err(Error::Unavailable(
                             "login attempts cannot be counted while Redis does not answer".into(),
