@@ -1,6 +1,6 @@
 //! The one clock of the code that counts requests over time (the rate limiter's
 //! in-process windows, the login throttle's delays): read through [`Clock`], so that
-//! tests move time by hand ([`ManualClock`]) instead of sleeping.
+//! tests move time by hand (`ManualClock`) instead of sleeping.
 //!
 //! It owns nothing but the time: it must not import anything of the crate, and
 //! code that only measures how long something took reads `Instant` directly.

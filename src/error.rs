@@ -115,7 +115,7 @@ pub struct QuotaViolation {
 }
 
 /// Which count of the login throttle refused an attempt: named here, with what the
-/// client is shown of it, because a refusal carries it up to [`Error::to_status`];
+/// client is shown of it, because a refusal carries it up to `Error::to_status`;
 /// the throttle (`crate::throttle`) decides which.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ThrottleScope {

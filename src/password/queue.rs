@@ -43,7 +43,7 @@ use std::{
 pub const DEFAULT_WAIT: Duration = Duration::from_millis(150);
 
 /// Why a request got no place: in the order of the metric's causes
-/// ([`HASH_REFUSAL_CAUSES`], which the discriminant indexes).
+/// (`metrics::HASH_REFUSAL_CAUSES`, which the discriminant indexes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
     /// Every place the count bound allows is taken.

@@ -40,9 +40,16 @@
 //! ([`local`], bounded by `max_entries`). Redis failures follow the rate limiter's
 //! rule: fail open (to the in-process counts) or closed (UNAVAILABLE).
 //! Usernames never appear in keys: they are keyed digests ([`UsernameDigest`]).
+//!
+//! One job per file: `rule` (what the counts decide), `keys` (what they are kept
+//! under), `digest` (the username's digest), `local` and `redis` (the backends);
+//! here, the settings and an attempt's life (begin, wait, settle).
 
+mod digest;
+mod keys;
 mod local;
 mod redis;
+mod rule;
 
 use crate::{
     clock::{Clock, SystemClock},
@@ -51,7 +58,6 @@ use crate::{
     metrics::ThrottleMetrics,
     redis::{FailureMode, RedisFailure, SharedRedis},
 };
-use hmac::{KeyInit, Mac};
 use std::{
     net::IpAddr,
     sync::{
@@ -92,100 +98,13 @@ impl Settings {
     pub fn enabled(&self) -> bool {
         self.failures > 0
     }
-
-    /// The delay owed after `count` failures against `threshold`: none below it, then
-    /// `delay`, doubling per failure, at most `max`.
-    fn delay_after(&self, count: u32, threshold: u32, max: Duration) -> Option<Duration> {
-        let beyond = count.checked_sub(threshold)?;
-        let factor = 1u32.checked_shl(beyond.min(31)).unwrap_or(u32::MAX);
-        Some(self.delay.saturating_mul(factor).min(max))
-    }
-
-    /// How long a count is kept after its last failure: past any delay it can
-    /// impose, plus `delay_max` of memory; never shorter than the account count's
-    /// (`account_delay_max` is at most `delay_max`), so a lone client cannot feed
-    /// the account count again after its own count expired.
-    fn pair_ttl(&self) -> Duration {
-        self.delay_max.saturating_mul(2)
-    }
-
-    fn account_ttl(&self) -> Duration {
-        self.account_delay_max.saturating_add(self.delay_max)
-    }
 }
 
 /// Which count refused an attempt (defined with the error that carries it).
 pub use crate::error::ThrottleScope as Scope;
-
-/// A keyed digest of a username: what keys and audit events carry instead of it
-/// (people type their password into the username field).
-#[derive(Clone)]
-pub struct UsernameDigest {
-    key: [u8; 32],
-}
-
-impl UsernameDigest {
-    /// What the digest key is derived for (from the signing key, or from
-    /// `--account-digest-key`).
-    pub const LABEL: &str = "authd username digest v1";
-
-    pub fn new(key: [u8; 32]) -> Self {
-        Self { key }
-    }
-
-    /// The digest under a key of its own (`--account-digest-key`), the same on every
-    /// replica given it, whatever their token keys.
-    pub fn from_key(key: &crate::secret::DigestKey) -> Self {
-        let mut mac = <hmac::Hmac<sha2::Sha256> as KeyInit>::new_from_slice(key.expose())
-            .expect("HMAC takes any key length");
-        mac.update(Self::LABEL.as_bytes());
-        Self::new(mac.finalize().into_bytes().into())
-    }
-
-    /// 128 bits of HMAC-SHA256, as hex.
-    pub fn of(&self, username: &Username) -> String {
-        let mut mac = <hmac::Hmac<sha2::Sha256> as KeyInit>::new_from_slice(&self.key)
-            .expect("HMAC takes any key length");
-        mac.update(username.as_str().as_bytes());
-        let out = mac.finalize().into_bytes();
-        out[..16].iter().map(|b| format!("{b:02x}")).collect()
-    }
-}
-
-/// The state of one count, as both backends store it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Count {
-    pub failures: u32,
-    /// When the last failure was counted, in ms since the epoch.
-    pub last_ms: u64,
-}
-
-/// What a backend holds for one attempt, read under its lock (or inside its script).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct View {
-    pub pair: Count,
-    /// Attempts of this client for this username reserved and not yet settled.
-    pub pair_pending: u32,
-    pub account: Count,
-    /// Attempts for this username (that count for the account) not yet settled.
-    pub account_pending: u32,
-    /// The client logged in for this username within [`KNOWN_CLIENT_FOR`].
-    pub known: bool,
-}
-
-/// What the throttle decides for an attempt, from a [`View`]: the same rule in
-/// both backends ([`Settings::decide`] here, the reserve script in Redis).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Decision {
-    /// The attempt holds a place in the counts (and in the account's when
-    /// `account`) until it settles.
-    Reserved { account: bool },
-    /// Refused by the settled failures, for this long.
-    Refused(Scope, Duration),
-    /// Attempts in flight already fill what the count allows: their outcomes
-    /// decide. The attempt waits for them to settle and asks again.
-    Wait(Scope),
-}
+pub use digest::UsernameDigest;
+pub(crate) use keys::Keys;
+pub(crate) use rule::{Count, Decision, View};
 
 /// How an attempt ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -197,86 +116,6 @@ pub(crate) enum Outcome {
     /// No verdict on the password (the hash queue was full, the database failed,
     /// the client went away): the place is given back, nothing is counted.
     Released,
-}
-
-impl Settings {
-    /// The rule of the counts. Settled failures refuse as they always did; an
-    /// attempt in flight counts as a failure until it settles, so that N attempts
-    /// at once count as N: where the settled failures and those in flight reach a
-    /// threshold, the attempt waits for the ones in flight instead of hashing.
-    pub(crate) fn decide(&self, v: &View, now: u64) -> Decision {
-        let wait = |count: &Count, threshold: u32, max: Duration| {
-            let delay = self.delay_after(count.failures, threshold, max)?;
-            let until = count.last_ms.saturating_add(ms(delay));
-            (until > now).then(|| Duration::from_millis(until - now))
-        };
-        let full = |count: &Count, pending: u32, threshold: u32| {
-            pending > 0 && count.failures.saturating_add(pending) >= threshold
-        };
-        if let Some(w) = wait(&v.pair, self.failures, self.delay_max) {
-            return Decision::Refused(Scope::Client, w);
-        }
-        if full(&v.pair, v.pair_pending, self.failures) {
-            return Decision::Wait(Scope::Client);
-        }
-        // A client's first `failures` consecutive failures count for the account
-        // (so one address alone never trips it); once many addresses have tripped
-        // it, every failure does, so its delay keeps doubling.
-        let account = v.pair.failures.saturating_add(v.pair_pending) < self.failures
-            || v.account.failures.saturating_add(v.account_pending) >= self.account_failures;
-        if !v.known {
-            if let Some(w) = wait(&v.account, self.account_failures, self.account_delay_max) {
-                return Decision::Refused(Scope::Account, w);
-            }
-            if account && full(&v.account, v.account_pending, self.account_failures) {
-                return Decision::Wait(Scope::Account);
-            }
-        }
-        Decision::Reserved { account }
-    }
-}
-
-/// The keys of one attempt (the same strings in both backends, under the prefix in
-/// Redis). Every key of a username shares the hash tag `{digest}`, so one script
-/// call touches one Redis Cluster slot.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Keys {
-    pub pair: String,
-    pub account: String,
-    pub known: String,
-    /// The reservations in flight of `pair` and `account` (Redis only).
-    pub pair_pending: String,
-    pub account_pending: String,
-    /// Which waiters a settlement wakes.
-    shard: usize,
-}
-
-impl Keys {
-    /// Every key, in the order the Redis scripts take them.
-    pub(crate) fn all(&self) -> [&str; 5] {
-        [
-            &self.pair,
-            &self.account,
-            &self.known,
-            &self.pair_pending,
-            &self.account_pending,
-        ]
-    }
-
-    fn new(digest: &str, client: Option<IpAddr>) -> Self {
-        let client = client.map_or_else(|| "unknown".to_owned(), |ip| ip.to_string());
-        let shard = digest.bytes().fold(0usize, |h, b| {
-            h.wrapping_mul(31).wrapping_add(usize::from(b))
-        }) % WAKER_SHARDS;
-        Keys {
-            pair: format!("login:{{{digest}}}:c:{client}"),
-            account: format!("login:{{{digest}}}:a"),
-            known: format!("login:{{{digest}}}:k:{client}"),
-            pair_pending: format!("login:{{{digest}}}:cp:{client}"),
-            account_pending: format!("login:{{{digest}}}:ap"),
-            shard,
-        }
-    }
 }
 
 /// How long a reservation in Redis holds if its replica never settles it (the
@@ -880,97 +719,6 @@ mod tests {
         );
     }
 
-    #[test]
-    fn delays_saturate() {
-        let s = settings();
-        assert_eq!(s.delay_after(2, 3, s.delay_max), None);
-        assert_eq!(
-            s.delay_after(3, 3, s.delay_max),
-            Some(Duration::from_secs(1))
-        );
-        assert_eq!(s.delay_after(u32::MAX, 3, s.delay_max), Some(s.delay_max));
-    }
-
-    #[test]
-    fn attempts_in_flight_count_until_they_settle() {
-        let s = settings();
-        let now = 1_000_000;
-        let failed = |failures| Count {
-            failures,
-            last_ms: now - 10,
-        };
-        let decide = |v: View| s.decide(&v, now);
-        // Below the client's threshold with those in flight: a place, also in the
-        // account's count.
-        let v = View {
-            pair_pending: 2,
-            ..View::default()
-        };
-        assert_eq!(decide(v), Decision::Reserved { account: true });
-        // Those in flight fill it: wait for their outcome.
-        let v = View {
-            pair: failed(1),
-            pair_pending: 2,
-            ..View::default()
-        };
-        assert_eq!(decide(v), Decision::Wait(Scope::Client));
-        // Settled failures refuse as before, whatever is in flight.
-        let v = View {
-            pair: failed(3),
-            pair_pending: 5,
-            ..View::default()
-        };
-        assert!(matches!(decide(v), Decision::Refused(Scope::Client, _)));
-        // Past its delay, one attempt at a time, not counted for the account.
-        let v = View {
-            pair: Count {
-                failures: 3,
-                last_ms: now - 5_000,
-            },
-            ..View::default()
-        };
-        assert_eq!(decide(v), Decision::Reserved { account: false });
-        assert_eq!(
-            decide(View {
-                pair_pending: 1,
-                ..v
-            }),
-            Decision::Wait(Scope::Client)
-        );
-        // Once many addresses have tripped the account, a client past its own
-        // threshold counts for it too, and only one attempt is in flight at a time.
-        let tripped = View {
-            pair: Count {
-                failures: 3,
-                last_ms: now - 5_000,
-            },
-            account: Count {
-                failures: 7,
-                last_ms: now - 5_000,
-            },
-            ..View::default()
-        };
-        assert_eq!(decide(tripped), Decision::Reserved { account: true });
-        assert_eq!(
-            decide(View {
-                account_pending: 1,
-                ..tripped
-            }),
-            Decision::Wait(Scope::Account)
-        );
-        // The account's count alike, but never for a known client.
-        let v = View {
-            account: failed(4),
-            account_pending: 3,
-            ..View::default()
-        };
-        assert_eq!(decide(v), Decision::Wait(Scope::Account));
-        assert_eq!(
-            decide(View { known: true, ..v }),
-            Decision::Reserved { account: true }
-        );
-    }
-
     #[tokio::test]
     async fn attempts_at_once_reserve_their_places_before_any_outcome() {
         let (t, _clock) = throttle(settings());
@@ -1037,14 +785,5 @@ mod tests {
         let deadline = Instant::now() + Duration::from_millis(20);
         let waited = place(&t, "lou", "10.0.0.1", Some(deadline)).await;
         assert!(matches!(waited, Err(Error::DeadlineExceeded)), "{waited:?}");
-    }
-
-    #[test]
-    fn digests_are_keyed_and_hide_the_username() {
-        let a = UsernameDigest::new([1; 32]).of(&user("hunter2isme"));
-        let b = UsernameDigest::new([2; 32]).of(&user("hunter2isme"));
-        assert_ne!(a, b);
-        assert_eq!(a.len(), 32);
-        assert!(!a.contains("hunter"));
     }
 }
