@@ -9,63 +9,72 @@
 //! # Layout
 //!
 //! A request passes each box once, top to bottom; nothing calls back up the stack,
-//! and the imports run the same way: every layer and the handler stand on the
-//! bottom floor (`rpc`, `error`), never on each other.
+//! and the imports run the same way: a module imports only modules below it in
+//! this map, and every layer and the handler stand on the bottom floor, never on
+//! each other. No two modules import each other.
 //!
 //! ```text
-//! transport                     accept loop and per-connection bounds (hyper, HTTP/2), TLS
-//!                               and mutual TLS (rustls, files reloaded live)
-//!   layers::trace               request id, one log event and the request metrics per request
-//!   layers::pushback            refusals with a retry hint held on a timer before their answer
-//!   layers::access              mutual TLS allow-list: identity per method (PERMISSION_DENIED)
-//!   ratelimit::layer            per-rule sliding windows, on Redis or in process (reject)
-//!   layers::admission           whole request first, share per client, in-flight cap,
-//!                               deadline, drain (reject, never queue)
-//!   codec                       protobuf decoding; malformed -> INVALID_ARGUMENT, generic
-//!   grpc                        proto <-> domain, for auth.v1.AuthService
-//!   accounts                    the register / login / validate / session use cases
-//!     revocation                ended sessions in memory, for ValidateToken
-//!     store                     SQLite (reader pool + one batching writer) or PostgreSQL (pool)
-//!     password                  the PBKDF2 policy, on a pool of hashing threads behind a
-//!                               queue bounded by time and count, fair between clients
-//!     token                     JWT EdDSA / HS256 with a key ring (kid -> key)
+//! transport            accept loop and per-connection bounds (hyper, HTTP/2), TLS and
+//!                      mutual TLS (rustls, files reloaded live)
+//!   layers             the request path's tower layers, outermost first:
+//!     trace            request id, one log event and the request metrics per request
+//!     pushback         refusals with a retry hint held on a timer before their answer
+//!     access           mutual TLS allow-list: identity per method (PERMISSION_DENIED)
+//!   ratelimit          per-rule sliding windows, on Redis or in process (its layer
+//!                      rejects, never queues)
+//!   layers::admission  whole request first, share per client, in-flight cap,
+//!                      deadline, drain (reject, never queue)
+//!   codec              protobuf decoding; malformed -> INVALID_ARGUMENT, generic
+//!   grpc               proto <-> domain, for auth.v1.AuthService
+//!   accounts           the register / login / validate / session use cases
+//!     throttle         the login throttle: attempts reserved before hashing, per
+//!                      client and per account, in process or on Redis
+//!     blocklist        common passwords (bundled, plus an organization's file) and the
+//!                      username, refused before hashing
+//!     revocation       ended sessions in memory, for ValidateToken
+//!     refresh          refresh tokens (random, rotated, stored as a digest)
+//!     audit            the audit trail: one event per security outcome on `authd::audit`
+//!     store            SQLite (reader pool + one batching writer) or PostgreSQL (pool)
+//!     password         the PBKDF2 policy, on a pool of hashing threads behind a queue
+//!                      bounded by time and count, fair between clients; `authd hash-bench`
+//!     priority         the OS scheduling priority of the runtime's and the hashing threads
+//!     token            JWT EdDSA / HS256 with a key ring (kid -> key), the key file,
+//!                      the JWKS document
+//!     credentials      `Username` and `Password`, parsed and normalized at the edge
 //! ```
 //!
-//! The bottom floor, which every module above may import:
+//! The bottom floor, which every module above may import and which imports nothing
+//! above it:
 //! - `rpc`: which RPC a path is, the exempt rule, the request extensions (request
 //!   id, deadline, user id, client certificate identity), the `grpc-timeout` header
 //!   and who sent a request.
-//! - `error`: the domain error, and its one mapping to a gRPC `Status`.
+//! - `error`: the domain error (with the kinds it names itself: the throttle's scope,
+//!   the token errors), and its one mapping to a gRPC `Status`.
 //! - `middleware`: the Layer/Service shell the layers share.
 //! - `metrics`: the Prometheus registry of one application, its metrics, and the
 //!   router of the plain-HTTP port (`GET /metrics`).
-//! - [`otel`]: the OpenTelemetry traces of one application: the server span the
+//! - `otel`: the OpenTelemetry traces of one application: the server span the
 //!   trace layer starts, and the child spans (rate limit, hash queue and hash,
 //!   store operations, tokens) started from the request's context.
 //! - `redis`: the process's one Redis connection, whether it answers (one flag for
 //!   the rate limiter and the login throttle, and the prober that brings it back),
 //!   the one failure of a call and its timeout, and the failure mode.
+//! - `secret`: secret-bearing settings: URLs printed with their passwords hidden, and
+//!   the value parser whose errors never quote a secret.
 //! - `clock`: the time of the code that counts over time, faked in tests.
 //!
-//! Around the request path:
+//! Around the request path, above it all:
 //! - [`app`]: [`app::Application`] binds, wires everything and runs until shut down;
 //!   `main.rs`, the integration tests and authbench's tests start the service through it.
 //! - [`config`]: the command line and the one `Config` (flags and `AUTHD_*` environment
 //!   variables), one group of options per component, each building its component's settings.
-//! - `secret`: secret-bearing settings: URLs printed with their passwords hidden, and
-//!   the value parser whose errors never quote a secret.
-//! - [`credentials`]: `Username` and `Password`, parsed and normalized at the edge.
-//! - `refresh`: refresh tokens (random, rotated by a per-session key, stored as a digest).
-//! - `blocklist`: the common-password list (bundled, plus an organization's file) and
-//!   the rule that a new password is neither on it nor the username; checked before hashing.
-//! - [`audit`]: the audit trail, one event per security outcome on `authd::audit`.
-//! - `token::keyfile`: the token key file, re-read while serving; a bad file keeps the ring.
-//! - `token::jwks`: `GET /.well-known/jwks.json` on the plain-HTTP port, the public keys.
-//! - `health`: readiness from store probes and real request failures; liveness.
-//! - [`health::check`]: `authd health`, the client side: one check, turned into an exit status.
-//! - [`password`]: also `authd hash-bench` (`password::bench`), this machine's hashing rate.
-//! - [`telemetry`]: the `tracing` subscriber (text or JSON lines).
-//! - [`priority`]: the OS scheduling priority of the runtime's and the hashing threads.
+//! - `health`: readiness from store probes and real request failures; liveness; and
+//!   `health::check`, `authd health`, the client side: one check, an exit status.
+//! - `telemetry`: the `tracing` subscriber (text or JSON lines).
+//!
+//! The public surface is [`app`], [`config`], [`pb`] and the few items re-exported
+//! below for `main.rs` and the tests; every module is private. A unit test checks
+//! that this map names every module, and each folder's module docs every file in it.
 //!
 //! The load generator is a package of its own (`authbench/`), a gRPC client of authd
 //! and nothing more.
@@ -73,32 +82,43 @@
 
 pub(crate) mod accounts;
 pub mod app;
-pub mod audit;
+pub(crate) mod audit;
 pub(crate) mod blocklist;
 pub(crate) mod clock;
 pub(crate) mod codec;
 pub mod config;
-pub mod credentials;
+pub(crate) mod credentials;
 pub(crate) mod error;
 pub(crate) mod grpc;
-pub mod health;
+pub(crate) mod health;
 pub(crate) mod layers;
 pub(crate) mod metrics;
 pub(crate) mod middleware;
-pub mod otel;
-pub mod password;
-pub mod priority;
-pub mod ratelimit;
+pub(crate) mod otel;
+pub(crate) mod password;
+pub(crate) mod priority;
+pub(crate) mod ratelimit;
 pub(crate) mod redis;
 pub(crate) mod refresh;
 pub(crate) mod revocation;
 pub(crate) mod rpc;
 pub(crate) mod secret;
 pub(crate) mod store;
-pub mod telemetry;
-pub mod throttle;
-pub mod token;
+pub(crate) mod telemetry;
+pub(crate) mod throttle;
+pub(crate) mod token;
 pub(crate) mod transport;
+
+// The public surface beyond the application, its configuration and the wire types:
+// what `main.rs`, the integration tests and authbench's tests use, and no more.
+pub use credentials::Password;
+pub use health::check as health_check;
+pub use password::{bench as hash_bench, hash_now};
+pub use priority::lower as lower_priority;
+pub use ratelimit::{Backend as RateLimitBackend, RegisterLimit};
+pub use redis::FailureMode;
+pub use telemetry::init as init_logging;
+pub use token::{Algorithm as KeyAlgorithm, KeyRing, MAX_TTL, generate_key_entry};
 
 /// Code generated from `proto/auth/v1/auth.proto`.
 pub mod pb {
@@ -109,4 +129,95 @@ pub mod pb {
 
     /// The encoded descriptor set of `auth.v1`, served by reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("auth_descriptor");
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    /// The `//!` lines of a file: its module docs.
+    fn module_docs(path: &Path) -> String {
+        std::fs::read_to_string(path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+            .lines()
+            .filter_map(|line| line.trim_start().strip_prefix("//!"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Whether `text` names the module `name`: in code quotes (`` `name` ``, or a
+    /// path through it, `` `name::…` ``) or as the first word of a line of a map
+    /// (`name  what it does`, `parent::name  …`), not merely as a word in a sentence.
+    fn names(text: &str, name: &str) -> bool {
+        let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+        let quoted = text.match_indices(name).any(|(at, _)| {
+            let before = text[..at].chars().next_back();
+            let after = text[at + name.len()..].chars().next();
+            (before == Some('`') || text[..at].ends_with("::"))
+                && !after.is_some_and(is_ident)
+                && (after == Some('`') || text[at + name.len()..].starts_with("::"))
+        });
+        let mapped = text.lines().any(|line| {
+            let first = line.split_whitespace().next().unwrap_or_default();
+            first == name || first.rsplit("::").next() == Some(name)
+        });
+        quoted || mapped
+    }
+
+    /// The modules of the folder `dir`: its `.rs` files (but `skip`) and folders.
+    fn modules_in(dir: &Path, skip: &[&str]) -> Vec<(String, std::path::PathBuf)> {
+        let mut modules: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .filter_map(|path| {
+                let name = if path.is_dir() {
+                    path.file_name()?.to_str()?.to_owned()
+                } else {
+                    path.extension().filter(|e| *e == "rs")?;
+                    path.file_stem()?.to_str()?.to_owned()
+                };
+                (!skip.contains(&name.as_str())).then_some((name, path))
+            })
+            .collect();
+        modules.sort();
+        modules
+    }
+
+    /// The crate docs' Layout names every top-level module, and each folder's own
+    /// module docs name every file in it, so the map a newcomer reads first cannot
+    /// fall behind the code: a module added without its line fails here.
+    #[test]
+    fn the_layout_names_every_module() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let crate_docs = module_docs(&src.join("lib.rs"));
+        let mut missing = Vec::new();
+        for (name, path) in modules_in(&src, &["lib", "main"]) {
+            if !names(&crate_docs, &name) {
+                missing.push(format!("src/lib.rs does not name `{name}`"));
+            }
+            if path.is_dir() {
+                let folder_docs = module_docs(&path.join("mod.rs"));
+                for (file, _) in modules_in(&path, &["mod"]) {
+                    if !names(&folder_docs, &file) {
+                        missing.push(format!("src/{name}/mod.rs does not name `{file}`"));
+                    }
+                }
+            }
+        }
+        assert!(missing.is_empty(), "{}", missing.join("\n"));
+    }
+
+    #[test]
+    fn a_module_is_named_in_code_quotes_or_at_the_head_of_a_map_line() {
+        assert!(names("- `token`: keys", "token"));
+        assert!(names("see `token::jwks` for", "jwks"));
+        assert!(names("see `token::jwks` for", "token"));
+        assert!(names(
+            "  layers::admission  whole request first",
+            "admission"
+        ));
+        assert!(names("  store   SQLite or PostgreSQL", "store"));
+        assert!(!names("tokens and `token_ttl`", "token"));
+        assert!(!names("the token is signed", "token"));
+    }
 }

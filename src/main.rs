@@ -3,7 +3,6 @@
 use authd::{
     app::{self, Application},
     config::{self, Cli, Command},
-    telemetry,
 };
 use clap::{CommandFactory, FromArgMatches};
 use std::process::ExitCode;
@@ -12,7 +11,8 @@ fn main() -> ExitCode {
     // Parsed in two steps to keep the matches: they tell where each value came from.
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-    if let Err(e) = telemetry::init(&cli.config.telemetry.log, cli.config.telemetry.log_format) {
+    if let Err(e) = authd::init_logging(&cli.config.telemetry.log, cli.config.telemetry.log_format)
+    {
         eprintln!("authd: error: {e:#}");
         return ExitCode::FAILURE;
     }
@@ -32,7 +32,7 @@ fn main() -> ExitCode {
     let nice = cli.config.server.runtime_thread_nice;
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .on_thread_start(move || authd::priority::lower(nice, "runtime"))
+        .on_thread_start(move || authd::lower_priority(nice, "runtime"))
         .build()
     {
         Ok(rt) => rt,
@@ -68,7 +68,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             compare,
             json,
         } => {
-            use authd::password::bench;
+            use authd::hash_bench as bench;
             let batch = batch.map(|b| b as usize);
             let options = config
                 .passwords
@@ -84,17 +84,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             tls_key,
             tls_server_name,
         } => {
-            let tls = authd::health::check::ClientTls {
+            let tls = authd::health_check::ClientTls {
                 ca: tls_ca,
                 cert: tls_cert,
                 key: tls_key,
                 server_name: tls_server_name,
             };
-            authd::health::check::run(&config, addr.as_deref(), &service, timeout, &tls).await
+            authd::health_check::run(&config, addr.as_deref(), &service, timeout, &tls).await
         }
         Command::Keygen { alg, kid } => {
             let kid = kid.unwrap_or_else(new_kid);
-            let entry = authd::token::generate_key_entry(alg.algorithm(), &kid)?;
+            let entry = authd::generate_key_entry(alg.algorithm(), &kid)?;
             // stdout only: the entry is a private key, and never goes to the log.
             println!("{entry}");
             Ok(())

@@ -803,11 +803,6 @@ impl Metrics {
         }
     }
 
-    /// The registry, for anything that wants to add its own metrics.
-    pub fn registry(&self) -> &Registry {
-        &self.registry
-    }
-
     /// Runs `refresh` before every scrape: for gauges whose value lives elsewhere.
     pub(crate) fn on_scrape(&self, refresh: impl Fn() + Send + Sync + 'static) {
         self.refreshers
@@ -871,7 +866,7 @@ mod tests {
         assert!(text.contains(
             "authd_grpc_requests_total{code=\"UNAUTHENTICATED\",method=\"Login\",service=\"auth.v1.AuthService\"} 1"
         ), "{text}");
-        for family in m.registry().gather() {
+        for family in m.registry.gather() {
             assert!(!family.help().is_empty(), "{} has no help", family.name());
         }
     }

@@ -46,8 +46,7 @@ pub mod bench;
 mod pool;
 mod queue;
 
-pub use pool::{HashPool, HashSlot, PoolError, PoolSnapshot};
-pub use queue::Refusal;
+pub use pool::{HashPool, HashSlot, PoolSnapshot};
 
 use pool::Derivation;
 
@@ -452,7 +451,7 @@ mod tests {
         );
         assert!(matches!(
             pool.check_room(None, None),
-            Err(PoolError::Full { .. })
+            Err(pool::PoolError::Full { .. })
         ));
         drop(a);
         pool.check_room(None, None).unwrap();

@@ -252,10 +252,6 @@ impl RateLimiter {
         Ok(limiter)
     }
 
-    pub fn rules(&self) -> &RateLimits {
-        &self.rules
-    }
-
     pub fn stats(&self) -> RateLimitStats {
         let c = &self.counters;
         RateLimitStats {

@@ -22,10 +22,9 @@ use std::time::Duration;
 
 pub(crate) use layer::layer;
 pub use limiter::{Backend, RateLimitStats, RateLimiter};
-pub use rules::{KeyKind, RateLimits, RegisterLimit, Rule};
-// What a request meets while Redis fails is the same for every Redis user; the URL
-// type lives with the other secret-bearing settings.
-pub use crate::{redis::FailureMode, secret::RedisUrl};
+pub use rules::{KeyKind, RateLimits, RegisterLimit};
+// What a request meets while Redis fails is the same for every Redis user.
+pub use crate::redis::FailureMode;
 
 /// Everything the limiter needs from the configuration.
 #[derive(Debug, Clone)]

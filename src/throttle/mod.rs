@@ -370,14 +370,6 @@ impl Throttle {
         self.metrics.logins[outcome as usize].inc();
     }
 
-    pub fn settings(&self) -> &Settings {
-        &self.settings
-    }
-
-    pub fn digest(&self) -> &UsernameDigest {
-        &self.digest
-    }
-
     /// Asks for a place for an attempt for `username` from `client` before it may go
     /// on to hashing: `Ok(None)` when the throttle is off, `Err(Error::Throttled)`
     /// when its settled failures refuse it. Where attempts in flight fill what the

@@ -37,9 +37,9 @@ pub(crate) mod keyfile;
 mod keys;
 
 pub use crate::error::TokenError;
-pub use jwks::{Jwks, PublicJwk};
-pub use jwt::{ISSUER, MAX_TIMESTAMP, VerifiedToken};
-pub use keys::{Algorithm, KeyRing, LiveKeyRing, MIN_KEY_BYTES, generate_key_entry};
+pub use jwks::Jwks;
+pub use jwt::{ISSUER, VerifiedToken};
+pub use keys::{Algorithm, KeyRing, LiveKeyRing, generate_key_entry};
 
 use crate::{credentials::Username, metrics::Metrics};
 use jwt::{Audience, Claims, unix_now, unix_time};
@@ -127,6 +127,7 @@ impl Tokens {
         &self.keys
     }
 
+    #[cfg(test)]
     pub fn issue(&self, user_id: &str, username: &Username) -> anyhow::Result<IssuedToken> {
         self.issue_with(user_id, username, None, None)
     }
@@ -185,12 +186,14 @@ impl Tokens {
     }
 
     /// Checks a token and counts the outcome.
+    #[cfg(test)]
     pub fn verify(&self, token: &str) -> Result<VerifiedToken, TokenError> {
         self.verify_for(token, None)
     }
 
     /// Checks a token, and when `audience` is given that the token is meant for it
     /// (its `aud` names it); counts the outcome.
+    #[cfg(test)]
     pub fn verify_for(
         &self,
         token: &str,
@@ -412,7 +415,7 @@ mod tests {
             Err(TokenError::Expired)
         );
         assert_eq!(
-            t.verify(&nbf(MAX_TIMESTAMP + 1)),
+            t.verify(&nbf(jwt::MAX_TIMESTAMP + 1)),
             Err(TokenError::Malformed)
         );
         let strict = tokens(KEY_A).with_clock_skew(Duration::ZERO);

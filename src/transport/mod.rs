@@ -24,6 +24,10 @@
 //! Each request carries tonic's `TcpConnectInfo` in its extensions, as under tonic's
 //! own server, and under mutual TLS the client's `rpc::ClientIdentity`. This module
 //! knows nothing of gRPC or of what the services do.
+//!
+//! The accept loop and the caps are here; one connection (its handshake, HTTP
+//! settings, idle timeout and graceful close) is `connection`'s; the reading of its
+//! first bytes `io`'s; TLS and its live reload [`tls`]'s.
 
 mod connection;
 mod io;

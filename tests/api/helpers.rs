@@ -41,7 +41,7 @@ fn init_logs() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         if std::env::var_os("TEST_LOG").is_some() {
-            let _ = authd::telemetry::init("info,authd=debug", authd::config::LogFormat::Text);
+            let _ = authd::init_logging("info,authd=debug", authd::config::LogFormat::Text);
         }
     });
 }
@@ -264,7 +264,7 @@ pub fn test_config(url: DatabaseUrl) -> Config {
     config.server.drain_timeout = Duration::from_secs(10);
     // Tests register many users from one address; the default limit on Register
     // has tests of its own (`concurrency`).
-    config.limits.register_limit = authd::ratelimit::RegisterLimit::OFF;
+    config.limits.register_limit = authd::RegisterLimit::OFF;
     // Refusals answered at once: tests count refusals as they come; holding them
     // (pushback) has tests of its own (`overload`).
     config.overload.refusal_hold = Duration::ZERO;

@@ -8,7 +8,7 @@ use crate::helpers::{
     TEST_KEY, TEST_KID, TestApp, expect_code, http_get, key_spec, metric, spawn_app_with,
     wait_until,
 };
-use authd::token::{Algorithm as KeyAlgorithm, generate_key_entry};
+use authd::{KeyAlgorithm, generate_key_entry};
 use base64::{
     Engine as _,
     engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD},
@@ -547,7 +547,7 @@ async fn keygen_prints_keys_that_authd_accepts() {
         assert!(entry.starts_with(prefix), "{entry}");
         assert_eq!(entry.lines().count(), 1);
         // The server's own configuration parsing takes it.
-        let ring: authd::token::KeyRing = entry.parse().unwrap();
+        let ring: authd::KeyRing = entry.parse().unwrap();
         assert_eq!(ring.signing_kid(), "k1");
     }
     // Without --alg: Ed25519, with a dated kid; two runs never repeat a key.

@@ -14,11 +14,11 @@ use crate::helpers::{
     ProxiedRedis, TestApp, expect_code, redis_url, spawn_app_with, unique_name, wait_until,
 };
 use authd::{
+    FailureMode, RateLimitBackend as Backend,
     config::Config,
     pb::{
         LoginRequest, RegisterRequest, ValidateTokenRequest, auth_service_client::AuthServiceClient,
     },
-    ratelimit::{Backend, FailureMode},
 };
 use std::{
     net::IpAddr,

@@ -6,7 +6,7 @@ use crate::{
     helpers::{Backend, TestDb, spawn_app_on},
     timing::rounds_of_a_failed_login,
 };
-use authd::{config::DatabaseUrl, credentials::Password};
+use authd::{Password, config::DatabaseUrl};
 use sqlx::{Connection, PgConnection, SqliteConnection, sqlite::SqliteConnectOptions};
 
 /// The database file and the two SQLite creates beside it.
@@ -126,7 +126,7 @@ async fn insert_with_the_first_schema(db: &TestDb, username: &str, hash: &str) {
 async fn a_database_of_the_first_release_upgrades_in_place(db: TestDb) {
     create_the_first_schema(&db).await;
     let password = Password::parse("a fine password").unwrap();
-    let old = authd::password::hash_now(&password, pbkdf2::Params::new(20_000).unwrap()).unwrap();
+    let old = authd::hash_now(&password, pbkdf2::Params::new(20_000).unwrap()).unwrap();
     insert_with_the_first_schema(&db, "dormant", &old).await;
 
     let mut app = spawn_app_on(&db, |c| c.passwords.pbkdf2_iterations = 1000).await;

@@ -16,9 +16,9 @@ use crate::helpers::{
     spawn_app_with, unique_name,
 };
 use authd::{
+    FailureMode,
     config::Config,
     pb::{LoginRequest, RegisterRequest, auth_service_client::AuthServiceClient},
-    ratelimit::FailureMode,
 };
 use std::time::Duration;
 use tonic::{Code, Request, Status, transport::Channel};

@@ -331,7 +331,7 @@ async fn the_reason_of_a_refusal_is_logged_with_the_request_id() {
 
 #[tokio::test]
 async fn a_token_lifetime_at_the_limit_issues_tokens_that_validate() {
-    let mut app = spawn_app_with(|c| c.tokens.token_ttl = authd::token::MAX_TTL).await;
+    let mut app = spawn_app_with(|c| c.tokens.token_ttl = authd::MAX_TTL).await;
     app.register("kate", "a fine password").await.unwrap();
     let session = app.login("kate", "a fine password").await.unwrap();
     let claims = jsonwebtoken::decode::<Claims>(
