@@ -27,14 +27,14 @@
 //!   codec              protobuf decoding; malformed -> INVALID_ARGUMENT, generic
 //!   grpc               proto <-> domain, for auth.v1.AuthService
 //!   accounts           the register / login / validate / session use cases
+//!     audit            the audit trail: one event per security outcome on `authd::audit`
 //!     throttle         the login throttle: attempts reserved before hashing, per
 //!                      client and per account, in process or on Redis
 //!     blocklist        common passwords (bundled, plus an organization's file) and the
 //!                      username, refused before hashing
 //!     revocation       ended sessions in memory, for ValidateToken
-//!     refresh          refresh tokens (random, rotated, stored as a digest)
-//!     audit            the audit trail: one event per security outcome on `authd::audit`
 //!     store            SQLite (reader pool + one batching writer) or PostgreSQL (pool)
+//!     refresh          refresh tokens (random, rotated, stored as a digest)
 //!     password         the PBKDF2 policy, on a pool of hashing threads behind a queue
 //!                      bounded by time and count, fair between clients; `authd hash-bench`
 //!     priority         the OS scheduling priority of the runtime's and the hashing threads
@@ -63,14 +63,15 @@
 //!   the value parser whose errors never quote a secret.
 //! - `clock`: the time of the code that counts over time, faked in tests.
 //!
-//! Around the request path, above it all:
+//! Around the request path, above it all (each importing only those after it and
+//! the request path):
 //! - [`app`]: [`app::Application`] binds, wires everything and runs until shut down;
 //!   `main.rs`, the integration tests and authbench's tests start the service through it.
-//! - [`config`]: the command line and the one `Config` (flags and `AUTHD_*` environment
-//!   variables), one group of options per component, each building its component's settings.
 //! - `health`: readiness from store probes and real request failures; liveness; and
 //!   `health::check`, `authd health`, the client side: one check, an exit status.
 //! - `telemetry`: the `tracing` subscriber (text or JSON lines).
+//! - [`config`]: the command line and the one `Config` (flags and `AUTHD_*` environment
+//!   variables), one group of options per component, each building its component's settings.
 //!
 //! The public surface is [`app`], [`config`], [`pb`] and the few items re-exported
 //! below for `main.rs` and the tests; every module is private. A unit test checks
