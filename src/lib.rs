@@ -208,6 +208,135 @@ mod tests {
         assert!(missing.is_empty(), "{}", missing.join("\n"));
     }
 
+    /// The top-level modules that `path`'s code (not its comments, not its unit
+    /// tests) names through `crate::`, in paths (`crate::a::b`) and in brace lists
+    /// (`crate::{a, b::{c, d}}`, over any number of lines).
+    fn imports_of(path: &Path) -> std::collections::BTreeSet<String> {
+        let text = std::fs::read_to_string(path).unwrap();
+        let code = text
+            .split("#[cfg(test)]\nmod tests")
+            .next()
+            .unwrap_or_default();
+        let code: Vec<&str> = (code.lines())
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect();
+        let code = code.join("\n");
+        let ident = |s: &str| -> String {
+            (s.trim_start().chars())
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect()
+        };
+        let mut found = std::collections::BTreeSet::new();
+        for (at, _) in code.match_indices("crate::") {
+            let rest = &code[at + "crate::".len()..];
+            let Some(list) = rest.strip_prefix('{') else {
+                found.insert(ident(rest));
+                continue;
+            };
+            // The items of the list at its own depth: each one's first name.
+            let (mut depth, mut item) = (1, String::new());
+            for c in list.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 1 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 1 => {
+                        found.insert(ident(&item));
+                        item.clear();
+                    }
+                    c if depth == 1 => item.push(c),
+                    _ => {}
+                }
+            }
+            found.insert(ident(&item));
+        }
+        found.retain(|name| !name.is_empty() && name != "pb" && name != "self");
+        found
+    }
+
+    /// Every top-level module and the modules it imports (its files' imports, all
+    /// but itself).
+    fn import_graph() -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+        fn files(path: &Path) -> Vec<std::path::PathBuf> {
+            if path.is_dir() {
+                std::fs::read_dir(path)
+                    .unwrap()
+                    .flat_map(|e| files(&e.unwrap().path()))
+                    .collect()
+            } else {
+                vec![path.to_owned()]
+            }
+        }
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        modules_in(&src, &["lib", "main"])
+            .into_iter()
+            .map(|(name, path)| {
+                let mut imports: std::collections::BTreeSet<String> =
+                    files(&path).iter().flat_map(|f| imports_of(f)).collect();
+                imports.remove(&name);
+                (name, imports)
+            })
+            .collect()
+    }
+
+    /// The Layout's promise, checked on the code: no two modules import each other
+    /// (no cycle at all), and the bottom floor imports nothing above it.
+    #[test]
+    fn the_imports_run_down_the_layout() {
+        const FLOOR: [&str; 8] = [
+            "rpc",
+            "error",
+            "middleware",
+            "metrics",
+            "otel",
+            "redis",
+            "secret",
+            "clock",
+        ];
+        let graph = import_graph();
+        let mut wrong = Vec::new();
+        for (module, imports) in &graph {
+            if FLOOR.contains(&module.as_str()) {
+                for import in imports.iter().filter(|i| !FLOOR.contains(&i.as_str())) {
+                    wrong.push(format!("`{module}` (bottom floor) imports `{import}`"));
+                }
+            }
+            assert!(
+                imports.iter().all(|i| graph.contains_key(i)),
+                "`{module}` imports a module that is not a file: {imports:?}"
+            );
+        }
+        // Depth-first: a module met again while still on the path closes a cycle.
+        fn visit<'a>(
+            graph: &'a std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+            module: &'a str,
+            path: &mut Vec<&'a str>,
+            done: &mut std::collections::BTreeSet<&'a str>,
+            wrong: &mut Vec<String>,
+        ) {
+            if let Some(at) = path.iter().position(|m| *m == module) {
+                wrong.push(format!(
+                    "an import cycle: {} -> {module}",
+                    path[at..].join(" -> ")
+                ));
+                return;
+            }
+            if !done.insert(module) {
+                return;
+            }
+            path.push(module);
+            for import in &graph[module] {
+                visit(graph, import, path, done, wrong);
+            }
+            path.pop();
+        }
+        let mut done = std::collections::BTreeSet::new();
+        for module in graph.keys() {
+            visit(&graph, module, &mut Vec::new(), &mut done, &mut wrong);
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
+
     #[test]
     fn a_module_is_named_in_code_quotes_or_at_the_head_of_a_map_line() {
         assert!(names("- `token`: keys", "token"));
