@@ -1,0 +1,127 @@
+//! The password metrics: new passwords the blocklist refused before any hashing,
+//! and the hashing itself: the hash queue (its depth, bound, waits and refusals)
+//! and the pool of hashing threads (hashes, rounds, batches).
+//!
+//! Only the families and their fixed labels live here; what a refusal or a batch
+//! is stays with `password` and `blocklist`, which this file must not import.
+
+use super::{Families, WAIT_BUCKETS};
+use prometheus::{Histogram, IntCounter, IntCounterVec, IntGauge};
+
+/// One PBKDF2 hash: 1 ms (a low test cost) to 10 s (600,000 rounds on a slow core
+/// is a few hundred milliseconds).
+const HASH_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0,
+    10.0,
+];
+
+/// The `cause` values of `authd_hash_refused_total`: why the hash queue refused a
+/// place. Indexed by the queue's refusal (`password::Refusal`, which names its
+/// causes in this order), so the series exist from the first scrape.
+pub(crate) const HASH_REFUSAL_CAUSES: [&str; 4] = ["full", "wait", "share", "deadline"];
+
+/// The password hashing pool.
+#[derive(Clone)]
+pub(crate) struct HashMetrics {
+    pub queue_depth: IntGauge,
+    pub running: IntGauge,
+    pub threads: IntGauge,
+    pub queue_capacity: IntGauge,
+    pub queue_limit: IntGauge,
+    pub queue_wait: Histogram,
+    pub duration: Histogram,
+    pub rounds: IntCounter,
+    pub batch_size: Histogram,
+    pub refused: IntCounterVec,
+    pub dropped_deadline: IntCounter,
+    pub dropped_cancelled: IntCounter,
+}
+
+impl HashMetrics {
+    pub(super) fn new(f: &Families) -> Self {
+        let dropped = f.counter_vec(
+            "authd_hash_dropped_total",
+            "Hash jobs dropped unrun: their deadline passed while queued (deadline), or their \
+             caller went away (cancelled).",
+            &["reason"],
+        );
+        Self {
+            queue_depth: f.gauge(
+                "authd_hash_queue_depth",
+                "Hash jobs waiting for a hashing thread.",
+            ),
+            running: f.gauge(
+                "authd_hash_running",
+                "Hash jobs running on a hashing thread now.",
+            ),
+            threads: f.gauge(
+                "authd_hash_threads",
+                "Hashing threads (AUTHD_HASH_THREADS).",
+            ),
+            queue_capacity: f.gauge(
+                "authd_hash_queue_capacity",
+                "Hash jobs that may wait before requests are refused (AUTHD_HASH_QUEUE).",
+            ),
+            queue_limit: f.gauge(
+                "authd_hash_queue_limit",
+                "Places (queued and running) the hash queue grants now: its wait target \
+                 (AUTHD_HASH_QUEUE_WAIT) times the measured service rate, within the count \
+                 bound (AUTHD_HASH_QUEUE plus the threads).",
+            ),
+            queue_wait: f.histogram(
+                "authd_hash_queue_wait_seconds",
+                "Time a hash job waited in the queue before a thread took it.",
+                WAIT_BUCKETS,
+            ),
+            duration: f.histogram(
+                "authd_hash_duration_seconds",
+                "Time to compute one PBKDF2 hash or verification on a hashing thread.",
+                HASH_BUCKETS,
+            ),
+            batch_size: f.histogram(
+                "authd_hash_batch_size",
+                "Derivations a hashing thread computed together in one batch (the lanes of the \
+                 PBKDF2 engine; a request's verification and its padding count as two).",
+                &[1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0],
+            ),
+            rounds: f.counter(
+                "authd_hash_rounds_total",
+                "PBKDF2 rounds computed: hashes, verifications, and the padding that makes \
+                 every failed login cost as much as the most expensive stored hash.",
+            ),
+            refused: {
+                let refused = f.counter_vec(
+                    "authd_hash_refused_total",
+                    "Requests the hash queue refused with RESOURCE_EXHAUSTED, by cause: full \
+                     (its count bound), wait (its wait target), share (at its bound, the client \
+                     held its fair share), deadline (the deadline would pass in the queue).",
+                    &["cause"],
+                );
+                for cause in HASH_REFUSAL_CAUSES {
+                    refused.with_label_values(&[cause]);
+                }
+                refused
+            },
+            dropped_deadline: dropped.with_label_values(&["deadline"]),
+            dropped_cancelled: dropped.with_label_values(&["cancelled"]),
+        }
+    }
+}
+
+/// New passwords the blocklist refused, by reason.
+pub(crate) struct BlocklistMetrics {
+    pub refusals: IntCounterVec,
+}
+
+impl BlocklistMetrics {
+    pub(super) fn new(f: &Families) -> Self {
+        Self {
+            refusals: f.counter_vec(
+                "authd_password_blocklist_refusals_total",
+                "New passwords refused before hashing, by reason (common: on the bundled list or \
+                 AUTHD_PASSWORD_BLOCKLIST_FILE; username: the username itself).",
+                &["reason"],
+            ),
+        }
+    }
+}
