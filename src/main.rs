@@ -101,8 +101,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Serve => {
             config.read_secret_files()?;
+            // The handlers are in place before anything is served: a SIGTERM that
+            // comes while the app starts (a pod stopped early) ends it gracefully
+            // once started, instead of killing it by the signal's default action.
+            let stop = shutdown_signal();
             let app = Application::build(config).await?;
-            app.run_until_stopped(shutdown_signal()).await
+            app.run_until_stopped(stop).await
         }
     }
 }
@@ -118,30 +122,36 @@ fn new_kid() -> String {
     )
 }
 
-/// Resolves on SIGTERM or SIGINT. Kubernetes stops a pod with SIGTERM; a person at
-/// a terminal presses Ctrl-C: both start the same graceful shutdown.
-async fn shutdown_signal() {
+/// Installs the handlers now, and resolves on SIGTERM or SIGINT. Kubernetes stops a
+/// pod with SIGTERM; a person at a terminal presses Ctrl-C: both start the same
+/// graceful shutdown.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
-        match (
+        let handlers = (
             signal(SignalKind::terminate()),
             signal(SignalKind::interrupt()),
-        ) {
-            (Ok(mut term), Ok(mut int)) => {
-                tokio::select! {
-                    _ = term.recv() => tracing::info!("SIGTERM received"),
-                    _ = int.recv() => tracing::info!("SIGINT received"),
+        );
+        async move {
+            match handlers {
+                (Ok(mut term), Ok(mut int)) => {
+                    tokio::select! {
+                        _ = term.recv() => tracing::info!("SIGTERM received"),
+                        _ = int.recv() => tracing::info!("SIGINT received"),
+                    }
                 }
-            }
-            _ => {
-                tracing::warn!("cannot install signal handlers; stopping only on Ctrl-C");
-                let _ = tokio::signal::ctrl_c().await;
+                _ => {
+                    tracing::warn!("cannot install signal handlers; stopping only on Ctrl-C");
+                    let _ = tokio::signal::ctrl_c().await;
+                }
             }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = tokio::signal::ctrl_c().await;
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
