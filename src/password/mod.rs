@@ -1,10 +1,15 @@
 //! Passwords: the PBKDF2-SHA256 policy, computed on the bounded [`HashPool`].
 //!
-//! - `pool`: the hashing threads (batches, deadlines, priority, retry hints); it
-//!   knows nothing of passwords.
+//! - `pool`: the [`HashPool`] in front of the hashing threads (places, refusals,
+//!   retry hints); it knows nothing of passwords.
+//! - `work`: what is sent to those threads (a derivation or a task, its place in
+//!   the pool, its answer) and why it did not run (`PoolError`).
+//! - `worker`: the hashing threads themselves (batches, deadlines, padding,
+//!   priority).
 //! - `queue`: who gets a place on those threads (bounded by time and count, fair
 //!   between clients) and in which order they are served.
 //! - `bench`: `authd hash-bench`, this machine's hashing rate with this code.
+//! - `testing`: the setup the unit tests of `pool` and `worker` share.
 //!
 //! [`Hasher`] holds the current parameters, verifies unknown users against a dummy
 //! hash, and says when a stored hash was made with other parameters and should be
@@ -45,10 +50,15 @@ use std::{
 pub mod bench;
 mod pool;
 mod queue;
+#[cfg(test)]
+mod testing;
+mod work;
+mod worker;
 
-pub use pool::{HashPool, HashSlot, PoolSnapshot};
+pub use pool::{HashPool, PoolSnapshot};
+pub use work::HashSlot;
 
-use pool::Derivation;
+use work::Derivation;
 
 /// The outcome of checking a password against a stored hash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -215,7 +225,7 @@ const SALT_BYTES: usize = 16;
 
 /// The same padding, computed on the calling thread.
 fn pad_now(rounds: u32) {
-    let job = pool::padding(rounds);
+    let job = work::padding(rounds);
     let engine = pbkdf2_lanes::Engine::with_backend(pbkdf2_lanes::Backend::Portable);
     if let Some(engine) = engine {
         let _ = std::hint::black_box(engine.derive_vec(&[pbkdf2_lanes::Job::new(
@@ -451,7 +461,7 @@ mod tests {
         );
         assert!(matches!(
             pool.check_room(None, None),
-            Err(pool::PoolError::Full { .. })
+            Err(work::PoolError::Full { .. })
         ));
         drop(a);
         pool.check_room(None, None).unwrap();

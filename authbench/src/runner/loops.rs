@@ -1,0 +1,189 @@
+//! The load itself: a closed loop of workers, each sending its next request when
+//! the previous one is answered, or an open loop sending on a fixed schedule; and
+//! the [`Clock`] that tells a closed loop's warm-up, measured requests and end.
+//!
+//! It decides when each request goes out and whether it is measured; how one is
+//! sent and recorded is `request`'s. An open loop's latency runs from the moment a
+//! request was meant to be sent, so a stalled server cannot hide its queue.
+
+use super::{
+    plan::{Plan, Stop},
+    request::Shared,
+};
+use crate::schedule;
+use anyhow::Context as _;
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Instant,
+};
+use tokio::task::JoinSet;
+
+/// Decides, for a closed loop, whether a request about to be sent is warm-up,
+/// measured, or one too many.
+pub(super) struct Clock {
+    warm_end: Instant,
+    stop: ClockStop,
+}
+
+enum ClockStop {
+    At(Instant),
+    After { limit: u64, issued: AtomicU64 },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Admit {
+    Warmup,
+    Measure,
+    Stop,
+}
+
+impl Clock {
+    pub(super) fn new(warm_end: Instant, stop: Stop) -> Self {
+        let stop = match stop {
+            Stop::Duration(d) => ClockStop::At(warm_end + d),
+            Stop::Requests(limit) => ClockStop::After {
+                limit,
+                issued: AtomicU64::new(0),
+            },
+        };
+        Self { warm_end, stop }
+    }
+
+    fn admit(&self, now: Instant) -> Admit {
+        if now < self.warm_end {
+            return Admit::Warmup;
+        }
+        let more = match &self.stop {
+            ClockStop::At(end) => now < *end,
+            ClockStop::After { limit, issued } => issued.fetch_add(1, Ordering::Relaxed) < *limit,
+        };
+        if more { Admit::Measure } else { Admit::Stop }
+    }
+}
+
+pub(super) async fn closed_loop(
+    shared: &Arc<Shared>,
+    clock: &Arc<Clock>,
+    concurrency: usize,
+) -> anyhow::Result<()> {
+    let mut workers = JoinSet::new();
+    for id in 0..concurrency {
+        workers.spawn(closed_worker(shared.clone(), clock.clone(), id));
+    }
+    while let Some(done) = workers.join_next().await {
+        done.context("a load worker panicked")?;
+    }
+    Ok(())
+}
+
+/// One closed-loop worker: its next request goes out when the previous one is answered.
+async fn closed_worker(shared: Arc<Shared>, clock: Arc<Clock>, id: usize) {
+    let connection = id % shared.auth.len();
+    let mut auth = shared.auth[connection].clone();
+    let mut health = shared.health[connection].clone();
+    // Each worker starts at its own place on the wheel and in the user pool, so the
+    // workers together cover the mix and the users from the first request on.
+    let mut turn = id;
+    loop {
+        let sent = Instant::now();
+        let admit = clock.admit(sent);
+        if admit == Admit::Stop {
+            break;
+        }
+        let op = shared.wheel[turn % shared.wheel.len()];
+        let performed = shared.perform(op, turn, &mut auth, &mut health).await;
+        turn = turn.wrapping_add(1);
+        if admit == Admit::Measure {
+            shared.record(id, op, performed.result, sent, Instant::now());
+        } else {
+            shared.counters.warmup.fetch_add(1, Ordering::Relaxed);
+        }
+        if let (true, Some(delay)) = (shared.backoff, performed.retry_after) {
+            // Think time, not latency: the next request's clock starts after it.
+            tokio::time::sleep(delay.mul_f64(rand::random_range(0.5..1.5))).await;
+        }
+    }
+}
+
+/// Sends on the fixed schedule `start + k / rate` and awaits every answer.
+pub(super) async fn open_loop(
+    shared: &Arc<Shared>,
+    start: Instant,
+    plan: &Plan,
+    rate: f64,
+) -> anyhow::Result<()> {
+    let warmup_sends = schedule::sends_before(plan.warmup, rate);
+    let total = match plan.stop {
+        Stop::Requests(n) => warmup_sends + n,
+        Stop::Duration(d) => schedule::sends_before(plan.warmup + d, rate),
+    };
+    let mut in_flight = JoinSet::new();
+    for k in 0..total {
+        let intended = schedule::intended_send_time(start, k, rate);
+        if intended > Instant::now() {
+            tokio::time::sleep_until(intended.into()).await;
+        }
+        // Reap answered requests so the set stays as small as what is in flight.
+        while let Some(done) = in_flight.try_join_next() {
+            done.context("a request task panicked")?;
+        }
+        let shared = shared.clone();
+        let measured = k >= warmup_sends;
+        in_flight.spawn(async move {
+            let i = usize::try_from(k).unwrap_or(usize::MAX);
+            let connection = i % shared.auth.len();
+            let mut auth = shared.auth[connection].clone();
+            let mut health = shared.health[connection].clone();
+            let op = shared.wheel[i % shared.wheel.len()];
+            let performed = shared.perform(op, i, &mut auth, &mut health).await;
+            if measured {
+                // Latency from when the request was *meant* to go out: if this client
+                // or the server fell behind, the delay shows in the report.
+                shared.record(i, op, performed.result, intended, Instant::now());
+            } else {
+                shared.counters.warmup.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
+    while let Some(done) = in_flight.join_next().await {
+        done.context("a request task panicked")?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_closed_loop_clock_counts_measured_requests_exactly() {
+        let now = Instant::now();
+        let clock = Clock::new(now + Duration::from_secs(1), Stop::Requests(3));
+        assert_eq!(clock.admit(now), Admit::Warmup);
+        let after = now + Duration::from_secs(2);
+        let admitted: Vec<Admit> = (0..5).map(|_| clock.admit(after)).collect();
+        assert_eq!(
+            admitted,
+            [
+                Admit::Measure,
+                Admit::Measure,
+                Admit::Measure,
+                Admit::Stop,
+                Admit::Stop
+            ]
+        );
+    }
+
+    #[test]
+    fn a_closed_loop_clock_stops_after_the_duration() {
+        let now = Instant::now();
+        let clock = Clock::new(now, Stop::Duration(Duration::from_secs(10)));
+        assert_eq!(clock.admit(now), Admit::Measure);
+        assert_eq!(clock.admit(now + Duration::from_secs(9)), Admit::Measure);
+        assert_eq!(clock.admit(now + Duration::from_secs(10)), Admit::Stop);
+    }
+}

@@ -1,0 +1,215 @@
+//! What a run is asked to do: the [`Plan`] (target, scenario, load shape, stop,
+//! timeouts, TLS) and its check, with the reason naming the option it refuses.
+//!
+//! It only describes a run: connecting is `connect`'s, sending `loops`'. Its
+//! defaults are the command line's (`cli`), which builds a plan from the flags.
+
+use crate::{
+    scenario::{Mix, Scenario},
+    schedule,
+};
+use anyhow::{Context as _, bail};
+use std::time::Duration;
+
+/// The load shape.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Load {
+    /// Keep `concurrency` requests in flight: each worker sends its next request as
+    /// soon as its previous one is answered.
+    Closed { concurrency: usize },
+    /// Send `rate` requests per second on a fixed schedule, whatever the answers.
+    Open { rate: f64 },
+}
+
+/// When the measured part of a run ends (the warm-up comes before it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// After this many measured requests have been sent.
+    Requests(u64),
+    /// When this much time has passed since the warm-up ended; requests in flight
+    /// then are still awaited and recorded.
+    Duration(Duration),
+}
+
+/// Everything a run needs to know. Build one with [`Plan::new`] and adjust fields.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// `http://host:port` or `https://host:port`.
+    pub target: String,
+    pub scenario: Scenario,
+    /// The weights of the `mixed` scenario (ignored by the others).
+    pub mix: Mix,
+    pub load: Load,
+    /// HTTP/2 connections the load is spread over.
+    pub connections: usize,
+    pub stop: Stop,
+    /// Sent but not recorded, before the measured part.
+    pub warmup: Duration,
+    /// Per request, sent to the server as the gRPC deadline.
+    pub timeout: Duration,
+    /// Users registered first for logins and validations.
+    pub users: usize,
+    /// For each connection attempt and the first health check.
+    pub connect_timeout: Duration,
+    /// How long to keep trying to connect until the target is SERVING (0: try once).
+    pub wait: Duration,
+    /// Closed loop: wait out the server's RetryInfo after RESOURCE_EXHAUSTED.
+    pub backoff: bool,
+    /// The local address every connection is opened from.
+    pub bind: Option<std::net::IpAddr>,
+    /// Draw a progress bar on stderr.
+    pub progress: bool,
+    /// TLS, for an `https://` target.
+    pub tls: Option<TlsOptions>,
+}
+
+/// The client side of TLS: whom to trust, what to present, which name to expect.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsOptions {
+    /// PEM bundle of the CAs to trust [default: the Mozilla roots].
+    pub ca: Option<std::path::PathBuf>,
+    /// PEM certificate to present (mutual TLS), with `key`.
+    pub cert: Option<std::path::PathBuf>,
+    pub key: Option<std::path::PathBuf>,
+    /// The name the server's certificate must carry [default: the target's host].
+    pub server_name: Option<String>,
+}
+
+impl TlsOptions {
+    /// Whether any option is set.
+    pub fn is_set(&self) -> bool {
+        *self != TlsOptions::default()
+    }
+
+    /// tonic's TLS configuration; an error names the option and the file.
+    pub(super) fn config(&self) -> anyhow::Result<tonic::transport::ClientTlsConfig> {
+        use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+        let read = |option: &str, path: &std::path::PathBuf| {
+            std::fs::read(path).with_context(|| format!("{option} {}", path.display()))
+        };
+        let mut config = ClientTlsConfig::new();
+        config = match &self.ca {
+            Some(path) => config.ca_certificate(Certificate::from_pem(read("--tls-ca", path)?)),
+            None => config.with_webpki_roots(),
+        };
+        match (&self.cert, &self.key) {
+            (Some(cert), Some(key)) => {
+                let identity =
+                    Identity::from_pem(read("--tls-cert", cert)?, read("--tls-key", key)?);
+                config = config.identity(identity);
+            }
+            (None, None) => {}
+            _ => bail!("--tls-cert and --tls-key go together"),
+        }
+        if let Some(name) = &self.server_name {
+            config = config.domain_name(name.clone());
+        }
+        Ok(config)
+    }
+}
+
+impl Plan {
+    /// A plan with the defaults of the command line, and the default connection count
+    /// for `load`.
+    pub fn new(target: impl Into<String>, scenario: Scenario, load: Load, stop: Stop) -> Self {
+        Self {
+            target: target.into(),
+            scenario,
+            mix: Mix::DEFAULT.parse().expect("the default mix parses"),
+            load,
+            connections: default_connections(load),
+            stop,
+            warmup: Duration::ZERO,
+            timeout: Duration::from_secs(10),
+            users: 100,
+            connect_timeout: Duration::from_secs(3),
+            wait: Duration::ZERO,
+            backoff: false,
+            bind: None,
+            progress: false,
+            tls: None,
+        }
+    }
+
+    /// Refuses plans that cannot run, with a reason naming the option.
+    pub fn check(&self) -> Result<(), String> {
+        match self.load {
+            Load::Closed { concurrency: 0 } => {
+                return Err("--concurrency must be at least 1".into());
+            }
+            Load::Open { rate } if !(rate.is_finite() && rate > 0.0) => {
+                return Err("--rate must be a positive number of requests per second".into());
+            }
+            _ => {}
+        }
+        match self.stop {
+            Stop::Requests(0) => return Err("--requests must be at least 1".into()),
+            Stop::Duration(d) if d.is_zero() => {
+                return Err("--duration must be greater than zero".into());
+            }
+            _ => {}
+        }
+        if self.connections == 0 {
+            return Err("--connections must be at least 1".into());
+        }
+        if self.users == 0 {
+            return Err("--users must be at least 1".into());
+        }
+        if self.timeout.is_zero() {
+            return Err("--timeout must be greater than zero".into());
+        }
+        if self.connect_timeout.is_zero() {
+            return Err("--connect-timeout must be greater than zero".into());
+        }
+        Ok(())
+    }
+}
+
+/// The default connection count for a load shape.
+pub fn default_connections(load: Load) -> usize {
+    match load {
+        Load::Closed { concurrency } => schedule::default_connections_closed(concurrency),
+        Load::Open { rate } => schedule::default_connections_open(rate),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_are_checked() {
+        let plan = |load, stop| Plan::new("http://127.0.0.1:1", Scenario::Health, load, stop);
+        let ok = plan(Load::Closed { concurrency: 1 }, Stop::Requests(1));
+        assert_eq!(ok.check(), Ok(()));
+        assert_eq!(ok.connections, 1);
+        assert!(
+            plan(Load::Closed { concurrency: 0 }, Stop::Requests(1))
+                .check()
+                .is_err()
+        );
+        assert!(
+            plan(Load::Open { rate: 0.0 }, Stop::Requests(1))
+                .check()
+                .is_err()
+        );
+        assert!(
+            plan(Load::Open { rate: f64::NAN }, Stop::Requests(1))
+                .check()
+                .is_err()
+        );
+        assert!(
+            plan(Load::Open { rate: 10.0 }, Stop::Requests(0))
+                .check()
+                .is_err()
+        );
+        assert!(
+            plan(Load::Open { rate: 10.0 }, Stop::Duration(Duration::ZERO))
+                .check()
+                .is_err()
+        );
+        let mut no_users = ok.clone();
+        no_users.users = 0;
+        assert!(no_users.check().unwrap_err().contains("--users"));
+    }
+}

@@ -1,0 +1,193 @@
+//! Setup: the users and tokens the mix needs, prepared before the load ([`Fixtures`]).
+//!
+//! Registers the login pool and logs each user in once for tokens, a few requests
+//! at a time, waiting out a server that is full. Usernames carry a random run id,
+//! so runs against the same database never collide. Nothing here is measured: a
+//! setup request that still fails stops the run before any load is sent.
+
+use super::{plan::Plan, status::describe_status};
+use crate::{
+    pb::{LoginRequest, RegisterRequest, auth_service_client::AuthServiceClient},
+    progress::Progress,
+    scenario::{Mix, Operation},
+};
+use anyhow::{Context as _, bail};
+use std::{
+    sync::atomic::{AtomicU64, Ordering},
+    time::{Duration, Instant},
+};
+use tokio::task::JoinSet;
+use tonic::{Code, Status, transport::Channel};
+
+/// The password of every user authbench creates: long enough for authd's rules, and
+/// the same for all, so a login request is built by cloning two short strings.
+pub(super) const PASSWORD: &str = "authbench-password-1";
+
+/// Setup requests (registering the pool, logging in for tokens) in flight at once:
+/// enough to keep a server's hash threads busy without filling its queue.
+const SETUP_PARALLELISM: usize = 8;
+
+/// How long setup keeps retrying a request the server refused for being full.
+const SETUP_PATIENCE: Duration = Duration::from_secs(60);
+
+/// What the requests of a run are built from.
+pub(super) struct Fixtures {
+    /// Random, so names from different runs never collide.
+    run_id: String,
+    /// Numbers new usernames for registrations.
+    registered: AtomicU64,
+    /// Users for logins (all with [`PASSWORD`]).
+    pub(super) users: Vec<String>,
+    /// Tokens for validations.
+    pub(super) tokens: Vec<String>,
+    /// The refresh token of each session started during setup, for refreshes: held
+    /// while one is in flight (a refresh token is used by one request at a time),
+    /// replaced by the one its answer carries.
+    pub(super) refresh_tokens: Vec<tokio::sync::Mutex<String>>,
+}
+
+impl Fixtures {
+    pub(super) fn new_username(&self) -> String {
+        let n = self.registered.fetch_add(1, Ordering::Relaxed);
+        format!("{}-r{n}", self.run_id)
+    }
+}
+
+/// Registers the login pool and collects tokens, as far as the mix needs them.
+pub(super) async fn prepare(
+    plan: &Plan,
+    mix: &Mix,
+    channels: &[Channel],
+    progress: &Progress,
+) -> anyhow::Result<Fixtures> {
+    let run_id = format!("ab{:08x}", rand::random::<u32>());
+    let needs_sessions = mix.uses(Operation::Validate) || mix.uses(Operation::Refresh);
+    let needs_users = mix.uses(Operation::Login) || needs_sessions;
+    let users: Vec<String> = if needs_users {
+        (0..plan.users).map(|i| format!("{run_id}-u{i}")).collect()
+    } else {
+        Vec::new()
+    };
+    let client = |i: usize| AuthServiceClient::new(channels[i % channels.len()].clone());
+
+    if !users.is_empty() {
+        progress.phase(format!("registering {} users for logins", users.len()));
+        let jobs = users.iter().cloned().enumerate().map(|(i, username)| {
+            let mut client = client(i);
+            async move {
+                let mut patience = Patience::new();
+                loop {
+                    let request = RegisterRequest {
+                        username: username.clone(),
+                        password: PASSWORD.into(),
+                    };
+                    match client.register(request).await {
+                        Ok(_) => return Ok(()),
+                        Err(status) if patience.wait_after(&status).await => {}
+                        Err(status) => bail!(
+                            "preparing the login pool: registering {username}: {}",
+                            describe_status(&status)
+                        ),
+                    }
+                }
+            }
+        });
+        run_bounded(jobs).await?;
+    }
+
+    let mut sessions = Vec::new();
+    if needs_sessions {
+        progress.phase(format!("logging in {} users for tokens", users.len()));
+        let jobs = users.iter().cloned().enumerate().map(|(i, username)| {
+            let mut client = client(i);
+            async move {
+                let mut patience = Patience::new();
+                loop {
+                    let request = LoginRequest {
+                        username: username.clone(),
+                        password: PASSWORD.into(),
+                    };
+                    match client.login(request).await {
+                        Ok(response) => {
+                            let response = response.into_inner();
+                            return Ok((response.access_token, response.refresh_token));
+                        }
+                        Err(status) if patience.wait_after(&status).await => {}
+                        Err(status) => bail!(
+                            "preparing tokens: logging in {username}: {}",
+                            describe_status(&status)
+                        ),
+                    }
+                }
+            }
+        });
+        sessions = run_bounded(jobs).await?;
+    }
+    let (tokens, refresh_tokens): (Vec<String>, Vec<String>) = sessions.into_iter().unzip();
+
+    Ok(Fixtures {
+        run_id,
+        registered: AtomicU64::new(0),
+        users,
+        tokens,
+        refresh_tokens: refresh_tokens
+            .into_iter()
+            .map(tokio::sync::Mutex::new)
+            .collect(),
+    })
+}
+
+/// Runs setup futures, [`SETUP_PARALLELISM`] at a time, returning results in order.
+async fn run_bounded<T, F>(jobs: impl Iterator<Item = F>) -> anyhow::Result<Vec<T>>
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = anyhow::Result<T>> + Send + 'static,
+{
+    let mut results: Vec<Option<T>> = Vec::new();
+    let mut running = JoinSet::new();
+    for (i, job) in jobs.enumerate() {
+        results.push(None);
+        if running.len() >= SETUP_PARALLELISM
+            && let Some(done) = running.join_next().await
+        {
+            let (j, value) = done.context("a setup task failed")?;
+            results[j] = Some(value?);
+        }
+        running.spawn(async move { (i, job.await) });
+    }
+    while let Some(done) = running.join_next().await {
+        let (j, value) = done.context("a setup task failed")?;
+        results[j] = Some(value?);
+    }
+    Ok(results
+        .into_iter()
+        .map(|r| r.expect("every job ran"))
+        .collect())
+}
+
+/// Setup retries requests the server refused for being full or unavailable, with a
+/// growing pause, for at most [`SETUP_PATIENCE`].
+struct Patience {
+    give_up_at: Instant,
+    pause: Duration,
+}
+
+impl Patience {
+    fn new() -> Self {
+        Self {
+            give_up_at: Instant::now() + SETUP_PATIENCE,
+            pause: Duration::from_millis(20),
+        }
+    }
+
+    /// Whether to try again after `status`; if so, first waits a little.
+    async fn wait_after(&mut self, status: &Status) -> bool {
+        let transient = matches!(status.code(), Code::ResourceExhausted | Code::Unavailable);
+        if !transient || Instant::now() >= self.give_up_at {
+            return false;
+        }
+        tokio::time::sleep(self.pause).await;
+        self.pause = (self.pause * 2).min(Duration::from_secs(1));
+        true
+    }
+}
