@@ -12,7 +12,8 @@
 //!   of its hint, whichever is later, rounded up to a 20 ms grid (a crowd's answers
 //!   go out together, in one wake-up of the runtime);
 //! - never later than `AUTHD_REFUSAL_HOLD` after it was refused, nor than half the
-//!   time left to the client's deadline.
+//!   time left to the client's deadline; a call with no deadline at most
+//!   [`UNTIMED_HOLD`], since its client may keep a timer the server cannot see.
 //!
 //! A client that re-asks at once is then answered no faster than the budget, so
 //! the refusals it can cost the server are bounded, whatever its concurrency: it is
@@ -48,6 +49,14 @@ use tower::Service;
 /// deadline has passed: the client's timer started before ours, and a client that
 /// times out by itself sees no status and no hint.
 const DEADLINE_SHARE: u32 = 2;
+
+/// The longest a refusal of a call with no deadline (no `grpc-timeout`) is held. Its
+/// client may still keep a timer of its own that the server cannot see (tonic's
+/// `Endpoint::timeout`, a script's socket timeout), and a client that times out by
+/// itself sees no status and no hint; a second is shorter than such timers are set,
+/// and still bounds what an eager client of that kind costs (one refusal a second
+/// per call it keeps open).
+const UNTIMED_HOLD: Duration = Duration::from_secs(1);
 
 /// Held answers are sent on a grid of this step (their time rounded up to it), so
 /// that a crowd's answers go out together, in one wake-up of the runtime, rather
@@ -226,11 +235,11 @@ impl Middleware for Pushback {
             };
             self.metrics.refusal_seconds.inc_by(busy.as_secs_f64());
             let refused = Instant::now();
-            let mut latest = refused + self.settings.max_hold;
-            if let Some(deadline) = deadline {
-                let left = deadline.saturating_duration_since(refused);
-                latest = latest.min(refused + left / DEADLINE_SHARE);
-            }
+            let longest = match deadline {
+                Some(deadline) => deadline.saturating_duration_since(refused) / DEADLINE_SHARE,
+                None => UNTIMED_HOLD,
+            };
+            let latest = refused + self.settings.max_hold.min(longest);
             let mut released = self.released.subscribe();
             if latest <= refused || *released.borrow() {
                 self.metrics.at_once.inc();
@@ -360,6 +369,28 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_call_without_a_deadline_is_held_at_most_the_untimed_hold() {
+        let metrics = Metrics::new();
+        let state = Pushback::new(
+            settings(Duration::from_secs(60), 10, 10),
+            metrics.pushback.clone(),
+        );
+        let svc = layer(state).layer(refusing(|| Error::Overloaded {
+            what: "full",
+            retry_after: Duration::from_secs(30),
+        }));
+        let start = Instant::now();
+        let response = svc.clone().oneshot(from("10.0.0.1", None)).await.unwrap();
+        assert_eq!(start.elapsed(), UNTIMED_HOLD);
+        assert_eq!(hint_of(&response), Some(Duration::from_secs(29)));
+        // With a deadline, the hold may be longer: half the time left to it.
+        let start = Instant::now();
+        svc.oneshot(from("10.0.0.1", Some("10S"))).await.unwrap();
+        assert_eq!(start.elapsed(), Duration::from_secs(5));
+        assert_eq!(metrics.pushback.held_total.get(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn refusals_are_answered_at_the_budgeted_pace_within_the_longest_hold() {
         let metrics = Metrics::new();
         let mut settings = settings(Duration::from_secs(2), 100, 100);
@@ -371,11 +402,11 @@ mod tests {
         }));
         // Forty refusals at once: slots at 0, 100, 200, … ms; each waits for its slot
         // or its 150 ms hint, whichever is later, on the 20 ms grid, and none more
-        // than 2 s.
+        // than 2 s (the calls' deadline, 10 s away, allows that).
         let start = Instant::now();
         let calls: Vec<_> = (0..40)
             .map(|_| {
-                let call = svc.clone().oneshot(from("10.0.0.1", None));
+                let call = svc.clone().oneshot(from("10.0.0.1", Some("10S")));
                 tokio::spawn(async move {
                     let response = call.await.unwrap();
                     (start.elapsed(), hint_of(&response).unwrap())
