@@ -25,7 +25,8 @@ use tonic::{Code, Request, metadata::MetadataMap};
 
 backend_tests!(a_known_sequence_of_calls_gives_exact_counts);
 
-/// The 17 gRPC status codes, as the `code` label spells them.
+/// The 17 gRPC status codes, as the `code` label spells them: written out here
+/// rather than taken from the server's own list, so that a wrong spelling there fails.
 const CODES: [&str; 17] = [
     "OK",
     "CANCELLED",

@@ -82,6 +82,10 @@ impl TlsOptions {
     }
 
     /// tonic's TLS configuration; an error names the option and the file.
+    ///
+    /// `authd health` builds its client TLS the same way (`src/health/check.rs`): a
+    /// deliberate copy, since authbench is a client of authd's wire protocol and never
+    /// depends on the authd library.
     pub(super) fn config(&self) -> anyhow::Result<tonic::transport::ClientTlsConfig> {
         use tonic::transport::{Certificate, ClientTlsConfig, Identity};
         let read = |option: &str, path: &std::path::PathBuf| {
