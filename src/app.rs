@@ -239,11 +239,11 @@ impl Application {
             config
                 .overload
                 .admission(MAX_MESSAGE_BYTES + GRPC_FRAME_HEADER, trust_forwarded_for),
-            metrics.pushback.clone(),
+            metrics.overload.clone(),
         );
         let pushback = Pushback::new(
             config.overload.pushback(trust_forwarded_for),
-            metrics.pushback.clone(),
+            metrics.overload.clone(),
         );
         Ok(Self {
             listener,

@@ -23,7 +23,7 @@
 
 use crate::{
     error::Error,
-    metrics::PushbackMetrics,
+    metrics::OverloadMetrics,
     middleware::{BoxFuture, Middleware, MiddlewareLayer, Request, Response},
     rpc::{self, Deadline, Rpc},
 };
@@ -63,7 +63,7 @@ pub struct Admission {
     draining: AtomicBool,
     /// Open requests per client, and in all.
     clients: Mutex<Open>,
-    metrics: PushbackMetrics,
+    metrics: OverloadMetrics,
 }
 
 /// Requests open (being received or in flight); an entry lives while its count is
@@ -75,7 +75,7 @@ struct Open {
 }
 
 impl Admission {
-    pub fn new(mut settings: AdmissionSettings, metrics: PushbackMetrics) -> Arc<Self> {
+    pub fn new(mut settings: AdmissionSettings, metrics: OverloadMetrics) -> Arc<Self> {
         settings.max_in_flight = settings
             .max_in_flight
             .clamp(1, Semaphore::MAX_PERMITS as u32);
@@ -269,7 +269,7 @@ pub(crate) mod tests {
     }
 
     fn admission(settings: AdmissionSettings) -> Arc<Admission> {
-        Admission::new(settings, crate::metrics::Metrics::new().pushback.clone())
+        Admission::new(settings, crate::metrics::Metrics::new().overload.clone())
     }
 
     /// An admission service around an inner service that counts its calls.

@@ -31,7 +31,7 @@
 
 use crate::{
     error,
-    metrics::PushbackMetrics,
+    metrics::OverloadMetrics,
     middleware::{BoxFuture, Middleware, MiddlewareLayer, Request, Response},
     rpc::{self, Rpc},
 };
@@ -86,7 +86,7 @@ pub struct Pushback {
     held: Mutex<Held>,
     /// Becomes true when the server shuts down: every held refusal is answered.
     released: watch::Sender<bool>,
-    metrics: PushbackMetrics,
+    metrics: OverloadMetrics,
 }
 
 struct Held {
@@ -99,7 +99,7 @@ struct Held {
 }
 
 impl Pushback {
-    pub fn new(mut settings: PushbackSettings, metrics: PushbackMetrics) -> Arc<Self> {
+    pub fn new(mut settings: PushbackSettings, metrics: OverloadMetrics) -> Arc<Self> {
         settings.max_held_per_client = settings.max_held_per_client.min(settings.max_held);
         Arc::new(Self {
             settings,
@@ -334,7 +334,7 @@ mod tests {
         let metrics = Metrics::new();
         let state = Pushback::new(
             settings(Duration::from_secs(1), 10, 10),
-            metrics.pushback.clone(),
+            metrics.overload.clone(),
         );
         let svc = layer(state.clone()).layer(refusing(overloaded));
         let start = Instant::now();
@@ -352,10 +352,10 @@ mod tests {
             .unwrap();
         assert_eq!(start.elapsed(), Duration::from_millis(150));
         assert_eq!(hint_of(&response), Some(Duration::from_millis(2850)));
-        assert_eq!(metrics.pushback.held_total.get(), 2);
-        assert_eq!(metrics.pushback.at_once.get(), 0);
+        assert_eq!(metrics.overload.held_total.get(), 2);
+        assert_eq!(metrics.overload.at_once.get(), 0);
         assert_eq!(state.held(), 0);
-        assert_eq!(metrics.pushback.held.get(), 0);
+        assert_eq!(metrics.overload.held.get(), 0);
         // A refusal with a hint shorter than the hold waits only its hint, rounded up
         // to the grid of answers (here 1.2 s from the start, on it already).
         let svc = layer(state.clone()).layer(refusing(|| Error::Overloaded {
@@ -373,7 +373,7 @@ mod tests {
         let metrics = Metrics::new();
         let state = Pushback::new(
             settings(Duration::from_secs(60), 10, 10),
-            metrics.pushback.clone(),
+            metrics.overload.clone(),
         );
         let svc = layer(state).layer(refusing(|| Error::Overloaded {
             what: "full",
@@ -387,7 +387,7 @@ mod tests {
         let start = Instant::now();
         svc.oneshot(from("10.0.0.1", Some("10S"))).await.unwrap();
         assert_eq!(start.elapsed(), Duration::from_secs(5));
-        assert_eq!(metrics.pushback.held_total.get(), 2);
+        assert_eq!(metrics.overload.held_total.get(), 2);
     }
 
     #[tokio::test(start_paused = true)]
@@ -395,7 +395,7 @@ mod tests {
         let metrics = Metrics::new();
         let mut settings = settings(Duration::from_secs(2), 100, 100);
         settings.rate = 10; // one answer every 100 ms
-        let state = Pushback::new(settings, metrics.pushback.clone());
+        let state = Pushback::new(settings, metrics.overload.clone());
         let svc = layer(state.clone()).layer(refusing(|| Error::Overloaded {
             what: "full",
             retry_after: Duration::from_millis(150),
@@ -424,7 +424,7 @@ mod tests {
         // The schedule runs at most 2 s ahead: the last twenty are answered at 2 s.
         assert_eq!(at.iter().filter(|&&t| t == 2000).count(), 20);
         assert!(answered.iter().all(|(_, left)| left.is_zero()));
-        assert_eq!(metrics.pushback.held_total.get(), 40);
+        assert_eq!(metrics.overload.held_total.get(), 40);
         // Once the crowd is gone, a refusal waits only for its hint again (on the grid).
         tokio::time::sleep(Duration::from_secs(3)).await;
         let start = Instant::now();
@@ -437,7 +437,7 @@ mod tests {
         let metrics = Metrics::new();
         let state = Pushback::new(
             settings(Duration::from_secs(1), 10, 10),
-            metrics.pushback.clone(),
+            metrics.overload.clone(),
         );
         let start = Instant::now();
         for error in [
@@ -454,7 +454,7 @@ mod tests {
         *health.uri_mut() = "/grpc.health.v1.Health/Check".parse().unwrap();
         assert!(served(&svc.oneshot(health).await.unwrap()));
         assert_eq!(start.elapsed(), Duration::ZERO);
-        assert_eq!(metrics.pushback.held_total.get(), 0);
+        assert_eq!(metrics.overload.held_total.get(), 0);
     }
 
     #[tokio::test(start_paused = true)]
@@ -462,7 +462,7 @@ mod tests {
         let metrics = Metrics::new();
         let state = Pushback::new(
             settings(Duration::from_secs(60), 5, 3),
-            metrics.pushback.clone(),
+            metrics.overload.clone(),
         );
         let svc = layer(state.clone()).layer(refusing(overloaded));
         let mut pending = Vec::new();
@@ -485,8 +485,8 @@ mod tests {
         }
         assert_eq!((pending.len(), at_once), (5, 5));
         assert_eq!(state.held(), 5);
-        assert_eq!(metrics.pushback.held.get(), 5);
-        assert_eq!(metrics.pushback.at_once.get(), 5);
+        assert_eq!(metrics.overload.held.get(), 5);
+        assert_eq!(metrics.overload.at_once.get(), 5);
         // A shutdown answers every held refusal at once.
         let start = Instant::now();
         state.release();
@@ -500,7 +500,7 @@ mod tests {
         // And none is held after it.
         let response = svc.oneshot(from("10.0.0.3", None)).await.unwrap();
         assert_eq!(grpc_status(&response), Some("8"));
-        assert_eq!(metrics.pushback.at_once.get(), 6);
+        assert_eq!(metrics.overload.at_once.get(), 6);
     }
 
     #[tokio::test(start_paused = true)]
@@ -508,7 +508,7 @@ mod tests {
         let metrics = Metrics::new();
         let state = Pushback::new(
             settings(Duration::from_secs(60), 1, 1),
-            metrics.pushback.clone(),
+            metrics.overload.clone(),
         );
         let svc = layer(state.clone()).layer(refusing(overloaded));
         let held = tokio::spawn(svc.clone().oneshot(from("10.0.0.1", None)));
@@ -517,18 +517,18 @@ mod tests {
         held.abort();
         let _ = held.await;
         assert_eq!(state.held(), 0);
-        assert_eq!(metrics.pushback.held.get(), 0);
+        assert_eq!(metrics.overload.held.get(), 0);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_zero_hold_answers_every_refusal_at_once() {
         let metrics = Metrics::new();
-        let state = Pushback::new(settings(Duration::ZERO, 10, 10), metrics.pushback.clone());
+        let state = Pushback::new(settings(Duration::ZERO, 10, 10), metrics.overload.clone());
         let svc = layer(state).layer(refusing(overloaded));
         let start = Instant::now();
         let response = svc.oneshot(from("10.0.0.1", None)).await.unwrap();
         assert_eq!(start.elapsed(), Duration::ZERO);
         assert_eq!(hint_of(&response), Some(Duration::from_secs(3)));
-        assert_eq!(metrics.pushback.at_once.get(), 1);
+        assert_eq!(metrics.overload.at_once.get(), 1);
     }
 }

@@ -37,7 +37,7 @@ mod store;
 mod transport;
 
 pub(crate) use accounts::{LoginOutcome, SessionMetrics, ThrottleMetrics, TokenMetrics};
-pub(crate) use overload::PushbackMetrics;
+pub(crate) use overload::OverloadMetrics;
 pub(crate) use passwords::{BlocklistMetrics, HASH_REFUSAL_CAUSES, HashMetrics};
 pub(crate) use ratelimit::RateLimitMetrics;
 pub(crate) use requests::{CODE_NAMES, GrpcMetrics, TraceMetrics};
@@ -71,7 +71,7 @@ pub struct Metrics {
     pub(crate) tls: TlsMetrics,
     pub(crate) sessions: SessionMetrics,
     pub(crate) traces: TraceMetrics,
-    pub(crate) pushback: PushbackMetrics,
+    pub(crate) overload: OverloadMetrics,
     /// 1 while readiness is SERVING, 0 while NOT_SERVING (the health checker sets it).
     pub(crate) serving: IntGauge,
     /// Run before each scrape, for values read from elsewhere (connection pools).
@@ -174,7 +174,7 @@ impl Metrics {
             tls: TlsMetrics::new(&f),
             sessions: SessionMetrics::new(&f),
             traces: TraceMetrics::new(&f),
-            pushback: PushbackMetrics::new(&f),
+            overload: OverloadMetrics::new(&f),
             serving,
             refreshers: Mutex::new(Vec::new()),
             // Last: every family above is registered in it through `f`.

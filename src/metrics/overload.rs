@@ -10,7 +10,7 @@ use prometheus::{IntCounter, IntGauge};
 
 /// Admission control and pushback: what was refused for load, and how.
 #[derive(Clone)]
-pub(crate) struct PushbackMetrics {
+pub(crate) struct OverloadMetrics {
     /// Refusals being held now.
     pub held: IntGauge,
     /// Refusals held before their answer, and answered at once.
@@ -24,7 +24,7 @@ pub(crate) struct PushbackMetrics {
     pub admission_draining: IntCounter,
 }
 
-impl PushbackMetrics {
+impl OverloadMetrics {
     pub(super) fn new(f: &Families) -> Self {
         let refusals = f.counter_vec(
             "authd_admission_refused_total",

@@ -468,6 +468,6 @@ mod tests {
         pool.check_room(None, None).unwrap();
         let _c = pool.reserve(None, None).unwrap();
         drop(b);
-        assert_eq!(pool.stats().rejected_full, 1);
+        assert_eq!(pool.stats().rejected, 1);
     }
 }

@@ -101,7 +101,7 @@ pub struct PoolSnapshot {
     /// Jobs that ran.
     pub completed: u64,
     /// Jobs refused a place in the queue (for any cause).
-    pub rejected_full: u64,
+    pub rejected: u64,
     /// Jobs dropped unrun because their deadline had passed when a thread took them.
     pub dropped_expired: u64,
     /// Jobs dropped unrun because their caller had gone away.
@@ -114,7 +114,7 @@ impl PoolSnapshot {
     fn of(metrics: &HashMetrics) -> Self {
         PoolSnapshot {
             completed: metrics.duration.get_sample_count(),
-            rejected_full: Refusal::ALL
+            rejected: Refusal::ALL
                 .iter()
                 .map(|why| metrics.refused.with_label_values(&[why.label()]).get())
                 .sum(),
@@ -388,7 +388,7 @@ mod tests {
         release_tx.send(()).unwrap();
         busy.await.unwrap().unwrap();
         assert_eq!(queued.await.unwrap().unwrap(), 1);
-        assert_eq!(pool.stats().rejected_full, 1);
+        assert_eq!(pool.stats().rejected, 1);
         assert_eq!(metrics.hash.refused.with_label_values(&["full"]).get(), 1);
         assert_eq!(metrics.hash.queue_depth.get(), 0);
     }

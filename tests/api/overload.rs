@@ -156,7 +156,7 @@ async fn one_busy_client_alone_may_fill_the_whole_queue(db: TestDb) {
     let handle = app.handle.clone();
     wait_until("the thread and the queue are full", || {
         let stats = handle.hash_stats();
-        stats.running as usize + handle.hash_queued() == 6 && stats.rejected_full == 4
+        stats.running as usize + handle.hash_queued() == 6 && stats.rejected == 4
     })
     .await;
     // Every place is the busy client's, and nothing refused it but the queue's bound.
