@@ -26,13 +26,49 @@ use unicode_normalization::UnicodeNormalization as _;
 const COMMON_PASSWORDS: &str = "data/common-passwords.txt.gz";
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["proto/auth/v1/auth.proto"];
     println!("cargo:rerun-if-changed=proto");
-
-    let fds = protox::compile(protos, ["proto"])?;
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
+    // Each API has its own descriptor set, so the gRPC port's reflection never
+    // lists the admin service (served only on the admin listener).
+    compile(
+        &out_dir,
+        "proto/auth/v1/auth.proto",
+        ".auth.v1",
+        "crate::pb",
+        "auth",
+    )?;
+    compile(
+        &out_dir,
+        "proto/auth/admin/v1/admin.proto",
+        ".auth.admin.v1",
+        "crate::pb::admin",
+        "admin",
+    )?;
+
+    println!("cargo:rerun-if-changed={COMMON_PASSWORDS}");
+    common_passwords(
+        Path::new(COMMON_PASSWORDS),
+        &out_dir.join("common-passwords.fst"),
+    )?;
+    Ok(())
+}
+
+/// Compiles `proto` (package `package`, whose Rust module is `module`) into the
+/// server on authd's codec, the client on prost's, and the descriptor set
+/// `{name}_descriptor.bin` that reflection serves.
+fn compile(
+    out_dir: &Path,
+    proto: &str,
+    package: &str,
+    module: &str,
+    name: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let fds = protox::compile([proto], ["proto"])?;
     // `compile_fds` generates code but does not write the descriptor set: reflection needs it.
-    fs::write(out_dir.join("auth_descriptor.bin"), fds.encode_to_vec())?;
+    fs::write(
+        out_dir.join(format!("{name}_descriptor.bin")),
+        fds.encode_to_vec(),
+    )?;
 
     tonic_prost_build::configure()
         .build_client(false)
@@ -45,15 +81,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(false)
-        .extern_path(".auth.v1", "crate::pb")
+        .extern_path(package, module)
         .out_dir(client_dir)
         .compile_fds(fds)?;
-
-    println!("cargo:rerun-if-changed={COMMON_PASSWORDS}");
-    common_passwords(
-        Path::new(COMMON_PASSWORDS),
-        &out_dir.join("common-passwords.fst"),
-    )?;
     Ok(())
 }
 

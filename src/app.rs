@@ -7,6 +7,7 @@
 
 use crate::{
     accounts::Accounts,
+    admin::{AdminApi, AdminSettings},
     audit::Audit,
     blocklist::Blocklist,
     config::Config,
@@ -61,6 +62,9 @@ pub struct Application {
     metrics_addr: Option<SocketAddr>,
     health_listener: Option<std::net::TcpListener>,
     health_addr: Option<SocketAddr>,
+    /// The admin API's port and settings, when AUTHD_ADMIN_LISTEN is set.
+    admin: Option<(TcpListener, AdminSettings)>,
+    admin_addr: Option<SocketAddr>,
     limits: Limits,
     tls: Option<Arc<ServerTls>>,
     config: Config,
@@ -77,9 +81,15 @@ pub struct AppHandle {
     key_file: Option<Arc<KeyFile>>,
     metrics_addr: Option<SocketAddr>,
     health_addr: Option<SocketAddr>,
+    admin_addr: Option<SocketAddr>,
 }
 
 impl AppHandle {
+    /// Where the admin API answers (`None` while `AUTHD_ADMIN_LISTEN` is off).
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
+    }
+
     /// Re-reads `AUTHD_TOKEN_KEYS_FILE` now, as the periodic reload does: `Ok(true)` when
     /// a new ring is in use, `Ok(false)` when the file is unchanged (or no file is
     /// configured), the reason when the file was refused and the old ring kept.
@@ -229,6 +239,17 @@ impl Application {
             Some(listener) => Some(listener.local_addr()?),
             None => None,
         };
+        let admin = match (
+            config.admin.admin_listen.addr(),
+            config.admin.settings(config.limits.trust_forwarded_for)?,
+        ) {
+            (Some(addr), Some(settings)) => Some((transport::bind(addr, "admin").await?, settings)),
+            _ => None,
+        };
+        let admin_addr = match &admin {
+            Some((listener, _)) => Some(listener.local_addr()?),
+            None => None,
+        };
         // The connection cap is fitted under the open-file limit, raised to its hard
         // limit first.
         let limits = config.server.connection_limits(transport::raise_fd_limit());
@@ -261,10 +282,17 @@ impl Application {
             metrics_addr,
             health_listener,
             health_addr,
+            admin,
+            admin_addr,
             limits,
             tls,
             config,
         })
+    }
+
+    /// Where the admin API answers (`None` while `AUTHD_ADMIN_LISTEN` is off).
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -285,6 +313,7 @@ impl Application {
         self.health_addr
     }
 
+    /// Where the admin API answers (`None` while `AUTHD_ADMIN_LISTEN` is off).
     pub fn handle(&self) -> AppHandle {
         AppHandle {
             accounts: self.accounts.clone(),
@@ -295,6 +324,7 @@ impl Application {
             key_file: self.key_file.clone(),
             metrics_addr: self.metrics_addr,
             health_addr: self.health_addr,
+            admin_addr: self.admin_addr,
         }
     }
 
@@ -321,6 +351,8 @@ impl Application {
             metrics_addr,
             health_listener,
             health_addr,
+            admin,
+            admin_addr,
             limits,
             tls,
             config,
@@ -390,7 +422,7 @@ impl Application {
             config.limits.trust_forwarded_for,
         ))
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
-        let routes = Routes::new(health_service)
+        let routes = Routes::new(health_service.clone())
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
             .add_service(auth);
@@ -408,6 +440,44 @@ impl Application {
             .layer(ratelimit::layer(rate_limiter))
             .layer(admission::layer(admission.clone()))
             .service(routes);
+        // The admin API: its own port, its own routes; stops when the gRPC port does.
+        let admin_server = match admin {
+            Some((listener, settings)) => {
+                let admin_reflection = || {
+                    tonic_reflection::server::Builder::configure()
+                        .register_encoded_file_descriptor_set(pb::admin::FILE_DESCRIPTOR_SET)
+                        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+                        .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
+                };
+                let api = AdminApi::new(
+                    accounts.clone(),
+                    settings,
+                    accounts.audit().clone(),
+                    metrics.admin.clone(),
+                );
+                let routes = Routes::new(health_service.clone())
+                    .add_service(admin_reflection().build_v1()?)
+                    .add_service(admin_reflection().build_v1alpha()?)
+                    .add_service(api.server());
+                let service = tower::ServiceBuilder::new()
+                    .map_request(|request: http::Request<hyper::body::Incoming>| {
+                        request.map(tonic::body::Body::new)
+                    })
+                    .layer(trace::layer(metrics.clone(), traces.clone()))
+                    .service(routes);
+                Some(tokio::spawn(transport::serve(
+                    "admin",
+                    listener,
+                    Protocol::Http2,
+                    tls.clone(),
+                    Limits::auxiliary(&limits),
+                    metrics.listener("admin"),
+                    service,
+                    serving_stopped.clone(),
+                )))
+            }
+            None => None,
+        };
         // Stops when the gRPC port does.
         let reloader = tls
             .as_ref()
@@ -425,6 +495,7 @@ impl Application {
         tracing::info!(
             listen = %local_addr,
             health = %health_addr.map_or_else(|| "off".to_owned(), |a| a.to_string()),
+            admin = %admin_addr.map_or_else(|| "off".to_owned(), |a| a.to_string()),
             metrics = %metrics_addr.map_or_else(|| "off".to_owned(), |a| a.to_string()),
             database = %config.store.database_url,
             pbkdf2_iterations = config.passwords.pbkdf2_iterations,
@@ -454,6 +525,9 @@ impl Application {
                 reloader.abort();
             }
             upkeep.abort();
+            if let Some(admin) = &admin_server {
+                admin.abort();
+            }
             store.close().await;
             stop_auxiliary_servers(stop_auxiliary, metrics_server, health_server).await;
             if let Some(watcher) = key_file_watcher {
@@ -484,6 +558,15 @@ impl Application {
             Err(_) => {
                 tracing::warn!("connections did not close in time; closing them");
                 server.abort();
+            }
+        }
+        if let Some(mut admin) = admin_server {
+            // Stopped with the gRPC port; its calls are short.
+            if tokio::time::timeout(CLOSE_TIMEOUT, &mut admin)
+                .await
+                .is_err()
+            {
+                admin.abort();
             }
         }
         store.close().await;

@@ -62,6 +62,30 @@ macro_rules! event {
     };
 }
 
+/// Why a login failed, as the audit trail says it (the caller is told only that
+/// the credentials are wrong, whichever it is).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoginFailure {
+    UnknownUser,
+    WrongPassword,
+    /// The password was right; an administrator disabled the account.
+    Disabled,
+    /// The password was right, and changed (or the account was disabled) while the
+    /// attempt was being checked.
+    Superseded,
+}
+
+impl LoginFailure {
+    pub fn label(self) -> &'static str {
+        match self {
+            LoginFailure::UnknownUser => "unknown_user",
+            LoginFailure::WrongPassword => "wrong_password",
+            LoginFailure::Disabled => "disabled",
+            LoginFailure::Superseded => "superseded",
+        }
+    }
+}
+
 /// Writes the audit events.
 #[derive(Clone)]
 pub struct Audit {
@@ -93,8 +117,15 @@ impl Audit {
         );
     }
 
-    /// A wrong password (`user_id` known) or an unknown username (`None`).
-    pub fn login_failed(&self, caller: &Caller, username: &Username, user_id: Option<&str>) {
+    /// A failed login (or current-password check) and why: the caller was told
+    /// only that the credentials are wrong.
+    pub fn login_failed(
+        &self,
+        caller: &Caller,
+        username: &Username,
+        user_id: Option<&str>,
+        why: LoginFailure,
+    ) {
         event!(
             caller,
             "login",
@@ -102,6 +133,7 @@ impl Audit {
             "login failed";
             user_id,
             account = %self.digest.of(username),
+            reason = why.label(),
         );
     }
 
@@ -156,6 +188,27 @@ impl Audit {
             "password changed; every session ended";
             user_id,
             sessions_ended,
+        );
+    }
+
+    /// An admin API call: the key that made it (`None`: no valid key), the RPC, the
+    /// user it acted on when known, and its outcome (a gRPC code's name).
+    pub fn admin(
+        &self,
+        caller: &Caller,
+        key: Option<&str>,
+        rpc: &str,
+        user_id: Option<&str>,
+        outcome: &str,
+    ) {
+        event!(
+            caller,
+            "admin",
+            outcome,
+            "admin call";
+            admin_key = key,
+            rpc,
+            user_id,
         );
     }
 }

@@ -194,6 +194,18 @@ pub enum Error {
     /// the method (or the client has none). The identity is not echoed.
     #[error("the client certificate is not allowed to call this method")]
     PermissionDenied,
+    /// The admin API: a call without a valid admin credential (none, or a key that
+    /// is no admin key). Which of the two is not said.
+    #[error(
+        "an admin credential is required: a client certificate on the admin allow-list, or an admin key"
+    )]
+    AdminUnauthenticated,
+    /// The admin API: a known admin credential whose role may not call the method.
+    #[error("this admin credential may not call this method")]
+    AdminForbidden,
+    /// The admin API: the account named does not exist.
+    #[error("no such user")]
+    NoSuchUser,
     #[error("deadline exceeded before the work could be done")]
     DeadlineExceeded,
     /// The request's body did not arrive within the receive timeout.
@@ -288,7 +300,11 @@ impl Error {
                     .insert("retry-after", retry_after(*wait));
                 status
             }
-            Error::PermissionDenied => Status::permission_denied(self.to_string()),
+            Error::PermissionDenied | Error::AdminForbidden => {
+                Status::permission_denied(self.to_string())
+            }
+            Error::AdminUnauthenticated => Status::unauthenticated(self.to_string()),
+            Error::NoSuchUser => Status::not_found(self.to_string()),
             Error::DeadlineExceeded | Error::ReceiveTimeout => {
                 Status::deadline_exceeded(self.to_string())
             }

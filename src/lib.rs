@@ -26,13 +26,15 @@
 //!                      deadline, drain (reject, never queue)
 //!   codec              protobuf decoding; malformed -> INVALID_ARGUMENT, generic
 //!   grpc               proto <-> domain, for auth.v1.AuthService
+//!   admin              auth.admin.v1.AdminService on its own listener: admin keys and
+//!                      roles, its rate limit, proto <-> domain, audited
 //!   accounts           the register / login / validate / session use cases
 //!     audit            the audit trail: one event per security outcome on `authd::audit`
 //!     throttle         the login throttle: attempts reserved before hashing, per
 //!                      client and per account, in process or on Redis
 //!     blocklist        common passwords (bundled, plus an organization's file) and the
 //!                      username, refused before hashing
-//!     revocation       ended sessions in memory, for ValidateToken
+//!     revocation       ended sessions and per-user cutoffs in memory, for ValidateToken
 //!     store            SQLite (reader pool + one batching writer) or PostgreSQL (pool)
 //!     refresh          refresh tokens (random, rotated, stored as a digest)
 //!     password         the PBKDF2 policy, on a pool of hashing threads behind a queue
@@ -82,6 +84,7 @@
 #![forbid(unsafe_code)]
 
 pub(crate) mod accounts;
+pub(crate) mod admin;
 pub mod app;
 pub(crate) mod audit;
 pub(crate) mod blocklist;
@@ -130,6 +133,18 @@ pub mod pb {
 
     /// The encoded descriptor set of `auth.v1`, served by reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("auth_descriptor");
+
+    /// The admin API, `auth.admin.v1` (served only on the admin listener).
+    pub mod admin {
+        #![allow(clippy::all, missing_docs)]
+        tonic::include_proto!("auth.admin.v1");
+        include!(concat!(env!("OUT_DIR"), "/client/auth.admin.v1.rs"));
+
+        /// The encoded descriptor set of `auth.admin.v1`, served by the admin
+        /// listener's reflection.
+        pub const FILE_DESCRIPTOR_SET: &[u8] =
+            tonic::include_file_descriptor_set!("admin_descriptor");
+    }
 }
 
 #[cfg(test)]

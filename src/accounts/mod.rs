@@ -17,9 +17,19 @@
 //! on other replicas arrive through [`Accounts::upkeep`], which polls the store for
 //! sessions ended since its last look and purges the ones no token needs any more.
 //! ValidateToken reads only the in-memory set.
+//!
+//! # Layout
+//!
+//! - this file: the use cases of the users' own calls, and the session upkeep.
+//! - `admin`: what an administrator does to accounts (the admin API), and the
+//!   per-user token cutoffs the upkeep reads.
+
+mod admin;
+
+pub use admin::Changed;
 
 use crate::{
-    audit::{Audit, Caller},
+    audit::{Audit, Caller, LoginFailure as Failure},
     credentials::{Password, Username},
     error::Error,
     metrics::{LoginOutcome, Metrics},
@@ -93,7 +103,7 @@ struct SessionCounters {
     started: IntCounter,
     refreshed: IntCounter,
     /// By [`EndReason`], in the order of [`EndReason::ALL`].
-    ended: [IntCounter; 4],
+    ended: [IntCounter; EndReason::ALL.len()],
     poll_errors: IntCounter,
 }
 
@@ -174,6 +184,11 @@ impl Accounts {
         &self.store
     }
 
+    /// The audit trail this replica writes.
+    pub fn audit(&self) -> &Audit {
+        &self.audit
+    }
+
     pub fn hasher(&self) -> &Hasher {
         &self.hasher
     }
@@ -249,7 +264,8 @@ impl Accounts {
             // The password changed while this attempt was being checked: it was
             // verified against a password that is no longer the user's.
             Err(Error::InvalidCredentials) => {
-                self.login_failed(attempt, caller, &username, Some(&user.id))
+                let why = Failure::Superseded;
+                self.login_failed(attempt, caller, &username, Some(&user.id), why)
                     .await;
                 Err(Error::InvalidCredentials)
             }
@@ -279,8 +295,8 @@ impl Accounts {
             .await
         {
             Ok(checked) => Ok(checked),
-            Err(CheckFailure::Wrong(user_id, attempt)) => {
-                self.login_failed(attempt, caller, username, user_id.as_deref())
+            Err(CheckFailure::Wrong(user_id, attempt, why)) => {
+                self.login_failed(attempt, caller, username, user_id.as_deref(), why)
                     .await;
                 Err(Error::InvalidCredentials)
             }
@@ -318,19 +334,21 @@ impl Accounts {
         self.audit.login_succeeded(caller, user_id);
     }
 
-    /// A wrong password or an unknown username: counted, audited.
+    /// A wrong password, an unknown username, a disabled account, or a password
+    /// changed meanwhile: counted alike, audited with the reason.
     async fn login_failed(
         &self,
         attempt: Option<Attempt>,
         caller: &Caller,
         username: &Username,
         user_id: Option<&str>,
+        why: Failure,
     ) {
         if let Some(attempt) = attempt {
             attempt.failed().await;
         }
         self.throttle.count_login(LoginOutcome::Failed);
-        self.audit.login_failed(caller, username, user_id);
+        self.audit.login_failed(caller, username, user_id, why);
     }
 
     /// Verifies a password against the stored hash of `username` (against a dummy
@@ -357,9 +375,19 @@ impl Accounts {
             .hasher
             .verify(slot, password.clone(), stored, deadline)
             .await?;
+        // A disabled account fails as a wrong password does, after the same hash
+        // and counted alike: the caller learns nothing; the audit trail says why.
         let user = match user {
-            Some(user) if verification.matches => user,
-            other => return Err(CheckFailure::Wrong(other.map(|u| u.id), attempt)),
+            Some(user) if verification.matches && !user.disabled => user,
+            Some(user) => {
+                let why = if verification.matches {
+                    Failure::Disabled
+                } else {
+                    Failure::WrongPassword
+                };
+                return Err(CheckFailure::Wrong(Some(user.id), attempt, why));
+            }
+            None => return Err(CheckFailure::Wrong(None, attempt, Failure::UnknownUser)),
         };
         if verification.needs_rehash {
             self.rehash(&user, password, deadline, client).await;
@@ -374,7 +402,7 @@ impl Accounts {
         let now = unix_millis();
         let refresh_token = RefreshToken::random();
         let session = LiveSession {
-            id: uuid::Uuid::now_v7().to_string(),
+            id: admin::session_id_after(now, user.cutoff_at),
             user_id: user.id.clone(),
             username: user.username.as_str().to_owned(),
             expires_at: now.saturating_add(millis(self.settings.refresh_ttl)),
@@ -575,7 +603,8 @@ impl Accounts {
             .change_password(&user.id, hash, user.password_version, now)
             .await?
         else {
-            self.login_failed(attempt, caller, &username, Some(&user.id))
+            let why = Failure::Superseded;
+            self.login_failed(attempt, caller, &username, Some(&user.id), why)
                 .await;
             return Err(Error::InvalidCredentials);
         };
@@ -638,8 +667,11 @@ impl Accounts {
     /// memory: no database query).
     pub fn validate(&self, token: &str, audience: Option<&str>) -> Result<VerifiedToken, Error> {
         Ok(self.tokens.verify_unless(token, audience, |v| {
-            self.revocations
-                .is_revoked(v.session_id.as_deref().unwrap_or_default(), v.issued_at)
+            self.revocations.is_revoked(
+                v.session_id.as_deref().unwrap_or_default(),
+                &v.user_id,
+                v.issued_at,
+            )
         })?)
     }
 
@@ -653,9 +685,19 @@ impl Accounts {
         millis(self.settings.token_ttl + CLOCK_SKEW)
     }
 
-    /// Reads the sessions ended (on any replica) since `cursor`, the latest end
-    /// seen, into the revocation set; forgets the entries no token needs.
-    async fn poll_revocations(&self, cursor: &mut i64) -> Result<usize, Error> {
+    /// Reads the sessions ended and the user cutoffs written (on any replica) since
+    /// `cursor`, the latest of each seen, into the revocation set; forgets the
+    /// entries no token needs.
+    async fn poll_revocations(&self, cursor: &mut Cursors) -> Result<usize, Error> {
+        let read = self.poll_ended(&mut cursor.ended).await?
+            + self.poll_cutoffs(&mut cursor.cutoffs).await?;
+        self.revocations.forget_expired(unix_millis());
+        *self.synced.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        Ok(read)
+    }
+
+    /// Reads the sessions ended since `cursor`, the latest end seen.
+    async fn poll_ended(&self, cursor: &mut i64) -> Result<usize, Error> {
         let now = unix_millis();
         let mut after = (cursor.saturating_sub(POLL_LOOKBACK_MS), String::new());
         let mut read = 0;
@@ -676,8 +718,6 @@ impl Accounts {
                 break;
             }
         }
-        self.revocations.forget_expired(now);
-        *self.synced.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
         Ok(read)
     }
 
@@ -700,6 +740,12 @@ impl Accounts {
                 break;
             }
         }
+        for _ in 0..10 {
+            let purged = self.store.purge_cutoffs(ended_before, PURGE_BATCH).await?;
+            if purged < PURGE_BATCH as u64 {
+                break;
+            }
+        }
         Ok(())
     }
 
@@ -709,8 +755,12 @@ impl Accounts {
     /// keeps answering from the set it has (see docs/sessions.md); the failure is
     /// counted, logged once per outage, and `authd_revocation_sync_age_seconds` grows.
     pub async fn upkeep(self: Arc<Self>, poll_every: Duration) {
-        // Everything ended recently enough to matter, on the first poll.
-        let mut cursor = unix_millis().saturating_sub(self.keep_ms());
+        // Everything ended or cut off recently enough to matter, on the first poll.
+        let start = unix_millis().saturating_sub(self.keep_ms());
+        let mut cursor = Cursors {
+            ended: start,
+            cutoffs: start,
+        };
         let mut poll = tokio::time::interval(poll_every);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The first purge a minute after the start, not at once.
@@ -748,11 +798,17 @@ impl Accounts {
     }
 }
 
+/// Where a revocation poll goes on from: the latest end and the latest cutoff seen.
+struct Cursors {
+    ended: i64,
+    cutoffs: i64,
+}
+
 /// Why a password check did not yield the user.
 enum CheckFailure {
-    /// A wrong password (the user's id) or an unknown username (`None`), and the
-    /// attempt to settle.
-    Wrong(Option<String>, Option<Attempt>),
+    /// A wrong password or a disabled account (the user's id) or an unknown
+    /// username (`None`), the attempt to settle, and why, for the audit trail.
+    Wrong(Option<String>, Option<Attempt>, Failure),
     /// Anything else: full, unavailable, past its deadline.
     Error(Error),
 }

@@ -21,6 +21,7 @@
 //!   digest key.
 //! - `limits`: Redis, the rate limits and the login throttle.
 //! - `telemetry`: logs, metrics and traces.
+//! - `admin`: the admin API's listener, its keys file and its rate limit.
 //! - `parse`: the value parsers and the secret-file reading the groups share.
 //!
 //! Values are parsed and checked here, so a bad value stops the start with one
@@ -39,6 +40,7 @@
 //! `telemetry`) import this one; a component takes its built settings, never a
 //! group or the `Config`.
 
+mod admin;
 mod limits;
 mod overload;
 mod parse;
@@ -49,6 +51,7 @@ mod telemetry;
 mod tls;
 mod tokens;
 
+pub use admin::AdminConfig;
 pub use limits::LimitsConfig;
 pub use overload::OverloadConfig;
 pub use parse::MetricsListen;
@@ -173,6 +176,8 @@ pub struct Config {
     pub limits: LimitsConfig,
     #[command(flatten)]
     pub telemetry: TelemetryConfig,
+    #[command(flatten)]
+    pub admin: AdminConfig,
 }
 
 impl Config {

@@ -69,7 +69,8 @@ impl SessionMetrics {
             ended: f.counter_vec(
                 "authd_sessions_ended_total",
                 "Sessions ended, by reason (logout, reuse: a rotated refresh token was presented \
-                 again, password_change, expired: purged at their end without being ended).",
+                 again, password_change, expired: purged at their end without being ended, \
+                 disabled: an administrator disabled the account).",
                 &["reason"],
             ),
             revoked: f.gauge(

@@ -23,12 +23,14 @@
 //!   tokens and their signing keys;
 //! - `ratelimit`: the rate-limit tier, its Redis calls and its in-process fallback;
 //! - `overload`: admission control and pushback, what was refused for load;
-//! - `transport`: the connections of every listener, and TLS on the gRPC port.
+//! - `transport`: the connections of every listener, and TLS on the gRPC port;
+//! - `admin`: the admin API's calls and what they did to accounts.
 //!
 //! Like the rest of the bottom floor, none of these files imports anything above
 //! it: the components take their handles from here, never the other way round.
 
 mod accounts;
+mod admin;
 mod overload;
 mod passwords;
 mod ratelimit;
@@ -37,6 +39,7 @@ mod store;
 mod transport;
 
 pub(crate) use accounts::{LoginOutcome, SessionMetrics, ThrottleMetrics, TokenMetrics};
+pub(crate) use admin::AdminMetrics;
 pub(crate) use overload::OverloadMetrics;
 pub(crate) use passwords::{BlocklistMetrics, HASH_REFUSAL_CAUSES, HashMetrics};
 pub(crate) use ratelimit::RateLimitMetrics;
@@ -72,6 +75,7 @@ pub struct Metrics {
     pub(crate) sessions: SessionMetrics,
     pub(crate) traces: TraceMetrics,
     pub(crate) overload: OverloadMetrics,
+    pub(crate) admin: AdminMetrics,
     /// 1 while readiness is SERVING, 0 while NOT_SERVING (the health checker sets it).
     pub(crate) serving: IntGauge,
     /// Run before each scrape, for values read from elsewhere (connection pools).
@@ -175,6 +179,7 @@ impl Metrics {
             sessions: SessionMetrics::new(&f),
             traces: TraceMetrics::new(&f),
             overload: OverloadMetrics::new(&f),
+            admin: AdminMetrics::new(&f),
             serving,
             refreshers: Mutex::new(Vec::new()),
             // Last: every family above is registered in it through `f`.

@@ -24,6 +24,8 @@
 //!
 //! # Layout
 //!
+//! - `admin`: accounts as the admin API sees and changes them, and the per-user
+//!   token cutoffs.
 //! - `connection`: the backend choice and its settings, connect options, migrations,
 //!   and the pools operations take a bounded connection from.
 //! - `users`: users' rows and statements, and their reads, written once for both
@@ -33,12 +35,14 @@
 //! - `postgres`: operations on a PostgreSQL pool.
 //! - this file: [`Store`], the errors, and the metrics and spans of every operation.
 
+mod admin;
 mod connection;
 mod postgres;
 mod session;
 mod sqlite;
 mod users;
 
+pub use admin::{Account, AccountKey, Change, Cutoff, PageQuery, Revoked};
 pub use connection::{PostgresSettings, SqliteSettings, StoreSettings};
 pub use session::{
     EndReason, Ended, EndedSession, LiveSession, LoggedOut, NewSession, Purged, Refreshed, Rotation,
@@ -183,6 +187,13 @@ struct Operations {
     change_password: OperationMetrics,
     ended_sessions: OperationMetrics,
     purge_sessions: OperationMetrics,
+    get_account: OperationMetrics,
+    list_accounts: OperationMetrics,
+    disable_user: OperationMetrics,
+    enable_user: OperationMetrics,
+    delete_user: OperationMetrics,
+    cutoffs: OperationMetrics,
+    purge_cutoffs: OperationMetrics,
 }
 
 impl Operations {
@@ -199,6 +210,13 @@ impl Operations {
             change_password: OperationMetrics::new(metrics, backend, "change_password"),
             ended_sessions: OperationMetrics::new(metrics, backend, "ended_sessions"),
             purge_sessions: OperationMetrics::new(metrics, backend, "purge_sessions"),
+            get_account: OperationMetrics::new(metrics, backend, "get_account"),
+            list_accounts: OperationMetrics::new(metrics, backend, "list_accounts"),
+            disable_user: OperationMetrics::new(metrics, backend, "disable_user"),
+            enable_user: OperationMetrics::new(metrics, backend, "enable_user"),
+            delete_user: OperationMetrics::new(metrics, backend, "delete_user"),
+            cutoffs: OperationMetrics::new(metrics, backend, "cutoffs"),
+            purge_cutoffs: OperationMetrics::new(metrics, backend, "purge_cutoffs"),
         }
     }
 }
@@ -348,6 +366,58 @@ impl Store {
         limit: i64,
     ) -> Result<Purged, StoreError> {
         timed!(self, purge_sessions, s => s.purge(now, ended_before, limit).await)
+    }
+
+    /// The account `key` names, its live sessions counted at `now`.
+    pub async fn account(&self, key: &AccountKey, now: i64) -> Result<Option<Account>, StoreError> {
+        timed!(self, get_account, s => s.account(key, now).await)
+    }
+
+    /// A page of accounts in username order (byte order).
+    pub async fn accounts_page(
+        &self,
+        query: &PageQuery,
+        now: i64,
+    ) -> Result<Vec<Account>, StoreError> {
+        timed!(self, list_accounts, s => s.accounts_page(query, now).await)
+    }
+
+    /// Disables the account `id`: marks it, takes the next password version (a
+    /// login or password change in flight stores nothing), ends its live sessions
+    /// and writes its token cutoff at `now`, in one transaction.
+    pub async fn disable_user(
+        &self,
+        id: &str,
+        reason: &str,
+        now: i64,
+    ) -> Result<Change<Revoked>, StoreError> {
+        timed!(self, disable_user, s => s.disable_user(id, reason, now).await)
+    }
+
+    /// Enables the account `id` again; its cutoff stays.
+    pub async fn enable_user(&self, id: &str, now: i64) -> Result<Change<()>, StoreError> {
+        timed!(self, enable_user, s => s.enable_user(id, now).await)
+    }
+
+    /// Deletes the account `id`, its sessions and their refresh tokens, and writes
+    /// its token cutoff at `now`, in one transaction.
+    pub async fn delete_user(&self, id: &str, now: i64) -> Result<Change<Revoked>, StoreError> {
+        timed!(self, delete_user, s => s.delete_user(id, now).await)
+    }
+
+    /// Cutoffs written after `after` (cutoff_at, user_id), in that order, at most
+    /// `limit`.
+    pub async fn cutoffs_since(
+        &self,
+        after: (i64, &str),
+        limit: i64,
+    ) -> Result<Vec<Cutoff>, StoreError> {
+        timed!(self, cutoffs, s => s.cutoffs_since(after, limit).await)
+    }
+
+    /// Deletes up to `limit` cutoffs written at or before `before`.
+    pub async fn purge_cutoffs(&self, before: i64, limit: i64) -> Result<u64, StoreError> {
+        timed!(self, purge_cutoffs, s => s.purge_cutoffs(before, limit).await)
     }
 
     /// The highest PBKDF2 iteration count of any stored hash (0 with no users).

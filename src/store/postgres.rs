@@ -19,6 +19,7 @@
 
 use super::{
     StoreError,
+    admin::{self, Account, AccountKey, Change, Cutoff, PageQuery, Revoked},
     connection::{Connections, PostgresSettings, connect_postgres, migrate_postgres, within},
     session::{
         self, EndReason, Ended, EndedSession, LoggedOut, NewSession, Purged, Refreshed, Rotation,
@@ -37,6 +38,7 @@ mod ops {
         sqlx::postgres::PgRow,
         crate::store::session::sql::INSERT_SESSION_LOCKING
     );
+    super::admin::admin_ops!(sqlx::PgConnection);
 }
 
 /// Runs `$body` (which uses `$tx`, a `&mut PgConnection`) in a transaction on a
@@ -188,6 +190,58 @@ impl PostgresStore {
         limit: i64,
     ) -> Result<Vec<EndedSession>, StoreError> {
         session::ended_since(&self.conns, after, limit).await
+    }
+
+    /// The update takes the user's row lock first, as a password change does: a
+    /// Login's insert (FOR SHARE) committed before, and its session is ended here,
+    /// or it waits, and then finds the new version.
+    pub(crate) async fn disable_user(
+        &self,
+        id: &str,
+        reason: &str,
+        now: i64,
+    ) -> Result<Change<Revoked>, StoreError> {
+        in_transaction!(self, |tx| ops::disable(tx, id, reason, now).await?)
+    }
+
+    pub(crate) async fn enable_user(&self, id: &str, now: i64) -> Result<Change<()>, StoreError> {
+        in_transaction!(self, |tx| ops::enable(tx, id, now).await?)
+    }
+
+    pub(crate) async fn delete_user(
+        &self,
+        id: &str,
+        now: i64,
+    ) -> Result<Change<Revoked>, StoreError> {
+        in_transaction!(self, |tx| ops::delete(tx, id, now).await?)
+    }
+
+    pub(crate) async fn purge_cutoffs(&self, before: i64, limit: i64) -> Result<u64, StoreError> {
+        in_transaction!(self, |tx| ops::purge_cutoffs(tx, before, limit).await?)
+    }
+
+    pub(crate) async fn account(
+        &self,
+        key: &AccountKey,
+        now: i64,
+    ) -> Result<Option<Account>, StoreError> {
+        admin::account(&self.conns, key, now).await
+    }
+
+    pub(crate) async fn accounts_page(
+        &self,
+        query: &PageQuery,
+        now: i64,
+    ) -> Result<Vec<Account>, StoreError> {
+        admin::page(&self.conns, admin::sql::PAGE_POSTGRES, query, now).await
+    }
+
+    pub(crate) async fn cutoffs_since(
+        &self,
+        after: (i64, &str),
+        limit: i64,
+    ) -> Result<Vec<Cutoff>, StoreError> {
+        admin::cutoffs_since(&self.conns, after, limit).await
     }
 
     pub(crate) async fn probe(&self) -> Result<u32, StoreError> {

@@ -31,14 +31,17 @@ pub enum EndReason {
     Reuse,
     PasswordChange,
     Expired,
+    /// An administrator disabled the account.
+    Disabled,
 }
 
 impl EndReason {
-    pub const ALL: [EndReason; 4] = [
+    pub const ALL: [EndReason; 5] = [
         EndReason::Logout,
         EndReason::Reuse,
         EndReason::PasswordChange,
         EndReason::Expired,
+        EndReason::Disabled,
     ];
 
     pub fn label(self) -> &'static str {
@@ -47,6 +50,7 @@ impl EndReason {
             EndReason::Reuse => "reuse",
             EndReason::PasswordChange => "password_change",
             EndReason::Expired => "expired",
+            EndReason::Disabled => "disabled",
         }
     }
 }

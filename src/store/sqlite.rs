@@ -19,6 +19,7 @@
 
 use super::{
     StoreError,
+    admin::{self, Account, AccountKey, Change, Cutoff, PageQuery, Revoked},
     connection::{
         Connections, SqliteSettings, open_sqlite_readers, open_sqlite_writer, operation_limit,
         within,
@@ -96,6 +97,23 @@ enum Write {
         ended_before: i64,
         limit: i64,
     },
+    Disable {
+        id: String,
+        reason: String,
+        now: i64,
+    },
+    Enable {
+        id: String,
+        now: i64,
+    },
+    Delete {
+        id: String,
+        now: i64,
+    },
+    PurgeCutoffs {
+        before: i64,
+        limit: i64,
+    },
 }
 
 /// What a write came to, for the caller to unwrap (each write has one kind).
@@ -108,6 +126,9 @@ enum Answer {
     Ended(Option<Ended>),
     EndedIds(Option<Vec<String>>),
     Purged(Purged),
+    Revoked(Change<Revoked>),
+    Enabled(Change<()>),
+    Count(u64),
 }
 
 /// The session statements on the writer's connection.
@@ -117,6 +138,7 @@ mod ops {
         sqlx::sqlite::SqliteRow,
         crate::store::session::sql::INSERT_SESSION
     );
+    super::admin::admin_ops!(sqlx::SqliteConnection);
 }
 
 /// What the writer runs to answer a ping once what came before has committed.
@@ -285,6 +307,80 @@ impl SqliteStore {
             Answer::Purged(p) => Ok(p),
             _ => Err(unexpected()),
         }
+    }
+
+    pub(crate) async fn disable_user(
+        &self,
+        id: &str,
+        reason: &str,
+        now: i64,
+    ) -> Result<Change<Revoked>, StoreError> {
+        let write = Write::Disable {
+            id: id.to_owned(),
+            reason: reason.to_owned(),
+            now,
+        };
+        match self.write(write).await? {
+            Answer::Revoked(r) => Ok(r),
+            _ => Err(unexpected()),
+        }
+    }
+
+    pub(crate) async fn enable_user(&self, id: &str, now: i64) -> Result<Change<()>, StoreError> {
+        let write = Write::Enable {
+            id: id.to_owned(),
+            now,
+        };
+        match self.write(write).await? {
+            Answer::Enabled(e) => Ok(e),
+            _ => Err(unexpected()),
+        }
+    }
+
+    pub(crate) async fn delete_user(
+        &self,
+        id: &str,
+        now: i64,
+    ) -> Result<Change<Revoked>, StoreError> {
+        let write = Write::Delete {
+            id: id.to_owned(),
+            now,
+        };
+        match self.write(write).await? {
+            Answer::Revoked(r) => Ok(r),
+            _ => Err(unexpected()),
+        }
+    }
+
+    pub(crate) async fn purge_cutoffs(&self, before: i64, limit: i64) -> Result<u64, StoreError> {
+        match self.write(Write::PurgeCutoffs { before, limit }).await? {
+            Answer::Count(n) => Ok(n),
+            _ => Err(unexpected()),
+        }
+    }
+
+    pub(crate) async fn account(
+        &self,
+        key: &AccountKey,
+        now: i64,
+    ) -> Result<Option<Account>, StoreError> {
+        admin::account(&self.readers, key, now).await
+    }
+
+    pub(crate) async fn accounts_page(
+        &self,
+        query: &PageQuery,
+        now: i64,
+    ) -> Result<Vec<Account>, StoreError> {
+        admin::page(&self.readers, admin::sql::PAGE_SQLITE, query, now).await
+    }
+
+    pub(crate) async fn cutoffs_since(
+        &self,
+        after: (i64, &str),
+        limit: i64,
+    ) -> Result<Vec<Cutoff>, StoreError> {
+        admin::cutoffs_since(&self.readers, after, limit).await
     }
 
     /// A read through the reader pool (WAL: it sees every committed write).
@@ -525,6 +621,14 @@ async fn apply(
                 limit,
             } => Ok(Answer::Purged(
                 ops::purge(conn, *now, *ended_before, *limit).await?,
+            )),
+            Write::Disable { id, reason, now } => {
+                Ok(Answer::Revoked(ops::disable(conn, id, reason, *now).await?))
+            }
+            Write::Enable { id, now } => Ok(Answer::Enabled(ops::enable(conn, id, *now).await?)),
+            Write::Delete { id, now } => Ok(Answer::Revoked(ops::delete(conn, id, *now).await?)),
+            Write::PurgeCutoffs { before, limit } => Ok(Answer::Count(
+                ops::purge_cutoffs(conn, *before, *limit).await?,
             )),
         };
         outcomes.push(outcome);

@@ -22,8 +22,9 @@ use sqlx::{
 /// The users' statements. `$N` placeholders are PostgreSQL's and are also understood
 /// by SQLite, so each statement is written once.
 mod sql {
-    pub const FIND_USER: &str =
-        "SELECT id, username, password_hash, password_version FROM users WHERE username = $1";
+    pub const FIND_USER: &str = "SELECT u.id, u.username, u.password_hash, u.password_version, \
+         u.disabled_at, c.cutoff_at FROM users u LEFT JOIN user_cutoffs c ON c.user_id = u.id \
+         WHERE u.username = $1";
     /// Usernames are stored lowercased, so the UNIQUE (username) conflict is
     /// case-insensitive. A conflict inserts nothing: zero rows affected.
     pub const INSERT_USER: &str = "INSERT INTO users (id, username, password_hash, created_at, updated_at) \
@@ -99,12 +100,16 @@ where
     &'r str: ColumnIndex<R>,
     String: Decode<'r, R::Database> + Type<R::Database>,
     i64: Decode<'r, R::Database> + Type<R::Database>,
+    Option<i64>: Decode<'r, R::Database>,
 {
+    let disabled_at: Option<i64> = row.try_get("disabled_at")?;
     Ok(User {
         id: row.try_get("id")?,
         username: Username::from_store(row.try_get("username")?),
         password_hash: row.try_get("password_hash")?,
         password_version: row.try_get("password_version")?,
+        disabled: disabled_at.is_some(),
+        cutoff_at: row.try_get("cutoff_at")?,
     })
 }
 
@@ -114,8 +119,14 @@ pub struct User {
     pub id: String,
     pub username: Username,
     pub password_hash: String,
-    /// One more at every change of password: what a login verified.
+    /// One more at every change of password (and when the account is disabled):
+    /// what a login verified.
     pub password_version: i64,
+    /// An administrator disabled the account: its password works for nothing.
+    pub disabled: bool,
+    /// The user's token cutoff (Unix milliseconds), while one is stored: a new
+    /// session must start after it.
+    pub cutoff_at: Option<i64>,
 }
 
 /// A user about to be stored.
@@ -138,6 +149,7 @@ where
     for<'a> &'a str: Encode<'a, DB> + Type<DB> + ColumnIndex<DB::Row>,
     for<'r> String: Decode<'r, DB> + Type<DB>,
     for<'r> i64: Decode<'r, DB> + Type<DB>,
+    for<'r> Option<i64>: Decode<'r, DB>,
 {
     let mut conn = conns.lease().await?;
     let row = within(

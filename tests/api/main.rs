@@ -1,5 +1,6 @@
 //! Integration tests: authd on 127.0.0.1:0, a real SQLite file, a real tonic client.
 
+mod admin;
 mod blocklist;
 mod cli;
 mod concurrency;

@@ -1,0 +1,178 @@
+//! What an administrator does to accounts (the admin API, docs/admin.md): read
+//! them, page through them, disable, enable and delete them; and how every
+//! replica learns the token cutoffs those actions write.
+//!
+//! Disabling and deleting act on the live tokens within the revocation bound:
+//! the replica that acts refuses them at once (the cutoff and the ended sessions go
+//! into its set), the others when their poller reads the cutoff
+//! (`AUTHD_REVOCATION_DELAY`). One cutoff per user, however many sessions it had.
+//! A Login, Refresh or ChangePassword already in flight loses against them in the
+//! database (see `store::admin`), so nothing started before the action survives it.
+
+use super::{Accounts, POLL_LOOKBACK_MS, POLL_PAGE};
+use crate::{
+    error::Error,
+    store::{Account, AccountKey, Change, PageQuery, Revoked, unix_millis},
+};
+
+/// What an administrator's change came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Changed {
+    /// The account after the change.
+    pub account: Account,
+    /// Whether it changed anything (disabling a disabled account does not).
+    pub changed: bool,
+    /// Sessions the change ended (disabling) or deleted (deleting).
+    pub sessions_ended: usize,
+}
+
+/// A new session's id: a UUIDv7 of `now`, or of the millisecond after the user's
+/// cutoff when that is later (a replica whose clock is behind the one that wrote
+/// the cutoff), so that the session's tokens are never taken for ones the cutoff
+/// refuses.
+pub(super) fn session_id_after(now: i64, cutoff: Option<i64>) -> String {
+    let at = match cutoff {
+        Some(cutoff) if cutoff >= now => cutoff.saturating_add(1),
+        _ => return uuid::Uuid::now_v7().to_string(),
+    };
+    let at = u64::try_from(at).unwrap_or(0);
+    let timestamp = uuid::Timestamp::from_unix(
+        uuid::NoContext,
+        at / 1000,
+        u32::try_from(at % 1000).unwrap_or(0) * 1_000_000,
+    );
+    uuid::Uuid::new_v7(timestamp).to_string()
+}
+
+impl Accounts {
+    /// The account `key` names.
+    pub async fn account(&self, key: &AccountKey) -> Result<Account, Error> {
+        (self.store.account(key, unix_millis()).await?).ok_or(Error::NoSuchUser)
+    }
+
+    /// A page of accounts in username order.
+    pub async fn accounts_page(&self, query: &PageQuery) -> Result<Vec<Account>, Error> {
+        Ok(self.store.accounts_page(query, unix_millis()).await?)
+    }
+
+    /// Disables the account: its password works for nothing (a Login answers as a
+    /// wrong password does), its sessions end, and every token of them is refused.
+    pub async fn disable_user(&self, key: &AccountKey, reason: &str) -> Result<Changed, Error> {
+        let id = self.account(key).await?.id;
+        let now = unix_millis();
+        let outcome = self.store.disable_user(&id, reason, now).await?;
+        let (changed, sessions_ended) = match outcome {
+            Change::Done(revoked) => {
+                let n = self.revoke(&id, &revoked, now);
+                self.counters.ended(crate::store::EndReason::Disabled, n);
+                (true, n)
+            }
+            Change::AlreadySo => (false, 0),
+            Change::NoSuchUser => return Err(Error::NoSuchUser),
+        };
+        let account = self.account(&AccountKey::Id(id)).await?;
+        Ok(Changed {
+            account,
+            changed,
+            sessions_ended,
+        })
+    }
+
+    /// Enables the account again: its password works again. Tokens issued before it
+    /// was disabled stay refused.
+    pub async fn enable_user(&self, key: &AccountKey) -> Result<Changed, Error> {
+        let id = self.account(key).await?.id;
+        let changed = match self.store.enable_user(&id, unix_millis()).await? {
+            Change::Done(()) => true,
+            Change::AlreadySo => false,
+            Change::NoSuchUser => return Err(Error::NoSuchUser),
+        };
+        let account = self.account(&AccountKey::Id(id)).await?;
+        Ok(Changed {
+            account,
+            changed,
+            sessions_ended: 0,
+        })
+    }
+
+    /// Deletes the account, its sessions and their refresh tokens; its tokens are
+    /// refused, and its username may be registered again (a new user, a new id).
+    /// Returns the account as it was.
+    pub async fn delete_user(&self, key: &AccountKey) -> Result<Changed, Error> {
+        let account = self.account(key).await?;
+        let now = unix_millis();
+        match self.store.delete_user(&account.id, now).await? {
+            Change::Done(revoked) => {
+                let sessions_ended = self.revoke(&account.id, &revoked, now);
+                Ok(Changed {
+                    account,
+                    changed: true,
+                    sessions_ended,
+                })
+            }
+            Change::AlreadySo | Change::NoSuchUser => Err(Error::NoSuchUser),
+        }
+    }
+
+    /// Puts what an action revoked into this replica's set at once; returns the
+    /// number of sessions.
+    fn revoke(&self, user_id: &str, revoked: &Revoked, now: i64) -> usize {
+        self.revocations.cut_off(user_id, revoked.cutoff_at, now);
+        for id in &revoked.sessions {
+            self.revocations.insert(id, now, now);
+        }
+        revoked.sessions.len()
+    }
+
+    /// Reads the cutoffs written (on any replica) since `cursor`, the latest seen.
+    pub(super) async fn poll_cutoffs(&self, cursor: &mut i64) -> Result<usize, Error> {
+        let now = unix_millis();
+        let mut after = (cursor.saturating_sub(POLL_LOOKBACK_MS), String::new());
+        let mut read = 0;
+        // SQLite: one process, whose every cutoff went into the set when it was made.
+        while self.store.is_shared() {
+            let page = (self.store)
+                .cutoffs_since((after.0, &after.1), POLL_PAGE)
+                .await?;
+            for cutoff in &page {
+                (self.revocations).cut_off(&cutoff.user_id, cutoff.cutoff_at, now);
+            }
+            read += page.len();
+            let Some(last) = page.last() else { break };
+            *cursor = (*cursor).max(last.cutoff_at);
+            after = (last.cutoff_at, last.user_id.clone());
+            if (page.len() as i64) < POLL_PAGE {
+                break;
+            }
+        }
+        Ok(read)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn start_of(id: &str) -> i64 {
+        let (s, n) = uuid::Uuid::parse_str(id)
+            .unwrap()
+            .get_timestamp()
+            .unwrap()
+            .to_unix();
+        i64::try_from(s).unwrap() * 1000 + i64::from(n / 1_000_000)
+    }
+
+    #[test]
+    fn a_session_starts_after_its_users_cutoff() {
+        let now = unix_millis();
+        // A cutoff written by a replica whose clock is ahead.
+        let ahead = now + 5_000;
+        assert_eq!(start_of(&session_id_after(now, Some(ahead))), ahead + 1);
+        assert_eq!(start_of(&session_id_after(now, Some(now))), now + 1);
+        // An older cutoff, or none: the session starts now.
+        let id = session_id_after(now, Some(now - 60_000));
+        assert!((start_of(&id) - now).abs() < 5_000);
+        let id = session_id_after(now, None);
+        assert!((start_of(&id) - now).abs() < 5_000);
+    }
+}

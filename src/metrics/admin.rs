@@ -1,0 +1,44 @@
+//! The admin API's metrics: its calls by RPC and status code, and the accounts it
+//! disabled and deleted.
+//!
+//! The RPC label takes only the admin service's method names (resolved by the
+//! service, never from what a client sends) and the code label the 17 codes.
+
+use super::{CODE_NAMES, Families};
+use prometheus::{IntCounter, IntCounterVec};
+
+/// The admin API's handles.
+#[derive(Clone)]
+pub(crate) struct AdminMetrics {
+    requests: IntCounterVec,
+    /// Accounts disabled (a DisableUser that changed one).
+    pub disabled: IntCounter,
+    /// Accounts deleted.
+    pub deleted: IntCounter,
+}
+
+impl AdminMetrics {
+    pub(super) fn new(f: &Families) -> Self {
+        Self {
+            requests: f.counter_vec(
+                "authd_admin_requests_total",
+                "Admin API calls answered (on AUTHD_ADMIN_LISTEN), by RPC and status code.",
+                &["rpc", "code"],
+            ),
+            disabled: f.counter(
+                "authd_admin_users_disabled_total",
+                "Accounts an administrator disabled.",
+            ),
+            deleted: f.counter(
+                "authd_admin_users_deleted_total",
+                "Accounts an administrator deleted.",
+            ),
+        }
+    }
+
+    /// Counts one call of `rpc` (a method name of the admin service) answered `code`.
+    pub fn request(&self, rpc: &'static str, code: tonic::Code) {
+        let name = CODE_NAMES.get(code as usize).copied().unwrap_or("UNKNOWN");
+        self.requests.with_label_values(&[rpc, name]).inc();
+    }
+}
