@@ -418,7 +418,7 @@ impl Application {
         let reflection_v1alpha = reflection().build_v1alpha()?;
         let auth = AuthServiceServer::new(AuthApi::new(
             accounts.clone(),
-            blocklist,
+            blocklist.clone(),
             config.limits.trust_forwarded_for,
         ))
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
@@ -451,6 +451,7 @@ impl Application {
                 };
                 let api = AdminApi::new(
                     accounts.clone(),
+                    blocklist.clone(),
                     settings,
                     accounts.audit().clone(),
                     metrics.admin.clone(),

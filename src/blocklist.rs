@@ -14,6 +14,7 @@
 
 use crate::{
     credentials::{Password, Username},
+    error::{Error, FieldViolation},
     metrics::Metrics,
 };
 use anyhow::Context as _;
@@ -75,6 +76,23 @@ pub(crate) struct Blocklist {
 }
 
 impl Blocklist {
+    /// Refuses a new password (in the request field `field`) that the list refuses,
+    /// as INVALID_ARGUMENT naming the field: called by every RPC that sets one,
+    /// before any store or hashing work.
+    pub fn check_new_password(
+        &self,
+        field: &'static str,
+        username: &Username,
+        password: &Password,
+    ) -> Result<(), Error> {
+        self.check(password, username).map_err(|refusal| {
+            Error::InvalidArgument(vec![FieldViolation {
+                field,
+                description: refusal.description().into(),
+            }])
+        })
+    }
+
     /// The bundled list when `bundled` is set, plus the list in `file`, if any. An
     /// unreadable, oversized or non-UTF-8 file is an error naming the option and path.
     pub fn new(bundled: bool, file: Option<&Path>, metrics: &Metrics) -> anyhow::Result<Self> {

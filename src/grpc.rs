@@ -10,7 +10,7 @@
 use crate::{
     accounts::Accounts,
     audit::Caller,
-    blocklist::{Blocklist, Refusal},
+    blocklist::Blocklist,
     credentials::{Password, Username},
     error::{Error, FieldViolation},
     pb::{
@@ -66,24 +66,6 @@ impl AuthApi {
             trace_id: crate::otel::current_trace_id(),
         }
     }
-}
-
-/// Refuses a new password (in the request field `field`) that the blocklist refuses:
-/// called by every RPC that sets one, before any store or hashing work.
-fn check_new_password(
-    blocklist: &Blocklist,
-    field: &'static str,
-    username: &Username,
-    password: &Password,
-) -> Result<(), Error> {
-    blocklist
-        .check(password, username)
-        .map_err(|refusal: Refusal| {
-            Error::InvalidArgument(vec![FieldViolation {
-                field,
-                description: refusal.description().into(),
-            }])
-        })
 }
 
 fn credentials(username: &str, password: &str) -> Result<(Username, Password), Error> {
@@ -247,7 +229,8 @@ impl AuthService for AuthApi {
         let req = request.into_inner();
         let work = async {
             let (username, password) = credentials(&req.username, &req.password)?;
-            check_new_password(&self.blocklist, "password", &username, &password)?;
+            self.blocklist
+                .check_new_password("password", &username, &password)?;
             let user_id = self
                 .accounts
                 .register(username, password, deadline, &caller)
@@ -367,7 +350,8 @@ impl AuthService for AuthApi {
                     ("new_password", req.new_password.as_str()),
                 ],
             )?;
-            check_new_password(&self.blocklist, "new_password", &username, &new)?;
+            self.blocklist
+                .check_new_password("new_password", &username, &new)?;
             let ended = self
                 .accounts
                 .change_password(username, current, new, deadline, &caller)

@@ -19,3 +19,7 @@ CREATE INDEX user_cutoffs_cutoff_at ON user_cutoffs (cutoff_at);
 -- Pages of users (ListUsers) in byte order of the username, whatever the database's
 -- locale: a locale's order would not keep the names with one prefix together.
 CREATE INDEX users_username_bytes ON users (username COLLATE "C");
+
+-- The address of the client that started each session (Login), as the rate limiter
+-- sees it; NULL when not known (and for sessions stored before this column).
+ALTER TABLE sessions ADD COLUMN client_addr TEXT;

@@ -15,3 +15,7 @@ CREATE TABLE user_cutoffs (
 ) STRICT;
 
 CREATE INDEX user_cutoffs_cutoff_at ON user_cutoffs (cutoff_at);
+
+-- The address of the client that started each session (Login), as the rate limiter
+-- sees it; NULL when not known (and for sessions stored before this column).
+ALTER TABLE sessions ADD COLUMN client_addr TEXT;

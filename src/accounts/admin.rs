@@ -11,9 +11,14 @@
 
 use super::{Accounts, POLL_LOOKBACK_MS, POLL_PAGE};
 use crate::{
+    credentials::Password,
     error::Error,
-    store::{Account, AccountKey, Change, PageQuery, Revoked, unix_millis},
+    store::{Account, AccountKey, Change, EndReason, PageQuery, Revoked, SessionInfo, unix_millis},
 };
+use std::{net::IpAddr, time::Instant};
+
+/// The most sessions ListSessions returns, and EndSessions ends by name.
+pub const MAX_SESSIONS: i64 = 1000;
 
 /// What an administrator's change came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,7 +69,7 @@ impl Accounts {
         let (changed, sessions_ended) = match outcome {
             Change::Done(revoked) => {
                 let n = self.revoke(&id, &revoked, now);
-                self.counters.ended(crate::store::EndReason::Disabled, n);
+                self.counters.ended(EndReason::Disabled, n);
                 (true, n)
             }
             Change::AlreadySo => (false, 0),
@@ -112,6 +117,63 @@ impl Accounts {
             }
             Change::AlreadySo | Change::NoSuchUser => Err(Error::NoSuchUser),
         }
+    }
+
+    /// The live sessions of the account `key` names, newest first.
+    pub async fn sessions_of(&self, key: &AccountKey) -> Result<Vec<SessionInfo>, Error> {
+        let id = self.account(key).await?.id;
+        let now = unix_millis();
+        Ok(self.store.live_sessions(&id, now, MAX_SESSIONS).await?)
+    }
+
+    /// Ends the named live sessions of the account (every one when `ids` is
+    /// empty); returns how many it ended. Their tokens are refused here at once,
+    /// on other replicas when their poller reads the ends.
+    pub async fn end_sessions_of(
+        &self,
+        key: &AccountKey,
+        ids: Vec<String>,
+    ) -> Result<usize, Error> {
+        let id = self.account(key).await?.id;
+        let now = unix_millis();
+        let ended = self.store.end_sessions_of(&id, ids, now).await?;
+        for session in &ended {
+            self.revocations.insert(session, now, now);
+        }
+        self.counters.ended(EndReason::Admin, ended.len());
+        Ok(ended.len())
+    }
+
+    /// An administrator's new password for user `user_id` (the current one is not
+    /// needed; the caller has checked the new one against the rules and the
+    /// blocklist), hashed as any other, and every live session ended unless
+    /// `keep_sessions`. Returns how many sessions it ended.
+    pub async fn set_password(
+        &self,
+        user_id: &str,
+        password: Password,
+        keep_sessions: bool,
+        deadline: Option<Instant>,
+        client: Option<IpAddr>,
+    ) -> Result<usize, Error> {
+        self.hasher.check_room(client, deadline)?;
+        let slot = self.hasher.reserve(client, deadline)?;
+        let hash = self.hasher.hash(slot, password, deadline).await?;
+        let now = unix_millis();
+        let ended = (self
+            .store
+            .set_password(user_id, hash, !keep_sessions, now)
+            .await?)
+            .ok_or(Error::NoSuchUser)?;
+        for session in &ended {
+            self.revocations.insert(session, now, now);
+        }
+        self.counters.ended(EndReason::Admin, ended.len());
+        // The hash replaced may have been the most expensive one stored.
+        if let Err(e) = self.refresh_hash_cost().await {
+            tracing::warn!(error = %e, "reading the highest stored hash cost failed");
+        }
+        Ok(ended.len())
     }
 
     /// Puts what an action revoked into this replica's set at once; returns the

@@ -26,7 +26,7 @@
 
 mod admin;
 
-pub use admin::Changed;
+pub use admin::{Changed, MAX_SESSIONS};
 
 use crate::{
     audit::{Audit, Caller, LoginFailure as Failure},
@@ -256,7 +256,7 @@ impl Accounts {
         let (user, attempt) = self
             .authenticate(&username, password, deadline, caller)
             .await?;
-        match self.start_session(&user).await {
+        match self.start_session(&user, caller).await {
             Ok(session) => {
                 self.login_succeeded(attempt, caller, &user.id).await;
                 Ok(session)
@@ -398,7 +398,11 @@ impl Accounts {
     /// Stores a new session of the user and issues its first tokens; refused with
     /// [`Error::InvalidCredentials`] when the user's password is no longer the one
     /// verified (a password change won the race, in the same statement).
-    async fn start_session(&self, user: &crate::store::User) -> Result<Session, Error> {
+    async fn start_session(
+        &self,
+        user: &crate::store::User,
+        caller: &Caller,
+    ) -> Result<Session, Error> {
         let now = unix_millis();
         let refresh_token = RefreshToken::random();
         let session = LiveSession {
@@ -417,6 +421,7 @@ impl Accounts {
                 refresh_digest: refresh_token.digest(),
                 created_at: now,
                 expires_at: session.expires_at,
+                client_addr: caller.client.map(|ip| ip.to_string()),
             })
             .await?;
         if !stored {

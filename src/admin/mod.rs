@@ -16,19 +16,21 @@ mod keys;
 pub use keys::{Actor, AdminKeys, Role};
 
 use crate::{
-    accounts::{Accounts, Changed},
+    accounts::{Accounts, Changed, MAX_SESSIONS},
     audit::{Audit, Caller},
-    credentials::Username,
+    blocklist::Blocklist,
+    credentials::{Password, Username},
     error::{Error, FieldViolation, QuotaViolation},
     metrics::AdminMetrics,
     pb::admin::{
         DeleteUserRequest, DeleteUserResponse, DisableUserRequest, DisableUserResponse,
-        DisabledFilter, EnableUserRequest, EnableUserResponse, GetUserRequest, GetUserResponse,
-        ListUsersRequest, ListUsersResponse, User, UserSelector, admin_service_server,
-        user_selector::Selector,
+        DisabledFilter, EnableUserRequest, EnableUserResponse, EndSessionsRequest,
+        EndSessionsResponse, GetUserRequest, GetUserResponse, ListSessionsRequest,
+        ListSessionsResponse, ListUsersRequest, ListUsersResponse, Session, SetPasswordRequest,
+        SetPasswordResponse, User, UserSelector, admin_service_server, user_selector::Selector,
     },
     rpc,
-    store::{Account, AccountKey, PageQuery},
+    store::{Account, AccountKey, PageQuery, SessionInfo},
 };
 use base64::Engine as _;
 use std::{
@@ -88,6 +90,7 @@ impl Budget {
 /// The admin service.
 pub struct AdminApi {
     accounts: Arc<Accounts>,
+    blocklist: Arc<Blocklist>,
     keys: AdminKeys,
     budget: Mutex<Budget>,
     rate: u32,
@@ -106,12 +109,14 @@ enum Needs {
 impl AdminApi {
     pub fn new(
         accounts: Arc<Accounts>,
+        blocklist: Arc<Blocklist>,
         settings: AdminSettings,
         audit: Audit,
         metrics: AdminMetrics,
     ) -> Self {
         Self {
             accounts,
+            blocklist,
             keys: settings.keys,
             budget: Mutex::new(Budget::new(settings.rate)),
             rate: settings.rate,
@@ -268,6 +273,16 @@ fn user(account: Account) -> User {
         disabled_reason,
         live_sessions: u32::try_from(account.live_sessions.max(0)).unwrap_or(u32::MAX),
         last_login_at: account.last_login_at.map(timestamp),
+    }
+}
+
+fn session(info: SessionInfo) -> Session {
+    Session {
+        id: info.id,
+        started_at: Some(timestamp(info.started_at)),
+        refreshed_at: info.refreshed_at.map(timestamp),
+        expires_at: Some(timestamp(info.expires_at)),
+        client_address: info.client_addr.unwrap_or_default(),
     }
 }
 
@@ -447,6 +462,103 @@ impl admin_service_server::AdminService for AdminApi {
                     sessions_ended: u32::try_from(deleted.sessions_ended).unwrap_or(u32::MAX),
                 },
                 Some(id),
+            ))
+        })
+        .await
+    }
+
+    async fn list_sessions(
+        &self,
+        request: Request<ListSessionsRequest>,
+    ) -> Result<Response<ListSessionsResponse>, Status> {
+        self.call("ListSessions", Needs::Read, request, |r| async move {
+            let key = selected(r.user).map_err(|e| (e, None))?;
+            let account = self
+                .accounts
+                .account(&key)
+                .await
+                .map_err(with_target(&key))?;
+            let id = AccountKey::Id(account.id.clone());
+            let sessions = (self.accounts.sessions_of(&id).await).map_err(with_target(&id))?;
+            Ok((
+                ListSessionsResponse {
+                    sessions: sessions.into_iter().map(session).collect(),
+                },
+                Some(account.id),
+            ))
+        })
+        .await
+    }
+
+    async fn end_sessions(
+        &self,
+        request: Request<EndSessionsRequest>,
+    ) -> Result<Response<EndSessionsResponse>, Status> {
+        self.call("EndSessions", Needs::Change, request, |r| async move {
+            let key = selected(r.user).map_err(|e| (e, None))?;
+            if r.session_ids.len() > MAX_SESSIONS as usize {
+                let why = format!("at most {MAX_SESSIONS} at once");
+                return Err((invalid("session_ids", why), None));
+            }
+            if r.session_ids
+                .iter()
+                .any(|id| id.is_empty() || id.len() > 64)
+            {
+                return Err((invalid("session_ids", "each 1 to 64 characters"), None));
+            }
+            let account = self
+                .accounts
+                .account(&key)
+                .await
+                .map_err(with_target(&key))?;
+            let id = AccountKey::Id(account.id.clone());
+            let ended = (self.accounts.end_sessions_of(&id, r.session_ids).await)
+                .map_err(with_target(&id))?;
+            Ok((
+                EndSessionsResponse {
+                    sessions_ended: u32::try_from(ended).unwrap_or(u32::MAX),
+                },
+                Some(account.id),
+            ))
+        })
+        .await
+    }
+
+    async fn set_password(
+        &self,
+        request: Request<SetPasswordRequest>,
+    ) -> Result<Response<SetPasswordResponse>, Status> {
+        let deadline = rpc::grpc_timeout(request.metadata().as_ref())
+            .map(|timeout| std::time::Instant::now() + timeout);
+        let client = rpc::client_ip(
+            request.metadata().as_ref(),
+            rpc::peer_ip(request.extensions()),
+            self.trust_forwarded_for,
+        );
+        self.call("SetPassword", Needs::Change, request, |r| async move {
+            let key = selected(r.user).map_err(|e| (e, None))?;
+            let password = Password::parse(&r.new_password)
+                .map_err(|why| (invalid("new_password", why), None))?;
+            let account = self
+                .accounts
+                .account(&key)
+                .await
+                .map_err(with_target(&key))?;
+            let target = Some(account.id.clone());
+            let username = Username::from_store(account.username);
+            (self.blocklist)
+                .check_new_password("new_password", &username, &password)
+                .map_err(|e| (e, target.clone()))?;
+            let ended = self
+                .accounts
+                .set_password(&account.id, password, r.keep_sessions, deadline, client)
+                .await
+                .map_err(|e| (e, target.clone()))?;
+            Ok((
+                SetPasswordResponse {
+                    sessions_ended: u32::try_from(ended).unwrap_or(u32::MAX),
+                },
+                target,
             ))
         })
         .await

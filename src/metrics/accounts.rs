@@ -70,7 +70,8 @@ impl SessionMetrics {
                 "authd_sessions_ended_total",
                 "Sessions ended, by reason (logout, reuse: a rotated refresh token was presented \
                  again, password_change, expired: purged at their end without being ended, \
-                 disabled: an administrator disabled the account).",
+                 disabled: an administrator disabled the account, admin: an administrator \
+                 ended it).",
                 &["reason"],
             ),
             revoked: f.gauge(

@@ -78,6 +78,16 @@ pub(super) mod sql {
     pub const CUTOFFS_SINCE: &str = "SELECT user_id, cutoff_at FROM user_cutoffs \
          WHERE cutoff_at > $1 OR (cutoff_at = $1 AND user_id > $2) \
          ORDER BY cutoff_at, user_id LIMIT $3";
+    /// A user's live sessions at `$2`, newest first.
+    pub const LIVE_SESSIONS: &str = "SELECT id, created_at, rotated_at, expires_at, client_addr \
+         FROM sessions WHERE user_id = $1 AND ended_at IS NULL AND expires_at > $2 \
+         ORDER BY created_at DESC, id DESC LIMIT $3";
+    /// Ends one live session, if it is the user's.
+    pub const END_NAMED: &str = "UPDATE sessions SET ended_at = $1, end_reason = $2 \
+         WHERE id = $3 AND user_id = $4 AND ended_at IS NULL AND expires_at > $1";
+    /// An administrator's new password: the next version, whatever the current one.
+    pub const SET_PASSWORD: &str = "UPDATE users SET password_hash = $1, \
+         password_version = password_version + 1, updated_at = $2 WHERE id = $3";
     pub const PURGE_CUTOFFS: &str = "DELETE FROM user_cutoffs WHERE user_id IN \
          (SELECT user_id FROM user_cutoffs WHERE cutoff_at <= $1 LIMIT $2)";
 }
@@ -147,6 +157,16 @@ impl PageQuery {
 pub struct Cutoff {
     pub user_id: String,
     pub cutoff_at: i64,
+}
+
+/// A live session as the admin API shows it. Times are Unix milliseconds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionInfo {
+    pub id: String,
+    pub started_at: i64,
+    pub refreshed_at: Option<i64>,
+    pub expires_at: i64,
+    pub client_addr: Option<String>,
 }
 
 /// What disabling or deleting an account came to.
@@ -259,6 +279,48 @@ where
     Ok(rows?
         .iter()
         .map(account_from_row)
+        .collect::<Result<_, sqlx::Error>>()?)
+}
+
+/// The live sessions of `user_id` at `now`, newest first, at most `limit`.
+pub(super) async fn live_sessions<DB>(
+    conns: &Connections<DB>,
+    user_id: &str,
+    now: i64,
+    limit: i64,
+) -> Result<Vec<SessionInfo>, StoreError>
+where
+    DB: Database,
+    DB::Arguments: IntoArguments<DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'a> &'a str: Encode<'a, DB> + Type<DB> + ColumnIndex<DB::Row>,
+    for<'r> String: Decode<'r, DB> + Type<DB>,
+    for<'r> i64: Encode<'r, DB> + Decode<'r, DB> + Type<DB>,
+    for<'r> Option<i64>: Decode<'r, DB>,
+    for<'r> Option<String>: Decode<'r, DB>,
+{
+    let mut conn = conns.lease().await?;
+    let rows = within(
+        conns.limit(),
+        sqlx::query::<DB>(sql::LIVE_SESSIONS)
+            .bind(user_id)
+            .bind(now)
+            .bind(limit)
+            .fetch_all(&mut *conn),
+    )
+    .await?;
+    conn.finish();
+    Ok(rows?
+        .iter()
+        .map(|row| {
+            Ok(SessionInfo {
+                id: row.try_get("id")?,
+                started_at: row.try_get("created_at")?,
+                refreshed_at: row.try_get("rotated_at")?,
+                expires_at: row.try_get("expires_at")?,
+                client_addr: row.try_get("client_addr")?,
+            })
+        })
         .collect::<Result<_, sqlx::Error>>()?)
 }
 
@@ -406,6 +468,62 @@ macro_rules! admin_ops {
                 sessions,
                 cutoff_at: now,
             }))
+        }
+
+        /// Ends the named live sessions of `user_id` (all of them when `ids` is
+        /// empty); returns those it ended.
+        pub(crate) async fn end_sessions_of(
+            conn: &mut $conn,
+            user_id: &str,
+            ids: &[String],
+            now: i64,
+        ) -> Result<Vec<String>, sqlx::Error> {
+            if ids.is_empty() {
+                return end_user_sessions(conn, user_id, EndReason::Admin, now).await;
+            }
+            let mut ended = Vec::new();
+            for id in ids {
+                let done = sqlx::query(admin_sql::END_NAMED)
+                    .bind(now)
+                    .bind(EndReason::Admin.label())
+                    .bind(id.as_str())
+                    .bind(user_id)
+                    .execute(&mut *conn)
+                    .await?;
+                if done.rows_affected() == 1 {
+                    ended.push(id.clone());
+                }
+            }
+            Ok(ended)
+        }
+
+        /// An administrator's new password for `user_id`, and (with
+        /// `end_sessions`) every live session ended; `None` when there is no such
+        /// user.
+        pub(crate) async fn set_password(
+            conn: &mut $conn,
+            user_id: &str,
+            hash: &str,
+            end_sessions: bool,
+            now: i64,
+        ) -> Result<Option<Vec<String>>, sqlx::Error> {
+            let changed = sqlx::query(admin_sql::SET_PASSWORD)
+                .bind(hash)
+                .bind(now)
+                .bind(user_id)
+                .execute(&mut *conn)
+                .await?
+                .rows_affected()
+                == 1;
+            if !changed {
+                return Ok(None);
+            }
+            if !end_sessions {
+                return Ok(Some(Vec::new()));
+            }
+            end_user_sessions(conn, user_id, EndReason::Admin, now)
+                .await
+                .map(Some)
         }
 
         pub(crate) async fn purge_cutoffs(

@@ -42,7 +42,7 @@ mod session;
 mod sqlite;
 mod users;
 
-pub use admin::{Account, AccountKey, Change, Cutoff, PageQuery, Revoked};
+pub use admin::{Account, AccountKey, Change, Cutoff, PageQuery, Revoked, SessionInfo};
 pub use connection::{PostgresSettings, SqliteSettings, StoreSettings};
 pub use session::{
     EndReason, Ended, EndedSession, LiveSession, LoggedOut, NewSession, Purged, Refreshed, Rotation,
@@ -194,6 +194,9 @@ struct Operations {
     delete_user: OperationMetrics,
     cutoffs: OperationMetrics,
     purge_cutoffs: OperationMetrics,
+    live_sessions: OperationMetrics,
+    end_sessions_of: OperationMetrics,
+    set_password: OperationMetrics,
 }
 
 impl Operations {
@@ -217,6 +220,9 @@ impl Operations {
             delete_user: OperationMetrics::new(metrics, backend, "delete_user"),
             cutoffs: OperationMetrics::new(metrics, backend, "cutoffs"),
             purge_cutoffs: OperationMetrics::new(metrics, backend, "purge_cutoffs"),
+            live_sessions: OperationMetrics::new(metrics, backend, "live_sessions"),
+            end_sessions_of: OperationMetrics::new(metrics, backend, "end_sessions_of"),
+            set_password: OperationMetrics::new(metrics, backend, "set_password"),
         }
     }
 }
@@ -413,6 +419,40 @@ impl Store {
         limit: i64,
     ) -> Result<Vec<Cutoff>, StoreError> {
         timed!(self, cutoffs, s => s.cutoffs_since(after, limit).await)
+    }
+
+    /// The live sessions of `user_id` at `now`, newest first, at most `limit`.
+    pub async fn live_sessions(
+        &self,
+        user_id: &str,
+        now: i64,
+        limit: i64,
+    ) -> Result<Vec<SessionInfo>, StoreError> {
+        timed!(self, live_sessions, s => s.live_sessions(user_id, now, limit).await)
+    }
+
+    /// Ends the named live sessions of `user_id` (every one when `ids` is empty);
+    /// returns those it ended.
+    pub async fn end_sessions_of(
+        &self,
+        user_id: &str,
+        ids: Vec<String>,
+        now: i64,
+    ) -> Result<Vec<String>, StoreError> {
+        timed!(self, end_sessions_of, s => s.end_sessions_of(user_id, ids, now).await)
+    }
+
+    /// An administrator's new password hash for `user_id` (the next version), and
+    /// with `end_sessions` every live session ended, in one transaction; `None`
+    /// when there is no such user.
+    pub async fn set_password(
+        &self,
+        user_id: &str,
+        hash: String,
+        end_sessions: bool,
+        now: i64,
+    ) -> Result<Option<Vec<String>>, StoreError> {
+        timed!(self, set_password, s => s.set_password(user_id, hash, end_sessions, now).await)
     }
 
     /// Deletes up to `limit` cutoffs written at or before `before`.

@@ -19,7 +19,7 @@
 
 use super::{
     StoreError,
-    admin::{self, Account, AccountKey, Change, Cutoff, PageQuery, Revoked},
+    admin::{self, Account, AccountKey, Change, Cutoff, PageQuery, Revoked, SessionInfo},
     connection::{Connections, PostgresSettings, connect_postgres, migrate_postgres, within},
     session::{
         self, EndReason, Ended, EndedSession, LoggedOut, NewSession, Purged, Refreshed, Rotation,
@@ -218,6 +218,43 @@ impl PostgresStore {
 
     pub(crate) async fn purge_cutoffs(&self, before: i64, limit: i64) -> Result<u64, StoreError> {
         in_transaction!(self, |tx| ops::purge_cutoffs(tx, before, limit).await?)
+    }
+
+    pub(crate) async fn end_sessions_of(
+        &self,
+        user_id: &str,
+        ids: Vec<String>,
+        now: i64,
+    ) -> Result<Vec<String>, StoreError> {
+        in_transaction!(self, |tx| ops::end_sessions_of(tx, user_id, &ids, now)
+            .await?)
+    }
+
+    /// The update takes the user's row lock first, as a password change does.
+    pub(crate) async fn set_password(
+        &self,
+        user_id: &str,
+        hash: String,
+        end_sessions: bool,
+        now: i64,
+    ) -> Result<Option<Vec<String>>, StoreError> {
+        in_transaction!(self, |tx| ops::set_password(
+            tx,
+            user_id,
+            &hash,
+            end_sessions,
+            now
+        )
+        .await?)
+    }
+
+    pub(crate) async fn live_sessions(
+        &self,
+        user_id: &str,
+        now: i64,
+        limit: i64,
+    ) -> Result<Vec<SessionInfo>, StoreError> {
+        admin::live_sessions(&self.conns, user_id, now, limit).await
     }
 
     pub(crate) async fn account(

@@ -33,15 +33,18 @@ pub enum EndReason {
     Expired,
     /// An administrator disabled the account.
     Disabled,
+    /// An administrator ended it (EndSessions, SetPassword).
+    Admin,
 }
 
 impl EndReason {
-    pub const ALL: [EndReason; 5] = [
+    pub const ALL: [EndReason; 6] = [
         EndReason::Logout,
         EndReason::Reuse,
         EndReason::PasswordChange,
         EndReason::Expired,
         EndReason::Disabled,
+        EndReason::Admin,
     ];
 
     pub fn label(self) -> &'static str {
@@ -51,6 +54,7 @@ impl EndReason {
             EndReason::PasswordChange => "password_change",
             EndReason::Expired => "expired",
             EndReason::Disabled => "disabled",
+            EndReason::Admin => "admin",
         }
     }
 }
@@ -68,6 +72,8 @@ pub struct NewSession {
     pub refresh_digest: String,
     pub created_at: i64,
     pub expires_at: i64,
+    /// The address of the client that logged in, when known.
+    pub client_addr: Option<String>,
 }
 
 /// A Refresh, as the store runs it.
@@ -155,11 +161,11 @@ pub(super) mod sql {
     /// commit (and then ends the session) or commits first (and this row no
     /// longer matches).
     pub const INSERT_SESSION: &str = "INSERT INTO sessions \
-         (id, user_id, rotation_key, refresh_digest, created_at, expires_at) \
-         SELECT $1, $2, $3, $4, $5, $6 FROM users WHERE id = $2 AND password_version = $7";
+         (id, user_id, rotation_key, refresh_digest, created_at, expires_at, client_addr) \
+         SELECT $1, $2, $3, $4, $5, $6, $8 FROM users WHERE id = $2 AND password_version = $7";
     pub const INSERT_SESSION_LOCKING: &str = "INSERT INTO sessions \
-         (id, user_id, rotation_key, refresh_digest, created_at, expires_at) \
-         SELECT $1, $2, $3, $4, $5, $6 FROM users WHERE id = $2 AND password_version = $7 \
+         (id, user_id, rotation_key, refresh_digest, created_at, expires_at, client_addr) \
+         SELECT $1, $2, $3, $4, $5, $6, $8 FROM users WHERE id = $2 AND password_version = $7 \
          FOR SHARE";
     pub const FIND_CURRENT: &str = "SELECT id, user_id, rotation_key, expires_at FROM sessions \
          WHERE refresh_digest = $1 AND ended_at IS NULL";
@@ -256,6 +262,7 @@ macro_rules! session_ops {
                 .bind(s.created_at)
                 .bind(s.expires_at)
                 .bind(s.password_version)
+                .bind(s.client_addr.as_deref())
                 .execute(&mut *conn)
                 .await?;
             Ok(done.rows_affected() == 1)

@@ -19,7 +19,7 @@
 
 use super::{
     StoreError,
-    admin::{self, Account, AccountKey, Change, Cutoff, PageQuery, Revoked},
+    admin::{self, Account, AccountKey, Change, Cutoff, PageQuery, Revoked, SessionInfo},
     connection::{
         Connections, SqliteSettings, open_sqlite_readers, open_sqlite_writer, operation_limit,
         within,
@@ -114,6 +114,17 @@ enum Write {
         before: i64,
         limit: i64,
     },
+    EndSessionsOf {
+        user_id: String,
+        ids: Vec<String>,
+        now: i64,
+    },
+    SetPassword {
+        user_id: String,
+        hash: String,
+        end_sessions: bool,
+        now: i64,
+    },
 }
 
 /// What a write came to, for the caller to unwrap (each write has one kind).
@@ -129,6 +140,7 @@ enum Answer {
     Revoked(Change<Revoked>),
     Enabled(Change<()>),
     Count(u64),
+    Ids(Vec<String>),
 }
 
 /// The session statements on the writer's connection.
@@ -357,6 +369,51 @@ impl SqliteStore {
             Answer::Count(n) => Ok(n),
             _ => Err(unexpected()),
         }
+    }
+
+    pub(crate) async fn end_sessions_of(
+        &self,
+        user_id: &str,
+        ids: Vec<String>,
+        now: i64,
+    ) -> Result<Vec<String>, StoreError> {
+        let write = Write::EndSessionsOf {
+            user_id: user_id.to_owned(),
+            ids,
+            now,
+        };
+        match self.write(write).await? {
+            Answer::Ids(ids) => Ok(ids),
+            _ => Err(unexpected()),
+        }
+    }
+
+    pub(crate) async fn set_password(
+        &self,
+        user_id: &str,
+        hash: String,
+        end_sessions: bool,
+        now: i64,
+    ) -> Result<Option<Vec<String>>, StoreError> {
+        let write = Write::SetPassword {
+            user_id: user_id.to_owned(),
+            hash,
+            end_sessions,
+            now,
+        };
+        match self.write(write).await? {
+            Answer::EndedIds(ids) => Ok(ids),
+            _ => Err(unexpected()),
+        }
+    }
+
+    pub(crate) async fn live_sessions(
+        &self,
+        user_id: &str,
+        now: i64,
+        limit: i64,
+    ) -> Result<Vec<SessionInfo>, StoreError> {
+        admin::live_sessions(&self.readers, user_id, now, limit).await
     }
 
     pub(crate) async fn account(
@@ -629,6 +686,17 @@ async fn apply(
             Write::Delete { id, now } => Ok(Answer::Revoked(ops::delete(conn, id, *now).await?)),
             Write::PurgeCutoffs { before, limit } => Ok(Answer::Count(
                 ops::purge_cutoffs(conn, *before, *limit).await?,
+            )),
+            Write::EndSessionsOf { user_id, ids, now } => Ok(Answer::Ids(
+                ops::end_sessions_of(conn, user_id, ids, *now).await?,
+            )),
+            Write::SetPassword {
+                user_id,
+                hash,
+                end_sessions,
+                now,
+            } => Ok(Answer::EndedIds(
+                ops::set_password(conn, user_id, hash, *end_sessions, *now).await?,
             )),
         };
         outcomes.push(outcome);

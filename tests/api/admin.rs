@@ -7,8 +7,9 @@ use crate::helpers::{Backend, TestApp, TestDb, expect_code, spawn_app_on, spawn_
 use authd::pb::{
     ChangePasswordRequest, RefreshRequest,
     admin::{
-        DeleteUserRequest, DisableUserRequest, DisabledFilter, EnableUserRequest, GetUserRequest,
-        ListUsersRequest, User, UserSelector, admin_service_client::AdminServiceClient,
+        DeleteUserRequest, DisableUserRequest, DisabledFilter, EnableUserRequest,
+        EndSessionsRequest, GetUserRequest, ListSessionsRequest, ListUsersRequest, Session,
+        SetPasswordRequest, User, UserSelector, admin_service_client::AdminServiceClient,
         user_selector::Selector,
     },
 };
@@ -26,6 +27,8 @@ crate::backend_tests!(
     a_disable_wins_against_logins_in_flight,
     a_deleted_user_is_gone_and_its_name_can_be_registered_again,
     list_users_visits_every_user_once_while_users_are_added,
+    sessions_are_listed_and_ended_by_name_or_all,
+    an_administrators_password_reset_follows_the_rules_and_ends_the_sessions,
 );
 
 fn digest(key: &str) -> String {
@@ -130,6 +133,45 @@ impl Admin {
             .client
             .delete_user(with_key(request, ADMIN_KEY))
             .await?;
+        Ok(r.into_inner().sessions_ended)
+    }
+
+    async fn sessions(&mut self, name: &str) -> Result<Vec<Session>, Status> {
+        let request = ListSessionsRequest {
+            user: by_name(name),
+        };
+        let r = self
+            .client
+            .list_sessions(with_key(request, READ_KEY))
+            .await?;
+        Ok(r.into_inner().sessions)
+    }
+
+    async fn end_sessions(&mut self, name: &str, ids: &[&str]) -> Result<u32, Status> {
+        let request = EndSessionsRequest {
+            user: by_name(name),
+            session_ids: ids.iter().map(|id| (*id).to_owned()).collect(),
+        };
+        let r = self
+            .client
+            .end_sessions(with_key(request, ADMIN_KEY))
+            .await?;
+        Ok(r.into_inner().sessions_ended)
+    }
+
+    async fn set_password(
+        &mut self,
+        name: &str,
+        password: &str,
+        keep_sessions: bool,
+        key: &str,
+    ) -> Result<u32, Status> {
+        let request = SetPasswordRequest {
+            user: by_name(name),
+            new_password: password.into(),
+            keep_sessions,
+        };
+        let r = self.client.set_password(with_key(request, key)).await?;
         Ok(r.into_inner().sessions_ended)
     }
 
@@ -551,6 +593,150 @@ async fn list_users_visits_every_user_once_while_users_are_added(db: TestDb) {
         9
     );
     assert_eq!(admin.all(1000, "", DisabledFilter::Any).await.len(), 100);
+}
+
+async fn sessions_are_listed_and_ended_by_name_or_all(db: TestDb) {
+    let mut admin = admin_app(&db, |_| {}).await;
+    admin.app.register("ivy", PASSWORD).await.unwrap();
+    admin.app.register("jon", PASSWORD).await.unwrap();
+    let mut logins = Vec::new();
+    for source in [2, 3, 4] {
+        let mut client = crate::helpers::connect_from(
+            admin.app.addr,
+            std::net::Ipv4Addr::new(127, 0, 0, source),
+        )
+        .await;
+        logins.push(
+            crate::helpers::login(&mut client, "ivy", PASSWORD)
+                .await
+                .unwrap(),
+        );
+    }
+    let jon = admin.app.login("jon", PASSWORD).await.unwrap();
+
+    let sessions = admin.sessions("ivy").await.unwrap();
+    let addresses: Vec<&str> = sessions.iter().map(|s| s.client_address.as_str()).collect();
+    assert_eq!(
+        addresses,
+        ["127.0.0.4", "127.0.0.3", "127.0.0.2"],
+        "newest first"
+    );
+    assert!(
+        sessions
+            .iter()
+            .all(|s| s.started_at.is_some() && s.expires_at.is_some())
+    );
+    assert!(sessions.iter().all(|s| s.refreshed_at.is_none()));
+    refresh(&mut admin.app, &logins[0].refresh_token)
+        .await
+        .unwrap();
+    let refreshed = admin.sessions("ivy").await.unwrap();
+    assert!(refreshed[2].refreshed_at.is_some());
+
+    // By name: only the live sessions of this user end.
+    let first = refreshed[2].id.clone();
+    let jons = admin.sessions("jon").await.unwrap()[0].id.clone();
+    let ended = admin
+        .end_sessions("ivy", &[&first, &jons, "no-such-session"])
+        .await
+        .unwrap();
+    assert_eq!(ended, 1);
+    assert_eq!(admin.end_sessions("ivy", &[&first]).await.unwrap(), 0);
+    assert_eq!(admin.sessions("ivy").await.unwrap().len(), 2);
+    admin.app.validate(&jon.access_token).await.unwrap();
+    admin.app.validate(&logins[1].access_token).await.unwrap();
+
+    // All of them.
+    assert_eq!(admin.end_sessions("ivy", &[]).await.unwrap(), 2);
+    for login in &logins {
+        expect_code(
+            admin.app.validate(&login.access_token).await,
+            Code::Unauthenticated,
+        );
+    }
+    expect_code(
+        refresh(&mut admin.app, &logins[2].refresh_token).await,
+        Code::Unauthenticated,
+    );
+    assert!(admin.sessions("ivy").await.unwrap().is_empty());
+    admin.app.validate(&jon.access_token).await.unwrap();
+    // Her password still works: ending sessions is not disabling.
+    admin.app.login("ivy", PASSWORD).await.unwrap();
+    expect_code(admin.sessions("nobody").await, Code::NotFound);
+}
+
+async fn an_administrators_password_reset_follows_the_rules_and_ends_the_sessions(db: TestDb) {
+    let mut admin = admin_app(&db, |_| {}).await;
+    admin.app.register("kimberly-k", PASSWORD).await.unwrap();
+    let before = admin.app.login("kimberly-k", PASSWORD).await.unwrap();
+
+    // The rules and the blocklist apply; a read key may not.
+    for bad in ["short", "password123", "KIMBERLY-K"] {
+        let status = expect_code(
+            admin
+                .set_password("kimberly-k", bad, false, ADMIN_KEY)
+                .await,
+            Code::InvalidArgument,
+        );
+        assert_eq!(
+            crate::helpers::violations(&status)[0].0,
+            "new_password",
+            "{bad}"
+        );
+    }
+    expect_code(
+        admin
+            .set_password("kimberly-k", "a brand new secret", false, READ_KEY)
+            .await,
+        Code::PermissionDenied,
+    );
+    expect_code(
+        admin
+            .set_password("nobody", "a brand new secret", false, ADMIN_KEY)
+            .await,
+        Code::NotFound,
+    );
+    admin.app.validate(&before.access_token).await.unwrap();
+
+    assert_eq!(
+        admin
+            .set_password("kimberly-k", "a brand new secret", false, ADMIN_KEY)
+            .await
+            .unwrap(),
+        1
+    );
+    expect_code(
+        admin.app.validate(&before.access_token).await,
+        Code::Unauthenticated,
+    );
+    expect_code(
+        admin.app.login("kimberly-k", PASSWORD).await,
+        Code::Unauthenticated,
+    );
+    let after = admin
+        .app
+        .login("kimberly-k", "a brand new secret")
+        .await
+        .unwrap();
+
+    // Told to keep them, the sessions live on.
+    assert_eq!(
+        admin
+            .set_password("kimberly-k", "yet another secret", true, ADMIN_KEY)
+            .await
+            .unwrap(),
+        0
+    );
+    admin.app.validate(&after.access_token).await.unwrap();
+    admin
+        .app
+        .login("kimberly-k", "yet another secret")
+        .await
+        .unwrap();
+    expect_code(
+        admin.app.login("kimberly-k", "a brand new secret").await,
+        Code::Unauthenticated,
+    );
 }
 
 /// PostgreSQL: a user disabled on one replica is refused by the other within the
