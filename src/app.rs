@@ -241,7 +241,10 @@ impl Application {
         };
         let admin = match (
             config.admin.admin_listen.addr(),
-            config.admin.settings(config.limits.trust_forwarded_for)?,
+            config.admin.settings(
+                config.limits.trust_forwarded_for,
+                config.tls.tls_client_ca.is_some(),
+            )?,
         ) {
             (Some(addr), Some(settings)) => Some((transport::bind(addr, "admin").await?, settings)),
             _ => None,

@@ -3,8 +3,10 @@
 //!
 //! Each call is, in this order: counted against the admin rate limit
 //! (`AUTHD_ADMIN_RATE`, one budget for the listener), authenticated by its admin
-//! key (`authorization: Bearer …`, see `keys`), authorized by the key's role,
-//! validated, run (`accounts::admin`), audited and counted by RPC and code.
+//! key (`authorization: Bearer …`, see `keys`) or, without one, by its client
+//! certificate's identity on the allow-list (`AUTHD_ADMIN_ALLOW`, under mutual
+//! TLS), authorized by the role, validated, run (`accounts::admin`), audited and
+//! counted by RPC and code.
 //!
 //! # Layout
 //!
@@ -49,7 +51,10 @@ pub const MAX_REASON_CHARS: usize = 512;
 
 /// What the admin listener is configured with.
 pub struct AdminSettings {
-    pub keys: AdminKeys,
+    /// The admin keys, when a keys file is given.
+    pub keys: Option<AdminKeys>,
+    /// Client certificate identities allowed, with their roles.
+    pub allow: Vec<(Role, String)>,
     /// Calls a second, and as many at once (the bucket's size).
     pub rate: u32,
     /// Identify clients by the first `x-forwarded-for` hop (for the audit trail).
@@ -91,7 +96,8 @@ impl Budget {
 pub struct AdminApi {
     accounts: Arc<Accounts>,
     blocklist: Arc<Blocklist>,
-    keys: AdminKeys,
+    keys: Option<AdminKeys>,
+    allow: Vec<(Role, String)>,
     budget: Mutex<Budget>,
     rate: u32,
     audit: Audit,
@@ -118,6 +124,7 @@ impl AdminApi {
             accounts,
             blocklist,
             keys: settings.keys,
+            allow: settings.allow,
             budget: Mutex::new(Budget::new(settings.rate)),
             rate: settings.rate,
             audit,
@@ -164,15 +171,27 @@ impl AdminApi {
                 retry_after,
             });
         }
-        let presented = request
-            .metadata()
-            .get("authorization")
+        let presented = (request.metadata().get("authorization"))
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .ok_or(Error::AdminUnauthenticated)?;
-        let actor = (self.keys)
-            .identify(presented.trim())
-            .ok_or(Error::AdminUnauthenticated)?;
+            .and_then(|v| v.strip_prefix("Bearer "));
+        let actor = match (presented, rpc::client_identity(request.extensions())) {
+            // A key decides, when one is given.
+            (Some(key), _) => (self.keys.as_ref())
+                .and_then(|keys| keys.identify(key.trim()))
+                .ok_or(Error::AdminUnauthenticated)?,
+            // A client certificate: known (on the allow-list) or not.
+            (None, Some(identity)) => {
+                let role = (self.allow.iter())
+                    .find(|(_, allowed)| allowed == identity.as_str())
+                    .map(|(role, _)| *role)
+                    .ok_or(Error::AdminForbidden)?;
+                Actor {
+                    name: identity.as_str().to_owned(),
+                    role,
+                }
+            }
+            (None, None) => return Err(Error::AdminUnauthenticated),
+        };
         match (needs, actor.role) {
             (Needs::Change, Role::Read) => Err(Error::AdminForbidden),
             _ => Ok(actor),

@@ -51,6 +51,8 @@ mod telemetry;
 mod tls;
 mod tokens;
 
+/// The role of an admin credential (`--admin-allow`, the admin keys file).
+pub use crate::admin::Role as AdminRole;
 pub use admin::AdminConfig;
 pub use limits::LimitsConfig;
 pub use overload::OverloadConfig;

@@ -365,6 +365,13 @@ async fn the_admin_listener_needs_a_keys_file() {
         panic!("an admin listener without keys must not start");
     };
     assert!(format!("{e:#}").contains("AUTHD_ADMIN_KEYS_FILE"), "{e:#}");
+    // An allow-list of certificate identities needs mutual TLS.
+    let mut plain = config.clone();
+    plain.admin.admin_allow = vec![(authd::config::AdminRole::Admin, "spiffe://x/y".into())];
+    let Err(e) = authd::app::Application::build(plain).await else {
+        panic!("an admin allow-list without mutual TLS must not start");
+    };
+    assert!(format!("{e:#}").contains("AUTHD_TLS_CLIENT_CA"), "{e:#}");
     let mut bad = tempfile::NamedTempFile::new().unwrap();
     writeln!(bad, "oncall superuser {}", digest(ADMIN_KEY)).unwrap();
     config.admin.admin_keys_file = Some(bad.path().to_owned());

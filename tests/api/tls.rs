@@ -731,3 +731,75 @@ async fn the_request_log_names_the_client_identity() {
     let serving = log.iter().find(|l| l.contains("authd is serving")).unwrap();
     assert!(serving.contains(r#""tls":"mutual""#), "{serving}");
 }
+
+/// The admin port under mutual TLS: a client certificate on the admin allow-list
+/// acts with its role, another one is PERMISSION_DENIED, and an admin key still
+/// works from any certificate.
+#[tokio::test]
+async fn the_admin_port_takes_the_client_certificates_of_its_allow_list() {
+    use authd::pb::admin::{
+        DisableUserRequest, GetUserRequest, UserSelector, admin_service_client::AdminServiceClient,
+        user_selector::Selector,
+    };
+    let server_ca = Ca::new("server-ca");
+    let client_ca = Ca::new("client-ca");
+    let files = Files::new(&server_ca.server(2040), Some(&client_ca));
+    let app = spawn_tls(&files, true, |c| {
+        c.admin.admin_listen = "127.0.0.1:0".parse().unwrap();
+        c.admin.admin_allow = vec![
+            (
+                authd::config::AdminRole::Admin,
+                "spiffe://corp/ns/ops/sa/oncall".into(),
+            ),
+            (
+                authd::config::AdminRole::Read,
+                "spiffe://corp/ns/ops/sa/auditor".into(),
+            ),
+        ];
+    })
+    .await;
+    let admin_addr = app.handle.admin_addr().unwrap();
+    let as_identity = |uri: &str| {
+        AdminServiceClient::new(tls_channel(
+            admin_addr,
+            &server_ca.pem(),
+            Some(&client_ca.client(uri)),
+        ))
+    };
+    let mut oncall = as_identity("spiffe://corp/ns/ops/sa/oncall");
+    let mut auditor = as_identity("spiffe://corp/ns/ops/sa/auditor");
+    let mut stranger = as_identity("spiffe://corp/ns/web/sa/signup");
+    let mut users = AuthServiceClient::new(tls_channel(
+        app.addr,
+        &server_ca.pem(),
+        Some(&client_ca.client("spiffe://corp/ns/web/sa/signup")),
+    ));
+    crate::helpers::register(&mut users, "lena", "correct horse battery")
+        .await
+        .unwrap();
+    let lena = || {
+        Some(UserSelector {
+            selector: Some(Selector::Username("lena".into())),
+        })
+    };
+    let get = || GetUserRequest { user: lena() };
+    let disable = || DisableUserRequest {
+        user: lena(),
+        reason: "test".into(),
+    };
+
+    let found = auditor.get_user(get()).await.unwrap().into_inner();
+    assert_eq!(found.user.unwrap().username, "lena");
+    let status = auditor.disable_user(disable()).await.unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    let status = stranger.get_user(get()).await.unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert!(!status.message().contains("signup"), "{status:?}");
+    let done = oncall.disable_user(disable()).await.unwrap().into_inner();
+    assert!(done.changed);
+    let refused = crate::helpers::login(&mut users, "lena", "correct horse battery")
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated);
+    app.stop().await;
+}
