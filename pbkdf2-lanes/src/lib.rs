@@ -111,6 +111,8 @@ use core::fmt;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod portable;
 mod prep;
 #[cfg(target_arch = "x86_64")]
@@ -119,6 +121,17 @@ mod shani;
 /// The number of interleaved SHA-NI streams [`Engine::detect`] and
 /// [`Engine::with_backend`] use (see the crate docs for the measurements).
 pub const SHA_NI_STREAMS: usize = 4;
+
+/// The jobs in flight of the AVX-512 backend that [`Engine::detect`] and
+/// [`Engine::with_backend`] use: two vectors of sixteen lanes, interleaved
+/// (see the crate docs for the measurements).
+pub const AVX512_LANES: usize = 32;
+
+/// The fewest resident jobs [`Engine::detect`]'s AVX-512 engine runs on
+/// AVX-512 when the CPU also has SHA-NI: a batch smaller than this, and the
+/// last jobs of a larger one once nothing is left to refill their lanes with,
+/// run on SHA-NI instead (see the crate docs for the measurements).
+pub const AVX512_MIN_JOBS: usize = 9;
 
 /// One PBKDF2-HMAC-SHA256 computation: `DK = T1 = F(password, salt, rounds, 1)`.
 #[derive(Clone, Copy)]
@@ -189,6 +202,9 @@ impl std::error::Error for Error {}
 /// A kernel family. Which ones a CPU can run is decided at run time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Backend {
+    /// x86-64 AVX-512F, sixteen jobs in the 32-bit lanes of a vector, two
+    /// vectors interleaved.
+    Avx512,
     /// x86-64 SHA extensions, several jobs interleaved on one core.
     ShaNi,
     /// x86-64 AVX2, eight jobs in the eight 32-bit lanes of a vector.
@@ -199,11 +215,17 @@ pub enum Backend {
 
 impl Backend {
     /// Every backend, fastest first (the order [`Engine::detect`] tries them).
-    pub const ALL: [Backend; 3] = [Backend::ShaNi, Backend::Avx2, Backend::Portable];
+    pub const ALL: [Backend; 4] = [
+        Backend::Avx512,
+        Backend::ShaNi,
+        Backend::Avx2,
+        Backend::Portable,
+    ];
 
-    /// A short stable name: `"sha-ni"`, `"avx2"` or `"portable"`.
+    /// A short stable name: `"avx512"`, `"sha-ni"`, `"avx2"` or `"portable"`.
     pub fn name(self) -> &'static str {
         match self {
+            Backend::Avx512 => "avx512",
             Backend::ShaNi => "sha-ni",
             Backend::Avx2 => "avx2",
             Backend::Portable => "portable",
@@ -217,8 +239,10 @@ impl Backend {
             Backend::ShaNi => shani::available(),
             #[cfg(target_arch = "x86_64")]
             Backend::Avx2 => avx2::available(),
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx512 => avx512::available(),
             #[cfg(not(target_arch = "x86_64"))]
-            Backend::ShaNi | Backend::Avx2 => false,
+            Backend::ShaNi | Backend::Avx2 | Backend::Avx512 => false,
             Backend::Portable => true,
         }
     }
@@ -234,23 +258,40 @@ impl fmt::Display for Backend {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Engine {
     backend: Backend,
-    /// Jobs in flight per kernel call (SHA-NI streams, AVX2 lanes, or 1).
+    /// Jobs in flight per kernel call (SHA-NI streams, AVX2 or AVX-512 lanes,
+    /// or 1).
     lanes: usize,
+    /// AVX-512 only: fewer resident jobs than this run on SHA-NI (0: never).
+    /// Only ever nonzero when the CPU has SHA-NI.
+    sha_ni_below: usize,
 }
 
 impl Engine {
-    /// The fastest backend this CPU supports: SHA-NI, else AVX2, else portable.
+    /// The fastest backend this CPU supports: AVX-512, else SHA-NI, else AVX2,
+    /// else portable. An AVX-512 engine made here runs batches (and the tails
+    /// of batches) of fewer than [`AVX512_MIN_JOBS`] jobs on SHA-NI when the
+    /// CPU has it; see [`backend_for`](Engine::backend_for).
     pub fn detect() -> Engine {
-        Backend::ALL
+        let engine = Backend::ALL
             .into_iter()
             .find_map(Engine::with_backend)
             .unwrap_or(Engine {
                 backend: Backend::Portable,
                 lanes: 1,
-            })
+                sha_ni_below: 0,
+            });
+        if engine.backend == Backend::Avx512 && Backend::ShaNi.is_supported() {
+            Engine {
+                sha_ni_below: AVX512_MIN_JOBS,
+                ..engine
+            }
+        } else {
+            engine
+        }
     }
 
     /// That backend, or `None` when this CPU lacks the instructions it needs.
+    /// Every batch runs on that backend alone, whatever its size.
     pub fn with_backend(backend: Backend) -> Option<Engine> {
         if !backend.is_supported() {
             return None;
@@ -259,11 +300,16 @@ impl Engine {
             Backend::ShaNi => SHA_NI_STREAMS,
             #[cfg(target_arch = "x86_64")]
             Backend::Avx2 => avx2::LANES,
+            Backend::Avx512 => AVX512_LANES,
             #[cfg(not(target_arch = "x86_64"))]
             Backend::Avx2 => return None,
             Backend::Portable => 1,
         };
-        Some(Engine { backend, lanes })
+        Some(Engine {
+            backend,
+            lanes,
+            sha_ni_below: 0,
+        })
     }
 
     /// The SHA-NI backend with `streams` (1 to 4) interleaved jobs instead of
@@ -279,14 +325,37 @@ impl Engine {
         })
     }
 
+    /// The AVX-512 backend with `lanes` (16: one vector, or 32: two
+    /// interleaved) jobs in flight instead of the default [`AVX512_LANES`],
+    /// never handing jobs to SHA-NI; for measurements. `None` when `lanes` is
+    /// neither or the CPU lacks AVX-512F.
+    pub fn with_avx512_lanes(lanes: usize) -> Option<Engine> {
+        if lanes != 16 && lanes != 32 {
+            return None;
+        }
+        Engine::with_backend(Backend::Avx512).map(|e| Engine { lanes, ..e })
+    }
+
     /// The backend this engine runs.
     pub fn backend(&self) -> Backend {
         self.backend
     }
 
+    /// The backend a batch of `jobs` jobs runs on: [`backend`](Engine::backend),
+    /// except for [`Engine::detect`]'s AVX-512 engine, which runs batches of
+    /// fewer than [`AVX512_MIN_JOBS`] jobs on SHA-NI. (With mixed round
+    /// counts, the last jobs of a larger batch may finish on SHA-NI too.)
+    pub fn backend_for(&self, jobs: usize) -> Backend {
+        if jobs < self.sha_ni_below {
+            Backend::ShaNi
+        } else {
+            self.backend
+        }
+    }
+
     /// The batch size that fills the kernel: jobs computed side by side.
     /// Larger batches are fine (finished lanes are refilled); smaller ones
-    /// leave AVX2 lanes idle.
+    /// leave AVX2 or AVX-512 lanes idle.
     pub fn lanes(&self) -> usize {
         self.lanes
     }
@@ -315,6 +384,10 @@ impl Engine {
             // SAFETY: as above, with `avx2::available()`.
             #[cfg(target_arch = "x86_64")]
             Backend::Avx2 => unsafe { avx2::derive(jobs, out) },
+            // SAFETY: as above, with `avx512::available()`; `sha_ni_below` is
+            // only nonzero when `detect` found `shani::available()` too.
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx512 => unsafe { avx512::derive(jobs, out, self.lanes, self.sha_ni_below) },
             _ => {
                 for (job, out) in jobs.iter().zip(out.iter_mut()) {
                     let p = prep::prepare(job.password, job.salt);

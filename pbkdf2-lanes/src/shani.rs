@@ -293,6 +293,18 @@ pub(crate) unsafe fn derive(jobs: &[Job<'_>], out: &mut [[u8; 32]], streams: usi
     unsafe { schedule(out, streams, |out| next_chain(jobs, out, &mut next)) }
 }
 
+/// Runs chains another kernel family started to their end, with at most
+/// `streams` (1..=4) in flight, narrowing as [`derive`] does; each key is
+/// written to `out[chain.job]`.
+///
+/// # Safety
+/// [`available`] must have returned true on this CPU.
+pub(crate) unsafe fn finish(chains: &[Chain], out: &mut [[u8; 32]], streams: usize) {
+    let mut chains = chains.iter().copied();
+    // SAFETY: this function's caller guarantees `available()`.
+    unsafe { schedule(out, streams, |_| chains.next()) }
+}
+
 /// The batch loop: streams are filled from `refill` (which may write the keys
 /// of jobs that need no round to `out`), the kernel runs as many rounds as the
 /// resident chain with the fewest left needs, finished chains are written out
