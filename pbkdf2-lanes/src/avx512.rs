@@ -6,15 +6,29 @@
 //! instruction count: a rotation is one `vprord` instead of two shifts and an
 //! XOR, and `vpternlogd` computes any function of three inputs, so Ch, Maj and
 //! each Σ/σ (the XOR of three rotations or shifts) are one instruction each.
-//! One round is then 17 vector operations (6 rotations, 4 ternary-logic
-//! operations, 7 additions) and one schedule word 11.
+//! A round is 6 rotations, 4 ternary-logic operations and 7 additions, a
+//! schedule word 4 rotations or shifts, 2 ternary-logic operations and 3
+//! additions: about 1,560 vector operations per 16-lane compression.
 //!
 //! Within a round, the additions are ordered so that the chain from `e` to the
 //! next `e` is short: `h + (K + W)` does not depend on this round's `e` and is
-//! added first, then Ch (one instruction after `e`), then Σ1 (two after).
-//! Sixteen lanes of one vector leave the chains of the 64 rounds as the main
-//! dependency; two vectors interleaved give the core two independent chains
-//! and bring the kernel to the vector ALUs' throughput.
+//! added first, then Ch (one operation after `e`), then Σ1 (two after); with
+//! one vector, `d` is added early too, so `e' = (d + h + K + W + Ch) + Σ1` is
+//! three operations after `e` (one more addition per round). Empty `asm!`
+//! statements keep the compiler from regrouping the sums.
+//!
+//! What bounds it, as measured on AMD Zen 5: one vector is bound by that chain
+//! (a rotation, the ternary logic and an addition take about 7 cycles in a
+//! row there, so 64 rounds need some 470 cycles; the kernel takes about 700,
+//! 2.4 operations per cycle). Two vectors interleaved give the core a second,
+//! independent chain and bring the kernel near the vector units' throughput:
+//! about 3.3 operations per cycle, of 4 (four pipes, of which two rotate or
+//! shift); with them, the early `d` addition costs more than it saves.
+//!
+//! Two vectors need more than the 32 vector registers: some of the state and
+//! schedule lives on the stack. The kernel keeps a 64-byte aligned object in
+//! its frame so that the frame, and every 64-byte spill, is aligned (a
+//! variant whose spills straddled cache lines ran three times slower).
 //!
 //! Words 8..16 of every block are the fixed padding; they are written as
 //! constants, so the compiler folds their `W + K` and the parts of the
@@ -207,6 +221,11 @@ macro_rules! small_sigma1 {
 #[inline(never)]
 #[target_feature(enable = "avx512f")]
 fn compress<const N: usize>(mid: &[[__m512i; 8]; N], msg: &[[__m512i; 8]; N]) -> [[__m512i; 8]; N] {
+    // A 64-byte aligned object kept in the frame: the frame is then aligned to
+    // 64 bytes from the start, and so are the registers spilled to it (without
+    // it, 512-bit spills may straddle cache lines).
+    let mut anchor = _mm512_setzero_si512();
+    core::hint::black_box(&mut anchor);
     let mut w = [[_mm512_setzero_si512(); 16]; N];
     for (w, msg) in w.iter_mut().zip(msg) {
         w[..8].copy_from_slice(msg);
@@ -237,15 +256,23 @@ fn compress<const N: usize>(mid: &[[__m512i; 8]; N], msg: &[[__m512i; 8]; N]) ->
                     w[t & 15] = x;
                     x
                 };
-                // Off the chain: h + K + W, and d + that.
+                // Off the chain: h + K + W (and, with one vector, d + that).
                 let hkw = pin!(add!($h[s], add!(splat!(K[t]), wt)));
-                let dhkw = pin!(add!($d[s], hkw));
-                // Ch is ready one operation after e, Σ1 two: e' = d + T1 is
-                // then three operations after e.
+                let dhkw = if N == 1 { pin!(add!($d[s], hkw)) } else { hkw };
+                // Ch is ready one operation after e, Σ1 two.
                 let ch = _mm512_ternarylogic_epi32::<0xCA>($e[s], $f[s], $g[s]);
                 let s1 = big_sigma1!($e[s]);
                 let t1 = pin!(add!(pin!(add!(hkw, ch)), s1));
-                $d[s] = add!(pin!(add!(dhkw, ch)), s1);
+                $d[s] = if N == 1 {
+                    // e' = (d + h + K + W + Ch) + Σ1: three operations after
+                    // e, for one more addition per round.
+                    add!(pin!(add!(dhkw, ch)), s1)
+                } else {
+                    // Two vectors keep the vector units busy with each
+                    // other's work: the addition saved counts more than the
+                    // fourth operation on the chain.
+                    add!($d[s], t1)
+                };
                 // a' = T1 + Maj + Σ0: Maj and T1 first, Σ0 (two operations
                 // after a) last.
                 let maj = _mm512_ternarylogic_epi32::<0xE8>($a[s], $b[s], $c[s]);
