@@ -165,6 +165,9 @@ pub const SHA_NI_STREAMS: usize = 4;
 /// 11.4 (see the crate docs).
 pub const AVX512_LANES: usize = 32;
 
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(AVX512_LANES == avx512::MAX_LANES);
+
 /// The fewest resident jobs [`Engine::detect`]'s AVX-512 engine runs on
 /// AVX-512 when the CPU also has SHA-NI: a batch smaller than this, and the
 /// last jobs of a larger one once nothing is left to refill their lanes with,
