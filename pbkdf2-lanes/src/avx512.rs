@@ -147,8 +147,9 @@ macro_rules! splat {
 macro_rules! pin {
     ($x:expr) => {{
         let mut x: __m512i = $x;
-        // SAFETY: the template is empty: nothing is executed, no memory,
-        // stack or flag is touched, and the register holds `x` unchanged.
+        // SAFETY: the template is only an assembler comment: nothing is
+        // executed, no memory, stack or flag is touched, and the register
+        // holds `x` unchanged.
         unsafe {
             core::arch::asm!(
                 "/* {x} */",
