@@ -16,9 +16,11 @@
 //! medians over the repetitions are reported. Each configuration's keys are
 //! checked against the `pbkdf2` crate's before timing starts.
 //!
-//! `cargo bench --bench throughput -- [--reps N] [--rounds 10000,600000] [--min-ms MS] [--only SUBSTRING]...`
+//! `cargo bench --bench throughput -- [--reps N] [--rounds 10000,600000] [--min-ms MS] [--only SUBSTRING]... [--batches 1,8,9,16]`
 //! (`--only` keeps the subjects whose label contains one of the substrings;
-//! the crate's row is always kept, as the reference).
+//! the crate's row is always kept, as the reference; `--batches` measures,
+//! instead of the usual subjects, SHA-NI, both AVX-512 widths and the
+//! detected engine at each of those batch sizes: the crossovers between them).
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -32,6 +34,7 @@ struct Args {
     rounds: Vec<u32>,
     min: Duration,
     only: Vec<String>,
+    batches: Vec<usize>,
 }
 
 fn args() -> Args {
@@ -40,6 +43,7 @@ fn args() -> Args {
         rounds: vec![10_000, 600_000],
         min: Duration::from_millis(60),
         only: Vec::new(),
+        batches: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -61,16 +65,28 @@ fn args() -> Args {
                 )
             }
             "--only" => a.only.push(it.next().expect("--only SUBSTRING")),
+            "--batches" => {
+                a.batches = it
+                    .next()
+                    .map(|v| {
+                        v.split(',')
+                            .map(|n| n.parse().expect("--batches 1,8,16"))
+                            .collect()
+                    })
+                    .expect("--batches 1,8,16")
+            }
             _ => {} // `--bench` passed by cargo
         }
     }
     a
 }
 
-/// Something to time: an engine and a batch size, or the `pbkdf2` crate.
+/// Something to time: an engine and a batch size (a forced one, or the one
+/// `Engine::detect` makes), or the `pbkdf2` crate.
 #[derive(Clone, Copy)]
 enum Subject {
     Lanes { engine: Engine, batch: usize },
+    Detected { batch: usize },
     Crate,
 }
 
@@ -79,15 +95,17 @@ impl Subject {
         match self {
             Subject::Lanes { engine, batch } => match engine.backend() {
                 Backend::ShaNi => format!("sha-ni x{} batch {batch}", engine.lanes()),
+                Backend::Avx512 => format!("avx512 x{} batch {batch}", engine.lanes()),
                 b => format!("{} batch {batch}", b.name()),
             },
+            Subject::Detected { batch } => format!("detected batch {batch}"),
             Subject::Crate => "pbkdf2 crate batch 1".to_string(),
         }
     }
 
     fn jobs(&self) -> usize {
         match self {
-            Subject::Lanes { batch, .. } => *batch,
+            Subject::Lanes { batch, .. } | Subject::Detected { batch } => *batch,
             Subject::Crate => 1,
         }
     }
@@ -106,6 +124,14 @@ fn inputs(n: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
 
 fn compute(s: Subject, inputs: &[(Vec<u8>, Vec<u8>)], rounds: u32) -> Vec<[u8; 32]> {
     match s {
+        Subject::Detected { batch } => compute(
+            Subject::Lanes {
+                engine: Engine::detect(),
+                batch,
+            },
+            inputs,
+            rounds,
+        ),
         Subject::Lanes { engine, .. } => {
             let jobs: Vec<Job> = inputs
                 .iter()
@@ -206,9 +232,25 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-fn main() {
-    let a = args();
+/// The usual subjects: every backend and width at full and small batches.
+fn subjects() -> Vec<Subject> {
     let mut subjects = Vec::new();
+    for lanes in [32, 16] {
+        if let Some(engine) = Engine::with_avx512_lanes(lanes) {
+            subjects.push(Subject::Lanes {
+                engine,
+                batch: lanes,
+            });
+        }
+    }
+    if let Some(engine) = Engine::with_avx512_lanes(16) {
+        subjects.push(Subject::Lanes { engine, batch: 1 });
+    }
+    if Backend::Avx512.is_supported() {
+        for batch in [1, 32] {
+            subjects.push(Subject::Detected { batch });
+        }
+    }
     for streams in 1..=4 {
         if let Some(engine) = Engine::with_sha_ni_streams(streams) {
             subjects.push(Subject::Lanes {
@@ -231,6 +273,33 @@ fn main() {
         engine: portable,
         batch: 1,
     });
+    subjects
+}
+
+/// SHA-NI, both AVX-512 widths and the detected engine at each batch size.
+fn sweep(batches: &[usize]) -> Vec<Subject> {
+    let mut subjects = Vec::new();
+    for &batch in batches {
+        let engines = [
+            Engine::with_backend(Backend::ShaNi),
+            Engine::with_avx512_lanes(16),
+            Engine::with_avx512_lanes(32),
+        ];
+        for engine in engines.into_iter().flatten() {
+            subjects.push(Subject::Lanes { engine, batch });
+        }
+        subjects.push(Subject::Detected { batch });
+    }
+    subjects
+}
+
+fn main() {
+    let a = args();
+    let mut subjects = if a.batches.is_empty() {
+        subjects()
+    } else {
+        sweep(&a.batches)
+    };
     if !a.only.is_empty() {
         subjects.retain(|s| a.only.iter().any(|o| s.label().contains(o.as_str())));
     }

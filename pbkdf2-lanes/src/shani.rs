@@ -22,7 +22,7 @@ use core::arch::x86_64::{
 };
 
 use crate::Job;
-use crate::prep::{FIXED_TAIL, K, Prepared, prepare, to_bytes};
+use crate::prep::{Chain, FIXED_TAIL, K, next_chain, to_bytes};
 
 /// The widest interleave compiled.
 pub(crate) const MAX_STREAMS: usize = 4;
@@ -78,28 +78,6 @@ impl Pair {
             _mm_extract_epi32::<0>(y),
         ]
         .map(|w| w as u32)
-    }
-}
-
-/// One job resident in the kernel: both pad mid-states, the last U and the
-/// running XOR T (plain words; the kernel converts them to [`Pair`] layout on
-/// entry and back on exit).
-#[derive(Clone, Copy, Default)]
-struct Stream {
-    inner: [u32; 8],
-    outer: [u32; 8],
-    u: [u32; 8],
-    t: [u32; 8],
-}
-
-impl Stream {
-    fn new(p: &Prepared) -> Self {
-        Stream {
-            inner: p.inner,
-            outer: p.outer,
-            u: p.u1,
-            t: p.u1,
-        }
     }
 }
 
@@ -229,9 +207,11 @@ fn compress<const N: usize>(mid: &[Pair; N], msg: &[[__m128i; 2]; N]) -> [Pair; 
     st
 }
 
-/// `iters` PBKDF2 rounds (two compressions each) on every stream.
+/// `iters` PBKDF2 rounds (two compressions each) on every stream. The
+/// chains' plain words are converted to [`Pair`] layout on entry and back on
+/// exit.
 #[target_feature(enable = "sha,sse2,ssse3,sse4.1")]
-fn run<const N: usize>(streams: &mut [Stream; N], iters: u32) {
+fn run<const N: usize>(streams: &mut [Chain; N], iters: u32) {
     let mut inner = [Pair::zero(); N];
     let mut outer = [Pair::zero(); N];
     let mut u = [Pair::zero(); N];
@@ -267,7 +247,7 @@ fn run<const N: usize>(streams: &mut [Stream; N], iters: u32) {
 ///
 /// # Safety
 /// [`available`] must have returned true on this CPU.
-unsafe fn run_resident(streams: &mut [Stream], iters: u32) {
+unsafe fn run_resident(streams: &mut [Chain], iters: u32) {
     match streams.len() {
         4 => {
             if let Some(s) = streams.first_chunk_mut::<4>() {
@@ -308,39 +288,59 @@ unsafe fn run_resident(streams: &mut [Stream], iters: u32) {
 /// # Safety
 /// [`available`] must have returned true on this CPU.
 pub(crate) unsafe fn derive(jobs: &[Job<'_>], out: &mut [[u8; 32]], streams: usize) {
-    let width = streams.clamp(1, MAX_STREAMS);
-    let mut resident = [Stream::default(); MAX_STREAMS];
-    // (job index, rounds still to run) of each resident stream.
-    let mut slot = [(0usize, 0u32); MAX_STREAMS];
-    let mut n = 0;
     let mut next = 0;
+    // SAFETY: this function's caller guarantees `available()`.
+    unsafe { schedule(out, streams, |out| next_chain(jobs, out, &mut next)) }
+}
+
+/// Runs chains another kernel family started to their end, with at most
+/// `streams` (1..=4) in flight, narrowing as [`derive`] does; each key is
+/// written to `out[chain.job]`.
+///
+/// # Safety
+/// [`available`] must have returned true on this CPU.
+pub(crate) unsafe fn finish(chains: &[Chain], out: &mut [[u8; 32]], streams: usize) {
+    let mut chains = chains.iter().copied();
+    // SAFETY: this function's caller guarantees `available()`.
+    unsafe { schedule(out, streams, |_| chains.next()) }
+}
+
+/// The batch loop: streams are filled from `refill` (which may write the keys
+/// of jobs that need no round to `out`), the kernel runs as many rounds as the
+/// resident chain with the fewest left needs, finished chains are written out
+/// and their streams refilled or dropped.
+///
+/// # Safety
+/// [`available`] must have returned true on this CPU.
+unsafe fn schedule(
+    out: &mut [[u8; 32]],
+    streams: usize,
+    mut refill: impl FnMut(&mut [[u8; 32]]) -> Option<Chain>,
+) {
+    let width = streams.clamp(1, MAX_STREAMS);
+    let mut resident = [Chain::default(); MAX_STREAMS];
+    let mut n = 0;
     loop {
         while n < width
-            && let (Some(job), Some(_)) = (jobs.get(next), out.get(next))
+            && let Some(chain) = refill(out)
         {
-            let p = prepare(job.password, job.salt);
-            if job.rounds <= 1 {
-                out[next] = to_bytes(&p.u1);
-            } else {
-                resident[n] = Stream::new(&p);
-                slot[n] = (next, job.rounds - 1);
-                n += 1;
-            }
-            next += 1;
+            resident[n] = chain;
+            n += 1;
         }
-        let Some(iters) = slot[..n].iter().map(|s| s.1).min() else {
+        let Some(iters) = resident[..n].iter().map(|c| c.left).min() else {
             return;
         };
         // SAFETY: this function's caller guarantees `available()`.
         unsafe { run_resident(&mut resident[..n], iters) };
         let mut i = 0;
         while i < n {
-            slot[i].1 -= iters;
-            if slot[i].1 == 0 {
-                out[slot[i].0] = to_bytes(&resident[i].t);
+            resident[i].left -= iters;
+            if resident[i].left == 0 {
+                if let Some(out) = out.get_mut(resident[i].job) {
+                    *out = to_bytes(&resident[i].t);
+                }
                 n -= 1;
                 resident.swap(i, n);
-                slot.swap(i, n);
             } else {
                 i += 1;
             }

@@ -1,6 +1,7 @@
 //! Every backend against the `pbkdf2` crate: random passwords (0 to 1,024
 //! bytes), salts (0 to 300 bytes), round counts and batch sizes (1 to 20,
-//! beyond every lane count), with mixed round counts in a batch.
+//! beyond every lane count but AVX-512's; 1 to 40 for AVX-512), with mixed
+//! round counts in a batch.
 //!
 //! Round counts stay small: the suite runs unoptimised in a plain `cargo test`
 //! of this package, where the AVX2 kernel costs about 0.4 ms per round.
@@ -146,6 +147,114 @@ fn block_boundaries() {
     for backend in Backend::ALL {
         if let Some(engine) = Engine::with_backend(backend) {
             check(engine, &owned).unwrap();
+        }
+    }
+}
+
+/// The AVX-512 engines, when this CPU runs them: one vector, two interleaved,
+/// and the detected engine (which hands small batches, and the last jobs of
+/// larger ones, to SHA-NI when the CPU has it). `None`, with a note, without
+/// AVX-512F.
+#[cfg(target_arch = "x86_64")]
+fn avx512_engines() -> Option<Vec<Engine>> {
+    if !std::is_x86_feature_detected!("avx512f") {
+        eprintln!("note: this CPU has no AVX-512F; the AVX-512 backend is not tested");
+        assert!(!Backend::Avx512.is_supported());
+        return None;
+    }
+    let mut engines: Vec<Engine> = [16, 32]
+        .into_iter()
+        .map(|lanes| Engine::with_avx512_lanes(lanes).expect("the CPU has AVX-512F"))
+        .collect();
+    engines.push(engine(Backend::Avx512));
+    assert_eq!(Engine::detect().backend(), Backend::Avx512);
+    engines.push(Engine::detect());
+    Some(engines)
+}
+
+/// Also compares with the portable path, job by job.
+#[cfg(target_arch = "x86_64")]
+fn check_with_portable(engine: Engine, owned: &[Owned]) {
+    check(engine, owned).unwrap();
+    let jobs: Vec<Job> = owned.iter().map(|(p, s, c)| Job::new(p, s, *c)).collect();
+    assert_eq!(
+        engine.derive_vec(&jobs).unwrap(),
+        engine_portable().derive_vec(&jobs).unwrap(),
+        "{engine:?}, {} jobs",
+        jobs.len()
+    );
+}
+
+#[cfg(target_arch = "x86_64")]
+fn engine_portable() -> Engine {
+    engine(Backend::Portable)
+}
+
+#[cfg(target_arch = "x86_64")]
+proptest! {
+    #![proptest_config(config(24))]
+    #[test]
+    fn avx512_matches_the_pbkdf2_crate(
+        jobs in vec((bytes(70, 1024), bytes(40, 300), 1..=12u32), 1..=40)
+    ) {
+        if let Some(engines) = avx512_engines() {
+            for engine in engines {
+                check(engine, &jobs)?;
+            }
+        }
+    }
+}
+
+/// Every batch size from 1 to 40 (one vector, two, and past both), with round
+/// counts that differ inside each batch (1 round among them, so jobs finish at
+/// different times and lanes refill), passwords longer than the block and long
+/// salts; then the same sizes with one round count for the whole batch.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_every_batch_size_to_40() {
+    let Some(engines) = avx512_engines() else {
+        return;
+    };
+    for n in 1..=40u32 {
+        let mixed: Vec<Owned> = (0..n)
+            .map(|i| {
+                let password = vec![0x5a ^ i as u8; (i as usize * 37) % 150];
+                let salt = vec![0xa5 ^ i as u8; (i as usize * 53 + n as usize) % 300];
+                let rounds = [1, 7, 2, 19, 4, 1, 11, 3][(i + n) as usize % 8];
+                (password, salt, rounds)
+            })
+            .collect();
+        let even: Vec<Owned> = (0..n)
+            .map(|i| (format!("pw {i}").into_bytes(), b"salt".to_vec(), 6))
+            .collect();
+        for &engine in &engines {
+            check_with_portable(engine, &mixed);
+            check_with_portable(engine, &even);
+        }
+    }
+}
+
+/// A long job in the second vector while the others finish early and refill,
+/// and one in the first while the second vector empties.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_long_jobs_in_either_vector() {
+    let Some(engines) = avx512_engines() else {
+        return;
+    };
+    for long in [0, 5, 15, 16, 20, 31, 32, 36] {
+        let owned: Vec<Owned> = (0..37u8)
+            .map(|i| {
+                let rounds = if usize::from(i) == long {
+                    300
+                } else {
+                    1 + u32::from(i % 4)
+                };
+                (vec![i; 70], vec![i; 130], rounds)
+            })
+            .collect();
+        for &engine in &engines {
+            check_with_portable(engine, &owned);
         }
     }
 }

@@ -1,15 +1,20 @@
 //! Published PBKDF2-HMAC-SHA256 vectors, edge cases and the backend detection,
 //! on every backend this CPU supports.
 
-use pbkdf2_lanes::{Backend, Engine, Error, Job, SHA_NI_STREAMS, pbkdf2_sha256};
+use pbkdf2_lanes::{
+    AVX512_LANES, AVX512_MIN_JOBS, Backend, Engine, Error, Job, SHA_NI_STREAMS, pbkdf2_sha256,
+};
 
-/// Every engine this CPU can run: each backend, and SHA-NI at every interleave.
+/// Every engine this CPU can run: each backend, SHA-NI at every interleave,
+/// AVX-512 at both widths, and the detected engine.
 fn engines() -> Vec<Engine> {
     let mut v: Vec<Engine> = Backend::ALL
         .into_iter()
         .filter_map(Engine::with_backend)
         .collect();
     v.extend((1..=4).filter_map(Engine::with_sha_ni_streams));
+    v.extend([16, 32].into_iter().filter_map(Engine::with_avx512_lanes));
+    v.push(Engine::detect());
     v
 }
 
@@ -74,13 +79,37 @@ fn fast_paths_are_detected_when_the_cpu_has_them() {
         return;
     };
     let has = |f: &str| flags.split_whitespace().any(|x| x == f);
-    if has("sha_ni") && has("ssse3") && has("sse4_1") {
+    let sha_ni = has("sha_ni") && has("ssse3") && has("sse4_1");
+    if has("avx512f") {
+        assert!(
+            Backend::Avx512.is_supported(),
+            "cpuinfo has avx512f but the backend is not detected"
+        );
+        let detected = Engine::detect();
+        assert_eq!(detected.backend(), Backend::Avx512);
+        assert_eq!(detected.lanes(), AVX512_LANES);
+        // Small batches go to SHA-NI when the CPU has it.
+        let small = if sha_ni {
+            Backend::ShaNi
+        } else {
+            Backend::Avx512
+        };
+        assert_eq!(detected.backend_for(1), small);
+        assert_eq!(detected.backend_for(AVX512_MIN_JOBS - 1), small);
+        assert_eq!(detected.backend_for(AVX512_MIN_JOBS), Backend::Avx512);
+        assert_eq!(detected.backend_for(1000), Backend::Avx512);
+    }
+    if sha_ni {
         assert!(
             Backend::ShaNi.is_supported(),
             "cpuinfo has sha_ni but the backend is not detected"
         );
-        assert_eq!(Engine::detect().backend(), Backend::ShaNi);
-        assert_eq!(Engine::detect().lanes(), SHA_NI_STREAMS);
+        if !has("avx512f") {
+            assert_eq!(Engine::detect().backend(), Backend::ShaNi);
+            assert_eq!(Engine::detect().lanes(), SHA_NI_STREAMS);
+        }
+        let forced = Engine::with_backend(Backend::ShaNi).unwrap();
+        assert_eq!(forced.lanes(), SHA_NI_STREAMS);
     }
     if has("avx2") {
         assert!(
@@ -182,6 +211,7 @@ fn errors_write_nothing() {
 
 #[test]
 fn forcing_and_naming() {
+    assert_eq!(Backend::Avx512.name(), "avx512");
     assert_eq!(Backend::ShaNi.name(), "sha-ni");
     assert_eq!(Backend::Avx2.name(), "avx2");
     assert_eq!(Backend::Portable.name(), "portable");
@@ -190,6 +220,10 @@ fn forcing_and_naming() {
             Some(e) => {
                 assert!(b.is_supported());
                 assert_eq!(e.backend(), b);
+                // A forced backend runs every batch size itself.
+                for jobs in [0, 1, 5, 100] {
+                    assert_eq!(e.backend_for(jobs), b);
+                }
             }
             None => assert!(!b.is_supported()),
         }
@@ -199,5 +233,16 @@ fn forcing_and_naming() {
     assert_eq!(Engine::with_sha_ni_streams(5), None);
     if let Some(e) = Engine::with_sha_ni_streams(3) {
         assert_eq!((e.backend(), e.lanes()), (Backend::ShaNi, 3));
+    }
+    for lanes in [0, 1, 8, 15, 17, 31, 33, 48, 64] {
+        assert_eq!(Engine::with_avx512_lanes(lanes), None);
+    }
+    for lanes in [16, 32] {
+        assert_eq!(
+            Engine::with_avx512_lanes(lanes).map(|e| (e.backend(), e.lanes())),
+            Backend::Avx512
+                .is_supported()
+                .then_some((Backend::Avx512, lanes))
+        );
     }
 }

@@ -70,7 +70,7 @@ pub struct HashBenchReport {
     pub algorithm: &'static str,
     pub iterations: u32,
     pub threads: usize,
-    /// The engine's backend: `sha-ni`, `avx2` or `portable`.
+    /// The engine's backend: `avx512`, `sha-ni`, `avx2` or `portable`.
     pub backend: &'static str,
     /// Hashes the engine computes side by side.
     pub lanes: usize,

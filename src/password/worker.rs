@@ -199,10 +199,11 @@ fn outputs_result(result: &Result<[u8; 32], PoolError>) -> Result<&[u8; 32], Poo
 }
 
 /// The engine for a batch of `jobs`: a single job runs on the fastest single-stream
-/// path. (SHA-NI narrows to one stream by itself; AVX2 would compute eight lanes
-/// for one job, slower than the portable path.)
+/// path. (SHA-NI narrows to one stream by itself, and the detected AVX-512 engine
+/// hands small batches to SHA-NI; a forced AVX2 or AVX-512 engine would compute all
+/// its lanes for one job, slower than the portable path.)
 fn single_stream(engine: Engine, jobs: usize) -> Engine {
-    if jobs == 1 && engine.backend() == Backend::Avx2 {
+    if jobs == 1 && matches!(engine.backend_for(1), Backend::Avx2 | Backend::Avx512) {
         return Engine::with_backend(Backend::Portable).unwrap_or(engine);
     }
     engine
@@ -266,7 +267,8 @@ mod tests {
     #[tokio::test]
     async fn what_waits_is_hashed_together_and_nothing_waits_for_a_batch() {
         let metrics = Metrics::new();
-        let pool = pool(1, 16, &metrics);
+        // Room for a batch of the widest engine (32 lanes) beside the held job.
+        let pool = pool(1, 64, &metrics);
         // Hold the only thread, queue several requests, then let it go: they come
         // off the queue as batches of up to the engine's lanes.
         let (busy, release_tx) = occupy_the_thread(&pool).await;
