@@ -214,6 +214,11 @@ impl Application {
             .refresh_hash_cost()
             .await
             .map_err(|e| anyhow::anyhow!("reading the highest stored password hash cost: {e}"))?;
+        // What was revoked before this start is refused from the first request on.
+        accounts
+            .load_revocations()
+            .await
+            .map_err(|e| anyhow::anyhow!("reading the revoked sessions and accounts: {e}"))?;
         let listen = config.server.listen;
         let listener = TcpListener::bind(listen)
             .await

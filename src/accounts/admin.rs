@@ -187,12 +187,19 @@ impl Accounts {
     }
 
     /// Reads the cutoffs written (on any replica) since `cursor`, the latest seen.
-    pub(super) async fn poll_cutoffs(&self, cursor: &mut i64) -> Result<usize, Error> {
+    /// Reads the store only with `read_store` (see `poll_revocations`).
+    pub(super) async fn poll_cutoffs(
+        &self,
+        cursor: &mut i64,
+        read_store: bool,
+    ) -> Result<usize, Error> {
         let now = unix_millis();
         let mut after = (cursor.saturating_sub(POLL_LOOKBACK_MS), String::new());
         let mut read = 0;
-        // SQLite: one process, whose every cutoff went into the set when it was made.
-        while self.store.is_shared() {
+        if !read_store {
+            return Ok(0);
+        }
+        loop {
             let page = (self.store)
                 .cutoffs_since((after.0, &after.1), POLL_PAGE)
                 .await?;

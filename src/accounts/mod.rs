@@ -690,24 +690,42 @@ impl Accounts {
         millis(self.settings.token_ttl + CLOCK_SKEW)
     }
 
+    /// Reads every end and cutoff that still matters into the revocation set, before
+    /// the server answers its first request: a restarted replica (and a SQLite one,
+    /// whose poller reads nothing later) refuses what was revoked before it started.
+    pub async fn load_revocations(&self) -> Result<usize, Error> {
+        let start = unix_millis().saturating_sub(self.keep_ms());
+        let (mut ended, mut cutoffs) = (start, start);
+        Ok(
+            self.poll_ended(&mut ended, true).await?
+                + self.poll_cutoffs(&mut cutoffs, true).await?,
+        )
+    }
+
     /// Reads the sessions ended and the user cutoffs written (on any replica) since
     /// `cursor`, the latest of each seen, into the revocation set; forgets the
     /// entries no token needs.
     async fn poll_revocations(&self, cursor: &mut Cursors) -> Result<usize, Error> {
-        let read = self.poll_ended(&mut cursor.ended).await?
-            + self.poll_cutoffs(&mut cursor.cutoffs).await?;
+        // SQLite: one process, whose every end and cutoff goes into the set when it
+        // is made, and those made before it started were read at start
+        // (`load_revocations`).
+        let read_store = self.store.is_shared();
+        let read = self.poll_ended(&mut cursor.ended, read_store).await?
+            + self.poll_cutoffs(&mut cursor.cutoffs, read_store).await?;
         self.revocations.forget_expired(unix_millis());
         *self.synced.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
         Ok(read)
     }
 
     /// Reads the sessions ended since `cursor`, the latest end seen.
-    async fn poll_ended(&self, cursor: &mut i64) -> Result<usize, Error> {
+    async fn poll_ended(&self, cursor: &mut i64, read_store: bool) -> Result<usize, Error> {
         let now = unix_millis();
         let mut after = (cursor.saturating_sub(POLL_LOOKBACK_MS), String::new());
         let mut read = 0;
-        // SQLite: one process, whose every end went into the set when it was made.
-        while self.store.is_shared() {
+        if !read_store {
+            return Ok(0);
+        }
+        loop {
             let page = self
                 .store
                 .ended_since((after.0, &after.1), POLL_PAGE)

@@ -29,6 +29,7 @@ crate::backend_tests!(
     list_users_visits_every_user_once_while_users_are_added,
     sessions_are_listed_and_ended_by_name_or_all,
     an_administrators_password_reset_follows_the_rules_and_ends_the_sessions,
+    a_restarted_server_still_refuses_what_was_revoked_before,
 );
 
 fn digest(key: &str) -> String {
@@ -744,6 +745,33 @@ async fn an_administrators_password_reset_follows_the_rules_and_ends_the_session
         admin.app.login("kimberly-k", "a brand new secret").await,
         Code::Unauthenticated,
     );
+}
+
+async fn a_restarted_server_still_refuses_what_was_revoked_before(db: TestDb) {
+    let mut admin = admin_app(&db, |_| {}).await;
+    admin.app.register("max", PASSWORD).await.unwrap();
+    admin.app.register("nia", PASSWORD).await.unwrap();
+    let max = admin.app.login("max", PASSWORD).await.unwrap();
+    let nia = admin.app.login("nia", PASSWORD).await.unwrap();
+    let nia_kept = admin.app.login("nia", PASSWORD).await.unwrap();
+    admin.disable("max", "test").await.unwrap();
+    let nia_id = admin.sessions("nia").await.unwrap();
+    let oldest = nia_id.last().unwrap().id.clone();
+    assert_eq!(admin.end_sessions("nia", &[&oldest]).await.unwrap(), 1);
+    let Admin { app, _keys, .. } = admin;
+    app.stop().await.unwrap();
+
+    // A new server on the same database: the revocations were made before it.
+    let mut again = spawn_app_on(&db, |_| {}).await;
+    expect_code(
+        again.validate(&max.access_token).await,
+        Code::Unauthenticated,
+    );
+    expect_code(
+        again.validate(&nia.access_token).await,
+        Code::Unauthenticated,
+    );
+    again.validate(&nia_kept.access_token).await.unwrap();
 }
 
 /// PostgreSQL: a user disabled on one replica is refused by the other within the

@@ -438,9 +438,19 @@ async fn a_database_of_the_previous_schema_is_upgraded_in_place(db: TestDb) {
         .await
         .unwrap();
     app.stop().await.unwrap();
+    // Everything from the sessions' migration on is undone.
+    db.execute("DROP TABLE user_cutoffs").await;
+    db.execute("DROP INDEX IF EXISTS users_username_bytes")
+        .await;
+    db.execute("ALTER TABLE users DROP COLUMN disabled_at")
+        .await;
+    db.execute("ALTER TABLE users DROP COLUMN disabled_reason")
+        .await;
+    db.execute("ALTER TABLE users DROP COLUMN password_version")
+        .await;
     db.execute("DROP TABLE retired_refresh_tokens").await;
     db.execute("DROP TABLE sessions").await;
-    db.execute("DELETE FROM _sqlx_migrations WHERE version = 20261210000000")
+    db.execute("DELETE FROM _sqlx_migrations WHERE version >= 20261210000000")
         .await;
 
     // The next start migrates it; the user logs in and has a session.
