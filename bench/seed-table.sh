@@ -270,7 +270,7 @@ report_service_venv() {
         ! python3 -m venv "$venv" >>"$log" 2>&1 ||
         ! "$venv/bin/python" -m pip install --disable-pip-version-check -q \
             -r "$requirements" >>"$log" 2>&1; then
-        REPORT_SKIPPED="installing bench/report-service/requirements.txt into a virtualenv failed: $(tail -n 3 "$log" | tr '\n' ' ')"
+        REPORT_SKIPPED="installing bench/report-service/requirements.txt into a virtualenv failed: $(tail -n 3 "$log" | tr '\n' ' ' | sed 's/ *$//')"
         rm -rf "$venv"
         return 1
     fi
@@ -687,20 +687,22 @@ PY
     echo "Probe p99 is the p99 of the health checks sent to the health-only port 20 times"
     echo "a second during the row. authd holds a refusal before answering it (see"
     echo "docs/operations.md, Overload), so p99 all includes those holds."
-    echo
-    echo "Rows named \"report's service\" measure bench/report-service, a FastAPI + SQLite"
-    echo "service of the kind authd replaces (PBKDF2-SHA256 with hashlib at the same 10k"
-    echo "rounds, plain \`def\` endpoints on FastAPI's thread pool, SQLite's defaults), on the"
-    echo "same cores in the same run, with authbench --protocol http: HTTP/1.1 carries one"
-    echo "request at a time, so each request in flight has a keep-alive connection of its own,"
-    echo "and its answers count as the gRPC codes they stand for (401 UNAUTHENTICATED, 409"
-    echo "ALREADY_EXISTS, 429 RESOURCE_EXHAUSTED, 503 UNAVAILABLE, other 5xx INTERNAL). It"
-    echo "refuses nothing and bounds no queue: under overload every request waits its turn,"
-    echo "so its clients wait up to 120 s for an answer (authd's rows keep authbench's 10 s),"
-    echo "which can only favour it. A request it fails (SQLite's \"database is locked\" is a"
-    echo "500 and a closed connection) counts among other errors. Its hash-bound limit is"
-    echo "hashlib's rate on the server's cores; it has no health-only port, so no probe."
-    echo "Accepted/s, in the table against it, is the QPS column: successful answers per second."
+    if [[ -n $REPORT_PYTHON ]]; then
+        echo
+        echo "Rows named \"report's service\" measure bench/report-service, a FastAPI + SQLite"
+        echo "service of the kind authd replaces (PBKDF2-SHA256 with hashlib at the same 10k"
+        echo "rounds, plain \`def\` endpoints on FastAPI's thread pool, SQLite's defaults), on the"
+        echo "same cores in the same run, with authbench --protocol http: HTTP/1.1 carries one"
+        echo "request at a time, so each request in flight has a keep-alive connection of its own,"
+        echo "and its answers count as the gRPC codes they stand for (401 UNAUTHENTICATED, 409"
+        echo "ALREADY_EXISTS, 429 RESOURCE_EXHAUSTED, 503 UNAVAILABLE, other 5xx INTERNAL). It"
+        echo "refuses nothing and bounds no queue: under overload every request waits its turn,"
+        echo "so its clients wait up to 120 s for an answer (authd's rows keep authbench's 10 s),"
+        echo "which can only favour it. A request it fails (SQLite's \"database is locked\" is a"
+        echo "500 and a closed connection) counts among other errors. Its hash-bound limit is"
+        echo "hashlib's rate on the server's cores; it has no health-only port, so no probe."
+        echo "Accepted/s, in the table against it, is the QPS column: successful answers per second."
+    fi
 } >"$OUT"
 
 cat "$OUT"
