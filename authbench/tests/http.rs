@@ -2,7 +2,8 @@
 //! itself (`bench/report-service`, under uvicorn, when this machine's Python has
 //! fastapi and uvicorn), and a small server of the tests' own that answers what the
 //! report's service never does by itself (refusals, closed connections, no answer).
-//! Counts only; no timing is asserted.
+//! Counts only, and one lower bound (a client that backs off waits at least half the
+//! hint); no speed is asserted.
 
 mod http_server;
 mod report_service;
