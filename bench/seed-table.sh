@@ -12,6 +12,11 @@
 # as Kubernetes probes do; its p99 is the table's "probe p99" column.
 # Before that it measures the hash-bound limit (`authd hash-bench`) at each PBKDF2
 # cost on the server's cores: no login or registration can go faster than it.
+# In the same run, on the same cores, it measures the report's service
+# (bench/report-service: the FastAPI + SQLite service authd replaces, one uvicorn
+# worker, fresh per row on a fresh SQLite file) with authbench --protocol http:
+# login at 100 and 2,000 in flight, register at 100 and 5,000, PBKDF2 10k; a closing
+# table sets authd's accepted requests per second under overload against its own.
 #
 # Usage: bench/seed-table.sh [--out FILE] [--quick]
 #   --out FILE   where to write the results (default bench/RESULTS.md)
@@ -35,8 +40,17 @@
 #                     600k, and the overload rows, are run with it too, in the same
 #                     run, marked "baseline", against its own hash-bound limit
 #                     [unset: no baseline rows]
-# Needs: cargo, taskset (util-linux), python3. The whole suite takes about 9 minutes
-# after the build (15 with a baseline).
+#   BENCH_REPORT_SERVICE  "off" leaves out the report's service's rows [on]. When on,
+#                     a Python virtualenv with bench/report-service/requirements.txt
+#                     is made once (python3 -m venv, pip from PyPI) and reused, in
+#                     ${XDG_CACHE_HOME:-~/.cache}/authd-bench/report-service-venv-HASH
+#                     (HASH: of the requirements file); if that fails, the rows are
+#                     skipped and the script says why. Its 5,000 connections need as
+#                     many open files: the soft limit (ulimit -n) is raised to the hard
+#                     one, which must allow at least 6,000
+# Needs: cargo, taskset (util-linux), python3 (3.11 or newer, with venv, for the
+# report's service). The whole suite takes about 13 minutes after the build (19 with
+# a baseline).
 set -euo pipefail
 
 die() {
@@ -69,10 +83,13 @@ else
     WARMUP=${BENCH_WARMUP:-5}
 fi
 HASH_QUEUE=${BENCH_HASH_QUEUE:-300}
+REPORT_SERVICE=${BENCH_REPORT_SERVICE:-on}
 [[ $DURATION =~ ^[0-9]+$ && $DURATION -ge 1 ]] || die "BENCH_DURATION must be whole seconds ≥ 1"
 [[ $WARMUP =~ ^[0-9]+$ ]] || die "BENCH_WARMUP must be whole seconds"
 [[ $HASH_QUEUE == default || $HASH_QUEUE =~ ^[1-9][0-9]*$ ]] ||
     die "BENCH_HASH_QUEUE must be a positive number or 'default'"
+[[ $REPORT_SERVICE == on || $REPORT_SERVICE == off ]] ||
+    die "BENCH_REPORT_SERVICE must be 'on' or 'off'"
 for tool in cargo taskset python3; do
     command -v "$tool" >/dev/null || die "$tool is required"
 done
@@ -181,7 +198,7 @@ bench() {
     taskset -c "$CLIENT_CPUS" "$AUTHBENCH" "$@" --target "$target" \
         --threads "$CLIENT_THREADS" --json >"$out" ||
         die "authbench $* failed (server log: $(tail -n 3 "$WORK/server.log" | tr '\n' ' '))"
-    kill -0 "$SERVER_PID" 2>/dev/null || die "authd exited during authbench $*"
+    kill -0 "$SERVER_PID" 2>/dev/null || die "the server exited during authbench $*"
 }
 
 # hash_bench WHEN: the hash-bound limit at each cost, on the server's cores. It runs
@@ -200,7 +217,128 @@ hash_bench() {
                 >"$WORK/hash-$iterations-$1-baseline.json"
         fi
     done
+    # The report's service hashes with hashlib, one hash per request on its thread
+    # pool (hashlib lets go of the GIL while it hashes): its own limit, at 10k.
+    if [[ -n $REPORT_PYTHON ]]; then
+        taskset -c "$SERVER_CPUS" "$REPORT_PYTHON" - 10000 "$HASH_THREADS" 5 \
+            >"$WORK/hash-10000-$1-report.json" <<'PY'
+import hashlib, json, os, ssl, sys, threading, time
+iterations, threads, seconds = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+counts = [0] * threads
+start = time.perf_counter()
+stop = start + seconds
+def work(i):
+    while time.perf_counter() < stop:
+        hashlib.pbkdf2_hmac("sha256", b"authbench-password-1", os.urandom(16), iterations)
+        counts[i] += 1
+pool = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+for t in pool:
+    t.start()
+for t in pool:
+    t.join()
+elapsed = time.perf_counter() - start
+total = sum(counts)
+print(json.dumps({
+    "hashes_per_second": total / elapsed, "threads": threads,
+    "ms_per_hash": 1000 * elapsed * threads / max(total, 1),
+    "python": sys.version.split()[0], "openssl": ssl.OPENSSL_VERSION,
+}))
+PY
+    fi
 }
+
+# The report's service: a virtualenv with its requirements, made once per version of
+# requirements.txt and reused; REPORT_PYTHON is its python, empty when the rows are
+# skipped (REPORT_SKIPPED says why).
+REPORT_PYTHON=
+REPORT_SKIPPED=
+REPORT_VERSIONS=
+REPORT_DIR=$ROOT/bench/report-service
+report_service_venv() {
+    local requirements=$REPORT_DIR/requirements.txt key cache venv log
+    key=$(sha256sum "$requirements" | cut -c1-16)
+    cache=${XDG_CACHE_HOME:-$HOME/.cache}/authd-bench
+    venv=$cache/report-service-venv-$key
+    if [[ -f $venv/.complete ]] && "$venv/bin/python" -c 'import fastapi, uvicorn' 2>/dev/null; then
+        REPORT_PYTHON=$venv/bin/python
+        return 0
+    fi
+    echo "== the report's service: making its virtualenv in $venv" >&2
+    log=$WORK/report-service-venv.log
+    rm -rf "$venv"
+    if ! mkdir -p "$cache" >"$log" 2>&1 ||
+        ! python3 -m venv "$venv" >>"$log" 2>&1 ||
+        ! "$venv/bin/python" -m pip install --disable-pip-version-check -q \
+            -r "$requirements" >>"$log" 2>&1; then
+        REPORT_SKIPPED="installing bench/report-service/requirements.txt into a virtualenv failed: $(tail -n 3 "$log" | tr '\n' ' ' | sed 's/ *$//')"
+        rm -rf "$venv"
+        return 1
+    fi
+    touch "$venv/.complete"
+    REPORT_PYTHON=$venv/bin/python
+}
+# Its 5,000 connections need as many open files (authbench raises its own limit);
+# children inherit the soft limit raised here.
+REPORT_FILES=6000
+raise_open_files() {
+    local hard
+    hard=$(ulimit -Hn)
+    if [[ $hard != unlimited ]] && ((hard < REPORT_FILES)); then
+        REPORT_SKIPPED="the open-files hard limit ($hard) is below the $REPORT_FILES that 5,000 connections need (raise it: ulimit -Hn)"
+        return 1
+    fi
+    if [[ $(ulimit -Sn) != unlimited ]] && (($(ulimit -Sn) < REPORT_FILES)); then
+        ulimit -Sn "$hard"
+    fi
+}
+if [[ $REPORT_SERVICE == off ]]; then
+    REPORT_SKIPPED="BENCH_REPORT_SERVICE=off"
+elif raise_open_files && report_service_venv; then
+    REPORT_VERSIONS=$("$REPORT_PYTHON" -c 'import sys, ssl, fastapi, uvicorn
+print(f"Python {sys.version.split()[0]} ({ssl.OPENSSL_VERSION}), fastapi {fastapi.__version__}, uvicorn {uvicorn.__version__}")')
+fi
+if [[ -n $REPORT_SKIPPED ]]; then
+    echo "seed-table.sh: warning: the report's service's rows are skipped: $REPORT_SKIPPED" >&2
+fi
+
+# start_report_service ITERATIONS: the report's service, fresh, on a fresh SQLite
+# file, on the server's cores with one uvicorn worker; answering GET /health when it
+# returns. Its accept backlog is ample for thousands of connections opening together
+# (the kernel caps it at net.core.somaxconn); a stop waits 5 s at most for the requests
+# still queued in it.
+start_report_service() {
+    stop_server
+    rm -f "$WORK"/report-service.db*
+    env REPORT_SERVICE_DATABASE="$WORK/report-service.db" REPORT_SERVICE_ITERATIONS="$1" \
+        REPORT_SERVICE_TOKEN_KEY="$TOKEN_KEY" \
+        taskset -c "$SERVER_CPUS" "$REPORT_PYTHON" -m uvicorn app:app \
+        --app-dir "$REPORT_DIR" --host 127.0.0.1 --port "$PORT" --workers 1 \
+        --backlog 8192 --log-level warning --no-access-log --timeout-graceful-shutdown 5 \
+        >>"$WORK/server.log" 2>&1 &
+    SERVER_PID=$!
+    if ! python3 - "$TARGET/health" "$SERVER_PID" <<'PY'; then
+import os, sys, time, urllib.request
+url, pid = sys.argv[1], int(sys.argv[2])
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        sys.exit(1)
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            if 200 <= answer.status < 300:
+                sys.exit(0)
+    except OSError:
+        pass
+    time.sleep(0.1)
+sys.exit(1)
+PY
+        tail -n 20 "$WORK/server.log" >&2
+        die "the report's service did not answer GET /health on $TARGET"
+    fi
+}
+
 hash_bench before
 
 # name | iterations | scenario | concurrency | background load | authbench flags
@@ -231,6 +369,20 @@ SCENARIOS=(
     "polite client alone|10000|login|20||--users 20 --bind 127.0.0.2"
     "polite client beside one re-asking at once|10000|login|20|$EAGER_LOGINS|--users 20 --bind 127.0.0.2"
 )
+# The report's service (rows named "report's service, …"): no deadline travels with
+# an HTTP request and it bounds no queue (5,000 registrations in flight wait some 25 s
+# for their turn), so its clients wait up to 120 s: a client that gave up at authd's
+# 10 s would time out every request of that queue and measure the timeout, not the
+# service. That can only favour it.
+REPORT="--protocol http --timeout 120s"
+if [[ -n $REPORT_PYTHON ]]; then
+    SCENARIOS+=(
+        "report's service, login|10000|login|100||$REPORT"
+        "report's service, login overload, clients re-ask at once|10000|login|2000||$REPORT --users 2000"
+        "report's service, register|10000|register|100||$REPORT"
+        "report's service, register overload, clients re-ask at once|10000|register|5000||$REPORT"
+    )
+fi
 if [[ -n ${BENCH_POSTGRES_URL:-} ]]; then
     command -v psql >/dev/null || die "BENCH_POSTGRES_URL needs psql"
     SCENARIOS+=(
@@ -279,9 +431,13 @@ for row in "${SCENARIOS[@]}"; do
         [[ $BENCH_POSTGRES_URL == *\?* ]] && sep='&'
         DATABASE_URL="$BENCH_POSTGRES_URL${sep}options[search_path]=$PG_SCHEMA"
     fi
-    binary=$AUTHD
-    [[ $name == *baseline* ]] && binary=$BENCH_BASELINE_AUTHD
-    start_server "$iterations" "$binary"
+    if [[ $name == "report's service"* ]]; then
+        start_report_service "$iterations"
+    else
+        binary=$AUTHD
+        [[ $name == *baseline* ]] && binary=$BENCH_BASELINE_AUTHD
+        start_server "$iterations" "$binary"
+    fi
     json=$WORK/run-$i.json
     background=
     if [[ -n $load ]]; then
@@ -295,18 +451,24 @@ for row in "${SCENARIOS[@]}"; do
         # loading the server before this row's warm-up ends.
         if [[ $load == *--users* ]]; then sleep 10; else sleep 2; fi
     fi
-    # The prober: Kubernetes' probes, on the health-only port, at 20 a second.
-    probe=$WORK/run-$i-probe.json
-    taskset -c "$CLIENT_CPUS" "$AUTHBENCH" health --rate 20 --target "$HEALTH_TARGET" \
-        --duration "${DURATION}s" --warmup "${WARMUP}s" --threads 1 --json >"$probe" &
-    PROBE_PID=$!
+    # The prober: Kubernetes' probes, on the health-only port, at 20 a second (the
+    # report's service has no such port: no prober).
+    probe=
+    if [[ $name != "report's service"* ]]; then
+        probe=$WORK/run-$i-probe.json
+        taskset -c "$CLIENT_CPUS" "$AUTHBENCH" health --rate 20 --target "$HEALTH_TARGET" \
+            --duration "${DURATION}s" --warmup "${WARMUP}s" --threads 1 --json >"$probe" &
+        PROBE_PID=$!
+    fi
     # Probes go to the health-only port, as the shipped Kubernetes manifests do.
     target=$TARGET
     [[ $scenario == health ]] && target=$HEALTH_TARGET
     # shellcheck disable=SC2086 # flags is a list of words
     bench "$json" "$target" "$scenario" --concurrency "$concurrency" \
         --warmup "${WARMUP}s" --duration "${DURATION}s" $flags
-    wait "$PROBE_PID" || die "the health prober failed"
+    if [[ -n $PROBE_PID ]]; then
+        wait "$PROBE_PID" || die "the health prober failed"
+    fi
     PROBE_PID=
     if [[ -n $BG_PID ]]; then
         wait "$BG_PID" || die "the background load failed"
@@ -329,14 +491,15 @@ if [[ -n $(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null) ]
 fi
 
 mkdir -p "$(dirname "$OUT")"
-python3 - "$MANIFEST" "$WORK" >"$WORK/table.md" <<'PY'
+python3 - "$MANIFEST" "$WORK" "$REPORT_SKIPPED" >"$WORK/table.md" <<'PY'
 import json, sys
 
-manifest, work = sys.argv[1], sys.argv[2]
+manifest, work, report_skipped = sys.argv[1], sys.argv[2], sys.argv[3]
 import os
+REPORT = "report's service"
 limits, measured = {}, {}
 for it in (600000, 100000, 10000):
-    for kind in ("", "-baseline"):
+    for kind in ("", "-baseline", "-report"):
         paths = [f"{work}/hash-{it}-{when}{kind}.json" for when in ("before", "after")]
         if not all(os.path.exists(p) for p in paths):
             continue
@@ -358,9 +521,10 @@ notes = []
 rows = {}
 for line in open(manifest):
     name, it, conc, path, rss, background, load, probe = line.rstrip("\n").split("\t")
-    probed = json.load(open(probe))
-    probe_p99 = (probed.get("latency_ms") or {}).get("p99")
-    probe_bad = probed["requests"] - probed["ok"]
+    # The report's service has no health-only port: no prober, an empty column.
+    probed = json.load(open(probe)) if probe else None
+    probe_p99 = (probed.get("latency_ms") or {}).get("p99") if probed else None
+    probe_bad = probed["requests"] - probed["ok"] if probed else 0
     it = int(it)
     r = json.load(open(path))
     ok = r.get("ok_latency_ms") or {}
@@ -373,8 +537,8 @@ for line in open(manifest):
     other_detail = ", ".join(f"{c} {n}" for c, n in codes.items()
                              if c not in ("OK", "RESOURCE_EXHAUSTED"))
     hashes = r["scenario"] in ("login", "register")
-    kind = "-baseline" if "baseline" in name else ""
-    limit = limits[(it, kind)]["hashes_per_second"] if hashes else None
+    kind = "-baseline" if "baseline" in name else "-report" if name.startswith(REPORT) else ""
+    limit = limits[(it, kind)]["hashes_per_second"] if hashes and (it, kind) in limits else None
     rate = r["ok_qps"]
     rows[name] = rows.get(name) or {}
     rows[name][(it, int(conc))] = dict(rate=rate, p99=ok.get("p99"),
@@ -385,7 +549,8 @@ for line in open(manifest):
           f"| {'—' if limit is None else f'{rate / limit:.2f}'} "
           f"| {100 * refused / requests:.1f} % | {ms(every.get('p99'))} "
           f"| {other}{f' ({other_detail})' if other_detail else ''} "
-          f"| {ms(probe_p99)}{f' ({probe_bad} failed)' if probe_bad else ''} "
+          f"| {'' if not probed else ms(probe_p99)}"
+          f"{f' ({probe_bad} failed)' if probe_bad else ''} "
           f"| {int(rss) / 1024:.0f} |")
     if background:
         b = json.load(open(background))
@@ -397,6 +562,13 @@ for line in open(manifest):
 print()
 for (it, kind), h in limits.items():
     before, after = (m["hashes_per_second"] for m in measured[(it, kind)])
+    if kind == "-report":
+        print(f"- Hash-bound limit at PBKDF2 {short(it)} (the report's service: "
+              f"hashlib.pbkdf2_hmac, Python {h['python']}, {h['openssl']}): "
+              f"{h['hashes_per_second']:.1f} hashes/s on {h['threads']} thread(s) "
+              f"({h['ms_per_hash']:.2f} ms per hash): the higher of {before:.1f} before and "
+              f"{after:.1f} after the scenarios, pinned to the server's cores.")
+        continue
     who = "the baseline's" if kind else "this revision's"
     engine = f", engine {h['backend']}, batch {h['batch']}" if "backend" in h else ""
     print(f"- Hash-bound limit at PBKDF2 {short(it)} ({who} authd{engine}): "
@@ -439,6 +611,39 @@ for suffix in ("", ", baseline"):
         p99 = "—" if over["p99"] is None else f"{over['p99'] / base['p99']:.2f}"
         print(f"| {name} | {over['rate'] / base['rate']:.2f} | {p99} "
               f"| {100 * over['success']:.1f} % |")
+# authd against the report's service, in the same run on the same cores: the issue's
+# targets, with clients that re-ask at once.
+print()
+print("## Against the report's service, in this run")
+print()
+if report_skipped:
+    print(f"The report's service was not measured in this run ({report_skipped}).")
+else:
+    print("| requests | in flight | authd accepted/s | the report's service accepted/s "
+          "| authd ÷ the report's service | target |")
+    print("|---|---:|---:|---:|---:|---|")
+    for what, conc in (("login", 2000), ("register", 5000)):
+        name = f"{what} overload, clients re-ask at once"
+        ours, theirs = row(name, conc), row(f"{REPORT}, {name}", conc)
+        if not ours or not theirs:
+            continue
+        if theirs["rate"]:
+            times = ours["rate"] / theirs["rate"]
+            verdict = f"≥ 3.5×: {'met' if times >= 3.5 else 'not met'}"
+            times = f"{times:.2f}×"
+        else:
+            times, verdict = "—", "≥ 3.5×: met (the report's service accepted none)"
+        print(f"| {name} | {conc} | {ours['rate']:.0f} | {theirs['rate']:.0f} | {times} "
+              f"| {verdict} |")
+    print()
+    for what, base, over in (("login", 100, 2000), ("register", 100, 5000)):
+        calm = row(f"{REPORT}, {what}", base)
+        loaded = row(f"{REPORT}, {what} overload, clients re-ask at once", over)
+        if calm and loaded and calm["rate"]:
+            print(f"- The report's service alone: {what} at {over:,} in flight ran at "
+                  f"{loaded['rate'] / calm['rate']:.2f}× its rate at {base} "
+                  f"({loaded['rate']:.0f} against {calm['rate']:.0f} accepted/s), "
+                  f"{100 * loaded['success']:.1f} % of its answers accepted.")
 probes = [(v["probe"], n) for n, by in rows.items() for v in by.values()
           if v["probe"] is not None and "baseline" not in n]
 if probes:
@@ -459,6 +664,13 @@ PY
         "AUTHD_HASH_QUEUE=$HASH_QUEUE), authbench on CPU $CLIENT_CPUS ($CLIENT_THREADS" \
         "runtime thread(s)); each scenario on a freshly started authd with a new SQLite" \
         "file; closed loop, ${WARMUP} s warm-up (not counted), then ${DURATION} s measured."
+    if [[ -n $REPORT_PYTHON ]]; then
+        echo "- The report's service: bench/report-service ($REPORT_VERSIONS), one uvicorn" \
+            "worker on CPU $SERVER_CPUS, freshly started per row on a new SQLite file;" \
+            "authbench --protocol http --timeout 120s, the same warm-up and measurement."
+    else
+        echo "- The report's service: not measured ($REPORT_SKIPPED)."
+    fi
     echo
     cat "$WORK/table.md"
     echo
@@ -475,6 +687,22 @@ PY
     echo "Probe p99 is the p99 of the health checks sent to the health-only port 20 times"
     echo "a second during the row. authd holds a refusal before answering it (see"
     echo "docs/operations.md, Overload), so p99 all includes those holds."
+    if [[ -n $REPORT_PYTHON ]]; then
+        echo
+        echo "Rows named \"report's service\" measure bench/report-service, a FastAPI + SQLite"
+        echo "service of the kind authd replaces (PBKDF2-SHA256 with hashlib at the same 10k"
+        echo "rounds, plain \`def\` endpoints on FastAPI's thread pool, SQLite's defaults), on the"
+        echo "same cores in the same run, with authbench --protocol http: HTTP/1.1 carries one"
+        echo "request at a time, so each request in flight has a keep-alive connection of its own,"
+        echo "and its answers count as the gRPC codes they stand for (401 UNAUTHENTICATED, 409"
+        echo "ALREADY_EXISTS, 429 RESOURCE_EXHAUSTED, 503 UNAVAILABLE, other 5xx INTERNAL). It"
+        echo "refuses nothing and bounds no queue: under overload every request waits its turn,"
+        echo "so its clients wait up to 120 s for an answer (authd's rows keep authbench's 10 s),"
+        echo "which can only favour it. A request it fails (SQLite's \"database is locked\" is a"
+        echo "500 and a closed connection) counts among other errors. Its hash-bound limit is"
+        echo "hashlib's rate on the server's cores; it has no health-only port, so no probe."
+        echo "Accepted/s, in the table against it, is the QPS column: successful answers per second."
+    fi
 } >"$OUT"
 
 cat "$OUT"

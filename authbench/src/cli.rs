@@ -5,6 +5,7 @@
 //! sent; `src/main.rs` prints it and exits non-zero.
 
 use super::{
+    protocol::Protocol,
     runner::{Load, Plan, Stop, TlsOptions, default_connections},
     scenario::{Mix, Scenario},
 };
@@ -16,6 +17,8 @@ use std::{path::PathBuf, time::Duration};
 /// Sends health checks, registrations, logins, token validations or a weighted mix
 /// of them to an authd server, and reports throughput, latency percentiles (from an
 /// HdrHistogram) and the count of every gRPC status code and client-side error.
+/// With --protocol http it loads an HTTP/1.1 JSON service instead (the report's
+/// service that authd replaces, bench/report-service), reported the same way.
 ///
 /// Closed loop (--concurrency): that many requests are always in flight. Open loop
 /// (--rate): requests go out on a fixed schedule whatever the answers, and latency
@@ -32,6 +35,19 @@ pub struct Args {
     /// https with a --tls-* option, else http).
     #[arg(long, visible_alias = "addr", default_value = "http://127.0.0.1:50051")]
     pub target: String,
+
+    /// The server's protocol: grpc (authd) or http (the report's service,
+    /// bench/report-service). Over http: login and register only, closed loop only,
+    /// plaintext; each request in flight has a keep-alive connection of its own
+    /// (HTTP/1.1 carries one request at a time), opened after the setup (-c 5000
+    /// needs some 5,300 open files: the soft limit is raised up to the hard one, see
+    /// ulimit -n). Answers count as the gRPC codes their statuses stand for: 2xx OK,
+    /// 400 and 422 INVALID_ARGUMENT, 401 UNAUTHENTICATED, 403 PERMISSION_DENIED, 404
+    /// NOT_FOUND, 408 and 504 DEADLINE_EXCEEDED, 409 ALREADY_EXISTS, 429
+    /// RESOURCE_EXHAUSTED, 501 UNIMPLEMENTED, 503 UNAVAILABLE, other 5xx INTERNAL,
+    /// anything else UNKNOWN.
+    #[arg(long, value_enum, default_value_t = Protocol::Grpc)]
+    pub protocol: Protocol,
 
     /// TLS: trust the CAs of this PEM bundle [default with an https:// target: the
     /// Mozilla roots].
@@ -59,7 +75,8 @@ pub struct Args {
     pub rate: Option<f64>,
 
     /// HTTP/2 connections to spread the load over [default: one per 100 requests
-    /// in flight, or per 200 req/s of --rate, at most 64].
+    /// in flight, or per 200 req/s of --rate, at most 64]. Not with --protocol http,
+    /// which opens one per request in flight.
     #[arg(long)]
     pub connections: Option<usize>,
 
@@ -75,7 +92,8 @@ pub struct Args {
     #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
     pub warmup: Duration,
 
-    /// Per-request deadline, sent to the server as the gRPC timeout.
+    /// Per-request deadline, sent to the server as the gRPC timeout (over http the
+    /// client gives up at it and closes that connection).
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
 
@@ -97,15 +115,17 @@ pub struct Args {
     #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
     pub connect_timeout: Duration,
 
-    /// Keep trying to connect until the server is SERVING, for at most this long
-    /// (for scripts that have just started it).
+    /// Keep trying to connect until the server is SERVING (over http: until GET
+    /// /health answers 2xx), for at most this long (for scripts that have just
+    /// started it).
     #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
     pub wait: Duration,
 
     /// Closed loop: after a RESOURCE_EXHAUSTED that carries a RetryInfo, a client
     /// waits the hinted delay (jittered between half and one and a half times it)
-    /// before its next request, as a well-behaved gRPC client does. Without it, a
-    /// refused client asks again at once.
+    /// before its next request, as a well-behaved gRPC client does (over http: the
+    /// Retry-After seconds of a 429 or 503). Without it, a refused client asks again
+    /// at once.
     #[arg(long, conflicts_with = "rate")]
     pub backoff: bool,
 
@@ -155,7 +175,15 @@ impl Args {
         if self.threads == 0 {
             return Err("--threads must be at least 1".into());
         }
+        if self.protocol == Protocol::Http && self.connections.is_some() {
+            return Err(
+                "--connections does not apply to --protocol http: it opens one connection \
+                 per request in flight"
+                    .into(),
+            );
+        }
         let mut plan = Plan::new(target, self.scenario, load, stop);
+        plan.protocol = self.protocol;
         if let Some(mix) = &self.mix {
             plan.mix = mix.clone();
         }
@@ -254,6 +282,27 @@ mod tests {
         assert_eq!(plan.connections, 1);
         assert_eq!(plan.warmup, Duration::ZERO);
         assert_eq!(plan.users, 100);
+        assert_eq!(plan.protocol, Protocol::Grpc);
+    }
+
+    #[test]
+    fn http_takes_login_and_register_in_a_closed_loop() {
+        let plan = parse(&[
+            "register",
+            "--protocol",
+            "http",
+            "--target",
+            "127.0.0.1:8000",
+            "-c",
+            "5000",
+        ])
+        .unwrap();
+        assert_eq!(plan.protocol, Protocol::Http);
+        assert_eq!(plan.target, "http://127.0.0.1:8000");
+        assert_eq!(plan.load, Load::Closed { concurrency: 5000 });
+        let plan = parse(&["login", "--protocol", "http", "--users", "20", "--backoff"]).unwrap();
+        assert_eq!(plan.scenario, Scenario::Login);
+        assert!(plan.backoff);
     }
 
     #[test]
@@ -317,6 +366,24 @@ mod tests {
             (&["login", "--target", "http://x:1/api"][..], "path"),
             (&["login", "--threads", "0"][..], "--threads"),
             (&["dance"][..], "dance"),
+            (&["login", "--protocol", "smtp"][..], "smtp"),
+            (
+                &["validate", "--protocol", "http"][..],
+                "only the login and register",
+            ),
+            (&["health", "--protocol", "http"][..], "not health"),
+            (
+                &["login", "--protocol", "http", "--rate", "5"][..],
+                "--rate",
+            ),
+            (
+                &["login", "--protocol", "http", "--connections", "4"][..],
+                "--connections does not apply",
+            ),
+            (
+                &["login", "--protocol", "http", "--target", "https://x:1"][..],
+                "plaintext",
+            ),
         ] {
             let err = parse(args).unwrap_err();
             assert!(err.contains(why), "{args:?}: {err}");

@@ -2,11 +2,14 @@
 //!
 //! This package owns everything that *measures* authd from the outside, and speaks
 //! to it only through the gRPC client generated from authd's proto (and the standard
-//! health client); nothing in the server depends on it. It is a library (not only a
-//! binary) so that its tests drive the same runner the binary does, against an authd
-//! started in-process on port 0.
+//! health client); nothing in the server depends on it. It also loads the service
+//! authd replaces, the report's FastAPI one kept in `bench/report-service/` as the
+//! benchmark's comparator, over HTTP/1.1 with JSON (`--protocol http`), and reports
+//! it in the same shape. It is a library (not only a binary) so that its tests drive
+//! the same runner the binary does, against an authd started in-process on port 0.
 //!
 //! - [`cli`]: the `authbench` command line, checked and turned into a [`Plan`].
+//! - [`protocol`]: gRPC (authd) or HTTP/1.1 JSON (the report's service).
 //! - [`scenario`]: the operations (health, register, login, validate) and the weighted
 //!   mix that decides which one each request is.
 //! - [`schedule`]: the open-loop send schedule and the default connection count.
@@ -27,11 +30,13 @@
 
 pub mod cli;
 mod progress;
+pub mod protocol;
 pub mod report;
 pub mod runner;
 pub mod scenario;
 pub mod schedule;
 
+pub use protocol::Protocol;
 pub use report::Report;
 pub use runner::{Load, Plan, Stop, run};
 pub use scenario::{Mix, Operation, Scenario};

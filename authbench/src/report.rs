@@ -7,7 +7,10 @@
 //! 0.1 % of the exact value. The functions that do arithmetic are pure and unit-tested
 //! here; nothing in this file reads a clock.
 
-use super::scenario::{Mix, Operation, Scenario};
+use super::{
+    protocol::Protocol,
+    scenario::{Mix, Operation, Scenario},
+};
 use hdrhistogram::Histogram;
 use serde::{Serialize, Serializer, ser::SerializeMap};
 use std::{
@@ -187,6 +190,7 @@ pub struct RunInfo {
     pub scenario: Scenario,
     pub mix: Mix,
     pub target: String,
+    pub protocol: Protocol,
     pub load: LoadInfo,
     pub connections: usize,
     pub warmup: Duration,
@@ -287,6 +291,10 @@ pub struct Report {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mix: Option<String>,
     pub target: String,
+    /// `"http"` for a run over HTTP/1.1, whose answers are counted as the gRPC codes
+    /// their statuses stand for; absent for gRPC.
+    #[serde(skip_serializing_if = "Protocol::is_grpc")]
+    pub protocol: Protocol,
     pub load: LoadInfo,
     pub connections: usize,
     pub warmup_s: f64,
@@ -347,6 +355,7 @@ impl Report {
             scenario: info.scenario,
             mix: (info.scenario == Scenario::Mixed).then(|| info.mix.to_string()),
             target: info.target.clone(),
+            protocol: info.protocol,
             load: info.load,
             connections: info.connections,
             warmup_s: info.warmup.as_secs_f64(),
@@ -390,7 +399,11 @@ impl Report {
             Some(mix) => format!("{} ({mix})", self.scenario),
             None => self.scenario.to_string(),
         };
-        let _ = writeln!(out, "authbench: {scenario} against {}", self.target);
+        let over = match self.protocol {
+            Protocol::Grpc => "",
+            Protocol::Http => " over HTTP/1.1",
+        };
+        let _ = writeln!(out, "authbench: {scenario} against {}{over}", self.target);
         let _ = writeln!(
             out,
             "load:        {load}, over {} connection{}",
@@ -462,6 +475,14 @@ impl Report {
         }
         if let Some(e) = &self.first_client_error {
             let _ = writeln!(out, "first client error: {e}");
+        }
+        if self.protocol == Protocol::Http {
+            let _ = writeln!(
+                out,
+                "(HTTP statuses counted as the gRPC codes they stand for: 2xx OK, \
+                 401 UNAUTHENTICATED, 409 ALREADY_EXISTS, 429 RESOURCE_EXHAUSTED, \
+                 503 UNAVAILABLE; see authbench --help)"
+            );
         }
         for (op, r) in &self.operations {
             let codes: Vec<String> = r
@@ -711,6 +732,7 @@ mod tests {
             scenario: Scenario::Mixed,
             mix: mix.clone(),
             target: "http://127.0.0.1:1".into(),
+            protocol: Protocol::Grpc,
             load: LoadInfo::Closed { concurrency: 2 },
             connections: 1,
             warmup: Duration::ZERO,

@@ -8,7 +8,7 @@
 
 use super::{
     plan::{Plan, Stop},
-    request::Shared,
+    request::{Client, Shared},
 };
 use crate::schedule;
 use anyhow::Context as _;
@@ -64,14 +64,15 @@ impl Clock {
     }
 }
 
+/// Runs one worker per client: as many requests in flight as there are clients.
 pub(super) async fn closed_loop(
     shared: &Arc<Shared>,
     clock: &Arc<Clock>,
-    concurrency: usize,
+    clients: Vec<Client>,
 ) -> anyhow::Result<()> {
     let mut workers = JoinSet::new();
-    for id in 0..concurrency {
-        workers.spawn(closed_worker(shared.clone(), clock.clone(), id));
+    for (id, client) in clients.into_iter().enumerate() {
+        workers.spawn(closed_worker(shared.clone(), clock.clone(), id, client));
     }
     while let Some(done) = workers.join_next().await {
         done.context("a load worker panicked")?;
@@ -80,10 +81,7 @@ pub(super) async fn closed_loop(
 }
 
 /// One closed-loop worker: its next request goes out when the previous one is answered.
-async fn closed_worker(shared: Arc<Shared>, clock: Arc<Clock>, id: usize) {
-    let connection = id % shared.auth.len();
-    let mut auth = shared.auth[connection].clone();
-    let mut health = shared.health[connection].clone();
+async fn closed_worker(shared: Arc<Shared>, clock: Arc<Clock>, id: usize, mut client: Client) {
     // Each worker starts at its own place on the wheel and in the user pool, so the
     // workers together cover the mix and the users from the first request on.
     let mut turn = id;
@@ -94,7 +92,7 @@ async fn closed_worker(shared: Arc<Shared>, clock: Arc<Clock>, id: usize) {
             break;
         }
         let op = shared.wheel[turn % shared.wheel.len()];
-        let performed = shared.perform(op, turn, &mut auth, &mut health).await;
+        let performed = shared.perform(op, turn, &mut client).await;
         turn = turn.wrapping_add(1);
         if admit == Admit::Measure {
             shared.record(id, op, performed.result, sent, Instant::now());
@@ -108,7 +106,8 @@ async fn closed_worker(shared: Arc<Shared>, clock: Arc<Clock>, id: usize) {
     }
 }
 
-/// Sends on the fixed schedule `start + k / rate` and awaits every answer.
+/// Sends on the fixed schedule `start + k / rate` and awaits every answer (gRPC
+/// only: the requests share its connections).
 pub(super) async fn open_loop(
     shared: &Arc<Shared>,
     start: Instant,
@@ -134,11 +133,9 @@ pub(super) async fn open_loop(
         let measured = k >= warmup_sends;
         in_flight.spawn(async move {
             let i = usize::try_from(k).unwrap_or(usize::MAX);
-            let connection = i % shared.auth.len();
-            let mut auth = shared.auth[connection].clone();
-            let mut health = shared.health[connection].clone();
+            let mut client = Client::Grpc(shared.grpc[i % shared.grpc.len()].clone());
             let op = shared.wheel[i % shared.wheel.len()];
-            let performed = shared.perform(op, i, &mut auth, &mut health).await;
+            let performed = shared.perform(op, i, &mut client).await;
             if measured {
                 // Latency from when the request was *meant* to go out: if this client
                 // or the server fell behind, the delay shows in the report.

@@ -2,14 +2,17 @@
 //!
 //! 1. **Connect** `connections` HTTP/2 connections up front (with a short timeout, so
 //!    an unreachable target fails in seconds with one clear error) and check that the
-//!    server reports SERVING.
+//!    server reports SERVING. Over HTTP/1.1 (`--protocol http`): wait until
+//!    `GET /health` answers 2xx.
 //! 2. **Prepare** what the mix needs: a pool of users for logins (registered now) and
 //!    tokens for validations (from one login per user). Usernames carry a random run
-//!    id, so runs against the same database never collide.
+//!    id, so runs against the same database never collide. Over HTTP/1.1, then open
+//!    one keep-alive connection per request in flight (after the setup, so none of
+//!    them sits idle long enough for the server to close it).
 //! 3. **Load**: a closed loop of `concurrency` workers, each sending its next request
-//!    as soon as the previous one is answered; or an open loop that sends the k-th
-//!    request at `start + k / rate` whatever the answers, and measures its latency from
-//!    that intended time.
+//!    as soon as the previous one is answered; or an open loop (gRPC only) that sends
+//!    the k-th request at `start + k / rate` whatever the answers, and measures its
+//!    latency from that intended time.
 //! 4. **Report**: requests sent during the warm-up are awaited but not recorded; every
 //!    request sent after it is recorded exactly once, with its status code or
 //!    client-side error.
@@ -22,15 +25,18 @@
 //! One job per file:
 //! - `plan`: the [`Plan`] (what a run is asked to do) and its check;
 //! - `connect`: the connections, and the wait until the target is SERVING;
+//! - `http`: HTTP/1.1 connections, and the wait until `GET /health` answers;
 //! - `setup`: the users and tokens the mix needs, prepared first;
 //! - `request`: one request sent, classified and recorded;
 //! - `loops`: the closed and the open loop, and the closed loop's clock;
-//! - `status`: a failure told apart (server's status or client's) and described.
+//! - `status`: a failure told apart (server's status or client's) and described,
+//!   and an HTTP status as the gRPC code it stands for.
 //!
 //! This file runs the steps in order and merges what the loops recorded; it sends
 //! no request itself.
 
 mod connect;
+mod http;
 mod loops;
 mod plan;
 mod request;
@@ -42,20 +48,19 @@ pub use plan::{Load, Plan, Stop, TlsOptions, default_connections};
 use self::{
     connect::{connect, wait_until_serving},
     loops::{Clock, closed_loop, open_loop},
-    request::{Shared, lock},
-    setup::prepare,
+    request::{Client, GrpcClients, Shared, lock},
+    setup::{Via, prepare},
 };
 use super::{
     progress::{Counters, Goal, Progress},
+    protocol::Protocol,
     report::{LoadInfo, Recorder, Report, RunInfo},
 };
-use crate::pb::auth_service_client::AuthServiceClient;
 use anyhow::anyhow;
 use std::{
     sync::{Arc, Mutex, atomic::Ordering},
     time::{Duration, Instant},
 };
-use tonic_health::pb::health_client::HealthClient;
 
 /// Runs `plan` to completion and reports what it measured.
 ///
@@ -67,9 +72,28 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
     let mut progress = Progress::new(plan.progress);
 
     progress.phase(format!("connecting to {}", plan.target));
-    let channels = connect(plan).await?;
-    wait_until_serving(plan, &channels[0]).await?;
-    let fixtures = prepare(plan, &mix, &channels, &progress).await?;
+    // gRPC: the shared connections; HTTP/1.1: a connection per worker, opened after
+    // the setup.
+    let (grpc, fixtures, http_connections) = match plan.protocol {
+        Protocol::Grpc => {
+            let channels = connect(plan).await?;
+            wait_until_serving(plan, &channels[0]).await?;
+            let fixtures = prepare(plan, &mix, Via::Grpc(&channels), &progress).await?;
+            let grpc: Vec<GrpcClients> = channels.into_iter().map(GrpcClients::new).collect();
+            (grpc, fixtures, Vec::new())
+        }
+        Protocol::Http => {
+            let Load::Closed { concurrency } = plan.load else {
+                unreachable!("Plan::check refuses an open loop over HTTP");
+            };
+            let target = http::Target::resolve(plan).await?;
+            http::wait_until_healthy(plan, &target).await?;
+            let fixtures = prepare(plan, &mix, Via::Http(&target), &progress).await?;
+            progress.phase(format!("opening {concurrency} HTTP/1.1 connections"));
+            let connections = http::open_connections(&target, concurrency).await?;
+            (Vec::new(), fixtures, connections)
+        }
+    };
 
     // A few recorder shards per runtime thread: uncontended locks, bounded memory.
     let shards = tokio::runtime::Handle::current()
@@ -79,12 +103,7 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
         * 2;
     let highest = (plan.timeout * 4).max(Duration::from_secs(60));
     let shared = Arc::new(Shared {
-        auth: channels
-            .iter()
-            .cloned()
-            .map(AuthServiceClient::new)
-            .collect(),
-        health: channels.iter().cloned().map(HealthClient::new).collect(),
+        grpc,
         wheel: mix.wheel(),
         fixtures,
         timeout: plan.timeout,
@@ -111,7 +130,14 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
     match plan.load {
         Load::Closed { concurrency } => {
             let clock = Arc::new(Clock::new(warm_end, plan.stop));
-            closed_loop(&shared, &clock, concurrency).await?;
+            let clients: Vec<Client> = match plan.protocol {
+                // Worker i shares connection i mod n.
+                Protocol::Grpc => (0..concurrency)
+                    .map(|i| Client::Grpc(shared.grpc[i % shared.grpc.len()].clone()))
+                    .collect(),
+                Protocol::Http => http_connections.into_iter().map(Client::Http).collect(),
+            };
+            closed_loop(&shared, &clock, clients).await?;
         }
         Load::Open { rate } => open_loop(&shared, start, plan, rate).await?,
     }
@@ -129,7 +155,11 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
             Load::Closed { concurrency } => LoadInfo::Closed { concurrency },
             Load::Open { rate } => LoadInfo::Open { rate },
         },
-        connections: plan.connections,
+        protocol: plan.protocol,
+        connections: match (plan.protocol, plan.load) {
+            (Protocol::Http, Load::Closed { concurrency }) => concurrency,
+            _ => plan.connections,
+        },
         warmup: plan.warmup,
         warmup_requests: shared.counters.warmup.load(Ordering::Relaxed),
     };

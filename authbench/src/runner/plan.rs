@@ -1,10 +1,11 @@
-//! What a run is asked to do: the [`Plan`] (target, scenario, load shape, stop,
-//! timeouts, TLS) and its check, with the reason naming the option it refuses.
+//! What a run is asked to do: the [`Plan`] (target, protocol, scenario, load shape,
+//! stop, timeouts, TLS) and its check, with the reason naming the option it refuses.
 //!
 //! It only describes a run: connecting is `connect`'s, sending `loops`'. Its
 //! defaults are the command line's (`cli`), which builds a plan from the flags.
 
 use crate::{
+    protocol::Protocol,
     scenario::{Mix, Scenario},
     schedule,
 };
@@ -36,24 +37,30 @@ pub enum Stop {
 pub struct Plan {
     /// `http://host:port` or `https://host:port`.
     pub target: String,
+    /// gRPC (authd) or HTTP/1.1 JSON (the report's service).
+    pub protocol: Protocol,
     pub scenario: Scenario,
     /// The weights of the `mixed` scenario (ignored by the others).
     pub mix: Mix,
     pub load: Load,
-    /// HTTP/2 connections the load is spread over.
+    /// HTTP/2 connections the load is spread over. Over HTTP/1.1 every request in
+    /// flight has a connection of its own, whatever this says.
     pub connections: usize,
     pub stop: Stop,
     /// Sent but not recorded, before the measured part.
     pub warmup: Duration,
-    /// Per request, sent to the server as the gRPC deadline.
+    /// Per request, sent to the server as the gRPC deadline (over HTTP/1.1 the
+    /// client gives up at it).
     pub timeout: Duration,
     /// Users registered first for logins and validations.
     pub users: usize,
     /// For each connection attempt and the first health check.
     pub connect_timeout: Duration,
-    /// How long to keep trying to connect until the target is SERVING (0: try once).
+    /// How long to keep trying to connect until the target is SERVING (over HTTP:
+    /// until `GET /health` answers 2xx) (0: try once).
     pub wait: Duration,
-    /// Closed loop: wait out the server's RetryInfo after RESOURCE_EXHAUSTED.
+    /// Closed loop: wait out the server's RetryInfo after RESOURCE_EXHAUSTED (over
+    /// HTTP: its Retry-After after a 429 or 503).
     pub backoff: bool,
     /// The local address every connection is opened from.
     pub bind: Option<std::net::IpAddr>,
@@ -118,6 +125,7 @@ impl Plan {
     pub fn new(target: impl Into<String>, scenario: Scenario, load: Load, stop: Stop) -> Self {
         Self {
             target: target.into(),
+            protocol: Protocol::Grpc,
             scenario,
             mix: Mix::DEFAULT.parse().expect("the default mix parses"),
             load,
@@ -164,6 +172,33 @@ impl Plan {
         }
         if self.connect_timeout.is_zero() {
             return Err("--connect-timeout must be greater than zero".into());
+        }
+        if self.protocol == Protocol::Http {
+            self.check_http()?;
+        }
+        Ok(())
+    }
+
+    /// What HTTP/1.1 can run: the two requests the report's service has, in a closed
+    /// loop (one keep-alive connection per request in flight), in plaintext.
+    fn check_http(&self) -> Result<(), String> {
+        if !matches!(self.scenario, Scenario::Login | Scenario::Register) {
+            return Err(format!(
+                "--protocol http runs only the login and register scenarios, not {}",
+                self.scenario
+            ));
+        }
+        if let Load::Open { .. } = self.load {
+            return Err(
+                "--protocol http runs only a closed loop (--concurrency), not --rate".into(),
+            );
+        }
+        if !self.target.starts_with("http://") || self.tls.is_some() {
+            return Err(format!(
+                "--protocol http speaks plaintext HTTP/1.1: --target {} must be http:// and \
+                 no --tls-* option given",
+                self.target
+            ));
         }
         Ok(())
     }
@@ -215,5 +250,33 @@ mod tests {
         let mut no_users = ok.clone();
         no_users.users = 0;
         assert!(no_users.check().unwrap_err().contains("--users"));
+    }
+
+    #[test]
+    fn http_runs_only_login_and_register_in_a_closed_loop() {
+        let plan = |scenario, load| {
+            let mut plan = Plan::new("http://127.0.0.1:1", scenario, load, Stop::Requests(1));
+            plan.protocol = Protocol::Http;
+            plan
+        };
+        let closed = Load::Closed { concurrency: 5000 };
+        assert_eq!(plan(Scenario::Login, closed).check(), Ok(()));
+        assert_eq!(plan(Scenario::Register, closed).check(), Ok(()));
+        for scenario in [
+            Scenario::Health,
+            Scenario::Validate,
+            Scenario::Refresh,
+            Scenario::Mixed,
+        ] {
+            let err = plan(scenario, closed).check().unwrap_err();
+            assert!(err.contains("only the login and register"), "{err}");
+        }
+        let err = plan(Scenario::Login, Load::Open { rate: 10.0 })
+            .check()
+            .unwrap_err();
+        assert!(err.contains("--rate"), "{err}");
+        let mut tls = plan(Scenario::Login, closed);
+        tls.target = "https://127.0.0.1:1".into();
+        assert!(tls.check().unwrap_err().contains("plaintext"));
     }
 }

@@ -1,12 +1,14 @@
-//! One request of the load: built from the fixtures, sent with its deadline,
-//! its outcome classified, and recorded in a shard of the recorder ([`Shared`]).
+//! One request of the load: built from the fixtures, sent with its deadline over
+//! gRPC or HTTP/1.1 (a worker's [`Client`]), its outcome classified, and recorded in
+//! a shard of the recorder ([`Shared`]).
 //!
 //! It decides nothing about when a request goes out, or whether it is warm-up or
 //! measured: that is the loops' (`loops`).
 
 use super::{
+    http::{self, Connection},
     setup::{Fixtures, PASSWORD},
-    status::{classify, describe_status},
+    status::{Failure, classify, http_code},
 };
 use crate::{
     pb::{
@@ -27,17 +29,44 @@ use tonic_types::StatusExt as _;
 
 /// What one request came to.
 pub(super) struct Performed {
-    /// The outcome, and the status behind a client-side error.
-    pub(super) result: (Outcome, Option<Status>),
-    /// The server's RetryInfo delay, when it refused for being full.
+    /// The outcome, and what lay behind a client-side error.
+    pub(super) result: (Outcome, Option<Failure>),
+    /// The server's RetryInfo delay (over HTTP: its Retry-After), when it refused
+    /// for being full.
     pub(super) retry_after: Option<Duration>,
+}
+
+/// The gRPC clients of one connection; a clone shares the connection.
+#[derive(Clone)]
+pub(super) struct GrpcClients {
+    pub(super) auth: AuthServiceClient<Channel>,
+    pub(super) health: HealthClient<Channel>,
+}
+
+impl GrpcClients {
+    pub(super) fn new(channel: Channel) -> Self {
+        Self {
+            auth: AuthServiceClient::new(channel.clone()),
+            health: HealthClient::new(channel),
+        }
+    }
+}
+
+/// How one worker sends its requests.
+// One per worker, moved once into its task: the size of the gRPC variant costs nothing.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Client {
+    /// Over a gRPC connection that many workers share (HTTP/2 multiplexes).
+    Grpc(GrpcClients),
+    /// Over an HTTP/1.1 connection of its own: it carries one request at a time.
+    Http(Connection),
 }
 
 /// The state every request of a run shares.
 pub(super) struct Shared {
-    /// One client per connection; cloning one is cheap and shares its connection.
-    pub(super) auth: Vec<AuthServiceClient<Channel>>,
-    pub(super) health: Vec<HealthClient<Channel>>,
+    /// gRPC: the clients of each connection (none over HTTP/1.1, where each worker
+    /// owns its connection).
+    pub(super) grpc: Vec<GrpcClients>,
     pub(super) wheel: Vec<Operation>,
     pub(super) fixtures: Fixtures,
     pub(super) timeout: Duration,
@@ -54,9 +83,21 @@ impl Shared {
         &self,
         op: Operation,
         pick: usize,
-        auth: &mut AuthServiceClient<Channel>,
-        health: &mut HealthClient<Channel>,
+        client: &mut Client,
     ) -> Performed {
+        match client {
+            Client::Grpc(clients) => self.perform_grpc(op, pick, clients).await,
+            Client::Http(connection) => self.perform_http(op, pick, connection).await,
+        }
+    }
+
+    async fn perform_grpc(
+        &self,
+        op: Operation,
+        pick: usize,
+        clients: &mut GrpcClients,
+    ) -> Performed {
+        let GrpcClients { auth, health } = clients;
         let fixtures = &self.fixtures;
         let timeout = self.timeout;
         let call = async {
@@ -130,15 +171,60 @@ impl Shared {
                     }
                     (outcome, None)
                 }
-                outcome => (outcome, Some(status)),
+                outcome => (outcome, Some(Failure::Grpc(status))),
             },
             Err(_) => (
                 Outcome::Timeout,
-                Some(Status::deadline_exceeded(format!(
+                Some(Failure::Grpc(Status::deadline_exceeded(format!(
                     "no answer within {:?} (deadline {:?})",
                     self.give_up, self.timeout
-                ))),
+                )))),
             ),
+        };
+        Performed {
+            result,
+            retry_after,
+        }
+    }
+
+    /// `POST /register` or `POST /login` on the worker's own connection. No server
+    /// deadline travels with an HTTP request: the client gives up at the timeout
+    /// itself, and closes the connection, whose answer may still come.
+    async fn perform_http(
+        &self,
+        op: Operation,
+        pick: usize,
+        connection: &mut Connection,
+    ) -> Performed {
+        let fixtures = &self.fixtures;
+        let (path, body) = match op {
+            Operation::Register => ("/register", http::credentials(&fixtures.new_username())),
+            Operation::Login => (
+                "/login",
+                http::credentials(&fixtures.users[pick % fixtures.users.len()]),
+            ),
+            _ => unreachable!("Plan::check refuses {op} over HTTP"),
+        };
+        let mut retry_after = None;
+        let result = match tokio::time::timeout(self.timeout, connection.post(path, body)).await {
+            Ok(Ok(answer)) => {
+                let code = http_code(answer.status);
+                if matches!(code, Code::ResourceExhausted | Code::Unavailable) {
+                    retry_after = answer.retry_after;
+                }
+                (Outcome::Status(code), None)
+            }
+            Ok(Err(error)) => (Outcome::Connection, Some(Failure::Http(error))),
+            Err(_) => {
+                connection.reset();
+                (
+                    Outcome::Timeout,
+                    Some(Failure::Http(anyhow::anyhow!(
+                        "POST {path}: no answer within {:?}",
+                        self.timeout
+                    ))),
+                )
+            }
         };
         Performed {
             result,
@@ -151,7 +237,7 @@ impl Shared {
         &self,
         shard: usize,
         op: Operation,
-        (outcome, error): (Outcome, Option<Status>),
+        (outcome, error): (Outcome, Option<Failure>),
         sent: Instant,
         done: Instant,
     ) {
@@ -161,7 +247,7 @@ impl Shared {
         let mut recorder = lock(&self.recorders[shard % self.recorders.len()]);
         recorder.record(op, outcome, sent, done);
         if let Some(error) = error {
-            recorder.note_client_error(|| describe_status(&error));
+            recorder.note_client_error(|| error.describe());
         }
         drop(recorder);
         // Counted last, so a progress reading never runs ahead of the recorders.

@@ -1,11 +1,16 @@
 //! Setup: the users and tokens the mix needs, prepared before the load ([`Fixtures`]).
 //!
-//! Registers the login pool and logs each user in once for tokens, a few requests
-//! at a time, waiting out a server that is full. Usernames carry a random run id,
-//! so runs against the same database never collide. Nothing here is measured: a
-//! setup request that still fails stops the run before any load is sent.
+//! Registers the login pool (over gRPC or HTTP/1.1) and logs each user in once for
+//! tokens (gRPC only), a few requests at a time, waiting out a server that is full.
+//! Usernames carry a random run id, so runs against the same database never
+//! collide. Nothing here is measured: a setup request that still fails stops the run
+//! before any load is sent.
 
-use super::{plan::Plan, status::describe_status};
+use super::{
+    http::{self, Connection},
+    plan::Plan,
+    status::{describe_status, http_code},
+};
 use crate::{
     pb::{LoginRequest, RegisterRequest, auth_service_client::AuthServiceClient},
     progress::Progress,
@@ -13,11 +18,22 @@ use crate::{
 };
 use anyhow::{Context as _, bail};
 use std::{
-    sync::atomic::{AtomicU64, Ordering},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
     time::{Duration, Instant},
 };
 use tokio::task::JoinSet;
-use tonic::{Code, Status, transport::Channel};
+use tonic::{Code, transport::Channel};
+
+/// How setup reaches the target.
+pub(super) enum Via<'a> {
+    /// The run's gRPC connections.
+    Grpc(&'a [Channel]),
+    /// A few HTTP/1.1 connections of setup's own, closed when it is done.
+    Http(&'a Arc<http::Target>),
+}
 
 /// The password of every user authbench creates: long enough for authd's rules, and
 /// the same for all, so a login request is built by cloning two short strings.
@@ -57,7 +73,7 @@ impl Fixtures {
 pub(super) async fn prepare(
     plan: &Plan,
     mix: &Mix,
-    channels: &[Channel],
+    via: Via<'_>,
     progress: &Progress,
 ) -> anyhow::Result<Fixtures> {
     let run_id = format!("ab{:08x}", rand::random::<u32>());
@@ -68,35 +84,20 @@ pub(super) async fn prepare(
     } else {
         Vec::new()
     };
-    let client = |i: usize| AuthServiceClient::new(channels[i % channels.len()].clone());
-
     if !users.is_empty() {
         progress.phase(format!("registering {} users for logins", users.len()));
-        let jobs = users.iter().cloned().enumerate().map(|(i, username)| {
-            let mut client = client(i);
-            async move {
-                let mut patience = Patience::new();
-                loop {
-                    let request = RegisterRequest {
-                        username: username.clone(),
-                        password: PASSWORD.into(),
-                    };
-                    match client.register(request).await {
-                        Ok(_) => return Ok(()),
-                        Err(status) if patience.wait_after(&status).await => {}
-                        Err(status) => bail!(
-                            "preparing the login pool: registering {username}: {}",
-                            describe_status(&status)
-                        ),
-                    }
-                }
-            }
-        });
-        run_bounded(jobs).await?;
+        match via {
+            Via::Grpc(channels) => register_over_grpc(channels, &users).await?,
+            Via::Http(target) => register_over_http(target, &users).await?,
+        }
     }
 
     let mut sessions = Vec::new();
     if needs_sessions {
+        let Via::Grpc(channels) = via else {
+            bail!("tokens for validations and refreshes are prepared only over gRPC");
+        };
+        let client = |i: usize| AuthServiceClient::new(channels[i % channels.len()].clone());
         progress.phase(format!("logging in {} users for tokens", users.len()));
         let jobs = users.iter().cloned().enumerate().map(|(i, username)| {
             let mut client = client(i);
@@ -112,7 +113,7 @@ pub(super) async fn prepare(
                             let response = response.into_inner();
                             return Ok((response.access_token, response.refresh_token));
                         }
-                        Err(status) if patience.wait_after(&status).await => {}
+                        Err(status) if patience.wait_after(status.code()).await => {}
                         Err(status) => bail!(
                             "preparing tokens: logging in {username}: {}",
                             describe_status(&status)
@@ -135,6 +136,70 @@ pub(super) async fn prepare(
             .map(tokio::sync::Mutex::new)
             .collect(),
     })
+}
+
+async fn register_over_grpc(channels: &[Channel], users: &[String]) -> anyhow::Result<()> {
+    let jobs = users.iter().cloned().enumerate().map(|(i, username)| {
+        let mut client = AuthServiceClient::new(channels[i % channels.len()].clone());
+        async move {
+            let mut patience = Patience::new();
+            loop {
+                let request = RegisterRequest {
+                    username: username.clone(),
+                    password: PASSWORD.into(),
+                };
+                match client.register(request).await {
+                    Ok(_) => return Ok(()),
+                    Err(status) if patience.wait_after(status.code()).await => {}
+                    Err(status) => bail!(
+                        "preparing the login pool: registering {username}: {}",
+                        describe_status(&status)
+                    ),
+                }
+            }
+        }
+    });
+    run_bounded(jobs).await?;
+    Ok(())
+}
+
+/// Registers `users` with `POST /register`, over at most [`SETUP_PARALLELISM`]
+/// keep-alive connections: each job borrows one from a shared pool.
+async fn register_over_http(target: &Arc<http::Target>, users: &[String]) -> anyhow::Result<()> {
+    let pool: Arc<Mutex<Vec<Connection>>> = Arc::default();
+    let jobs = users.iter().cloned().map(|username| {
+        let pool = pool.clone();
+        let target = target.clone();
+        async move {
+            let taken = pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            let mut connection = taken.unwrap_or_else(|| Connection::new(target));
+            let mut patience = Patience::new();
+            let body = http::credentials(&username);
+            loop {
+                let answer = connection
+                    .post("/register", body.clone())
+                    .await
+                    .with_context(|| format!("preparing the login pool: registering {username}"))?;
+                let code = http_code(answer.status);
+                if code == Code::Ok {
+                    break;
+                }
+                if !patience.wait_after(code).await {
+                    bail!(
+                        "preparing the login pool: registering {username}: POST /register \
+                         answered {}",
+                        answer.status
+                    );
+                }
+            }
+            pool.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(connection);
+            Ok(())
+        }
+    });
+    run_bounded(jobs).await?;
+    Ok(())
 }
 
 /// Runs setup futures, [`SETUP_PARALLELISM`] at a time, returning results in order.
@@ -180,9 +245,9 @@ impl Patience {
         }
     }
 
-    /// Whether to try again after `status`; if so, first waits a little.
-    async fn wait_after(&mut self, status: &Status) -> bool {
-        let transient = matches!(status.code(), Code::ResourceExhausted | Code::Unavailable);
+    /// Whether to try again after an answer of `code`; if so, first waits a little.
+    async fn wait_after(&mut self, code: Code) -> bool {
+        let transient = matches!(code, Code::ResourceExhausted | Code::Unavailable);
         if !transient || Instant::now() >= self.give_up_at {
             return false;
         }

@@ -1,10 +1,29 @@
 //! How a request's failure is told: a status the server sent versus one the
-//! client made up, and errors written on one line with their causes.
+//! client made up, an HTTP status as the gRPC code it stands for, and errors
+//! written on one line with their causes.
 //!
 //! It classifies and describes; it sends nothing and records nothing.
 
 use crate::report::{self, Outcome};
-use tonic::Status;
+use http::StatusCode;
+use tonic::{Code, Status};
+
+/// Why a request got no answer from the server, kept to describe the first one.
+pub(super) enum Failure {
+    /// A status tonic made up (its transport failed) or the client's own timeout.
+    Grpc(Status),
+    /// The HTTP/1.1 connection failed, or no answer came by the deadline.
+    Http(anyhow::Error),
+}
+
+impl Failure {
+    pub(super) fn describe(&self) -> String {
+        match self {
+            Failure::Grpc(status) => describe_status(status),
+            Failure::Http(error) => format!("{error:#}"),
+        }
+    }
+}
 
 /// A status the server sent, or one the client made up because it got none.
 ///
@@ -16,6 +35,41 @@ pub(super) fn classify(status: &Status) -> Outcome {
         Outcome::Connection
     } else {
         Outcome::Status(status.code())
+    }
+}
+
+/// The gRPC code an HTTP answer's status stands for, so that the report of a run
+/// over HTTP reads like one over gRPC (a refusal for load is RESOURCE_EXHAUSTED or
+/// UNAVAILABLE in both).
+///
+/// | HTTP | outcome |
+/// |---|---|
+/// | 2xx | OK |
+/// | 400, 422 | INVALID_ARGUMENT |
+/// | 401 | UNAUTHENTICATED |
+/// | 403 | PERMISSION_DENIED |
+/// | 404 | NOT_FOUND |
+/// | 408, 504 | DEADLINE_EXCEEDED |
+/// | 409 | ALREADY_EXISTS |
+/// | 429 | RESOURCE_EXHAUSTED |
+/// | 501 | UNIMPLEMENTED |
+/// | 503 | UNAVAILABLE |
+/// | other 5xx | INTERNAL |
+/// | anything else (1xx, 3xx, other 4xx) | UNKNOWN |
+pub(super) fn http_code(status: StatusCode) -> Code {
+    match status.as_u16() {
+        200..=299 => Code::Ok,
+        400 | 422 => Code::InvalidArgument,
+        401 => Code::Unauthenticated,
+        403 => Code::PermissionDenied,
+        404 => Code::NotFound,
+        408 | 504 => Code::DeadlineExceeded,
+        409 => Code::AlreadyExists,
+        429 => Code::ResourceExhausted,
+        501 => Code::Unimplemented,
+        503 => Code::Unavailable,
+        500..=599 => Code::Internal,
+        _ => Code::Unknown,
     }
 }
 
@@ -51,7 +105,6 @@ fn append_causes(
 mod tests {
     use super::*;
     use std::sync::Arc;
-    use tonic::Code;
 
     #[test]
     fn statuses_from_the_server_are_codes_and_the_rest_client_errors() {
@@ -67,5 +120,40 @@ mod tests {
             describe_status(&made_up),
             "UNAVAILABLE: transport error: refused"
         );
+    }
+
+    #[test]
+    fn http_statuses_stand_for_grpc_codes() {
+        let code_of = |status: u16| http_code(StatusCode::from_u16(status).unwrap());
+        for (status, code) in [
+            (200, Code::Ok),
+            (201, Code::Ok),
+            (204, Code::Ok),
+            (400, Code::InvalidArgument),
+            (401, Code::Unauthenticated),
+            (403, Code::PermissionDenied),
+            (404, Code::NotFound),
+            (408, Code::DeadlineExceeded),
+            (409, Code::AlreadyExists),
+            (422, Code::InvalidArgument),
+            (429, Code::ResourceExhausted),
+            (500, Code::Internal),
+            (501, Code::Unimplemented),
+            (502, Code::Internal),
+            (503, Code::Unavailable),
+            (504, Code::DeadlineExceeded),
+            (101, Code::Unknown),
+            (302, Code::Unknown),
+            (418, Code::Unknown),
+        ] {
+            assert_eq!(code_of(status), code, "HTTP {status}");
+        }
+    }
+
+    #[test]
+    fn an_http_failure_is_described_with_its_causes() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        let failure = Failure::Http(anyhow::Error::new(io).context("POST /login"));
+        assert_eq!(failure.describe(), "POST /login: reset by peer");
     }
 }

@@ -1,0 +1,366 @@
+//! HTTP/1.1 with JSON bodies (`--protocol http`): the connections that load the
+//! report's service, and the wait until its `GET /health` answers.
+//!
+//! HTTP/1.1 carries one request at a time on a connection, so a closed loop of N
+//! requests in flight holds N keep-alive connections: each worker owns a
+//! [`Connection`] and opens it again when the server has closed it, or when a
+//! request on it failed or was given up on (its answer may still be on the way, so
+//! the socket is closed, as a client with a timeout does). Thousands of connections
+//! need as many open files: [`open_connections`] raises the soft limit first.
+//!
+//! It sends and reads; what an answer's status means is `status`'s, and recording
+//! it is `request`'s.
+
+use super::{plan::Plan, setup::PASSWORD};
+use anyhow::{Context as _, anyhow, bail};
+use bytes::Bytes;
+use http::{Method, Request, StatusCode, header};
+use http_body_util::{BodyExt as _, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use serde::Serialize;
+use std::{
+    net::{IpAddr, SocketAddr},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+use tokio::{
+    net::TcpSocket,
+    task::{AbortHandle, JoinSet},
+};
+
+/// Connections opened at once before a run: enough to open thousands in a second or
+/// two, few enough not to overflow the accept backlog of a server that accepts slowly.
+const OPENING_AT_ONCE: usize = 128;
+
+/// Where every connection goes: resolved once.
+pub(super) struct Target {
+    /// `http://host:port`, for messages.
+    url: String,
+    /// The `Host` header: the target's `host:port`.
+    host: String,
+    addr: SocketAddr,
+    bind: Option<IpAddr>,
+    connect_timeout: Duration,
+}
+
+impl Target {
+    pub(super) async fn resolve(plan: &Plan) -> anyhow::Result<Arc<Self>> {
+        let uri: http::Uri = plan
+            .target
+            .parse()
+            .map_err(|e| anyhow!("{:?} is not a valid target URL: {e}", plan.target))?;
+        let authority = uri
+            .authority()
+            .ok_or_else(|| anyhow!("{:?} has no host", plan.target))?;
+        let port = authority.port_u16().unwrap_or(80);
+        let addr = tokio::net::lookup_host(format!("{}:{port}", authority.host()))
+            .await
+            .with_context(|| format!("cannot resolve {}", plan.target))?
+            .next()
+            .ok_or_else(|| anyhow!("cannot resolve {}: no address", plan.target))?;
+        Ok(Arc::new(Self {
+            url: plan.target.clone(),
+            host: authority.as_str().to_string(),
+            addr,
+            bind: plan.bind,
+            connect_timeout: plan.connect_timeout,
+        }))
+    }
+
+    /// TCP (from `bind`, without Nagle's delay) and an HTTP/1.1 client on it, whose
+    /// connection is driven by a task of its own.
+    async fn open(&self) -> anyhow::Result<Open> {
+        let socket = if self.addr.is_ipv4() {
+            TcpSocket::new_v4()
+        } else {
+            TcpSocket::new_v6()
+        }
+        .context("cannot create a socket")?;
+        if let Some(ip) = self.bind {
+            socket
+                .bind(SocketAddr::new(ip, 0))
+                .with_context(|| format!("cannot bind to {ip}"))?;
+        }
+        let stream = tokio::time::timeout(self.connect_timeout, socket.connect(self.addr))
+            .await
+            .map_err(|_| anyhow!("no answer within {:?}", self.connect_timeout))??;
+        stream.set_nodelay(true)?;
+        let (sender, connection) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        let driver = tokio::spawn(async move {
+            // Its errors reach the request that was in flight.
+            let _ = connection.await;
+        })
+        .abort_handle();
+        Ok(Open { sender, driver })
+    }
+}
+
+/// An open connection; dropping it closes the socket.
+struct Open {
+    sender: SendRequest<Full<Bytes>>,
+    driver: AbortHandle,
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+/// What the server answered.
+#[derive(Debug)]
+pub(super) struct Answer {
+    pub(super) status: StatusCode,
+    /// `Retry-After` in seconds, when it has that form.
+    pub(super) retry_after: Option<Duration>,
+}
+
+/// One keep-alive connection, opened again whenever it is needed and closed.
+pub(super) struct Connection {
+    target: Arc<Target>,
+    open: Option<Open>,
+}
+
+impl Connection {
+    /// A connection not opened yet.
+    pub(super) fn new(target: Arc<Target>) -> Self {
+        Self { target, open: None }
+    }
+
+    /// Opens it now, rather than at its first request.
+    pub(super) async fn connect(&mut self) -> anyhow::Result<()> {
+        self.open = Some(self.target.open().await?);
+        Ok(())
+    }
+
+    /// `POST path` with a JSON body.
+    pub(super) async fn post(&mut self, path: &'static str, body: Bytes) -> anyhow::Result<Answer> {
+        self.send(Method::POST, path, body).await
+    }
+
+    /// Sends one request and reads its whole answer, so that the connection can carry
+    /// the next one. The connection is opened first if there is none or the server
+    /// has closed it; after an error it is dropped.
+    async fn send(
+        &mut self,
+        method: Method,
+        path: &'static str,
+        body: Bytes,
+    ) -> anyhow::Result<Answer> {
+        let answer = self.exchange(method.clone(), path, body).await;
+        if answer.is_err() {
+            self.open = None;
+        }
+        answer.with_context(|| format!("{method} {path}"))
+    }
+
+    async fn exchange(
+        &mut self,
+        method: Method,
+        path: &'static str,
+        body: Bytes,
+    ) -> anyhow::Result<Answer> {
+        let reusable = match self.open.as_mut() {
+            Some(open) => open.sender.ready().await.is_ok(),
+            None => false,
+        };
+        if !reusable {
+            self.open = None;
+            self.connect().await.context("cannot connect")?;
+        }
+        let open = self.open.as_mut().expect("opened above");
+        open.sender.ready().await?;
+        let mut request = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(header::HOST, &self.target.host);
+        if !body.is_empty() {
+            request = request.header(header::CONTENT_TYPE, "application/json");
+        }
+        let request = request.body(Full::new(body))?;
+        let response = open.sender.send_request(request).await?;
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(header::RETRY_AFTER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        response.into_body().collect().await?;
+        Ok(Answer {
+            status,
+            retry_after,
+        })
+    }
+
+    /// Closes the socket: after a request given up on, whose answer may still come.
+    pub(super) fn reset(&mut self) {
+        self.open = None;
+    }
+}
+
+/// The JSON body of a registration or a login of `username`.
+pub(super) fn credentials(username: &str) -> Bytes {
+    #[derive(Serialize)]
+    struct Credentials<'a> {
+        username: &'a str,
+        password: &'a str,
+    }
+    let body = Credentials {
+        username,
+        password: PASSWORD,
+    };
+    Bytes::from(serde_json::to_vec(&body).expect("two strings always serialize"))
+}
+
+/// Waits until `GET /health` answers 2xx, for at most `plan.wait`, as the gRPC mode
+/// waits for SERVING.
+pub(super) async fn wait_until_healthy(plan: &Plan, target: &Arc<Target>) -> anyhow::Result<()> {
+    let give_up_at = Instant::now() + plan.wait;
+    let mut connection = Connection::new(target.clone());
+    loop {
+        let problem = match connection.connect().await {
+            Err(e) => Err(format!("cannot connect to {}: {e:#}", target.url)),
+            Ok(()) => {
+                let check = connection.send(Method::GET, "/health", Bytes::new());
+                match tokio::time::timeout(plan.connect_timeout, check).await {
+                    Ok(Ok(answer)) if answer.status.is_success() => return Ok(()),
+                    Ok(Ok(answer)) => Ok(format!("GET /health answered {}", answer.status)),
+                    Ok(Err(e)) => Ok(format!("{e:#}")),
+                    Err(_) => Ok(format!(
+                        "GET /health got no answer within {:?}",
+                        plan.connect_timeout
+                    )),
+                }
+            }
+        };
+        if Instant::now() >= give_up_at {
+            let hint = if plan.wait.is_zero() {
+                " (use --wait to wait for it)"
+            } else {
+                ""
+            };
+            match problem {
+                Err(cannot_connect) => bail!("{cannot_connect}"),
+                Ok(problem) => bail!("{} is not serving: {problem}{hint}", target.url),
+            }
+        }
+        connection.reset();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Opens `count` connections, [`OPENING_AT_ONCE`] at a time; fails at the first that
+/// cannot be opened.
+pub(super) async fn open_connections(
+    target: &Arc<Target>,
+    count: usize,
+) -> anyhow::Result<Vec<Connection>> {
+    raise_open_files_limit(count)?;
+    let mut connections = Vec::with_capacity(count);
+    let mut opening = JoinSet::new();
+    let mut started = 0;
+    while connections.len() < count {
+        while started < count && opening.len() < OPENING_AT_ONCE {
+            let mut connection = Connection::new(target.clone());
+            opening.spawn(async move { connection.connect().await.map(|()| connection) });
+            started += 1;
+        }
+        let opened = opening
+            .join_next()
+            .await
+            .expect("a connection is being opened")
+            .context("a connection task failed")?;
+        match opened {
+            Ok(connection) => connections.push(connection),
+            Err(e) => bail!(
+                "cannot open connection {} of {count} to {}: {e:#}{}",
+                connections.len() + 1,
+                target.url,
+                if out_of_files(&e) {
+                    " (raise the open-files limit: ulimit -n)"
+                } else {
+                    ""
+                }
+            ),
+        }
+    }
+    Ok(connections)
+}
+
+/// Open files a run of `connections` needs beyond them: the setup's connections, the
+/// runtime's own descriptors, standard streams.
+const OTHER_FILES: u64 = 256;
+
+/// Raises the soft limit on open files to what `connections` need, up to the hard
+/// limit; fails, naming both, when the hard limit is lower.
+#[cfg(unix)]
+fn raise_open_files_limit(connections: usize) -> anyhow::Result<()> {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let needed = u64::try_from(connections).unwrap_or(u64::MAX) + OTHER_FILES;
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current.is_none_or(|soft| soft >= needed) {
+        return Ok(());
+    }
+    if let Some(hard) = limit.maximum
+        && hard < needed
+    {
+        bail!(
+            "{connections} connections need about {needed} open files, above this \
+             process's hard limit of {hard}: raise it (ulimit -Hn) or lower --concurrency"
+        );
+    }
+    setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(needed),
+            maximum: limit.maximum,
+        },
+    )
+    .with_context(|| format!("cannot raise the open-files limit to {needed}"))
+}
+
+#[cfg(not(unix))]
+fn raise_open_files_limit(_connections: usize) -> anyhow::Result<()> {
+    Ok(())
+}
+
+/// Whether an error comes from running out of file descriptors.
+fn out_of_files(error: &anyhow::Error) -> bool {
+    #[cfg(unix)]
+    let emfile = Some(rustix::io::Errno::MFILE.raw_os_error());
+    #[cfg(not(unix))]
+    let emfile = None;
+    error.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.raw_os_error().is_some() && io.raw_os_error() == emfile)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_are_json() {
+        let body: serde_json::Value = serde_json::from_slice(&credentials("ab1-u7")).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({"username": "ab1-u7", "password": PASSWORD})
+        );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn running_out_of_files_is_recognized() {
+        let emfile = std::io::Error::from_raw_os_error(rustix::io::Errno::MFILE.raw_os_error());
+        assert!(out_of_files(
+            &anyhow::Error::new(emfile).context("cannot connect")
+        ));
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(!out_of_files(&anyhow::Error::new(refused)));
+    }
+}
