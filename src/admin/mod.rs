@@ -451,6 +451,28 @@ impl admin_service_server::AdminService for AdminApi {
         })
         .await
     }
+
+    // Placeholders of this branch only: the server side is built on main.
+    async fn list_sessions(
+        &self,
+        _request: Request<crate::pb::admin::ListSessionsRequest>,
+    ) -> Result<Response<crate::pb::admin::ListSessionsResponse>, Status> {
+        Err(Status::unimplemented("built on main"))
+    }
+
+    async fn end_sessions(
+        &self,
+        _request: Request<crate::pb::admin::EndSessionsRequest>,
+    ) -> Result<Response<crate::pb::admin::EndSessionsResponse>, Status> {
+        Err(Status::unimplemented("built on main"))
+    }
+
+    async fn set_password(
+        &self,
+        _request: Request<crate::pb::admin::SetPasswordRequest>,
+    ) -> Result<Response<crate::pb::admin::SetPasswordResponse>, Status> {
+        Err(Status::unimplemented("built on main"))
+    }
 }
 
 /// Unix milliseconds of `at`, for tests that compare timestamps.
