@@ -84,7 +84,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             tls_key,
             tls_server_name,
         } => {
-            let tls = authd::health_check::ClientTls {
+            let tls = authd::ClientTls {
                 ca: tls_ca,
                 cert: tls_cert,
                 key: tls_key,
