@@ -71,6 +71,9 @@
 //!   `main.rs`, the integration tests and authbench's tests start the service through it.
 //! - `health`: readiness from store probes and real request failures; liveness; and
 //!   `health::check`, `authd health`, the client side: one check, an exit status.
+//! - `admin_client`: `authd admin`, the admin API's command-line client: users and
+//!   sessions listed, shown, disabled, enabled, deleted and ended, a password set;
+//!   tables or JSON, and exit statuses scripts can rely on.
 //! - `telemetry`: the `tracing` subscriber (text or JSON lines).
 //! - [`config`]: the command line and the one `Config` (flags and `AUTHD_*` environment
 //!   variables), one group of options per component, each building its component's settings.
@@ -88,6 +91,7 @@
 
 pub(crate) mod accounts;
 pub(crate) mod admin;
+pub(crate) mod admin_client;
 pub mod app;
 pub(crate) mod audit;
 pub(crate) mod blocklist;
@@ -119,6 +123,7 @@ pub(crate) mod transport;
 
 // The public surface beyond the application, its configuration and the wire types:
 // what `main.rs`, the integration tests and authbench's tests use, and no more.
+pub use admin_client::run as admin_command;
 pub use client::ClientTls;
 pub use credentials::Password;
 pub use health::check as health_check;
