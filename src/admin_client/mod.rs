@@ -42,7 +42,8 @@ use tonic::{
 pub const REFUSED: u8 = 1;
 /// The exit status of a usage error (clap's own are 2 as well).
 pub const USAGE: u8 = 2;
-/// The exit status when no answer came: no connection, a timeout, UNAVAILABLE.
+/// The exit status when no answer came: no connection, a timeout, UNAVAILABLE, a
+/// connection that failed during the call.
 pub const NO_ANSWER: u8 = 3;
 
 /// The pages `users list --all` asks for when no `--page-size` is given: the most the
@@ -54,7 +55,8 @@ const ALL_PAGE_SIZE: u32 = 1000;
 enum Failure {
     /// The server answered with an error status.
     Refused(Status),
-    /// No answer: no connection, the timeout passed, or UNAVAILABLE.
+    /// No answer: no connection, the timeout passed, UNAVAILABLE, or the connection
+    /// failed during the call.
     NoAnswer(String),
     /// The command cannot be run as given.
     Usage(String),
@@ -402,18 +404,39 @@ impl Admin {
     ) -> Result<R, Failure> {
         match tokio::time::timeout(self.timeout, call).await {
             Ok(Ok(response)) => Ok(response.into_inner()),
-            Ok(Err(status)) if client::timed_out(&status) => {
-                Err(Self::timeout(&self.addr, self.timeout))
-            }
-            // The connection broke, or the server cannot serve now (its database is
-            // unreachable, it is stopping): no answer to the question asked.
-            Ok(Err(status)) if status.code() == Code::Unavailable => Err(Failure::NoAnswer(
-                format!("{}: UNAVAILABLE: {}", self.addr, status.message()),
-            )),
-            Ok(Err(status)) => Err(Failure::Refused(status)),
+            Ok(Err(status)) => Err(failure(&self.addr, self.timeout, status)),
             Err(_) => Err(Self::timeout(&self.addr, self.timeout)),
         }
     }
+}
+
+/// What a call's error status means: the server's refusal, or no answer.
+fn failure(addr: &str, timeout: Duration, status: Status) -> Failure {
+    if client::timed_out(&status) {
+        return Admin::timeout(addr, timeout);
+    }
+    // The connection broke, or the server cannot serve now (its database is
+    // unreachable, it is stopping): no answer to the question asked.
+    if status.code() == Code::Unavailable {
+        return Failure::NoAnswer(format!("{addr}: UNAVAILABLE: {}", status.message()));
+    }
+    // A status made on this side from a transport failure (it has the error as its
+    // source; a status the server sent has none): plaintext to a TLS port, a
+    // connection reset. The server said nothing about the call.
+    if let Some(cause) = std::error::Error::source(&status) {
+        let cause = client::error_chain(cause);
+        let message = status.message();
+        // Transport errors nest the same text: say it once.
+        let why = if cause.starts_with(message) {
+            cause
+        } else if message.contains(&cause) {
+            message.to_owned()
+        } else {
+            format!("{message}: {cause}")
+        };
+        return Failure::NoAnswer(format!("{addr}: no answer: {why}"));
+    }
+    Failure::Refused(status)
 }
 
 #[cfg(test)]
@@ -434,6 +457,36 @@ mod tests {
         assert_eq!(
             Admin::timeout("127.0.0.1:1", Duration::from_secs(10)).to_string(),
             "127.0.0.1:1: timeout: no answer within 10s"
+        );
+    }
+
+    #[test]
+    fn a_status_made_here_is_no_answer_and_one_sent_by_the_server_a_refusal() {
+        let addr = "127.0.0.1:1";
+        let t = Duration::from_secs(1);
+        let sent = failure(addr, t, Status::internal("internal error"));
+        assert_eq!(sent.exit_status(), REFUSED);
+        assert_eq!(sent.to_string(), "INTERNAL: internal error");
+        let mut made = Status::internal("h2 protocol error");
+        made.set_source(std::sync::Arc::new(std::io::Error::other(
+            "h2 protocol error: broken pipe",
+        )));
+        let made = failure(addr, t, made);
+        assert_eq!(made.exit_status(), NO_ANSWER);
+        assert_eq!(
+            made.to_string(),
+            "127.0.0.1:1: no answer: h2 protocol error: broken pipe"
+        );
+        let down = failure(addr, t, Status::unavailable("database unreachable"));
+        assert_eq!(down.exit_status(), NO_ANSWER);
+        assert_eq!(
+            down.to_string(),
+            "127.0.0.1:1: UNAVAILABLE: database unreachable"
+        );
+        let late = failure(addr, t, Status::deadline_exceeded("late"));
+        assert_eq!(
+            late.to_string(),
+            "127.0.0.1:1: timeout: no answer within 1s"
         );
     }
 

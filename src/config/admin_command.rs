@@ -21,7 +21,8 @@ pub const EXIT_STATUS: &str = "\
 Exit status: 0 done; 1 the server refused the call (one line on stderr names its gRPC code and \
 message: UNAUTHENTICATED, PERMISSION_DENIED, NOT_FOUND, INVALID_ARGUMENT, ...); 2 a usage error \
 (a bad option, no admin key, a file that cannot be read, delete without --yes); 3 no answer \
-(cannot connect, the timeout passed, or UNAVAILABLE): trying again later may help.";
+(cannot connect, the connection failed, the timeout passed, or UNAVAILABLE): trying again later \
+may help.";
 
 /// The variable holding the admin key when `--key-file` is not given.
 pub const ADMIN_KEY_VAR: &str = "AUTHD_ADMIN_KEY";
