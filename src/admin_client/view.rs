@@ -284,8 +284,9 @@ pub(super) fn deleted(user: &User, sessions_ended: u32, as_json: bool) -> String
             sessions_ended,
         });
     }
+    // The sessions stored for it, ended ones included, went with it.
     format!(
-        "deleted {}; {} ended\n",
+        "deleted {} with {}\n",
         named(user),
         sessions(sessions_ended)
     )
