@@ -1,7 +1,7 @@
 //! What `authd admin` prints on stdout: for people, a table or a few lines; with
 //! `--json`, one JSON document (pretty-printed) whose fields are named as in
-//! admin.proto, with times in RFC 3339 (UTC, milliseconds) and `null` for what is
-//! not set.
+//! admin.proto, with times in RFC 3339 (UTC, always three digits of milliseconds)
+//! and `null` for what is not set.
 //!
 //! Text from the server that a person reads (a disable reason, a client address) is
 //! printed with control characters escaped, so an answer cannot drive the terminal.
@@ -73,13 +73,17 @@ fn json(value: &impl Serialize) -> String {
     text
 }
 
-/// A time for JSON: RFC 3339 in UTC, with its milliseconds.
+/// A time for JSON: RFC 3339 in UTC, always with three digits of milliseconds
+/// (what the server stores), so that times of one width sort as text.
 fn rfc3339(at: Option<&Timestamp>) -> Option<String> {
     let mut at = *at?;
     at.normalize();
-    // Whole milliseconds: what the server stores, and a fixed width for readers.
-    at.nanos -= at.nanos % 1_000_000;
-    Some(at.to_string())
+    let millis = at.nanos / 1_000_000;
+    at.nanos = 0;
+    // `…T09:12:44Z`: the seconds, then the milliseconds before the `Z`.
+    let seconds = at.to_string();
+    let seconds = seconds.strip_suffix('Z').unwrap_or(&seconds);
+    Some(format!("{seconds}.{millis:03}Z"))
 }
 
 /// A time for people: RFC 3339 in UTC, to the second; `-` when not set.
@@ -383,7 +387,11 @@ mod tests {
         );
         assert_eq!(
             rfc3339(at(1_772_323_200, 0).as_ref()).as_deref(),
-            Some("2026-03-01T00:00:00Z")
+            Some("2026-03-01T00:00:00.000Z")
+        );
+        assert_eq!(
+            rfc3339(at(1_772_323_200, 7_000_000).as_ref()).as_deref(),
+            Some("2026-03-01T00:00:00.007Z")
         );
         assert_eq!(when(t.as_ref()), "2026-03-01T00:00:00Z");
         assert_eq!(rfc3339(None), None);
