@@ -208,6 +208,13 @@ async fn execute(config: &Config, command: &AdminCommand) -> Result<String, Fail
                     break;
                 }
             }
+            if !token.is_empty() && !as_json {
+                // For people, who see no token in the table: how to see the rest.
+                eprintln!(
+                    "authd: more users than this page: --all lists every page, \
+                     --page-token {token} the next one"
+                );
+            }
             Ok(view::users(&users, &token, as_json))
         }
         AdminAction::Users(UsersAction::Get { user }) => {

@@ -249,7 +249,12 @@ async fn accounts_are_managed_from_the_command_line(db: TestDb) {
         .json();
     assert_eq!(usernames(&all["users"]), ["alice", "bob"]);
     assert!(all["next_page_token"].is_null());
+    let run = cli.run(&["users", "list", "--page-size", "1"]).await;
+    assert_eq!(run.ok().stdout.lines().count(), 2, "{}", run.stdout);
+    let note = format!("--page-token {token} the next one");
+    assert!(run.stderr.contains(&note), "{}", run.stderr);
     let run = cli.run(&["users", "list", "--prefix", "AL"]).await;
+    assert_eq!(run.stderr, "", "no note after the last page");
     assert_eq!(run.ok().stdout.lines().count(), 2, "{}", run.stdout);
 
     // One user, by name or by id.
