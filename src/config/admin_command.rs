@@ -17,7 +17,7 @@ use clap::{Args, Subcommand};
 use std::{ffi::OsString, path::PathBuf, time::Duration};
 
 /// The exit statuses of every `authd admin` command, shown by each one's `--help`.
-pub const EXIT_STATUS: &str = "\
+const EXIT_STATUS: &str = "\
 Exit status: 0 done; 1 the server refused the call (one line on stderr names its gRPC code and \
 message: UNAUTHENTICATED, PERMISSION_DENIED, NOT_FOUND, INVALID_ARGUMENT, ...); 2 a usage error \
 (a bad option, no admin key, a file that cannot be read, delete without --yes); 3 no answer \
@@ -25,7 +25,7 @@ message: UNAUTHENTICATED, PERMISSION_DENIED, NOT_FOUND, INVALID_ARGUMENT, ...); 
 may help.";
 
 /// The variable holding the admin key when `--key-file` is not given.
-pub const ADMIN_KEY_VAR: &str = "AUTHD_ADMIN_KEY";
+const ADMIN_KEY_VAR: &str = "AUTHD_ADMIN_KEY";
 
 /// `authd admin`: the connection, and what to do.
 #[derive(Debug, Clone, Args)]

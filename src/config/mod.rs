@@ -57,8 +57,7 @@ mod tokens;
 
 pub use admin::AdminConfig;
 pub use admin_command::{
-    ADMIN_KEY_VAR, AdminAction, AdminCommand, AdminConnection, EXIT_STATUS, SessionsAction,
-    UserArg, UsersAction,
+    AdminAction, AdminCommand, AdminConnection, SessionsAction, UserArg, UsersAction,
 };
 pub use limits::LimitsConfig;
 pub use overload::OverloadConfig;
