@@ -71,9 +71,15 @@
 //!   `main.rs`, the integration tests and authbench's tests start the service through it.
 //! - `health`: readiness from store probes and real request failures; liveness; and
 //!   `health::check`, `authd health`, the client side: one check, an exit status.
+//! - `admin_client`: `authd admin`, the admin API's command-line client: users and
+//!   sessions listed, shown, disabled, enabled, deleted and ended, a password set;
+//!   tables or JSON, and exit statuses scripts can rely on.
 //! - `telemetry`: the `tracing` subscriber (text or JSON lines).
 //! - [`config`]: the command line and the one `Config` (flags and `AUTHD_*` environment
 //!   variables), one group of options per component, each building its component's settings.
+//! - `client`: the client side of a connection to a running authd, for the commands
+//!   that call one: the address, the TLS client options, a timeout told apart, errors
+//!   in one line. It imports nothing of the crate.
 //!
 //! The public surface is [`app`], [`config`], [`pb`] and the few items re-exported
 //! below for `main.rs` and the tests; every module is private. A unit test checks
@@ -85,9 +91,11 @@
 
 pub(crate) mod accounts;
 pub(crate) mod admin;
+pub(crate) mod admin_client;
 pub mod app;
 pub(crate) mod audit;
 pub(crate) mod blocklist;
+pub(crate) mod client;
 pub(crate) mod clock;
 pub(crate) mod codec;
 pub mod config;
@@ -115,6 +123,8 @@ pub(crate) mod transport;
 
 // The public surface beyond the application, its configuration and the wire types:
 // what `main.rs`, the integration tests and authbench's tests use, and no more.
+pub use admin_client::run as admin_command;
+pub use client::ClientTls;
 pub use credentials::Password;
 pub use health::check as health_check;
 pub use password::{bench as hash_bench, hash_now};

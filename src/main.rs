@@ -42,7 +42,7 @@ fn main() -> ExitCode {
         }
     };
     match runtime.block_on(run(cli)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             // One line, with the chain of causes: "opening …: permission denied".
             eprintln!("authd: error: {e:#}");
@@ -51,9 +51,11 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let mut config = cli.config;
-    match cli.command.unwrap_or(Command::Serve) {
+    let done = match cli.command.unwrap_or(Command::Serve) {
+        // Its own exit statuses (refused, usage, no answer) and its own error line.
+        Command::Admin(command) => return Ok(authd::admin_command(&config, &command).await),
         Command::Migrate => {
             config.read_secret_files()?;
             app::migrate(&config).await?;
@@ -84,7 +86,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             tls_key,
             tls_server_name,
         } => {
-            let tls = authd::health_check::ClientTls {
+            let tls = authd::ClientTls {
                 ca: tls_ca,
                 cert: tls_cert,
                 key: tls_key,
@@ -108,7 +110,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let app = Application::build(config).await?;
             app.run_until_stopped(stop).await
         }
-    }
+    };
+    done.map(|()| ExitCode::SUCCESS)
 }
 
 /// A kid for a new key: today's date and 8 random hex digits (`20260301-1a2b3c4d`),

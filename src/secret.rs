@@ -8,6 +8,9 @@
 //! the libraries decode it. The URL as given is reached only through
 //! [`SecretUrl::expose`], which the code that connects calls and nothing else.
 //!
+//! [`AdminKey`] is the key `authd admin` presents to the admin API: printed as
+//! `***`, reached through [`AdminKey::expose`] by the code that sends it only.
+//!
 //! [`parser`] is the value parser of `--database-url`, `--redis-url`,
 //! `--token-keys` and `--account-digest-key`: clap's own error ("invalid value 'postgres://u:s3cret@…'") quotes
 //! the value, this one never does. The `FromStr` errors it relays must not quote it
@@ -211,6 +214,43 @@ impl fmt::Debug for DigestKey {
     }
 }
 
+/// The admin key `authd admin` presents (`authorization: Bearer KEY`), from
+/// `--key-file` or `AUTHD_ADMIN_KEY`: surrounding whitespace ignored, and only
+/// characters a header carries as they are (visible ASCII). Never shown.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AdminKey(String);
+
+impl AdminKey {
+    /// The key itself: only for the header that carries it.
+    pub(crate) fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for AdminKey {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let key = text.trim();
+        if key.is_empty() {
+            return Err("the admin key is empty".into());
+        }
+        // The error says what is wrong, never which character: it would quote the key.
+        if !key.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err("the admin key holds characters other than visible ASCII, \
+                        which a header cannot carry"
+                .into());
+        }
+        Ok(AdminKey(key.to_owned()))
+    }
+}
+
+impl fmt::Debug for AdminKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("AdminKey(***)")
+    }
+}
+
 /// The clap value parser of a secret-bearing option: `T::from_str`, with an error
 /// that names the option (and its variable) but never quotes the value.
 pub fn parser<T>() -> SecretParser<T> {
@@ -265,6 +305,18 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_admin_key_is_trimmed_checked_and_never_shown() {
+        let key: AdminKey = "  k3y-0123456789abcdef\n".parse().unwrap();
+        assert_eq!(key.expose(), "k3y-0123456789abcdef");
+        assert_eq!(format!("{key:?}"), "AdminKey(***)");
+        assert!(" \n".parse::<AdminKey>().unwrap_err().contains("empty"));
+        for bad in ["k3y with a space", "k3y\u{e9}"] {
+            let why = bad.parse::<AdminKey>().unwrap_err();
+            assert!(!why.contains("k3y"), "{why}");
+        }
+    }
 
     #[test]
     fn passwords_in_the_userinfo_and_the_query_are_hidden() {

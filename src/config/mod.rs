@@ -22,6 +22,9 @@
 //! - `limits`: Redis, the rate limits and the login throttle.
 //! - `telemetry`: logs, metrics and traces.
 //! - `admin`: the admin API's listener, its keys file and its rate limit.
+//! - `admin_command`: the command line of `authd admin`, the admin API's client: its
+//!   subcommands, its connection's options, the admin key it reads from `--key-file`
+//!   or `AUTHD_ADMIN_KEY` (never from an argument).
 //! - `parse`: the value parsers and the secret-file reading the groups share.
 //!
 //! Values are parsed and checked here, so a bad value stops the start with one
@@ -37,10 +40,11 @@
 //! are part of the output. A new option takes the next free number.
 //!
 //! Only the modules around the request path (`app`, `main.rs`, `health::check`,
-//! `telemetry`) import this one; a component takes its built settings, never a
-//! group or the `Config`.
+//! `admin_client`, `telemetry`) import this one; a component takes its built
+//! settings, never a group or the `Config`.
 
 mod admin;
+mod admin_command;
 mod limits;
 mod overload;
 mod parse;
@@ -54,6 +58,9 @@ mod tokens;
 /// The role of an admin credential (`--admin-allow`, the admin keys file).
 pub use crate::admin::Role as AdminRole;
 pub use admin::AdminConfig;
+pub use admin_command::{
+    AdminAction, AdminCommand, AdminConnection, SessionsAction, UserArg, UsersAction,
+};
 pub use limits::LimitsConfig;
 pub use overload::OverloadConfig;
 pub use parse::MetricsListen;
@@ -143,6 +150,11 @@ pub enum Command {
         #[arg(long = "tls-server-name")]
         tls_server_name: Option<String>,
     },
+    /// Call the admin API of a running authd (AUTHD_ADMIN_LISTEN; docs/admin.md), then
+    /// exit: list, show, disable, enable and delete users, list and end their sessions,
+    /// set a password. The admin key comes from --key-file or AUTHD_ADMIN_KEY, never
+    /// from an argument.
+    Admin(AdminCommand),
     /// Print a new token key on stdout as one AUTHD_TOKEN_KEYS entry (KID:ALG:BASE64),
     /// then exit: append it to the key file (second, to roll it out; first, to sign
     /// with it). The output is a private key: keep it out of logs and terminals' history.

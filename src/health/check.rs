@@ -9,19 +9,15 @@
 //! It owns nothing of the server: it is a client. It talks plain-text HTTP/2 (to the
 //! health-only port, on loopback or a pod address), or TLS to an `https://` address
 //! or when given [`ClientTls`] options (`--tls-ca`, and `--tls-cert`/`--tls-key` for
-//! a server that asks for a client certificate).
+//! a server that asks for a client certificate); the connection itself is made as
+//! `client` makes it for every command that calls authd.
 
-use crate::config::Config;
-use std::{
-    fmt,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
-    path::PathBuf,
-    time::Duration,
+use crate::{
+    client::{self, BadEndpoint, ClientTls, local_addr},
+    config::Config,
 };
-use tonic::{
-    Code,
-    transport::{Certificate, ClientTlsConfig, Endpoint, Identity},
-};
+use std::{fmt, time::Duration};
+use tonic::Code;
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
@@ -72,54 +68,6 @@ impl fmt::Display for Unhealthy {
 
 impl std::error::Error for Unhealthy {}
 
-/// The client side of TLS: whom to trust, what to present, which name to expect.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ClientTls {
-    /// PEM bundle of the CAs the server's certificate must chain to [default: the
-    /// Mozilla roots of webpki-roots].
-    pub ca: Option<PathBuf>,
-    /// PEM certificate (and chain) to present, for a server with mutual TLS.
-    pub cert: Option<PathBuf>,
-    /// PEM private key of `cert`.
-    pub key: Option<PathBuf>,
-    /// The name the server's certificate must carry [default: the host of the address].
-    pub server_name: Option<String>,
-}
-
-impl ClientTls {
-    /// Whether any option is set (which means TLS, whatever the address's scheme).
-    pub fn is_set(&self) -> bool {
-        *self != ClientTls::default()
-    }
-
-    /// tonic's TLS configuration; an error names the option and the file, never what
-    /// the file holds.
-    pub fn config(&self) -> Result<ClientTlsConfig, String> {
-        let read = |option: &str, path: &PathBuf| {
-            std::fs::read(path)
-                .map_err(|e| format!("{option} {}: cannot read the file: {e}", path.display()))
-        };
-        let mut config = ClientTlsConfig::new();
-        config = match &self.ca {
-            Some(path) => config.ca_certificate(Certificate::from_pem(read("--tls-ca", path)?)),
-            None => config.with_webpki_roots(),
-        };
-        match (&self.cert, &self.key) {
-            (Some(cert), Some(key)) => {
-                let identity =
-                    Identity::from_pem(read("--tls-cert", cert)?, read("--tls-key", key)?);
-                config = config.identity(identity);
-            }
-            (None, None) => {}
-            _ => return Err("--tls-cert and --tls-key go together".into()),
-        }
-        if let Some(name) = &self.server_name {
-            config = config.domain_name(name.clone());
-        }
-        Ok(config)
-    }
-}
-
 /// `authd health`: checks `service` at `addr` (by default the loopback address on the
 /// port of `--listen`), prints `… SERVING` on stdout when healthy, and returns the
 /// reason otherwise (which `main` prints as one line, exiting non-zero).
@@ -157,30 +105,21 @@ pub async fn check(
     timeout: Duration,
     tls: &ClientTls,
 ) -> Result<(), Unhealthy> {
-    let url = to_url(addr, tls.is_set()).map_err(|cause| Unhealthy::BadAddress {
-        addr: addr.to_owned(),
-        cause,
+    let endpoint = client::endpoint(addr, timeout, tls).map_err(|bad| match bad {
+        BadEndpoint::Address(cause) => Unhealthy::BadAddress {
+            addr: addr.to_owned(),
+            cause,
+        },
+        BadEndpoint::Tls(cause) => Unhealthy::BadTls { cause },
     })?;
     let target = describe(addr, service);
-    let mut endpoint = Endpoint::from_shared(url.clone())
-        .map_err(|e| Unhealthy::BadAddress {
-            addr: addr.to_owned(),
-            cause: error_chain(&e),
-        })?
-        .connect_timeout(timeout);
-    if url.starts_with("https://") {
-        let config = tls.config().map_err(|cause| Unhealthy::BadTls { cause })?;
-        endpoint = endpoint.tls_config(config).map_err(|e| Unhealthy::BadTls {
-            cause: format!("TLS options: {}", error_chain(&e)),
-        })?;
-    }
     let ask = async {
         let channel = endpoint
             .connect()
             .await
             .map_err(|e| Unhealthy::Unreachable {
                 target: target.clone(),
-                cause: error_chain(&e),
+                cause: client::error_chain(&e),
             })?;
         let mut request = tonic::Request::new(HealthCheckRequest {
             service: service.to_owned(),
@@ -196,18 +135,11 @@ pub async fn check(
                 Code::NotFound => Unhealthy::ServiceUnknown {
                     target: target.clone(),
                 },
-                // The server gave up at our grpc-timeout, or tonic did on our side
-                // (which it reports as CANCELLED "Timeout expired").
-                Code::DeadlineExceeded => Unhealthy::Timeout {
+                // The server gave up at our grpc-timeout, or tonic did on our side.
+                _ if client::timed_out(&status) => Unhealthy::Timeout {
                     target: target.clone(),
                     after: timeout,
                 },
-                Code::Cancelled if status.message() == tonic::TimeoutExpired(()).to_string() => {
-                    Unhealthy::Timeout {
-                        target: target.clone(),
-                        after: timeout,
-                    }
-                }
                 Code::Unimplemented => Unhealthy::Unreachable {
                     target: target.clone(),
                     cause: "the server does not implement grpc.health.v1.Health".into(),
@@ -234,17 +166,6 @@ pub async fn check(
     }
 }
 
-/// Where a server listening on `listen` answers locally: an unspecified address
-/// (`0.0.0.0`, `[::]`) becomes loopback, so the default works inside a container.
-pub fn local_addr(listen: SocketAddr) -> SocketAddr {
-    let ip = match listen.ip() {
-        IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
-        IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
-        ip => ip,
-    };
-    SocketAddr::new(ip, listen.port())
-}
-
 /// `127.0.0.1:50051 "auth.v1.AuthService"`, or `… (server)` for the empty name.
 fn describe(addr: &str, service: &str) -> String {
     if service.is_empty() {
@@ -254,72 +175,9 @@ fn describe(addr: &str, service: &str) -> String {
     }
 }
 
-/// `HOST:PORT` → `http://HOST:PORT` (`https://` when `tls`); `http://` and `https://`
-/// URLs are kept; other schemes and paths are refused.
-fn to_url(addr: &str, tls: bool) -> Result<String, String> {
-    let addr = addr.trim();
-    let url = match addr.split_once("://") {
-        None if tls => format!("https://{addr}"),
-        None => format!("http://{addr}"),
-        Some(("http", _)) if tls => {
-            return Err(
-                "TLS options given with an http:// address (use https:// or HOST:PORT)".into(),
-            );
-        }
-        Some(("http" | "https", _)) => addr.to_owned(),
-        Some((scheme, _)) => return Err(format!("unsupported scheme {scheme:?}")),
-    };
-    let uri: http::Uri = url.parse().map_err(|e| format!("not HOST:PORT ({e})"))?;
-    if uri.host().is_none_or(str::is_empty) || uri.port_u16().is_none() {
-        return Err("expected HOST:PORT, e.g. 127.0.0.1:50051".into());
-    }
-    if uri.path_and_query().is_some_and(|p| p.as_str() != "/") {
-        return Err("expected HOST:PORT, without a path".into());
-    }
-    Ok(url.trim_end_matches('/').to_owned())
-}
-
-/// An error with its causes, deduplicated: transport errors nest the same text.
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut next = Some(e);
-    while let Some(err) = next {
-        let text = err.to_string();
-        if !parts.iter().any(|p| p.contains(&text)) {
-            parts.push(text);
-        }
-        next = err.source();
-    }
-    parts.join(": ")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn addresses_become_urls() {
-        let url = |a: &str| to_url(a, false);
-        assert_eq!(url("127.0.0.1:50051").unwrap(), "http://127.0.0.1:50051");
-        assert_eq!(url("http://authd:50051/").unwrap(), "http://authd:50051");
-        assert_eq!(url("[::1]:50051").unwrap(), "http://[::1]:50051");
-        assert_eq!(url("https://authd:50051").unwrap(), "https://authd:50051");
-        assert!(url("authd").is_err(), "a port is required");
-        assert!(url("authd:50051/x").is_err());
-        assert!(url("ftp://authd:21").is_err());
-        // With TLS options: https, whether said or not; http:// is a contradiction.
-        assert_eq!(to_url("authd:1", true).unwrap(), "https://authd:1");
-        assert_eq!(to_url("https://authd:1", true).unwrap(), "https://authd:1");
-        assert!(to_url("http://authd:1", true).unwrap_err().contains("TLS"));
-    }
-
-    #[test]
-    fn the_default_address_is_loopback_on_the_listen_port() {
-        let local = |s: &str| local_addr(s.parse().unwrap()).to_string();
-        assert_eq!(local("0.0.0.0:50051"), "127.0.0.1:50051");
-        assert_eq!(local("[::]:7000"), "[::1]:7000");
-        assert_eq!(local("10.1.2.3:50051"), "10.1.2.3:50051");
-    }
 
     #[test]
     fn each_reason_is_one_line() {

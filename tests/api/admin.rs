@@ -18,9 +18,9 @@ use sha2::{Digest as _, Sha256};
 use std::{collections::HashMap, io::Write as _, time::Duration};
 use tonic::{Code, Request, Status, transport::Channel};
 
-const PASSWORD: &str = "a fine password";
-const ADMIN_KEY: &str = "admin-key-for-tests-0123456789abcdef-0123456789";
-const READ_KEY: &str = "read-key-for-tests-0123456789abcdef-0123456789ab";
+pub(crate) const PASSWORD: &str = "a fine password";
+pub(crate) const ADMIN_KEY: &str = "admin-key-for-tests-0123456789abcdef-0123456789";
+pub(crate) const READ_KEY: &str = "read-key-for-tests-0123456789abcdef-0123456789ab";
 
 crate::backend_tests!(
     disabling_refuses_the_password_and_every_token_and_enabling_restores_the_password,
@@ -40,7 +40,7 @@ fn digest(key: &str) -> String {
 }
 
 /// A keys file with an admin key ("oncall") and a read key ("auditor").
-fn keys_file() -> tempfile::NamedTempFile {
+pub(crate) fn keys_file() -> tempfile::NamedTempFile {
     let mut file = tempfile::NamedTempFile::new().unwrap();
     writeln!(file, "# test keys").unwrap();
     writeln!(file, "oncall  admin {}", digest(ADMIN_KEY)).unwrap();
@@ -49,13 +49,16 @@ fn keys_file() -> tempfile::NamedTempFile {
 }
 
 /// An app with the admin listener on, and its admin client.
-struct Admin {
-    app: TestApp,
-    client: AdminServiceClient<Channel>,
+pub(crate) struct Admin {
+    pub(crate) app: TestApp,
+    pub(crate) client: AdminServiceClient<Channel>,
     _keys: tempfile::NamedTempFile,
 }
 
-async fn admin_app(db: &TestDb, adjust: impl FnOnce(&mut authd::config::Config)) -> Admin {
+pub(crate) async fn admin_app(
+    db: &TestDb,
+    adjust: impl FnOnce(&mut authd::config::Config),
+) -> Admin {
     let keys = keys_file();
     let path = keys.path().to_owned();
     let app = spawn_app_on(db, |c| {

@@ -1,6 +1,7 @@
 //! Integration tests: authd on 127.0.0.1:0, a real SQLite file, a real tonic client.
 
 mod admin;
+mod admin_cli;
 mod blocklist;
 mod cli;
 mod concurrency;

@@ -691,6 +691,79 @@ async fn authd_health_checks_a_tls_port() {
 }
 
 #[tokio::test]
+async fn authd_admin_speaks_tls_to_the_admin_port() {
+    let server_ca = Ca::new("server-ca");
+    let client_ca = Ca::new("client-ca");
+    let files = Files::new(&server_ca.server(2040), Some(&client_ca));
+    files.write("ca.pem", &server_ca.pem());
+    let client = client_ca.client("spiffe://corp/oncall");
+    files.write("client.pem", &client.cert);
+    files.write("client.key", &client.key);
+    let keys = crate::admin::keys_file();
+    let keys_path = keys.path().to_owned();
+    let app = spawn_tls(&files, true, |c| {
+        c.admin.admin_listen = "127.0.0.1:0".parse().unwrap();
+        c.admin.admin_keys_file = Some(keys_path);
+    })
+    .await;
+    let addr = app.handle.admin_addr().unwrap().to_string();
+    let path = |name: &str| files.path(name).display().to_string();
+    let with_ca: [String; 4] = [
+        "--tls-ca".into(),
+        path("ca.pem"),
+        "--tls-server-name".into(),
+        "localhost".into(),
+    ];
+    let with_cert: [String; 4] = [
+        "--tls-cert".into(),
+        path("client.pem"),
+        "--tls-key".into(),
+        path("client.key"),
+    ];
+    let runs = [
+        [&with_ca[..], &with_cert[..]].concat(),
+        // Plaintext to a TLS port.
+        vec![],
+        // A server certificate of a CA not trusted (the Mozilla roots by default).
+        vec!["--tls-server-name".into(), "localhost".into()],
+        // No client certificate for a server with mutual TLS.
+        with_ca.to_vec(),
+    ];
+    let outputs = tokio::task::spawn_blocking(move || {
+        runs.map(|tls| {
+            (crate::helpers::authd_command())
+                .args(["admin", "users", "list", "--json", "--addr", &addr])
+                .args(&tls)
+                .env("AUTHD_ADMIN_KEY", crate::admin::ADMIN_KEY)
+                .output()
+                .unwrap()
+        })
+    })
+    .await
+    .unwrap();
+    let [ok, refused @ ..] = outputs;
+    let stdout = String::from_utf8_lossy(&ok.stdout);
+    assert!(
+        ok.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let page: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(page["users"], serde_json::json!([]));
+    // No answer to the call: exit status 3, one line.
+    for refused in refused {
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(3), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.contains("no answer") || stderr.contains("cannot connect"),
+            "{stderr}"
+        );
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
 async fn the_request_log_names_the_client_identity() {
     let server_ca = Ca::new("server-ca");
     let client_ca = Ca::new("client-ca");
