@@ -135,7 +135,10 @@ async fn list_pages(
             ..Default::default()
         };
         let page = admin.list_users(with_key(request)).await?.into_inner();
-        ensure!(!page.next_page_token.is_empty(), "fewer accounts than --users");
+        ensure!(
+            !page.next_page_token.is_empty(),
+            "fewer accounts than --users"
+        );
         token = page.next_page_token;
     }
     let kinds = [
@@ -156,7 +159,11 @@ async fn list_pages(
             let started = Instant::now();
             let page = admin.list_users(with_key(request)).await?.into_inner();
             times.push(started.elapsed());
-            ensure!(page.users.len() == 100, "{name}: {} users", page.users.len());
+            ensure!(
+                page.users.len() == 100,
+                "{name}: {} users",
+                page.users.len()
+            );
         }
         let (median, max) = summary(times);
         rows.push((name.to_owned(), median, max));
@@ -223,8 +230,14 @@ async fn main() -> anyhow::Result<()> {
     let app = Application::build(config.clone()).await?;
     drop(app);
     let started = Instant::now();
-    insert_users(&args.database_url, args.users).await.context("inserting the accounts")?;
-    eprintln!("inserted {} accounts in {:.1?}", args.users, started.elapsed());
+    insert_users(&args.database_url, args.users)
+        .await
+        .context("inserting the accounts")?;
+    eprintln!(
+        "inserted {} accounts in {:.1?}",
+        args.users,
+        started.elapsed()
+    );
 
     let app = Application::build(config).await?;
     let (addr, admin_addr) = (app.local_addr(), app.admin_addr().context("admin port")?);
@@ -232,10 +245,15 @@ async fn main() -> anyhow::Result<()> {
     let server = tokio::spawn(app.run_until_stopped(async {
         let _ = stopped.await;
     }));
-    let channel = Channel::from_shared(format!("http://{addr}"))?.connect().await?;
+    let channel = Channel::from_shared(format!("http://{addr}"))?
+        .connect()
+        .await?;
     let mut auth = AuthServiceClient::new(channel);
-    let mut admin =
-        AdminServiceClient::new(Channel::from_shared(format!("http://{admin_addr}"))?.connect().await?);
+    let mut admin = AdminServiceClient::new(
+        Channel::from_shared(format!("http://{admin_addr}"))?
+            .connect()
+            .await?,
+    );
 
     println!("| measurement | median | slowest |");
     println!("|---|---:|---:|");
@@ -284,7 +302,11 @@ async fn main() -> anyhow::Result<()> {
     while let Some(result) = disabling.join_next().await {
         result??;
     }
-    eprintln!("disabled {} accounts in {:.1?}", args.disabled, started.elapsed());
+    eprintln!(
+        "disabled {} accounts in {:.1?}",
+        args.disabled,
+        started.elapsed()
+    );
     let with = validate_rate(&auth, &token, &args).await?;
     println!(
         "| ValidateToken, none disabled | {none:.0}/s | |\n\
