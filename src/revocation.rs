@@ -56,6 +56,7 @@ struct Inner {
 pub struct Revocations {
     inner: RwLock<Inner>,
     capacity: usize,
+    cutoff_capacity: usize,
     /// How long after its end a session's entry is kept, in milliseconds.
     keep_ms: i64,
     size: IntGauge,
@@ -83,12 +84,20 @@ fn session_start(session_id: &str) -> Option<i64> {
 }
 
 impl Revocations {
-    /// A set for access tokens that live `token_ttl`, holding at most `capacity`.
-    pub fn new(token_ttl: Duration, capacity: usize, size: IntGauge, evicted: IntCounter) -> Self {
+    /// A set for access tokens that live `token_ttl`, holding at most `capacity`
+    /// ended sessions and `cutoff_capacity` per-user cutoffs.
+    pub fn new(
+        token_ttl: Duration,
+        capacity: usize,
+        cutoff_capacity: usize,
+        size: IntGauge,
+        evicted: IntCounter,
+    ) -> Self {
         let keep = token_ttl + CLOCK_SKEW;
         Self {
             inner: RwLock::new(Inner::default()),
             capacity: capacity.max(1),
+            cutoff_capacity: cutoff_capacity.max(1),
             keep_ms: i64::try_from(keep.as_millis()).unwrap_or(i64::MAX),
             size,
             evicted,
@@ -130,7 +139,7 @@ impl Revocations {
             }
             None => {}
         }
-        while inner.cutoffs.len() >= self.capacity {
+        while inner.cutoffs.len() >= self.cutoff_capacity {
             let Some((at, oldest)) = inner.by_cutoff.pop_first() else {
                 break;
             };
@@ -214,6 +223,7 @@ mod tests {
     fn set(capacity: usize) -> Revocations {
         Revocations::new(
             Duration::from_secs(15 * 60),
+            capacity,
             capacity,
             IntGauge::new("size", "size").unwrap(),
             IntCounter::new("evicted", "evicted").unwrap(),

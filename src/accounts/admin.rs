@@ -9,7 +9,10 @@
 //! A Login, Refresh or ChangePassword already in flight loses against them in the
 //! database (see `store::admin`), so nothing started before the action survives it.
 
-use super::{Accounts, POLL_LOOKBACK_MS, POLL_PAGE};
+use super::{
+    Accounts,
+    upkeep::{POLL_LOOKBACK_MS, POLL_PAGE},
+};
 use crate::{
     credentials::Password,
     error::Error,

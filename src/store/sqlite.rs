@@ -156,6 +156,17 @@ mod ops {
 /// What the writer runs to answer a ping once what came before has committed.
 const PING: &str = "SELECT 1";
 
+/// The value of a writer answer of the kind `$kind`; any other kind is a bug,
+/// reported as an internal error.
+macro_rules! answered {
+    ($answer:expr, $kind:ident) => {
+        match $answer {
+            Answer::$kind(value) => Ok(value),
+            _ => Err(unexpected()),
+        }
+    };
+}
+
 /// A writer answer of the wrong kind: a bug, reported as an internal error.
 fn unexpected() -> StoreError {
     StoreError::Other(anyhow::anyhow!(
@@ -234,17 +245,11 @@ impl SqliteStore {
     }
 
     pub(crate) async fn insert_session(&self, session: NewSession) -> Result<bool, StoreError> {
-        match self.write(Write::InsertSession(session)).await? {
-            Answer::Wrote(stored) => Ok(stored),
-            _ => Err(unexpected()),
-        }
+        answered!(self.write(Write::InsertSession(session)).await?, Wrote)
     }
 
     pub(crate) async fn rotate(&self, rotation: Rotation) -> Result<Refreshed, StoreError> {
-        match self.write(Write::Rotate(rotation)).await? {
-            Answer::Refreshed(r) => Ok(r),
-            _ => Err(unexpected()),
-        }
+        answered!(self.write(Write::Rotate(rotation)).await?, Refreshed)
     }
 
     pub(crate) async fn end_by_digest(
@@ -260,10 +265,7 @@ impl SqliteStore {
             now,
             grace_ms,
         };
-        match self.write(write).await? {
-            Answer::LoggedOut(out) => Ok(out),
-            _ => Err(unexpected()),
-        }
+        answered!(self.write(write).await?, LoggedOut)
     }
 
     pub(crate) async fn end_by_id(
@@ -279,10 +281,7 @@ impl SqliteStore {
             all,
             now,
         };
-        match self.write(write).await? {
-            Answer::Ended(e) => Ok(e),
-            _ => Err(unexpected()),
-        }
+        answered!(self.write(write).await?, Ended)
     }
 
     pub(crate) async fn change_password(
@@ -298,10 +297,7 @@ impl SqliteStore {
             version,
             now,
         };
-        match self.write(write).await? {
-            Answer::EndedIds(ids) => Ok(ids),
-            _ => Err(unexpected()),
-        }
+        answered!(self.write(write).await?, EndedIds)
     }
 
     pub(crate) async fn purge(
@@ -315,10 +311,7 @@ impl SqliteStore {
             ended_before,
             limit,
         };
-        match self.write(write).await? {
-            Answer::Purged(p) => Ok(p),
-            _ => Err(unexpected()),
-        }
+        answered!(self.write(write).await?, Purged)
     }
 
     pub(crate) async fn disable_user(
@@ -332,10 +325,7 @@ impl SqliteStore {
             reason: reason.to_owned(),
             now,
         };
-        match self.write(write).await? {
-            Answer::Revoked(r) => Ok(r),
-            _ => Err(unexpected()),
-        }
+        answered!(self.write(write).await?, Revoked)
     }
 
     pub(crate) async fn enable_user(&self, id: &str, now: i64) -> Result<Change<()>, StoreError> {
@@ -343,10 +333,7 @@ impl SqliteStore {
             id: id.to_owned(),
             now,
         };
-        match self.write(write).await? {
-            Answer::Enabled(e) => Ok(e),
-            _ => Err(unexpected()),
-        }
+        answered!(self.write(write).await?, Enabled)
     }
 
     pub(crate) async fn delete_user(
@@ -358,17 +345,14 @@ impl SqliteStore {
             id: id.to_owned(),
             now,
         };
-        match self.write(write).await? {
-            Answer::Revoked(r) => Ok(r),
-            _ => Err(unexpected()),
-        }
+        answered!(self.write(write).await?, Revoked)
     }
 
     pub(crate) async fn purge_cutoffs(&self, before: i64, limit: i64) -> Result<u64, StoreError> {
-        match self.write(Write::PurgeCutoffs { before, limit }).await? {
-            Answer::Count(n) => Ok(n),
-            _ => Err(unexpected()),
-        }
+        answered!(
+            self.write(Write::PurgeCutoffs { before, limit }).await?,
+            Count
+        )
     }
 
     pub(crate) async fn end_sessions_of(
@@ -382,10 +366,7 @@ impl SqliteStore {
             ids,
             now,
         };
-        match self.write(write).await? {
-            Answer::Ids(ids) => Ok(ids),
-            _ => Err(unexpected()),
-        }
+        answered!(self.write(write).await?, Ids)
     }
 
     pub(crate) async fn set_password(
@@ -401,10 +382,7 @@ impl SqliteStore {
             end_sessions,
             now,
         };
-        match self.write(write).await? {
-            Answer::EndedIds(ids) => Ok(ids),
-            _ => Err(unexpected()),
-        }
+        answered!(self.write(write).await?, EndedIds)
     }
 
     pub(crate) async fn live_sessions(
