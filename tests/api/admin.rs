@@ -216,6 +216,12 @@ impl Admin {
     }
 }
 
+/// Failed logins so far, as the login throttle counts them.
+fn failed_logins(app: &TestApp) -> f64 {
+    let text = app.handle.render_metrics();
+    crate::helpers::metric(&text, "authd_logins_total{outcome=\"failed\"}").unwrap_or(0.0)
+}
+
 async fn change_password(app: &mut TestApp, name: &str, current: &str) -> Result<(), Status> {
     app.client
         .change_password(ChangePasswordRequest {
@@ -418,16 +424,22 @@ async fn disabling_refuses_the_password_and_every_token_and_enabling_restores_th
             Code::Unauthenticated,
         );
     }
-    // Her right password answers exactly as a wrong one.
+    // Her right password answers exactly as a wrong one: same code and message,
+    // the same hash work, and counted as a failed login.
+    let failed_before = failed_logins(&admin.app);
+    let wrong_rounds = crate::timing::rounds_of_a_failed_login(&mut admin.app, "dora").await;
     let wrong = expect_code(
         admin.app.login("dora", "not her password").await,
         Code::Unauthenticated,
     );
+    let before = crate::timing::rounds(&admin.app);
     let right = expect_code(
         admin.app.login("dora", PASSWORD).await,
         Code::Unauthenticated,
     );
     assert_eq!(right.message(), wrong.message());
+    assert_eq!(crate::timing::rounds(&admin.app) - before, wrong_rounds);
+    assert_eq!(failed_logins(&admin.app) - failed_before, 3.0);
     let changed = expect_code(
         change_password(&mut admin.app, "dora", PASSWORD).await,
         Code::Unauthenticated,

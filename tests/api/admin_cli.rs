@@ -2,8 +2,8 @@
 //! admin listener on: accounts listed (a table, JSON, pages), shown, disabled
 //! (then refused at Login), enabled and deleted; the exit statuses scripts rely on
 //! (1 refused, 2 usage, 3 no answer) with one line on stderr; the admin key kept out
-//! of every output, logs included. Sessions and set-password are written against
-//! the server side of ListSessions, EndSessions and SetPassword.
+//! of every output, logs included; sessions listed and ended, and a password set
+//! from standard input or a file.
 
 use crate::{
     admin::{ADMIN_KEY, Admin, PASSWORD, READ_KEY, admin_app},
