@@ -122,24 +122,18 @@ impl Accounts {
         }
     }
 
-    /// The live sessions of the account `key` names, newest first.
-    pub async fn sessions_of(&self, key: &AccountKey) -> Result<Vec<SessionInfo>, Error> {
-        let id = self.account(key).await?.id;
+    /// The live sessions of user `user_id`, newest first.
+    pub async fn sessions_of(&self, user_id: &str) -> Result<Vec<SessionInfo>, Error> {
         let now = unix_millis();
-        Ok(self.store.live_sessions(&id, now, MAX_SESSIONS).await?)
+        Ok(self.store.live_sessions(user_id, now, MAX_SESSIONS).await?)
     }
 
-    /// Ends the named live sessions of the account (every one when `ids` is
+    /// Ends the named live sessions of user `user_id` (every one when `ids` is
     /// empty); returns how many it ended. Their tokens are refused here at once,
     /// on other replicas when their poller reads the ends.
-    pub async fn end_sessions_of(
-        &self,
-        key: &AccountKey,
-        ids: Vec<String>,
-    ) -> Result<usize, Error> {
-        let id = self.account(key).await?.id;
+    pub async fn end_sessions_of(&self, user_id: &str, ids: Vec<String>) -> Result<usize, Error> {
         let now = unix_millis();
-        let ended = self.store.end_sessions_of(&id, ids, now).await?;
+        let ended = self.store.end_sessions_of(user_id, ids, now).await?;
         for session in &ended {
             self.revocations.insert(session, now, now);
         }

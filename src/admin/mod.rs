@@ -497,8 +497,9 @@ impl admin_service_server::AdminService for AdminApi {
                 .account(&key)
                 .await
                 .map_err(with_target(&key))?;
-            let id = AccountKey::Id(account.id.clone());
-            let sessions = (self.accounts.sessions_of(&id).await).map_err(with_target(&id))?;
+            let target = Some(account.id.clone());
+            let sessions =
+                (self.accounts.sessions_of(&account.id).await).map_err(|e| (e, target.clone()))?;
             Ok((
                 ListSessionsResponse {
                     sessions: sessions.into_iter().map(session).collect(),
@@ -530,9 +531,12 @@ impl admin_service_server::AdminService for AdminApi {
                 .account(&key)
                 .await
                 .map_err(with_target(&key))?;
-            let id = AccountKey::Id(account.id.clone());
-            let ended = (self.accounts.end_sessions_of(&id, r.session_ids).await)
-                .map_err(with_target(&id))?;
+            let target = Some(account.id.clone());
+            let ended = (self
+                .accounts
+                .end_sessions_of(&account.id, r.session_ids)
+                .await)
+                .map_err(|e| (e, target.clone()))?;
             Ok((
                 EndSessionsResponse {
                     sessions_ended: u32::try_from(ended).unwrap_or(u32::MAX),
