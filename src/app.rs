@@ -265,9 +265,11 @@ impl Application {
         let rate_limiter = RateLimiter::start(config.limits.rate_limiter(redis), &metrics).await?;
         let trust_forwarded_for = config.limits.trust_forwarded_for;
         let admission = Admission::new(
-            config
-                .overload
-                .admission(MAX_MESSAGE_BYTES + GRPC_FRAME_HEADER, trust_forwarded_for),
+            config.overload.admission(
+                MAX_MESSAGE_BYTES + GRPC_FRAME_HEADER,
+                trust_forwarded_for,
+                accounts.hasher().pool().busy_floor(),
+            ),
             metrics.overload.clone(),
         );
         let pushback = Pushback::new(

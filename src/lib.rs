@@ -22,8 +22,9 @@
 //!     access           mutual TLS allow-list: identity per method (PERMISSION_DENIED)
 //!   ratelimit          per-rule sliding windows, on Redis or in process (its layer
 //!                      rejects, never queues)
-//!   layers::admission  whole request first, share per client, in-flight cap,
-//!                      deadline, drain (reject, never queue)
+//!   layers::admission  whole request first, share per client, in-flight cap and
+//!                      its bound by time (layers::pace), deadline, drain (reject,
+//!                      never queue)
 //!   codec              protobuf decoding; malformed -> INVALID_ARGUMENT, generic
 //!   grpc               proto <-> domain, for auth.v1.AuthService
 //!   admin              auth.admin.v1.AdminService on its own listener: admin keys and

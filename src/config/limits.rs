@@ -22,7 +22,7 @@ pub struct LimitsConfig {
     /// Redis for rate limits shared by every replica: redis://[:PASSWORD@]HOST:PORT[/DB]
     /// [default: none; the rules are enforced per replica, in process].
     #[arg(long, env = "AUTHD_REDIS_URL", hide_env_values = true,
-          value_parser = secret::parser::<RedisUrl>(), global = true, display_order = 49)]
+          value_parser = secret::parser::<RedisUrl>(), global = true, display_order = 50)]
     pub redis_url: Option<RedisUrl>,
 
     /// File holding the Redis URL (surrounding whitespace ignored), instead of
@@ -32,7 +32,7 @@ pub struct LimitsConfig {
         env = "AUTHD_REDIS_URL_FILE",
         conflicts_with = "redis_url",
         global = true,
-        display_order = 50
+        display_order = 51
     )]
     pub redis_url_file: Option<PathBuf>,
 
@@ -40,7 +40,7 @@ pub struct LimitsConfig {
     /// KEY is peer, global, client-cert (the mutual-TLS identity) or header:NAME; e.g.
     /// Login:peer=20/1s,*:global=2000/1s
     /// [default: none; only --register-limit applies].
-    #[arg(long, env = "AUTHD_RATE_LIMITS", global = true, display_order = 51)]
+    #[arg(long, env = "AUTHD_RATE_LIMITS", global = true, display_order = 52)]
     pub rate_limits: Option<RateLimits>,
 
     /// Register requests each client address may make, LIMIT/WINDOW (a rule
@@ -53,7 +53,7 @@ pub struct LimitsConfig {
         env = "AUTHD_REGISTER_LIMIT",
         default_value = "100/1m",
         global = true,
-        display_order = 52
+        display_order = 53
     )]
     pub register_limit: RegisterLimit,
 
@@ -63,14 +63,14 @@ pub struct LimitsConfig {
         env = "AUTHD_RATE_LIMIT_PREFIX",
         default_value = "authd:rl",
         global = true,
-        display_order = 53
+        display_order = 54
     )]
     pub rate_limit_prefix: String,
 
     /// Longest a request waits for Redis (a rate-limit decision, a login throttle
     /// count) before falling back as AUTHD_RATE_LIMIT_FAILURE says.
     #[arg(long, env = "AUTHD_REDIS_TIMEOUT", default_value = "50ms",
-          value_parser = positive_duration, global = true, display_order = 54)]
+          value_parser = positive_duration, global = true, display_order = 55)]
     pub redis_timeout: Duration,
 
     /// While Redis fails: open enforces the rules per replica in process; closed refuses
@@ -81,7 +81,7 @@ pub struct LimitsConfig {
         default_value = "open",
         value_enum,
         global = true,
-        display_order = 55
+        display_order = 56
     )]
     pub rate_limit_failure: FailureMode,
 
@@ -90,7 +90,7 @@ pub struct LimitsConfig {
     #[arg(long, env = "AUTHD_TRUST_FORWARDED_FOR", default_value_t = false,
           num_args = 0..=1, require_equals = true, default_missing_value = "true",
           action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new(),
-          global = true, display_order = 56)]
+          global = true, display_order = 57)]
     pub trust_forwarded_for: bool,
 
     /// Most keys the in-process rate limiter tracks; beyond it, requests with keys not
@@ -98,7 +98,7 @@ pub struct LimitsConfig {
     /// clients send).
     #[arg(long, env = "AUTHD_RATE_LIMIT_MAX_KEYS", default_value_t = 100_000,
           value_parser = clap::value_parser!(u32).range(1..=100_000_000), global = true,
-          display_order = 57)]
+          display_order = 58)]
     pub rate_limit_max_keys: u32,
 
     /// Consecutive failed logins of one client (its address, as the rate limiter's peer
@@ -107,17 +107,17 @@ pub struct LimitsConfig {
     /// count. Unknown usernames are counted alike. 0 turns the login throttle off.
     #[arg(long, env = "AUTHD_LOGIN_FAILURES", default_value_t = 5,
           value_parser = clap::value_parser!(u32).range(0..=1000), global = true,
-          display_order = 60)]
+          display_order = 61)]
     pub login_failures: u32,
 
     /// The first delay of a throttled client; it doubles with each further failure.
     #[arg(long, env = "AUTHD_LOGIN_DELAY", default_value = "1s",
-          value_parser = positive_duration, global = true, display_order = 61)]
+          value_parser = positive_duration, global = true, display_order = 62)]
     pub login_delay: Duration,
 
     /// The longest delay of one client for one username.
     #[arg(long, env = "AUTHD_LOGIN_DELAY_MAX", default_value = "15m",
-          value_parser = positive_duration, global = true, display_order = 62)]
+          value_parser = positive_duration, global = true, display_order = 63)]
     pub login_delay_max: Duration,
 
     /// Failed logins for one username across all clients (each client's first
@@ -126,21 +126,21 @@ pub struct LimitsConfig {
     /// it before is delayed too. Must be greater than --login-failures.
     #[arg(long, env = "AUTHD_LOGIN_ACCOUNT_FAILURES", default_value_t = 20,
           value_parser = clap::value_parser!(u32).range(1..=100_000), global = true,
-          display_order = 63)]
+          display_order = 64)]
     pub login_account_failures: u32,
 
     /// The longest delay of the across-clients count: short, so that the owner, told
     /// when to retry, gets in while a distributed attack makes a guess or so per delay
     /// (at most --login-delay-max).
     #[arg(long, env = "AUTHD_LOGIN_ACCOUNT_DELAY_MAX", default_value = "1m",
-          value_parser = positive_duration, global = true, display_order = 64)]
+          value_parser = positive_duration, global = true, display_order = 65)]
     pub login_account_delay_max: Duration,
 
     /// Most entries of the in-process login throttle (used without Redis, or while it
     /// fails): about 300 bytes each, so the default bounds it near 30 MB.
     #[arg(long, env = "AUTHD_LOGIN_THROTTLE_MAX_ENTRIES", default_value_t = 100_000,
           value_parser = clap::value_parser!(u32).range(1..=100_000_000), global = true,
-          display_order = 67)]
+          display_order = 68)]
     pub login_throttle_max_entries: u32,
 }
 

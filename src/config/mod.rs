@@ -317,6 +317,7 @@ mod tests {
         assert_eq!(c.telemetry.log_format, LogFormat::Text);
         assert_eq!(c.passwords.hash_queue(), 64 * c.passwords.hash_threads());
         assert_eq!(c.store.db_statement_timeout, Duration::from_secs(2));
+        assert_eq!(c.overload.in_flight_wait, Duration::from_millis(75));
         assert_eq!(c.tokens.token_clock_skew, crate::token::DEFAULT_CLOCK_SKEW);
         assert_eq!(c.tokens.token_keys_reload, Duration::from_secs(10));
         assert!(c.tokens.token_audience.is_empty());

@@ -1,5 +1,5 @@
-//! The overload options: how many AuthService requests may be in flight, in all and
-//! per client, how long one may take to arrive, and how refused requests are held
+//! The overload options: how many AuthService requests may be in flight, in all, by
+//! the time they would take and per client, how long one may take to arrive, and how refused requests are held
 //! before their answer (pushback).
 //!
 //! [`OverloadConfig::admission`] and [`OverloadConfig::pushback`] build the settings
@@ -27,8 +27,18 @@ pub struct OverloadConfig {
     /// --max-in-flight].
     #[arg(long, env = "AUTHD_MAX_IN_FLIGHT_PER_CLIENT",
           value_parser = clap::value_parser!(u32).range(1..=1_000_000), global = true,
-          display_order = 17)]
+          display_order = 18)]
     pub max_in_flight_per_client: Option<u32>,
+
+    /// Target time in flight for an AuthService request: requests are admitted while
+    /// those in flight, at the rate the server is measured to answer them, would all be
+    /// answered within it; beyond it RESOURCE_EXHAUSTED with this as the retry hint,
+    /// except for a client holding less than its fair share (that bound over the
+    /// clients with requests in flight). Never fewer in flight than keep the hashing
+    /// threads busy with two full batches each; 0s turns the bound off.
+    #[arg(long, env = "AUTHD_IN_FLIGHT_WAIT", default_value = "75ms",
+          value_parser = up_to_a_minute, global = true, display_order = 17)]
+    pub in_flight_wait: Duration,
 
     /// Longest a refused request is held before its answer: a RESOURCE_EXHAUSTED answer
     /// with a retry hint (full hash queue, in-flight caps, rate limits, login throttle)
@@ -37,7 +47,7 @@ pub struct OverloadConfig {
     /// with no deadline at most 1s), and its RetryInfo says what is left of the hint;
     /// 0s answers refusals at once (at most 1m).
     #[arg(long, env = "AUTHD_REFUSAL_HOLD", default_value = "10s",
-          value_parser = refusal_hold, global = true, display_order = 18)]
+          value_parser = up_to_a_minute, global = true, display_order = 19)]
     pub refusal_hold: Duration,
 
     /// Refusals answered per second while refusals are held: each takes the next slot
@@ -46,27 +56,27 @@ pub struct OverloadConfig {
     /// a second.
     #[arg(long, env = "AUTHD_REFUSAL_RATE", default_value_t = 500,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000), global = true,
-          display_order = 19)]
+          display_order = 20)]
     pub refusal_rate: u32,
 
     /// Refused requests held at once, in all; beyond it a refusal is answered at once.
     #[arg(long, env = "AUTHD_REFUSAL_HOLD_MAX", default_value_t = 16_384,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000), global = true,
-          display_order = 20)]
+          display_order = 21)]
     pub refusal_hold_max: u32,
 
     /// Refused requests held at once for one client (IP address; the x-forwarded-for
     /// client with --trust-forwarded-for) [default: half of --refusal-hold-max].
     #[arg(long, env = "AUTHD_REFUSAL_HOLD_MAX_PER_CLIENT",
           value_parser = clap::value_parser!(u32).range(1..=1_000_000), global = true,
-          display_order = 21)]
+          display_order = 22)]
     pub refusal_hold_max_per_client: Option<u32>,
 
     /// Longest a request may take to arrive, from its headers to the end of its body; a
     /// request not received by then gets DEADLINE_EXCEEDED. It holds no in-flight place
     /// until it has arrived.
     #[arg(long, env = "AUTHD_RECEIVE_TIMEOUT", default_value = "5s",
-          value_parser = positive_duration, global = true, display_order = 22)]
+          value_parser = positive_duration, global = true, display_order = 23)]
     pub receive_timeout: Duration,
 }
 
@@ -84,12 +94,15 @@ impl OverloadConfig {
     }
 
     /// The admission layer's settings: `max_body_bytes` is the largest request worth
-    /// receiving (the server's message limit, framing included), and
-    /// `trust_forwarded_for` tells who a client is (`--trust-forwarded-for`).
+    /// receiving (the server's message limit, framing included),
+    /// `trust_forwarded_for` tells who a client is (`--trust-forwarded-for`), and
+    /// `busy_floor` is the fewest requests in flight that keep the hashing threads
+    /// busy.
     pub(crate) fn admission(
         &self,
         max_body_bytes: usize,
         trust_forwarded_for: bool,
+        busy_floor: usize,
     ) -> AdmissionSettings {
         AdmissionSettings {
             max_in_flight: self.max_in_flight,
@@ -97,6 +110,8 @@ impl OverloadConfig {
             receive_timeout: self.receive_timeout,
             max_body_bytes,
             trust_forwarded_for,
+            wait_target: self.in_flight_wait,
+            wait_floor: u32::try_from(busy_floor).unwrap_or(u32::MAX),
         }
     }
 
@@ -112,10 +127,11 @@ impl OverloadConfig {
     }
 }
 
-/// A refusal hold: zero (answer at once) up to a minute (past it a client's own
-/// deadline or patience is the bound that matters).
-fn refusal_hold(s: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 0s, 500ms, 2s)"))?;
+/// A refusal hold, or a target time in flight: zero (answer at once; no bound) up
+/// to a minute (past it a client's own deadline or patience is the bound that
+/// matters).
+fn up_to_a_minute(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 0s, 75ms, 2s)"))?;
     if d > Duration::from_secs(60) {
         return Err("must be at most 1m".into());
     }
@@ -131,7 +147,8 @@ mod tests {
         let mut c = Config::defaults().overload;
         c.max_in_flight = 100;
         c.refusal_hold_max = 10;
-        assert_eq!(c.admission(1024, false).max_per_client, 25);
+        assert_eq!(c.admission(1024, false, 64).max_per_client, 25);
+        assert_eq!(c.admission(1024, false, 64).wait_floor, 64);
         assert_eq!(c.pushback(true).max_held_per_client, 5);
         assert!(c.pushback(true).trust_forwarded_for);
         c.max_in_flight = 1;
@@ -139,7 +156,7 @@ mod tests {
         assert_eq!(c.max_in_flight_per_client(), 1);
         assert_eq!(c.refusal_hold_max_per_client(), 1);
         c.max_in_flight_per_client = Some(7);
-        assert_eq!(c.admission(1024, false).max_per_client, 7);
+        assert_eq!(c.admission(1024, false, 64).max_per_client, 7);
     }
 
     #[test]

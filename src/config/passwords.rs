@@ -56,14 +56,14 @@ pub struct PasswordConfig {
         default_value = "auto",
         value_enum,
         global = true,
-        display_order = 36
+        display_order = 37
     )]
     pub hash_backend: HashBackend,
 
     /// Nice value of the hashing threads (0 to 19): above 0, the threads that answer
     /// requests and probes run first when the cores are busy hashing.
     #[arg(long, env = "AUTHD_HASH_THREAD_NICE", default_value_t = 10,
-          value_parser = clap::value_parser!(u8).range(0..=19), global = true, display_order = 38)]
+          value_parser = clap::value_parser!(u8).range(0..=19), global = true, display_order = 39)]
     pub hash_thread_nice: u8,
 
     /// The bundled list of the 100,000 most common passwords (SecLists): on refuses them at
@@ -76,7 +76,7 @@ pub struct PasswordConfig {
         default_value = "on",
         value_enum,
         global = true,
-        display_order = 58
+        display_order = 59
     )]
     pub password_blocklist: Switch,
 
@@ -86,7 +86,7 @@ pub struct PasswordConfig {
         long,
         env = "AUTHD_PASSWORD_BLOCKLIST_FILE",
         global = true,
-        display_order = 59
+        display_order = 60
     )]
     pub password_blocklist_file: Option<PathBuf>,
 }

@@ -32,43 +32,43 @@ pub struct ServerConfig {
     /// at once (kept below the process's file-descriptor limit).
     #[arg(long, env = "AUTHD_MAX_CONNECTIONS", default_value_t = 10_000,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000), global = true,
-          display_order = 23)]
+          display_order = 24)]
     pub max_connections: u32,
 
     /// Connections one client IP address may keep open on the gRPC port [default: a tenth
     /// of --max-connections].
     #[arg(long, env = "AUTHD_MAX_CONNECTIONS_PER_CLIENT",
           value_parser = clap::value_parser!(u32).range(1..=1_000_000), global = true,
-          display_order = 24)]
+          display_order = 25)]
     pub max_connections_per_client: Option<u32>,
 
     /// HTTP/2 streams (requests) one connection may have open at once (advertised to the
     /// client in SETTINGS_MAX_CONCURRENT_STREAMS).
     #[arg(long, env = "AUTHD_MAX_STREAMS_PER_CONNECTION", default_value_t = 100,
           value_parser = clap::value_parser!(u32).range(1..=100_000), global = true,
-          display_order = 25)]
+          display_order = 26)]
     pub max_streams_per_connection: u32,
 
     /// Longest a new connection may take to send the HTTP/2 preface (on the metrics port:
     /// a request's whole headers); then it is closed.
     #[arg(long, env = "AUTHD_HANDSHAKE_TIMEOUT", default_value = "10s",
-          value_parser = positive_duration, global = true, display_order = 26)]
+          value_parser = positive_duration, global = true, display_order = 27)]
     pub handshake_timeout: Duration,
 
     /// A connection with no request open for this long is closed (gracefully: GOAWAY).
     #[arg(long, env = "AUTHD_IDLE_TIMEOUT", default_value = "5m",
-          value_parser = positive_duration, global = true, display_order = 27)]
+          value_parser = positive_duration, global = true, display_order = 28)]
     pub idle_timeout: Duration,
 
     /// How often an HTTP/2 connection is pinged; a peer that does not answer within
     /// --keepalive-timeout is closed (dead peers, half-open connections).
     #[arg(long, env = "AUTHD_KEEPALIVE_INTERVAL", default_value = "30s",
-          value_parser = positive_duration, global = true, display_order = 28)]
+          value_parser = positive_duration, global = true, display_order = 29)]
     pub keepalive_interval: Duration,
 
     /// How long an HTTP/2 keepalive ping may go unanswered.
     #[arg(long, env = "AUTHD_KEEPALIVE_TIMEOUT", default_value = "20s",
-          value_parser = positive_duration, global = true, display_order = 29)]
+          value_parser = positive_duration, global = true, display_order = 30)]
     pub keepalive_timeout: Duration,
 
     /// Address of a plaintext port that serves only grpc.health.v1, on a thread of its own,
@@ -78,7 +78,7 @@ pub struct ServerConfig {
         env = "AUTHD_HEALTH_LISTEN",
         default_value = "0.0.0.0:50052",
         global = true,
-        display_order = 35
+        display_order = 36
     )]
     pub health_listen: MetricsListen,
 
@@ -86,17 +86,17 @@ pub struct ServerConfig {
     /// runtime's workers and the database threads they start): above 0, the thread
     /// of the health-only port answers probes first when the cores are busy.
     #[arg(long, env = "AUTHD_RUNTIME_THREAD_NICE", default_value_t = 5,
-          value_parser = clap::value_parser!(u8).range(0..=19), global = true, display_order = 37)]
+          value_parser = clap::value_parser!(u8).range(0..=19), global = true, display_order = 38)]
     pub runtime_thread_nice: u8,
 
     /// How often health checks the database.
     #[arg(long, env = "AUTHD_HEALTH_INTERVAL", default_value = "5s",
-          value_parser = positive_duration, global = true, display_order = 47)]
+          value_parser = positive_duration, global = true, display_order = 48)]
     pub health_interval: Duration,
 
     /// On SIGTERM/SIGINT, how long requests in flight may take to finish.
     #[arg(long, env = "AUTHD_DRAIN_TIMEOUT", default_value = "20s",
-          value_parser = positive_duration, global = true, display_order = 48)]
+          value_parser = positive_duration, global = true, display_order = 49)]
     pub drain_timeout: Duration,
 }
 

@@ -19,13 +19,13 @@ pub struct TelemetryConfig {
         env = "AUTHD_METRICS_LISTEN",
         default_value = "0.0.0.0:9090",
         global = true,
-        display_order = 68
+        display_order = 69
     )]
     pub metrics_listen: MetricsListen,
 
     /// Log filter, in tracing's EnvFilter syntax (e.g. info, authd=debug).
     #[arg(long, env = "AUTHD_LOG", default_value = "info",
-          value_parser = log_filter, global = true, display_order = 69)]
+          value_parser = log_filter, global = true, display_order = 70)]
     pub log: String,
 
     /// Log format.
@@ -35,7 +35,7 @@ pub struct TelemetryConfig {
         default_value = "text",
         value_enum,
         global = true,
-        display_order = 70
+        display_order = 71
     )]
     pub log_format: LogFormat,
 
@@ -43,7 +43,7 @@ pub struct TelemetryConfig {
     /// http://otel-collector:4317). Unset: no traces. The standard OpenTelemetry
     /// variable, so collectors and operators find it where they expect.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_parser = otlp_endpoint, global = true,
-          display_order = 71)]
+          display_order = 72)]
     pub otlp_endpoint: Option<String>,
 
     /// The service.name of the traces.
@@ -52,7 +52,7 @@ pub struct TelemetryConfig {
         env = "OTEL_SERVICE_NAME",
         default_value = "authd",
         global = true,
-        display_order = 72
+        display_order = 73
     )]
     pub otel_service_name: String,
 
@@ -64,20 +64,20 @@ pub struct TelemetryConfig {
         default_value = "parentbased_always_on",
         value_enum,
         global = true,
-        display_order = 73
+        display_order = 74
     )]
     pub otel_traces_sampler: SamplerKind,
 
     /// The fraction of traces the traceidratio samplers record, 0 to 1.
     #[arg(long, env = "OTEL_TRACES_SAMPLER_ARG", default_value = "1.0",
-          value_parser = sampler_ratio, global = true, display_order = 74)]
+          value_parser = sampler_ratio, global = true, display_order = 75)]
     pub otel_traces_sampler_arg: f64,
 
     /// Ended spans waiting for export at most; beyond, spans are dropped and counted
     /// (authd_trace_spans_dropped_total), never waited for.
     #[arg(long, env = "AUTHD_TRACE_QUEUE", default_value = "2048",
           value_parser = clap::value_parser!(u32).range(1..=1_000_000), global = true,
-          display_order = 75)]
+          display_order = 76)]
     pub trace_queue: u32,
 }
 

@@ -17,12 +17,12 @@ pub struct TlsConfig {
     /// PEM file of the gRPC port's certificate, then its intermediates: with --tls-key the
     /// port speaks only TLS (HTTP/2 over TLS 1.2 or 1.3, ALPN h2) [default: none;
     /// plaintext]. Re-read when it changes (see --tls-reload). Given before any subcommand.
-    #[arg(long, env = "AUTHD_TLS_CERT", requires = "tls_key", display_order = 30)]
+    #[arg(long, env = "AUTHD_TLS_CERT", requires = "tls_key", display_order = 31)]
     pub tls_cert: Option<PathBuf>,
 
     /// PEM file of the private key of --tls-cert (PKCS#8, PKCS#1 or SEC1). Re-read when it
     /// changes.
-    #[arg(long, env = "AUTHD_TLS_KEY", requires = "tls_cert", display_order = 31)]
+    #[arg(long, env = "AUTHD_TLS_KEY", requires = "tls_cert", display_order = 32)]
     pub tls_key: Option<PathBuf>,
 
     /// PEM bundle of the CAs client certificates must chain to: mutual TLS, a client
@@ -32,14 +32,14 @@ pub struct TlsConfig {
         long,
         env = "AUTHD_TLS_CLIENT_CA",
         requires = "tls_cert",
-        display_order = 32
+        display_order = 33
     )]
     pub tls_client_ca: Option<PathBuf>,
 
     /// How often the TLS files are checked for changes (modification time and size);
     /// new connections use the new files, open ones keep theirs.
     #[arg(long, env = "AUTHD_TLS_RELOAD", default_value = "10s",
-          value_parser = positive_duration, display_order = 33)]
+          value_parser = positive_duration, display_order = 34)]
     pub tls_reload: Duration,
 
     /// Client identities allowed per AuthService method under mutual TLS,
@@ -51,7 +51,7 @@ pub struct TlsConfig {
         long,
         env = "AUTHD_TLS_ALLOW",
         requires = "tls_client_ca",
-        display_order = 34
+        display_order = 35
     )]
     pub tls_allow: Option<AllowList>,
 }

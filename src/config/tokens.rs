@@ -29,52 +29,52 @@ pub struct TokenConfig {
     /// with a warning].
     #[arg(long, env = "AUTHD_TOKEN_KEYS", hide_env_values = true,
           conflicts_with = "token_keys_file", value_parser = secret::parser::<KeyRing>(),
-          global = true, display_order = 39)]
+          global = true, display_order = 40)]
     pub token_keys: Option<KeyRing>,
 
     /// File holding the token keys in the AUTHD_TOKEN_KEYS format, one or more per line
     /// (blank lines and # comments ignored). Re-read while serving (see
     /// --token-keys-reload): a changed file that parses replaces the ring, one that
     /// does not is refused with an error in the log and the ring in use stays.
-    #[arg(long, env = "AUTHD_TOKEN_KEYS_FILE", global = true, display_order = 40)]
+    #[arg(long, env = "AUTHD_TOKEN_KEYS_FILE", global = true, display_order = 41)]
     pub token_keys_file: Option<PathBuf>,
 
     /// How often --token-keys-file is re-read; a new content takes effect at once.
     #[arg(long, env = "AUTHD_TOKEN_KEYS_RELOAD", default_value = "10s",
-          value_parser = positive_duration, global = true, display_order = 41)]
+          value_parser = positive_duration, global = true, display_order = 42)]
     pub token_keys_reload: Duration,
 
     /// Audience of every token issued (its aud claim), e.g. the name of the services
     /// meant to accept them; several, comma-separated, make aud an array. ValidateToken
     /// checks it only when the request names an audience [default: none; no aud claim].
     #[arg(long, env = "AUTHD_TOKEN_AUDIENCE", value_delimiter = ',',
-          value_parser = token_audience, global = true, display_order = 42)]
+          value_parser = token_audience, global = true, display_order = 43)]
     pub token_audience: Vec<String>,
 
     /// Clock skew allowed between the clocks of authd replicas: ValidateToken accepts a
     /// token whose nbf or iat lies this far in the future, or whose exp lies this far in
     /// the past (0s for none, at most 5m).
     #[arg(long, env = "AUTHD_TOKEN_CLOCK_SKEW", default_value = "30s",
-          value_parser = clock_skew, global = true, display_order = 43)]
+          value_parser = clock_skew, global = true, display_order = 44)]
     pub token_clock_skew: Duration,
 
     /// Lifetime of access tokens (e.g. 5m, 15m, 1h), at most 7d; never past their
     /// session's end. Short, since Refresh issues new ones.
     #[arg(long, env = "AUTHD_TOKEN_TTL", default_value = "15m",
-          value_parser = token_ttl, global = true, display_order = 44)]
+          value_parser = token_ttl, global = true, display_order = 45)]
     pub token_ttl: Duration,
 
     /// Longest a session lives from its Login, however often it is refreshed (e.g. 12h,
     /// 30d), at most 365d; then the user logs in again.
     #[arg(long, env = "AUTHD_REFRESH_TTL", default_value = "30d",
-          value_parser = refresh_ttl, global = true, display_order = 45)]
+          value_parser = refresh_ttl, global = true, display_order = 46)]
     pub refresh_ttl: Duration,
 
     /// How soon every replica refuses the access tokens of a session ended on another
     /// (each polls the database for ended sessions every half of it); at once on the
     /// replica that ended it. At least 10ms.
     #[arg(long, env = "AUTHD_REVOCATION_DELAY", default_value = "1s",
-          value_parser = revocation_delay, global = true, display_order = 46)]
+          value_parser = revocation_delay, global = true, display_order = 47)]
     pub revocation_delay: Duration,
 
     /// Key of the keyed digest (HMAC-SHA256) that names an account in the login
@@ -83,7 +83,7 @@ pub struct TokenConfig {
     /// stable across token key rotations [default: derived from the signing key].
     #[arg(long, env = "AUTHD_ACCOUNT_DIGEST_KEY", hide_env_values = true,
           conflicts_with = "account_digest_key_file",
-          value_parser = secret::parser::<DigestKey>(), global = true, display_order = 65)]
+          value_parser = secret::parser::<DigestKey>(), global = true, display_order = 66)]
     pub account_digest_key: Option<DigestKey>,
 
     /// File holding the account digest key (surrounding whitespace ignored), instead
@@ -93,7 +93,7 @@ pub struct TokenConfig {
         long,
         env = "AUTHD_ACCOUNT_DIGEST_KEY_FILE",
         global = true,
-        display_order = 66
+        display_order = 67
     )]
     pub account_digest_key_file: Option<PathBuf>,
 }

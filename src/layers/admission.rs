@@ -13,6 +13,13 @@
 //!   may still open requests as long as one share of the in-flight cap stays free
 //!   for whoever comes next;
 //! - it caps the requests in flight (RESOURCE_EXHAUSTED with a retry hint beyond it);
+//! - it bounds them by time (`AUTHD_IN_FLIGHT_WAIT`): requests are admitted while
+//!   those in flight, at the rate the server is measured to answer them
+//!   ([`super::pace`]), would be answered within the target, never fewer than the
+//!   floor (what keeps the hashing threads busy); at that bound a client holding less
+//!   than its fair share of it (the bound over the clients with requests in flight)
+//!   is still admitted, up to twice the bound in all, so a busy client alone may use
+//!   all of it and a client arriving beside it is not refused for its sake;
 //! - it turns the client's `grpc-timeout` into a [`Deadline`] the handlers pass down
 //!   (the hash pool drops work whose deadline passed), and answers DEADLINE_EXCEEDED
 //!   when it passes;
@@ -21,6 +28,7 @@
 //!
 //! Health and reflection are never limited: probes must answer when the service is full.
 
+use super::pace::Pace;
 use crate::{
     error::Error,
     metrics::OverloadMetrics,
@@ -32,7 +40,7 @@ use std::{
     collections::HashMap,
     net::IpAddr,
     sync::{
-        Arc, Mutex,
+        Arc, Mutex, MutexGuard,
         atomic::{AtomicBool, Ordering},
     },
     time::Duration,
@@ -54,6 +62,11 @@ pub struct AdmissionSettings {
     pub max_body_bytes: usize,
     /// Identify clients by the first `x-forwarded-for` hop (behind a trusted proxy).
     pub trust_forwarded_for: bool,
+    /// The target time in flight, which bounds the requests in flight by the rate
+    /// they are answered at; zero turns the bound off.
+    pub wait_target: Duration,
+    /// The fewest requests in flight that bound allows.
+    pub wait_floor: u32,
 }
 
 /// Shared state of the admission layer.
@@ -66,12 +79,31 @@ pub struct Admission {
     metrics: OverloadMetrics,
 }
 
-/// Requests open (being received or in flight); an entry lives while its count is
-/// above zero, so the map is bounded by the requests open.
-#[derive(Default)]
+/// Requests open (being received or in flight) and in flight, in all and per
+/// client, and the pace they are answered at; an entry lives while its client has a
+/// request open, so the map is bounded by the requests open.
 struct Open {
     total: u32,
-    clients: HashMap<IpAddr, u32>,
+    clients: HashMap<IpAddr, Counts>,
+    in_flight: u32,
+    /// Clients with a request in flight.
+    busy_clients: u32,
+    pace: Pace,
+}
+
+/// One client's requests: open, and of those in flight.
+#[derive(Default)]
+struct Counts {
+    open: u32,
+    in_flight: u32,
+}
+
+/// Why the bound by time refused a request.
+enum Beyond {
+    /// In flight at the bound, and this client alone (or everyone at twice it).
+    Wait,
+    /// In flight at the bound, and this client holds its fair share of it.
+    Share,
 }
 
 impl Admission {
@@ -80,11 +112,24 @@ impl Admission {
             .max_in_flight
             .clamp(1, Semaphore::MAX_PERMITS as u32);
         settings.max_per_client = settings.max_per_client.max(1);
+        let pace = Pace::new(
+            settings.wait_target,
+            settings.wait_floor,
+            settings.max_in_flight,
+            Instant::now(),
+        );
+        metrics.in_flight_limit.set(pace.limit().into());
         Arc::new(Self {
             permits: Arc::new(Semaphore::new(settings.max_in_flight as usize)),
             settings,
             draining: AtomicBool::new(false),
-            clients: Mutex::new(Open::default()),
+            clients: Mutex::new(Open {
+                total: 0,
+                clients: HashMap::new(),
+                in_flight: 0,
+                busy_clients: 0,
+                pace,
+            }),
             metrics,
         })
     }
@@ -96,11 +141,17 @@ impl Admission {
 
     /// Requests open (being received or in flight) for `client`.
     pub fn open_for(&self, client: IpAddr) -> u32 {
-        let open = self.clients.lock().unwrap_or_else(|p| p.into_inner());
-        open.clients
-            .get(&client.to_canonical())
-            .copied()
-            .unwrap_or(0)
+        (self.lock().clients.get(&client.to_canonical())).map_or(0, |c| c.open)
+    }
+
+    /// The most requests that may be in flight now, by the bound by time.
+    #[cfg(test)]
+    pub fn in_flight_limit(&self) -> u32 {
+        self.lock().pace.limit()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Open> {
+        self.clients.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Stops admitting new requests and waits until those admitted have finished,
@@ -115,39 +166,105 @@ impl Admission {
     /// Counts a request open for `client`, unless the client has its share open and
     /// what is left of the in-flight cap is no more than one share.
     fn open(self: &Arc<Self>, client: IpAddr) -> Option<ClientShare> {
-        let mut open = self.clients.lock().unwrap_or_else(|p| p.into_inner());
-        let Open { total, clients } = &mut *open;
+        let mut open = self.lock();
+        let Open { total, clients, .. } = &mut *open;
         let share = self.settings.max_per_client;
-        let mine = clients.entry(client).or_insert(0);
         let room_beyond_a_share = total.saturating_add(share) < self.settings.max_in_flight;
-        if *mine >= share && !room_beyond_a_share {
+        let mine = clients.entry(client).or_default();
+        if mine.open >= share && !room_beyond_a_share {
+            if mine.open == 0 {
+                clients.remove(&client);
+            }
             return None;
         }
-        *mine += 1;
+        mine.open += 1;
         *total += 1;
         Some(ClientShare {
             admission: self.clone(),
             client,
+            in_flight: false,
         })
+    }
+
+    /// Counts `share`'s request in flight, unless the bound by time refuses it.
+    fn start(&self, share: &mut ClientShare) -> Result<(), Beyond> {
+        let now = Instant::now();
+        let mut open = self.lock();
+        let Open {
+            clients,
+            in_flight,
+            busy_clients,
+            pace,
+            ..
+        } = &mut *open;
+        let mine = clients.entry(share.client).or_default();
+        let limit = pace.limit();
+        if *in_flight >= limit {
+            let active = *busy_clients + u32::from(mine.in_flight == 0);
+            let fair = limit.div_ceil(active.max(1));
+            if mine.in_flight >= fair || *in_flight >= limit.saturating_mul(2) {
+                return Err(if active > 1 && mine.in_flight >= fair {
+                    Beyond::Share
+                } else {
+                    Beyond::Wait
+                });
+            }
+        }
+        pace.admitted(now, *in_flight);
+        *in_flight += 1;
+        if mine.in_flight == 0 {
+            *busy_clients += 1;
+        }
+        mine.in_flight += 1;
+        share.in_flight = true;
+        Ok(())
+    }
+
+    /// The retry hint of a refusal by the bound by time: about when the requests in
+    /// flight have been answered.
+    fn wait_hint(&self) -> Duration {
+        self.settings.wait_target.max(Duration::from_millis(10))
     }
 }
 
-/// One request counted against its client's share, until dropped.
+/// One request counted against its client's share (and, once started, in flight),
+/// until dropped.
 struct ClientShare {
     admission: Arc<Admission>,
     client: IpAddr,
+    in_flight: bool,
 }
 
 impl Drop for ClientShare {
     fn drop(&mut self) {
-        let mut open = (self.admission.clients.lock()).unwrap_or_else(|p| p.into_inner());
-        let Open { total, clients } = &mut *open;
-        if let Some(mine) = clients.get_mut(&self.client) {
-            *mine -= 1;
-            *total -= 1;
-            if *mine == 0 {
-                clients.remove(&self.client);
+        let now = Instant::now();
+        let mut open = self.admission.lock();
+        let Open {
+            total,
+            clients,
+            in_flight,
+            busy_clients,
+            pace,
+        } = &mut *open;
+        let Some(mine) = clients.get_mut(&self.client) else {
+            return;
+        };
+        if self.in_flight {
+            mine.in_flight -= 1;
+            *in_flight -= 1;
+            if mine.in_flight == 0 {
+                *busy_clients -= 1;
             }
+            if pace.answered(now, *in_flight) {
+                let metrics = &self.admission.metrics;
+                metrics.in_flight_limit.set(pace.limit().into());
+                metrics.answer_rate.set(pace.rate().unwrap_or(0.0));
+            }
+        }
+        mine.open -= 1;
+        *total -= 1;
+        if mine.open == 0 {
+            clients.remove(&self.client);
         }
     }
 }
@@ -195,7 +312,7 @@ impl Middleware for Admission {
             .checked_add(self.settings.receive_timeout)
             .map_or(deadline, |by| Some(deadline.map_or(by, |d| d.min(by))));
         Box::pin(async move {
-            let _share = share;
+            let mut share = share;
             let answer = |err: Error| Ok(err.to_status().into_http());
             let (mut parts, body) = req.into_parts();
             let limited = Limited::new(body, self.settings.max_body_bytes);
@@ -226,6 +343,20 @@ impl Middleware for Admission {
                     retry_after: Duration::from_millis(100),
                 });
             };
+            if let Err(beyond) = self.start(&mut share) {
+                let what = match beyond {
+                    Beyond::Wait => {
+                        self.metrics.admission_wait.inc();
+                        "the requests in flight would not be answered within the server's target"
+                    }
+                    Beyond::Share => {
+                        self.metrics.admission_share.inc();
+                        "this client holds its share of the requests in flight"
+                    }
+                };
+                let retry_after = self.wait_hint();
+                return answer(Error::Overloaded { what, retry_after });
+            }
             let answer_by = deadline.map(|deadline| {
                 parts.extensions.insert(Deadline(deadline.into_std()));
                 let timeout = deadline - arrived;
@@ -251,7 +382,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::middleware::{
         MiddlewareService,
-        testing::{Counting, counting_service, grpc_status, served},
+        testing::{Counting, SERVED, counting_service, grpc_status, served},
     };
     use bytes::Bytes;
     use std::{convert::Infallible, sync::atomic::AtomicUsize};
@@ -265,6 +396,8 @@ pub(crate) mod tests {
             receive_timeout: Duration::from_secs(5),
             max_body_bytes: 64,
             trust_forwarded_for: false,
+            wait_target: Duration::ZERO,
+            wait_floor: 1,
         }
     }
 
@@ -421,6 +554,97 @@ pub(crate) mod tests {
         for task in second {
             task.abort();
         }
+    }
+
+    /// An inner service that takes 10 ms (of tokio's clock) to answer.
+    fn slow_service(state: Arc<Admission>) -> MiddlewareService<Admission, Counting> {
+        let slow = tower::service_fn(|_request: Request| async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let mut response = Response::new(Body::empty());
+            let served = http::HeaderValue::from_static("1");
+            response.headers_mut().insert(SERVED, served);
+            Ok::<_, Infallible>(response)
+        });
+        layer(state).layer(Counting::new(slow))
+    }
+
+    fn login_from(n: u8) -> http::Request<Body> {
+        let mut request = request("/auth.v1.AuthService/Login", None);
+        request.extensions_mut().insert(TcpConnectInfo {
+            local_addr: None,
+            remote_addr: Some(format!("10.0.0.{n}:4000").parse().unwrap()),
+        });
+        request
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_in_flight_are_bounded_by_the_time_they_would_take_and_shared_fairly() {
+        let mut config = settings(1000, 1000);
+        config.wait_target = Duration::from_millis(50);
+        config.wait_floor = 4;
+        let metrics = crate::metrics::Metrics::new().overload.clone();
+        let state = Admission::new(config, metrics.clone());
+        let svc = slow_service(state.clone());
+        // Before anything is measured the in-flight cap is the bound.
+        assert_eq!(state.in_flight_limit(), 1000);
+        assert_eq!(metrics.in_flight_limit.get(), 1000);
+        // One at a time, 10 ms each: 100 answers a second, so 5 in flight for 50 ms.
+        for _ in 0..40 {
+            assert!(served(&svc.clone().oneshot(login_from(1)).await.unwrap()));
+        }
+        assert_eq!(state.in_flight_limit(), 5);
+        assert_eq!(metrics.in_flight_limit.get(), 5);
+        assert!((metrics.answer_rate.get() - 100.0).abs() < 1e-6);
+
+        // Twenty at once from one client: five are admitted, the rest refused.
+        let first: Vec<_> = (0..20)
+            .map(|_| tokio::spawn(svc.clone().oneshot(login_from(1))))
+            .collect();
+        tokio::task::yield_now().await;
+        // Five at once from another client, meanwhile: it holds less than its fair
+        // share (5 over 2 clients: 3), so three get in beside the first client's five.
+        let second: Vec<_> = (0..5)
+            .map(|_| tokio::spawn(svc.clone().oneshot(login_from(2))))
+            .collect();
+        let codes = |tasks: Vec<tokio::task::JoinHandle<Result<Response, Infallible>>>| async {
+            let mut served_count = 0;
+            let mut refused = 0;
+            for task in tasks {
+                let response = task.await.unwrap().unwrap();
+                if served(&response) {
+                    served_count += 1;
+                } else {
+                    assert_eq!(grpc_status(&response), Some("8")); // RESOURCE_EXHAUSTED
+                    refused += 1;
+                }
+            }
+            (served_count, refused)
+        };
+        assert_eq!(codes(first).await, (5, 15));
+        assert_eq!(codes(second).await, (3, 2));
+        assert_eq!(metrics.admission_wait.get(), 15);
+        assert_eq!(metrics.admission_share.get(), 2);
+        assert_eq!(metrics.admission_in_flight.get(), 0);
+        // Everything answered: nothing counted in flight, no client remembered.
+        let open = state.lock();
+        assert_eq!((open.in_flight, open.busy_clients, open.total), (0, 0, 0));
+        assert!(open.clients.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_no_target_only_the_cap_bounds_requests_in_flight() {
+        let state = admission(settings(1000, 1000));
+        let svc = slow_service(state.clone());
+        for _ in 0..40 {
+            assert!(served(&svc.clone().oneshot(login_from(1)).await.unwrap()));
+        }
+        let all: Vec<_> = (0..200)
+            .map(|_| tokio::spawn(svc.clone().oneshot(login_from(1))))
+            .collect();
+        for task in all {
+            assert!(served(&task.await.unwrap().unwrap()));
+        }
+        assert_eq!(state.in_flight_limit(), 1000);
     }
 
     #[tokio::test]

@@ -6,8 +6,10 @@
 //! - `pushback`: refusals with a retry hint held on a timer before their answer;
 //! - `access`: the mutual-TLS allow-list, identity per method (PERMISSION_DENIED);
 //! - (the rate limit layer, `crate::ratelimit::layer`, stands here);
-//! - `admission`: whole request first, share per client, in-flight cap, deadline,
-//!   drain.
+//! - `admission`: whole request first, share per client, in-flight cap and its
+//!   bound by time, deadline, drain;
+//! - `pace` (not a layer): the measured rate of answers and the in-flight bound it
+//!   gives, which `admission` keeps.
 //!
 //! Below them, `crate::codec` decodes the request for the handler.
 //!
@@ -16,5 +18,6 @@
 
 pub(crate) mod access;
 pub(crate) mod admission;
+pub(crate) mod pace;
 pub(crate) mod pushback;
 pub(crate) mod trace;

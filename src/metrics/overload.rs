@@ -1,5 +1,6 @@
-//! The overload metrics: requests admission control refused (in-flight cap,
-//! per-client share, draining), and how pushback answered refusals with a retry
+//! The overload metrics: requests admission control refused (in-flight cap, its
+//! bound by time, per-client share, draining), that bound and the rate it comes
+//! from, and how pushback answered refusals with a retry
 //! hint (held on a timer, or at once) and what refusing cost.
 //!
 //! The causes are resolved here once; the layers (`layers::admission`,
@@ -22,6 +23,11 @@ pub(crate) struct OverloadMetrics {
     pub admission_in_flight: IntCounter,
     pub admission_client: IntCounter,
     pub admission_draining: IntCounter,
+    pub admission_wait: IntCounter,
+    pub admission_share: IntCounter,
+    /// The bound by time on requests in flight, and the measured rate it is from.
+    pub in_flight_limit: IntGauge,
+    pub answer_rate: prometheus::Gauge,
 }
 
 impl OverloadMetrics {
@@ -29,8 +35,10 @@ impl OverloadMetrics {
         let refusals = f.counter_vec(
             "authd_admission_refused_total",
             "AuthService requests admission control refused, by cause: in_flight (the in-flight \
-             cap, RESOURCE_EXHAUSTED), client (the client had its share open, \
-             RESOURCE_EXHAUSTED), draining (shutting down, UNAVAILABLE).",
+             cap, RESOURCE_EXHAUSTED), wait (the requests in flight at their bound by time, \
+             AUTHD_IN_FLIGHT_WAIT, RESOURCE_EXHAUSTED), share (at that bound, and the client \
+             holds its fair share of it, RESOURCE_EXHAUSTED), client (the client had its share \
+             open, RESOURCE_EXHAUSTED), draining (shutting down, UNAVAILABLE).",
             &["cause"],
         );
         Self {
@@ -60,6 +68,23 @@ impl OverloadMetrics {
             admission_in_flight: refusals.with_label_values(&["in_flight"]),
             admission_client: refusals.with_label_values(&["client"]),
             admission_draining: refusals.with_label_values(&["draining"]),
+            admission_wait: refusals.with_label_values(&["wait"]),
+            admission_share: refusals.with_label_values(&["share"]),
+            in_flight_limit: f.gauge(
+                "authd_admission_in_flight_limit",
+                "The most AuthService requests that may be in flight now: the measured answer \
+                 rate times AUTHD_IN_FLIGHT_WAIT, at least its floor, at most \
+                 AUTHD_MAX_IN_FLIGHT (which it is with the bound off or before a measurement).",
+            ),
+            answer_rate: f.registered(
+                prometheus::Gauge::with_opts(prometheus::Opts::new(
+                    "authd_admission_answer_rate",
+                    "AuthService requests answered per busy second (time with a request in \
+                     flight), smoothed: the rate the bound on requests in flight is from; 0 \
+                     before a measurement.",
+                ))
+                .expect("valid"),
+            ),
         }
     }
 }

@@ -196,6 +196,12 @@ impl HashPool {
         PoolSnapshot::of(&self.metrics)
     }
 
+    /// The fewest places the queue's time rule allows: two full batches for every
+    /// thread, what keeps them all busy.
+    pub fn busy_floor(&self) -> usize {
+        self.queue.floor()
+    }
+
     /// Requests waiting for a thread.
     pub fn queued(&self) -> usize {
         self.queue.queued()

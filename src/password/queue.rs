@@ -127,6 +127,12 @@ impl<T> FairQueue<T> {
         }
     }
 
+    /// The fewest places the time rule allows: what keeps every thread busy with
+    /// two full batches.
+    pub fn floor(&self) -> usize {
+        self.floor
+    }
+
     pub fn set_target_wait(&self, wait: Duration) {
         self.target_wait_nanos.store(nanos(wait), Ordering::Relaxed);
     }

@@ -4,6 +4,9 @@
 //! - the hash queue is fair between clients and work-conserving: a polite client
 //!   beside one that re-asks at once is never refused, and a busy client alone gets
 //!   the whole queue;
+//! - requests in flight are bounded by the time they would take, at the answer
+//!   rate measured: a client that re-asks at once is refused at that bound, one
+//!   below its fair share of it never;
 //! - a refusal is held before its answer (pushback), bounded per client, and a
 //!   graceful shutdown answers every held refusal at once; a client that goes away
 //!   frees what it held.
@@ -33,6 +36,7 @@ const POLITE: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 31);
 crate::backend_tests!(
     a_polite_client_beside_one_that_re_asks_at_once_is_never_refused,
     one_busy_client_alone_may_fill_the_whole_queue,
+    requests_in_flight_are_bounded_by_time_and_a_polite_client_still_gets_in,
     refusals_are_held_within_their_bounds_and_a_shutdown_answers_them,
 );
 
@@ -135,6 +139,76 @@ async fn a_polite_client_beside_one_that_re_asks_at_once_is_never_refused(db: Te
     // The eager client was refused all along, and still served.
     assert!(refused_meanwhile > 0);
     assert!(eager_ok.load(Ordering::SeqCst) > 0);
+}
+
+async fn requests_in_flight_are_bounded_by_time_and_a_polite_client_still_gets_in(db: TestDb) {
+    let mut app = spawn_app_on(&db, |c| {
+        // A target no login meets: once the answer rate is measured, the bound is
+        // its floor (two full batches for the one hashing thread).
+        c.overload.in_flight_wait = Duration::from_millis(1);
+        c.passwords.hash_threads = Some(1);
+        c.overload.refusal_hold = Duration::ZERO;
+    })
+    .await;
+    // One at a time (never beyond any bound), one account per eager request in
+    // flight; these answers are the first measurement.
+    const EAGER_IN_FLIGHT: usize = 150;
+    for i in 0..EAGER_IN_FLIGHT {
+        app.register(&format!("eager-{i}"), PASSWORD).await.unwrap();
+    }
+    app.register("polite", PASSWORD).await.unwrap();
+    let handle = app.handle.clone();
+    let gauge = |name: &str| crate::helpers::metric(&handle.render_metrics(), name);
+    wait_until("the answer rate is measured", || {
+        gauge("authd_admission_answer_rate").is_some_and(|rate| rate > 0.0)
+    })
+    .await;
+    let limit = gauge("authd_admission_in_flight_limit").unwrap();
+    assert!(
+        (1.0..EAGER_IN_FLIGHT as f64).contains(&limit),
+        "the bound is the floor, below the eager client's requests: {limit}"
+    );
+
+    let eager = connect_from(app.addr, EAGER).await;
+    let polite = connect_from(app.addr, POLITE).await;
+    let done = Arc::new(AtomicBool::new(false));
+    let (eager_ok, eager_refused) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let storm: Vec<_> = (0..EAGER_IN_FLIGHT)
+        .map(|i| {
+            let (client, done) = (eager.clone(), done.clone());
+            let (ok, refused) = (eager_ok.clone(), eager_refused.clone());
+            tokio::spawn(async move {
+                while !done.load(Ordering::SeqCst) {
+                    match login(&client, &format!("eager-{i}")).await {
+                        Ok(()) => ok.fetch_add(1, Ordering::SeqCst),
+                        Err(s) if s.code() == Code::ResourceExhausted => {
+                            refused.fetch_add(1, Ordering::SeqCst)
+                        }
+                        Err(s) => panic!("the eager client got {s:?}"),
+                    };
+                }
+            })
+        })
+        .collect();
+    wait_until("the bound by time refuses the eager client", || {
+        gauge("authd_admission_refused_total{cause=\"wait\"}").is_some_and(|n| n > 0.0)
+    })
+    .await;
+    // One polite login at a time: below any fair share of the bound.
+    let mut polite_codes = Vec::new();
+    for _ in 0..30 {
+        polite_codes.push(login(&polite, "polite").await.map_err(|s| s.code()));
+    }
+    done.store(true, Ordering::SeqCst);
+    for task in storm {
+        task.await.unwrap();
+    }
+    assert!(
+        polite_codes.iter().all(Result::is_ok),
+        "every polite login succeeds: {polite_codes:?}"
+    );
+    assert!(eager_ok.load(Ordering::SeqCst) > 0);
+    assert!(eager_refused.load(Ordering::SeqCst) > 0);
 }
 
 async fn one_busy_client_alone_may_fill_the_whole_queue(db: TestDb) {
