@@ -37,6 +37,8 @@
 //!     revocation       ended sessions and per-user cutoffs in memory, for ValidateToken
 //!     store            SQLite (reader pool + one batching writer) or PostgreSQL (pool)
 //!     refresh          refresh tokens (random, rotated, stored as a digest)
+//!     second_factor    TOTP codes, recovery codes, Login's challenges, and the data
+//!                      keys that seal TOTP secrets at rest
 //!     password         the PBKDF2 policy, on a pool of hashing threads behind a queue
 //!                      bounded by time and count, fair between clients; `authd hash-bench`
 //!     priority         the OS scheduling priority of the runtime's and the hashing threads
@@ -114,6 +116,7 @@ pub(crate) mod redis;
 pub(crate) mod refresh;
 pub(crate) mod revocation;
 pub(crate) mod rpc;
+pub(crate) mod second_factor;
 pub(crate) mod secret;
 pub(crate) mod store;
 pub(crate) mod telemetry;
@@ -125,12 +128,14 @@ pub(crate) mod transport;
 // what `main.rs`, the integration tests and authbench's tests use, and no more.
 pub use admin_client::run as admin_command;
 pub use client::ClientTls;
+pub use clock::ManualClock;
 pub use credentials::Password;
 pub use health::check as health_check;
 pub use password::{bench as hash_bench, hash_now};
 pub use priority::lower as lower_priority;
 pub use ratelimit::{Backend as RateLimitBackend, RegisterLimit};
 pub use redis::FailureMode;
+pub use second_factor::DataKeys;
 pub use telemetry::init as init_logging;
 pub use token::{Algorithm as KeyAlgorithm, KeyRing, MAX_TTL, generate_key_entry};
 
