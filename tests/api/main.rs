@@ -26,5 +26,7 @@ mod throttle;
 mod timing;
 mod tls;
 mod tokens;
+mod totp;
+mod totp_races;
 mod tracing;
 mod transport;
