@@ -74,7 +74,8 @@
 //! - `health`: readiness from store probes and real request failures; liveness; and
 //!   `health::check`, `authd health`, the client side: one check, an exit status.
 //! - `admin_client`: `authd admin`, the admin API's command-line client: users and
-//!   sessions listed, shown, disabled, enabled, deleted and ended, a password set;
+//!   sessions listed, shown, disabled, enabled, deleted and ended, a password set,
+//!   second factors removed;
 //!   tables or JSON, and exit statuses scripts can rely on.
 //! - `telemetry`: the `tracing` subscriber (text or JSON lines).
 //! - [`config`]: the command line and the one `Config` (flags and `AUTHD_*` environment
