@@ -142,6 +142,18 @@ impl Accounts {
         })
     }
 
+    /// Deletes up to `limit` Login challenges that expired; how many it deleted.
+    pub(super) async fn purge_challenges(&self, limit: i64) -> Result<u64, Error> {
+        let write = FactorWrite::PurgeChallenges {
+            now: self.now_ms(),
+            limit,
+        };
+        Ok(match self.store.factor_write(write).await? {
+            FactorAnswer::Count(n) => n,
+            _ => 0,
+        })
+    }
+
     /// Starts (or restarts) the TOTP enrollment of the user of `access_token`.
     pub async fn begin_totp_enrollment(
         &self,

@@ -49,6 +49,9 @@ pub(super) mod sql {
     /// A user's challenges that expired: cleared as a new one is stored.
     pub const PURGE_CHALLENGES: &str =
         "DELETE FROM login_challenges WHERE user_id = $1 AND expires_at <= $2";
+    /// Anyone's, by the upkeep, a batch at a time (through the index on the end).
+    pub const PURGE_EXPIRED_CHALLENGES: &str = "DELETE FROM login_challenges WHERE digest IN \
+         (SELECT digest FROM login_challenges WHERE expires_at <= $1 LIMIT $2)";
     pub const INSERT_CHALLENGE: &str = "INSERT INTO login_challenges \
          (digest, user_id, password_version, created_at, expires_at, attempts) \
          VALUES ($1, $2, $3, $4, $5, 0)";
@@ -148,6 +151,11 @@ pub enum FactorWrite {
     Remove {
         user_id: String,
     },
+    /// Deletes up to `limit` challenges that expired by `now`.
+    PurgeChallenges {
+        now: i64,
+        limit: i64,
+    },
 }
 
 /// What a proof came to.
@@ -170,6 +178,8 @@ pub enum FactorAnswer {
     /// The user of the challenge whose attempt was taken; `None`: no attempt left
     /// (or no such live challenge).
     Attempted(Option<String>),
+    /// How many rows a purge deleted.
+    Count(u64),
 }
 
 /// The factor of `user_id`, read on `conns`.
@@ -413,6 +423,14 @@ macro_rules! factor_ops {
                         .await?;
                     FactorAnswer::Attempted(user)
                 }
+                FactorWrite::PurgeChallenges { now, limit } => {
+                    let done = sqlx::query(factor_sql::PURGE_EXPIRED_CHALLENGES)
+                        .bind(*now)
+                        .bind(*limit)
+                        .execute(&mut *conn)
+                        .await?;
+                    FactorAnswer::Count(done.rows_affected())
+                }
                 FactorWrite::Remove { user_id } => {
                     sqlx::query(factor_sql::DELETE_CHALLENGES)
                         .bind(user_id.as_str())
@@ -426,3 +444,101 @@ macro_rules! factor_ops {
 }
 
 pub(super) use factor_ops;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        credentials::Username,
+        metrics::Metrics,
+        store::{NewUser, SqliteSettings, Store, StoreSettings},
+    };
+    use std::time::Duration;
+
+    async fn store(dir: &tempfile::TempDir) -> Store {
+        let settings = StoreSettings::Sqlite(SqliteSettings {
+            path: dir.path().join("t.db"),
+            readers: 2,
+            acquire_timeout: Duration::from_secs(5),
+            max_batch: 64,
+            statement_timeout: Duration::from_secs(5),
+        });
+        let store = Store::open(settings, &Metrics::new()).await.unwrap();
+        let user = NewUser {
+            id: "u1".into(),
+            username: Username::parse("ulla").unwrap(),
+            password_hash: "hash".into(),
+        };
+        store.insert_user(user).await.unwrap();
+        store
+    }
+
+    fn challenge(digest: &str, expires_at: i64) -> FactorWrite {
+        FactorWrite::NewChallenge {
+            digest: digest.into(),
+            user_id: "u1".into(),
+            password_version: 0,
+            now: 0,
+            expires_at,
+        }
+    }
+
+    #[tokio::test]
+    async fn steps_only_rise_and_expired_challenges_are_purged_in_batches() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir).await;
+        let begin = FactorWrite::Begin {
+            user_id: "u1".into(),
+            sealed: "k:sealed".into(),
+            now: 0,
+        };
+        assert!(matches!(
+            store.factor_write(begin).await.unwrap(),
+            FactorAnswer::Wrote(true)
+        ));
+        let confirm = |step| FactorWrite::Confirm {
+            user_id: "u1".into(),
+            sealed: "k:sealed".into(),
+            step,
+            recovery: vec!["d1".into()],
+            now: 0,
+        };
+        let wrote = |a| matches!(a, FactorAnswer::Wrote(true));
+        assert!(wrote(store.factor_write(confirm(10)).await.unwrap()));
+        assert!(
+            !wrote(store.factor_write(confirm(11)).await.unwrap()),
+            "on already"
+        );
+        let prove = |proof| FactorWrite::Prove {
+            user_id: "u1".into(),
+            proof,
+            purpose: Purpose::Disable,
+            now: 0,
+        };
+        for proof in [
+            Proof::Step(10),
+            Proof::Step(9),
+            Proof::Recovery("d2".into()),
+        ] {
+            let answer = store.factor_write(prove(proof)).await.unwrap();
+            assert!(
+                matches!(answer, FactorAnswer::Proved(Proved::Refused)),
+                "{answer:?}"
+            );
+        }
+        let factor = store.factor("u1").await.unwrap().unwrap();
+        assert!(factor.enabled && factor.last_step == 10);
+
+        for (digest, end) in [("a", 10), ("b", 20), ("c", 1000)] {
+            store.factor_write(challenge(digest, end)).await.unwrap();
+        }
+        let purge = || FactorWrite::PurgeChallenges { now: 500, limit: 1 };
+        for expected in [1, 1, 0] {
+            let answer = store.factor_write(purge()).await.unwrap();
+            assert!(matches!(answer, FactorAnswer::Count(n) if n == expected));
+        }
+        assert!(store.live_challenge("c", 500, 5).await.unwrap().is_some());
+        assert!(store.live_challenge("a", 5, 5).await.unwrap().is_none());
+        store.close().await;
+    }
+}
