@@ -27,6 +27,7 @@ mod timing;
 mod tls;
 mod tokens;
 mod totp;
+mod totp_audit;
 mod totp_races;
 mod tracing;
 mod transport;
