@@ -200,15 +200,18 @@ impl Application {
             metrics.throttle.clone(),
         )?;
         throttle.connect().await;
-        let accounts = Arc::new(Accounts::new(
-            Arc::new(store),
-            hasher,
-            tokens,
-            throttle,
-            Audit::new(digest),
-            config.tokens.sessions(),
-            &metrics,
-        ));
+        let accounts = Arc::new(
+            Accounts::new(
+                Arc::new(store),
+                hasher,
+                tokens,
+                throttle,
+                Audit::new(digest),
+                config.tokens.sessions(),
+                &metrics,
+            )
+            .with_second_factor(config.second_factor.settings()),
+        );
         // Failed logins cost as much as the most expensive stored hash from the first.
         accounts
             .refresh_hash_cost()

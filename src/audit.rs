@@ -191,6 +191,52 @@ impl Audit {
         );
     }
 
+    /// A change of the user's second factor: `change` is enrollment_begun,
+    /// enrolled, disabled, recovery_codes_replaced or removed (by an administrator).
+    pub fn second_factor_changed(&self, caller: &Caller, user_id: &str, change: &str) {
+        event!(
+            caller,
+            "second_factor",
+            change,
+            "second factor changed";
+            user_id,
+            change,
+        );
+    }
+
+    /// A second-factor code presented: `kind` totp or recovery, `purpose` login,
+    /// confirm, disable or regenerate, `outcome` ok, wrong, reused or throttled.
+    /// Never the code, never the secret.
+    pub fn second_factor_code(
+        &self,
+        caller: &Caller,
+        user_id: &str,
+        kind: &str,
+        purpose: &str,
+        outcome: &str,
+    ) {
+        event!(
+            caller,
+            "second_factor_code",
+            outcome,
+            "second-factor code checked";
+            user_id,
+            kind,
+            purpose,
+        );
+    }
+
+    /// A right password of a user with a second factor: a challenge was issued.
+    pub fn login_challenged(&self, caller: &Caller, user_id: &str) {
+        event!(
+            caller,
+            "login",
+            "second_factor_required",
+            "password right; second factor required";
+            user_id,
+        );
+    }
+
     /// An admin API call: the key that made it (`None`: no valid key), the RPC, the
     /// user it acted on when known, and its outcome (a gRPC code's name).
     pub fn admin(

@@ -1,13 +1,14 @@
 //! The one clock of the code that counts requests over time (the rate limiter's
 //! in-process windows, the login throttle's delays): read through [`Clock`], so that
-//! tests move time by hand (`ManualClock`) instead of sleeping.
+//! tests move time by hand (`ManualClock`) instead of sleeping. The second factor's
+//! codes and challenges read it too, and the integration tests hand the application
+//! a `ManualClock` of their own (`authd::ManualClock`), so that they compute codes
+//! for the time the server reads and move it past a step or a challenge's end.
 //!
 //! It owns nothing but the time: it must not import anything of the crate, and
 //! code that only measures how long something took reads `Instant` directly.
 
-#[cfg(test)]
-use std::time::Duration;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Where counting code reads the time.
 pub(crate) trait Clock: Send + Sync + 'static {
@@ -36,17 +37,22 @@ impl Clock for SystemClock {
 }
 
 /// A clock that moves only when told to; both of its readings move together.
-#[cfg(test)]
-pub(crate) struct ManualClock {
+#[derive(Debug)]
+pub struct ManualClock {
     start: Instant,
     start_ms: u64,
     elapsed: std::sync::Mutex<Duration>,
 }
 
-#[cfg(test)]
+impl Default for ManualClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl ManualClock {
     /// Stopped at the machine's time now.
-    pub(crate) fn new() -> Self {
+    pub fn new() -> Self {
         ManualClock {
             start: Instant::now(),
             start_ms: SystemClock.unix_ms(),
@@ -54,16 +60,21 @@ impl ManualClock {
         }
     }
 
-    pub(crate) fn advance(&self, by: Duration) {
-        *self.elapsed.lock().unwrap() += by;
+    /// Moves both readings `by` forward.
+    pub fn advance(&self, by: Duration) {
+        *self.elapsed.lock().unwrap_or_else(|e| e.into_inner()) += by;
+    }
+
+    /// Milliseconds since the Unix epoch, as the clock reads now.
+    pub fn unix_millis(&self) -> u64 {
+        Clock::unix_ms(self)
     }
 
     fn elapsed(&self) -> Duration {
-        *self.elapsed.lock().unwrap()
+        *self.elapsed.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
-#[cfg(test)]
 impl Clock for ManualClock {
     fn now(&self) -> Instant {
         self.start + self.elapsed()

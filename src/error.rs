@@ -149,6 +149,21 @@ impl ThrottleScope {
             ThrottleScope::Account => "failed logins for this account",
         }
     }
+
+    /// The `QuotaFailure` subject of a refusal of second-factor codes.
+    pub fn code_subject(self) -> &'static str {
+        match self {
+            ThrottleScope::Client => "second-factor-throttle:client",
+            ThrottleScope::Account => "second-factor-throttle:account",
+        }
+    }
+
+    fn code_description(self) -> &'static str {
+        match self {
+            ThrottleScope::Client => "wrong second-factor codes for this account from this client",
+            ThrottleScope::Account => "wrong second-factor codes for this account",
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -190,6 +205,30 @@ pub enum Error {
         scope: ThrottleScope,
         retry_after: Duration,
     },
+    /// Wrong second-factor codes for this account are over the throttle's limit:
+    /// codes are refused before they are checked.
+    #[error("too many wrong codes for this account; retry later")]
+    CodesThrottled {
+        scope: ThrottleScope,
+        retry_after: Duration,
+    },
+    /// A second-factor code (or recovery code) that is wrong or was used already.
+    #[error("invalid code")]
+    InvalidCode,
+    /// A Login challenge that is unknown, expired, used, or out of attempts.
+    #[error("invalid or expired challenge")]
+    InvalidChallenge,
+    /// The server has no data key to seal or open TOTP secrets with.
+    #[error("second factor is not configured on this server")]
+    SecondFactorNotConfigured,
+    /// The user's second factor is not in the state the call needs (what is wrong,
+    /// in words safe to show: the caller proved who they are).
+    #[error("{0}")]
+    SecondFactorState(&'static str),
+    /// ValidateToken with `require_second_factor`: the token is valid, but its user
+    /// did not sign in with a second factor.
+    #[error("a second factor is required")]
+    SecondFactorRequired,
     /// Mutual TLS: the client's certificate identity is not on `AUTHD_TLS_ALLOW` for
     /// the method (or the client has none). The identity is not echoed.
     #[error("the client certificate is not allowed to call this method")]
@@ -300,7 +339,26 @@ impl Error {
                     .insert("retry-after", retry_after(*wait));
                 status
             }
-            Error::PermissionDenied | Error::AdminForbidden => {
+            Error::CodesThrottled {
+                scope,
+                retry_after: wait,
+            } => {
+                let mut details = ErrorDetails::with_retry_info(Some(*wait));
+                details.add_quota_failure_violation(scope.code_subject(), scope.code_description());
+                let mut status =
+                    Status::with_error_details(Code::ResourceExhausted, self.to_string(), details);
+                status
+                    .metadata_mut()
+                    .insert("retry-after", retry_after(*wait));
+                status
+            }
+            Error::InvalidCode | Error::InvalidChallenge => {
+                Status::unauthenticated(self.to_string())
+            }
+            Error::SecondFactorNotConfigured | Error::SecondFactorState(_) => {
+                Status::failed_precondition(self.to_string())
+            }
+            Error::PermissionDenied | Error::AdminForbidden | Error::SecondFactorRequired => {
                 Status::permission_denied(self.to_string())
             }
             Error::AdminUnauthenticated => Status::unauthenticated(self.to_string()),

@@ -8,18 +8,23 @@
 //! reason a token was refused: one message for all, the reason in the log and metrics.
 
 use crate::{
-    accounts::Accounts,
+    accounts::{Accounts, LoginAnswer},
     audit::Caller,
     blocklist::Blocklist,
     credentials::{Password, Username},
     error::{Error, FieldViolation},
     pb::{
-        ChangePasswordRequest, ChangePasswordResponse, GetSigningKeysRequest,
-        GetSigningKeysResponse, LoginRequest, LoginResponse, LogoutRequest, LogoutResponse,
-        PublicKey, RefreshRequest, RefreshResponse, RegisterRequest, RegisterResponse,
-        ValidateTokenRequest, ValidateTokenResponse, auth_service_server::AuthService,
+        BeginTotpEnrollmentRequest, BeginTotpEnrollmentResponse, ChangePasswordRequest,
+        ChangePasswordResponse, CompleteLoginRequest, CompleteLoginResponse,
+        ConfirmTotpEnrollmentRequest, ConfirmTotpEnrollmentResponse, DisableTotpRequest,
+        DisableTotpResponse, GetSigningKeysRequest, GetSigningKeysResponse, LoginRequest,
+        LoginResponse, LogoutRequest, LogoutResponse, PublicKey, RefreshRequest, RefreshResponse,
+        RegenerateRecoveryCodesRequest, RegenerateRecoveryCodesResponse, RegisterRequest,
+        RegisterResponse, ValidateTokenRequest, ValidateTokenResponse,
+        auth_service_server::AuthService,
     },
     rpc::{self, Deadline, RequestId, UserId},
+    second_factor::Code,
     token,
 };
 use std::{
@@ -113,6 +118,20 @@ fn required(field: &'static str, value: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// A code field: six digits or a recovery code.
+fn code(field: &'static str, value: &str) -> Result<Code, Error> {
+    required(field, value)?;
+    Code::parse(value)
+        .map_err(|description| Error::InvalidArgument(vec![FieldViolation { field, description }]))
+}
+
+/// A code field where only six digits do.
+fn totp_code(field: &'static str, value: &str) -> Result<String, Error> {
+    required(field, value)?;
+    Code::parse_totp(value)
+        .map_err(|description| Error::InvalidArgument(vec![FieldViolation { field, description }]))
+}
+
 /// A `google.protobuf.Timestamp`, saturating where the platform's time could exceed
 /// its range (tokens are bounded to year 9999 long before, see `token`).
 fn timestamp(at: SystemTime) -> prost_types::Timestamp {
@@ -138,10 +157,10 @@ fn request_id<T>(request: &Request<T>) -> Option<RequestId> {
     request.extensions().get::<RequestId>().cloned()
 }
 
-/// The answer of an RPC that issues a session's tokens (Login, Refresh): their two
-/// messages have the same fields.
+/// The answer of an RPC that issues a session's tokens (Login, Refresh,
+/// CompleteLogin): their messages have the same fields.
 macro_rules! session_response {
-    ($message:ident, $session:expr) => {{
+    ($message:ident, $session:expr $(, $rest:tt)?) => {{
         let session = $session;
         $message {
             access_token: session.access_token,
@@ -151,6 +170,7 @@ macro_rules! session_response {
             refresh_token: session.refresh_token.expose(),
             refresh_expires_at: Some(timestamp(session.refresh_expires_at)),
             session_id: session.session_id,
+            $(..$rest::default())?
         }
     }};
 }
@@ -249,11 +269,24 @@ impl AuthService for AuthApi {
         let req = request.into_inner();
         let work = async {
             let (username, password) = credentials(&req.username, &req.password)?;
-            let session = self
+            let answer = self
                 .accounts
                 .login(username, password, deadline, &caller)
                 .await?;
-            Ok(session_response!(LoginResponse, session))
+            Ok(match answer {
+                LoginAnswer::Session(session) => {
+                    session_response!(LoginResponse, session, LoginResponse)
+                }
+                LoginAnswer::Challenge {
+                    challenge,
+                    expires_at,
+                } => LoginResponse {
+                    second_factor_required: true,
+                    challenge,
+                    challenge_expires_at: Some(timestamp(expires_at)),
+                    ..LoginResponse::default()
+                },
+            })
         };
         respond("Login", request_id, work, |r| &r.user_id).await
     }
@@ -278,11 +311,15 @@ impl AuthService for AuthApi {
                 }])
             })?;
             let token = self.accounts.validate(&req.access_token, audience)?;
+            if req.require_second_factor && !token.second_factor() {
+                return Err(Error::SecondFactorRequired);
+            }
             Ok(ValidateTokenResponse {
                 user_id: token.user_id,
                 username: token.username,
                 expires_at: Some(timestamp(token.expires_at)),
                 session_id: token.session_id.unwrap_or_default(),
+                amr: token.amr,
             })
         };
         respond("ValidateToken", request_id, work, |r| &r.user_id).await
@@ -388,5 +425,97 @@ impl AuthService for AuthApi {
         };
         // No user: the keys are the same for everyone.
         respond("GetSigningKeys", request_id, work, |_| "").await
+    }
+
+    async fn begin_totp_enrollment(
+        &self,
+        request: Request<BeginTotpEnrollmentRequest>,
+    ) -> Result<Response<BeginTotpEnrollmentResponse>, Status> {
+        let request_id = request_id(&request);
+        let caller = self.caller(&request);
+        let req = request.into_inner();
+        let work = async {
+            required("access_token", &req.access_token)?;
+            let enrollment = (self.accounts)
+                .begin_totp_enrollment(&req.access_token, &caller)
+                .await?;
+            Ok(BeginTotpEnrollmentResponse {
+                secret: enrollment.secret,
+                otpauth_uri: enrollment.otpauth_uri,
+            })
+        };
+        respond("BeginTotpEnrollment", request_id, work, |_| "").await
+    }
+
+    async fn confirm_totp_enrollment(
+        &self,
+        request: Request<ConfirmTotpEnrollmentRequest>,
+    ) -> Result<Response<ConfirmTotpEnrollmentResponse>, Status> {
+        let (deadline, request_id) = (deadline(&request), request_id(&request));
+        let caller = self.caller(&request);
+        let req = request.into_inner();
+        let work = async {
+            required("access_token", &req.access_token)?;
+            let digits = totp_code("code", &req.code)?;
+            let recovery_codes = (self.accounts)
+                .confirm_totp_enrollment(&req.access_token, digits, deadline, &caller)
+                .await?;
+            Ok(ConfirmTotpEnrollmentResponse { recovery_codes })
+        };
+        respond("ConfirmTotpEnrollment", request_id, work, |_| "").await
+    }
+
+    async fn complete_login(
+        &self,
+        request: Request<CompleteLoginRequest>,
+    ) -> Result<Response<CompleteLoginResponse>, Status> {
+        let (deadline, request_id) = (deadline(&request), request_id(&request));
+        let caller = self.caller(&request);
+        let req = request.into_inner();
+        let work = async {
+            required("challenge", &req.challenge)?;
+            let code = code("code", &req.code)?;
+            let session = (self.accounts)
+                .complete_login(&req.challenge, code, deadline, &caller)
+                .await?;
+            Ok(session_response!(CompleteLoginResponse, session))
+        };
+        respond("CompleteLogin", request_id, work, |r| &r.user_id).await
+    }
+
+    async fn disable_totp(
+        &self,
+        request: Request<DisableTotpRequest>,
+    ) -> Result<Response<DisableTotpResponse>, Status> {
+        let (deadline, request_id) = (deadline(&request), request_id(&request));
+        let caller = self.caller(&request);
+        let req = request.into_inner();
+        let work = async {
+            required("access_token", &req.access_token)?;
+            let code = code("code", &req.code)?;
+            (self.accounts)
+                .disable_totp(&req.access_token, code, deadline, &caller)
+                .await?;
+            Ok(DisableTotpResponse {})
+        };
+        respond("DisableTotp", request_id, work, |_| "").await
+    }
+
+    async fn regenerate_recovery_codes(
+        &self,
+        request: Request<RegenerateRecoveryCodesRequest>,
+    ) -> Result<Response<RegenerateRecoveryCodesResponse>, Status> {
+        let (deadline, request_id) = (deadline(&request), request_id(&request));
+        let caller = self.caller(&request);
+        let req = request.into_inner();
+        let work = async {
+            required("access_token", &req.access_token)?;
+            let digits = totp_code("code", &req.code)?;
+            let recovery_codes = (self.accounts)
+                .regenerate_recovery_codes(&req.access_token, digits, deadline, &caller)
+                .await?;
+            Ok(RegenerateRecoveryCodesResponse { recovery_codes })
+        };
+        respond("RegenerateRecoveryCodes", request_id, work, |_| "").await
     }
 }

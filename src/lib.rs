@@ -38,6 +38,8 @@
 //!     revocation       ended sessions and per-user cutoffs in memory, for ValidateToken
 //!     store            SQLite (reader pool + one batching writer) or PostgreSQL (pool)
 //!     refresh          refresh tokens (random, rotated, stored as a digest)
+//!     second_factor    TOTP codes, recovery codes, Login's challenges, and the data
+//!                      keys that seal TOTP secrets at rest
 //!     password         the PBKDF2 policy, on a pool of hashing threads behind a queue
 //!                      bounded by time and count, fair between clients; `authd hash-bench`
 //!     priority         the OS scheduling priority of the runtime's and the hashing threads
@@ -73,7 +75,8 @@
 //! - `health`: readiness from store probes and real request failures; liveness; and
 //!   `health::check`, `authd health`, the client side: one check, an exit status.
 //! - `admin_client`: `authd admin`, the admin API's command-line client: users and
-//!   sessions listed, shown, disabled, enabled, deleted and ended, a password set;
+//!   sessions listed, shown, disabled, enabled, deleted and ended, a password set,
+//!   second factors removed;
 //!   tables or JSON, and exit statuses scripts can rely on.
 //! - `telemetry`: the `tracing` subscriber (text or JSON lines).
 //! - [`config`]: the command line and the one `Config` (flags and `AUTHD_*` environment
@@ -115,6 +118,7 @@ pub(crate) mod redis;
 pub(crate) mod refresh;
 pub(crate) mod revocation;
 pub(crate) mod rpc;
+pub(crate) mod second_factor;
 pub(crate) mod secret;
 pub(crate) mod store;
 pub(crate) mod telemetry;
@@ -126,12 +130,14 @@ pub(crate) mod transport;
 // what `main.rs`, the integration tests and authbench's tests use, and no more.
 pub use admin_client::run as admin_command;
 pub use client::ClientTls;
+pub use clock::ManualClock;
 pub use credentials::Password;
 pub use health::check as health_check;
 pub use password::{bench as hash_bench, hash_now};
 pub use priority::lower as lower_priority;
 pub use ratelimit::{Backend as RateLimitBackend, RegisterLimit};
 pub use redis::FailureMode;
+pub use second_factor::DataKeys;
 pub use telemetry::init as init_logging;
 pub use token::{Algorithm as KeyAlgorithm, KeyRing, MAX_TTL, generate_key_entry};
 

@@ -35,6 +35,11 @@ pub(crate) enum Rpc {
     Logout,
     ChangePassword,
     GetSigningKeys,
+    BeginTotpEnrollment,
+    ConfirmTotpEnrollment,
+    CompleteLogin,
+    DisableTotp,
+    RegenerateRecoveryCodes,
     HealthCheck,
     HealthWatch,
     ReflectionV1,
@@ -45,7 +50,7 @@ pub(crate) enum Rpc {
 
 impl Rpc {
     /// Every value, in the order of [`Rpc::index`].
-    pub(crate) const ALL: [Rpc; 12] = [
+    pub(crate) const ALL: [Rpc; 17] = [
         Rpc::Register,
         Rpc::Login,
         Rpc::ValidateToken,
@@ -53,6 +58,11 @@ impl Rpc {
         Rpc::Logout,
         Rpc::ChangePassword,
         Rpc::GetSigningKeys,
+        Rpc::BeginTotpEnrollment,
+        Rpc::ConfirmTotpEnrollment,
+        Rpc::CompleteLogin,
+        Rpc::DisableTotp,
+        Rpc::RegenerateRecoveryCodes,
         Rpc::HealthCheck,
         Rpc::HealthWatch,
         Rpc::ReflectionV1,
@@ -61,7 +71,7 @@ impl Rpc {
     ];
 
     /// The methods of `auth.v1.AuthService` (a unit test keeps them in step with the proto).
-    pub(crate) const AUTH_METHODS: [Rpc; 7] = [
+    pub(crate) const AUTH_METHODS: [Rpc; 12] = [
         Rpc::Register,
         Rpc::Login,
         Rpc::ValidateToken,
@@ -69,6 +79,11 @@ impl Rpc {
         Rpc::Logout,
         Rpc::ChangePassword,
         Rpc::GetSigningKeys,
+        Rpc::BeginTotpEnrollment,
+        Rpc::ConfirmTotpEnrollment,
+        Rpc::CompleteLogin,
+        Rpc::DisableTotp,
+        Rpc::RegenerateRecoveryCodes,
     ];
 
     /// The RPC a request path (`/package.Service/Method`) names.
@@ -92,7 +107,12 @@ impl Rpc {
             | Rpc::Refresh
             | Rpc::Logout
             | Rpc::ChangePassword
-            | Rpc::GetSigningKeys => AUTH,
+            | Rpc::GetSigningKeys
+            | Rpc::BeginTotpEnrollment
+            | Rpc::ConfirmTotpEnrollment
+            | Rpc::CompleteLogin
+            | Rpc::DisableTotp
+            | Rpc::RegenerateRecoveryCodes => AUTH,
             Rpc::HealthCheck | Rpc::HealthWatch => HEALTH,
             Rpc::ReflectionV1 => REFLECTION_V1,
             Rpc::ReflectionV1Alpha => REFLECTION_V1ALPHA,
@@ -110,6 +130,11 @@ impl Rpc {
             Rpc::Logout => "Logout",
             Rpc::ChangePassword => "ChangePassword",
             Rpc::GetSigningKeys => "GetSigningKeys",
+            Rpc::BeginTotpEnrollment => "BeginTotpEnrollment",
+            Rpc::ConfirmTotpEnrollment => "ConfirmTotpEnrollment",
+            Rpc::CompleteLogin => "CompleteLogin",
+            Rpc::DisableTotp => "DisableTotp",
+            Rpc::RegenerateRecoveryCodes => "RegenerateRecoveryCodes",
             Rpc::HealthCheck => "Check",
             Rpc::HealthWatch => "Watch",
             Rpc::ReflectionV1 | Rpc::ReflectionV1Alpha => "ServerReflectionInfo",

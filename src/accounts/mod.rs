@@ -25,17 +25,21 @@
 //!   the purge of old sessions and cutoffs.
 //! - `admin`: what an administrator does to accounts (the admin API), and the
 //!   per-user token cutoffs the upkeep reads.
+//! - `second_factor`: TOTP enrollment, Login's challenge and CompleteLogin,
+//!   turning the factor off, recovery codes.
 
 mod admin;
+mod second_factor;
 mod upkeep;
 
 pub use admin::{Changed, MAX_SESSIONS};
+pub use second_factor::SecondFactorSettings;
 
 use crate::{
     audit::{Audit, Caller, LoginFailure as Failure},
     credentials::{Password, Username},
     error::Error,
-    metrics::{LoginOutcome, Metrics},
+    metrics::{LoginOutcome, Metrics, SecondFactorMetrics},
     password::Hasher,
     refresh::{RefreshToken, RotationKey},
     revocation::Revocations,
@@ -73,6 +77,17 @@ pub struct Session {
     pub refresh_token: RefreshToken,
     pub refresh_expires_at: SystemTime,
     pub session_id: String,
+}
+
+/// What a right password came to: a session, or (a second factor is on) a
+/// challenge for CompleteLogin and when it expires.
+pub enum LoginAnswer {
+    Session(Session),
+    /// Secret: the challenge is shown only in the answer.
+    Challenge {
+        challenge: String,
+        expires_at: SystemTime,
+    },
 }
 
 impl std::fmt::Debug for Session {
@@ -126,6 +141,8 @@ pub struct Accounts {
     counters: SessionCounters,
     /// When the poller last read every replica's ends.
     synced: Arc<Mutex<Instant>>,
+    factors: SecondFactorSettings,
+    metrics_sf: SecondFactorMetrics,
 }
 
 fn millis(d: Duration) -> i64 {
@@ -176,7 +193,15 @@ impl Accounts {
             revocations,
             counters,
             synced,
+            factors: SecondFactorSettings::default(),
+            metrics_sf: metrics.second_factor.clone(),
         }
+    }
+
+    /// The second factor's data keys, issuer, challenge lifetime and clock.
+    pub fn with_second_factor(mut self, factors: SecondFactorSettings) -> Self {
+        self.factors = factors;
+        self
     }
 
     pub fn store(&self) -> &Arc<Store> {
@@ -251,14 +276,22 @@ impl Accounts {
         password: Password,
         deadline: Option<Instant>,
         caller: &Caller,
-    ) -> Result<Session, Error> {
+    ) -> Result<LoginAnswer, Error> {
         let (user, attempt) = self
             .authenticate(&username, password, deadline, caller)
             .await?;
-        match self.start_session(&user, caller).await {
+        if user.has_factor {
+            // The password was right: the client's count resets as for a login;
+            // no token before the second factor (CompleteLogin).
+            if let Some(attempt) = attempt {
+                attempt.succeeded().await;
+            }
+            return self.challenge(&user, caller).await;
+        }
+        match self.start_session(&user, caller, "pwd").await {
             Ok(session) => {
                 self.login_succeeded(attempt, caller, &user.id).await;
-                Ok(session)
+                Ok(LoginAnswer::Session(session))
             }
             // The password changed while this attempt was being checked: it was
             // verified against a password that is no longer the user's.
@@ -394,13 +427,15 @@ impl Accounts {
         Ok((user, attempt))
     }
 
-    /// Stores a new session of the user and issues its first tokens; refused with
-    /// [`Error::InvalidCredentials`] when the user's password is no longer the one
-    /// verified (a password change won the race, in the same statement).
+    /// Stores a new session of the user signed in by `amr` (`pwd`, `pwd otp`) and
+    /// issues its first tokens; refused with [`Error::InvalidCredentials`] when the
+    /// user's password is no longer the one verified (a password change won the
+    /// race, in the same statement).
     async fn start_session(
         &self,
         user: &crate::store::User,
         caller: &Caller,
+        amr: &str,
     ) -> Result<Session, Error> {
         let now = unix_millis();
         let refresh_token = RefreshToken::random();
@@ -409,6 +444,7 @@ impl Accounts {
             user_id: user.id.clone(),
             username: user.username.as_str().to_owned(),
             expires_at: now.saturating_add(millis(self.settings.refresh_ttl)),
+            amr: amr.to_owned(),
         };
         let stored = self
             .store
@@ -421,6 +457,7 @@ impl Accounts {
                 created_at: now,
                 expires_at: session.expires_at,
                 client_addr: caller.client.map(|ip| ip.to_string()),
+                amr: amr.to_owned(),
             })
             .await?;
         if !stored {
@@ -443,6 +480,7 @@ impl Accounts {
             &username,
             &session.id,
             refresh_expires_at,
+            &session.amr,
         )?;
         Ok(Session {
             user_id: session.user_id,

@@ -1,7 +1,7 @@
 //! The session upkeep of one replica: the revocation set filled from the store at
 //! start and polled every `AUTHD_REVOCATION_DELAY / 2` for what other replicas
 //! revoked (ended sessions, per-user cutoffs), and the purge of sessions and cutoffs
-//! no token needs any more.
+//! no token needs any more, and of Login challenges that expired.
 
 use super::{Accounts, millis};
 use crate::{
@@ -105,6 +105,12 @@ impl Accounts {
         for _ in 0..10 {
             let purged = self.store.purge_cutoffs(ended_before, PURGE_BATCH).await?;
             if purged < PURGE_BATCH as u64 {
+                break;
+            }
+        }
+        // Login challenges that expired (by the second factor's clock).
+        for _ in 0..10 {
+            if self.purge_challenges(PURGE_BATCH).await? < PURGE_BATCH as u64 {
                 break;
             }
         }

@@ -28,8 +28,9 @@ use crate::{
         DeleteUserRequest, DeleteUserResponse, DisableUserRequest, DisableUserResponse,
         DisabledFilter, EnableUserRequest, EnableUserResponse, EndSessionsRequest,
         EndSessionsResponse, GetUserRequest, GetUserResponse, ListSessionsRequest,
-        ListSessionsResponse, ListUsersRequest, ListUsersResponse, Session, SetPasswordRequest,
-        SetPasswordResponse, User, UserSelector, admin_service_server, user_selector::Selector,
+        ListSessionsResponse, ListUsersRequest, ListUsersResponse, RemoveSecondFactorsRequest,
+        RemoveSecondFactorsResponse, Session, SetPasswordRequest, SetPasswordResponse, User,
+        UserSelector, admin_service_server, user_selector::Selector,
     },
     rpc,
     store::{Account, AccountKey, PageQuery, SessionInfo},
@@ -584,6 +585,32 @@ impl admin_service_server::AdminService for AdminApi {
                 target,
             ))
         })
+        .await
+    }
+
+    async fn remove_second_factors(
+        &self,
+        request: Request<RemoveSecondFactorsRequest>,
+    ) -> Result<Response<RemoveSecondFactorsResponse>, Status> {
+        let caller = self.caller(&request);
+        self.call(
+            "RemoveSecondFactors",
+            Needs::Change,
+            request,
+            |r| async move {
+                let key = selected(r.user).map_err(|e| (e, None))?;
+                let (account, changed) = (self.accounts.remove_second_factors(&key, &caller).await)
+                    .map_err(with_target(&key))?;
+                let id = account.id.clone();
+                Ok((
+                    RemoveSecondFactorsResponse {
+                        user: Some(user(account)),
+                        changed,
+                    },
+                    Some(id),
+                ))
+            },
+        )
         .await
     }
 }

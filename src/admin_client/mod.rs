@@ -27,8 +27,8 @@ use crate::{
     pb::admin::{
         DeleteUserRequest, DisableUserRequest, DisabledFilter, EnableUserRequest,
         EndSessionsRequest, GetUserRequest, ListSessionsRequest, ListUsersRequest,
-        SetPasswordRequest, User, UserSelector, admin_service_client::AdminServiceClient,
-        user_selector::Selector,
+        RemoveSecondFactorsRequest, SetPasswordRequest, User, UserSelector,
+        admin_service_client::AdminServiceClient, user_selector::Selector,
     },
 };
 use std::{fmt, future::Future, io::Write as _, process::ExitCode, time::Duration};
@@ -250,6 +250,19 @@ async fn execute(config: &Config, command: &AdminCommand) -> Result<String, Fail
                 .answer(admin.client().enable_user(admin.request(request)))
                 .await?;
             Ok(view::enabled(
+                &present(answer.user)?,
+                answer.changed,
+                as_json,
+            ))
+        }
+        AdminAction::Users(UsersAction::RemoveSecondFactors { user }) => {
+            let request = RemoveSecondFactorsRequest {
+                user: selector(user),
+            };
+            let answer = admin
+                .answer(admin.client().remove_second_factors(admin.request(request)))
+                .await?;
+            Ok(view::second_factors_removed(
                 &present(answer.user)?,
                 answer.changed,
                 as_json,

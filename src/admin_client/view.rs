@@ -275,6 +275,34 @@ pub(super) fn enabled(user: &User, changed: bool, as_json: bool) -> String {
     }
 }
 
+/// `users remove-second-factors`.
+pub(super) fn second_factors_removed(user: &User, changed: bool, as_json: bool) -> String {
+    if as_json {
+        #[derive(Serialize)]
+        struct Answer<'a> {
+            user: UserJson<'a>,
+            changed: bool,
+        }
+        return json(&Answer {
+            user: user.into(),
+            changed,
+        });
+    }
+    if changed {
+        format!(
+            "removed the second factors of {}
+",
+            named(user)
+        )
+    } else {
+        format!(
+            "{} had no second factor; nothing changed
+",
+            named(user)
+        )
+    }
+}
+
 /// `users delete`.
 pub(super) fn deleted(user: &User, sessions_ended: u32, as_json: bool) -> String {
     if as_json {

@@ -206,6 +206,14 @@ pub enum UsersAction {
         #[command(flatten)]
         user: UserArg,
     },
+    /// Remove a user's second factors (docs/second-factor.md): the TOTP factor, its
+    /// recovery codes and pending Login challenges, for a user who lost both the device
+    /// and the recovery codes; the password alone signs in again.
+    #[command(after_help = EXIT_STATUS)]
+    RemoveSecondFactors {
+        #[command(flatten)]
+        user: UserArg,
+    },
     /// Delete an account, its sessions and their refresh tokens, for good; its username
     /// may be registered again. Needs --yes.
     #[command(after_help = EXIT_STATUS)]

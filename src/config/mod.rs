@@ -22,6 +22,8 @@
 //! - `limits`: Redis, the rate limits and the login throttle.
 //! - `telemetry`: logs, metrics and traces.
 //! - `admin`: the admin API's listener, its keys file and its rate limit.
+//! - `second_factor`: the data keys that seal TOTP secrets, the TOTP issuer, the
+//!   lifetime of Login's challenges.
 //! - `admin_command`: the command line of `authd admin`, the admin API's client: its
 //!   subcommands, its connection's options, the admin key it reads from `--key-file`
 //!   or `AUTHD_ADMIN_KEY` (never from an argument).
@@ -49,6 +51,7 @@ mod limits;
 mod overload;
 mod parse;
 mod passwords;
+mod second_factor;
 mod server;
 mod store;
 mod telemetry;
@@ -65,6 +68,7 @@ pub use limits::LimitsConfig;
 pub use overload::OverloadConfig;
 pub use parse::MetricsListen;
 pub use passwords::{HashBackend, PasswordConfig, Switch};
+pub use second_factor::SecondFactorConfig;
 pub use server::ServerConfig;
 pub use store::{DatabaseUrl, StoreConfig};
 pub use telemetry::{LogFormat, TelemetryConfig};
@@ -192,6 +196,8 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
     #[command(flatten)]
     pub admin: AdminConfig,
+    #[command(flatten)]
+    pub second_factor: SecondFactorConfig,
 }
 
 impl Config {
@@ -202,13 +208,14 @@ impl Config {
         cli.config
     }
 
-    /// Reads the secrets named by `--database-url-file`, `--redis-url-file` and
-    /// `--account-digest-key-file` into their options; `main` calls it before serving
+    /// Reads the secrets named by `--database-url-file`, `--redis-url-file`,
+    /// `--data-keys-file` and `--account-digest-key-file` into their options; `main` calls it before serving
     /// or migrating.
     /// An error names the option and the file, never what the file holds.
     pub fn read_secret_files(&mut self) -> anyhow::Result<()> {
         self.store.read_secret_file()?;
         self.limits.read_secret_file()?;
+        self.second_factor.read_secret_file()?;
         self.tokens.read_secret_file()
     }
 }
@@ -238,6 +245,9 @@ pub fn secrets_on_command_line(matches: &ArgMatches) -> Vec<(&'static str, &'sta
     }
     if on_command_line("token_keys") {
         found.push(("--token-keys", "AUTHD_TOKEN_KEYS or --token-keys-file"));
+    }
+    if on_command_line("data_keys") {
+        found.push(("--data-keys", "AUTHD_DATA_KEYS or --data-keys-file"));
     }
     if on_command_line("account_digest_key") {
         found.push((

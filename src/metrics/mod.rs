@@ -24,7 +24,9 @@
 //! - `ratelimit`: the rate-limit tier, its Redis calls and its in-process fallback;
 //! - `overload`: admission control and pushback, what was refused for load;
 //! - `transport`: the connections of every listener, and TLS on the gRPC port;
-//! - `admin`: the admin API's calls and what they did to accounts.
+//! - `admin`: the admin API's calls and what they did to accounts;
+//! - `second_factor`: TOTP enrollments, second-factor codes by outcome, recovery
+//!   codes used.
 //!
 //! Like the rest of the bottom floor, none of these files imports anything above
 //! it: the components take their handles from here, never the other way round.
@@ -35,6 +37,7 @@ mod overload;
 mod passwords;
 mod ratelimit;
 mod requests;
+mod second_factor;
 mod store;
 mod transport;
 
@@ -44,6 +47,7 @@ pub(crate) use overload::OverloadMetrics;
 pub(crate) use passwords::{BlocklistMetrics, HASH_REFUSAL_CAUSES, HashMetrics};
 pub(crate) use ratelimit::RateLimitMetrics;
 pub(crate) use requests::{CODE_NAMES, GrpcMetrics, TraceMetrics};
+pub(crate) use second_factor::{CodeOutcome, FactorChange, SecondFactorMetrics};
 pub(crate) use store::StoreMetrics;
 pub(crate) use transport::{ConnectionMetrics, ListenerMetrics, TlsMetrics};
 
@@ -76,6 +80,7 @@ pub struct Metrics {
     pub(crate) traces: TraceMetrics,
     pub(crate) overload: OverloadMetrics,
     pub(crate) admin: AdminMetrics,
+    pub(crate) second_factor: SecondFactorMetrics,
     /// 1 while readiness is SERVING, 0 while NOT_SERVING (the health checker sets it).
     pub(crate) serving: IntGauge,
     /// Run before each scrape, for values read from elsewhere (connection pools).
@@ -180,6 +185,7 @@ impl Metrics {
             traces: TraceMetrics::new(&f),
             overload: OverloadMetrics::new(&f),
             admin: AdminMetrics::new(&f),
+            second_factor: SecondFactorMetrics::new(&f),
             serving,
             refreshers: Mutex::new(Vec::new()),
             // Last: every family above is registered in it through `f`.

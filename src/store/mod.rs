@@ -26,6 +26,7 @@
 //!
 //! - `admin`: accounts as the admin API sees and changes them, and the per-user
 //!   token cutoffs.
+//! - `factor`: the second factor: TOTP factors, recovery codes, Login's challenges.
 //! - `connection`: the backend choice and its settings, connect options, migrations,
 //!   and the pools operations take a bounded connection from.
 //! - `users`: users' rows and statements, and their reads, written once for both
@@ -37,6 +38,7 @@
 
 mod admin;
 mod connection;
+mod factor;
 mod postgres;
 mod session;
 mod sqlite;
@@ -44,6 +46,7 @@ mod users;
 
 pub use admin::{Account, AccountKey, Change, Cutoff, PageQuery, Revoked, SessionInfo};
 pub use connection::{PostgresSettings, SqliteSettings, StoreSettings};
+pub use factor::{Factor, FactorAnswer, FactorWrite, LiveChallenge, Proof, Proved, Purpose};
 pub use session::{
     EndReason, Ended, EndedSession, LiveSession, LoggedOut, NewSession, Purged, Refreshed, Rotation,
 };
@@ -197,6 +200,10 @@ struct Operations {
     live_sessions: OperationMetrics,
     end_sessions_of: OperationMetrics,
     set_password: OperationMetrics,
+    read_factor: OperationMetrics,
+    read_challenge: OperationMetrics,
+    find_user_by_id: OperationMetrics,
+    write_factor: OperationMetrics,
 }
 
 impl Operations {
@@ -223,6 +230,10 @@ impl Operations {
             live_sessions: OperationMetrics::new(metrics, backend, "live_sessions"),
             end_sessions_of: OperationMetrics::new(metrics, backend, "end_sessions_of"),
             set_password: OperationMetrics::new(metrics, backend, "set_password"),
+            read_factor: OperationMetrics::new(metrics, backend, "read_factor"),
+            read_challenge: OperationMetrics::new(metrics, backend, "read_challenge"),
+            find_user_by_id: OperationMetrics::new(metrics, backend, "find_user_by_id"),
+            write_factor: OperationMetrics::new(metrics, backend, "write_factor"),
         }
     }
 }
@@ -453,6 +464,32 @@ impl Store {
         now: i64,
     ) -> Result<Option<Vec<String>>, StoreError> {
         timed!(self, set_password, s => s.set_password(user_id, hash, end_sessions, now).await)
+    }
+
+    /// The user of id `id`.
+    pub async fn find_user_by_id(&self, id: &str) -> Result<Option<User>, StoreError> {
+        timed!(self, find_user_by_id, s => users::find_by_id(s.readers(), id).await)
+    }
+
+    /// The TOTP factor of `user_id` (on or pending), if any.
+    pub async fn factor(&self, user_id: &str) -> Result<Option<Factor>, StoreError> {
+        timed!(self, read_factor, s => factor::factor(s.readers(), user_id).await)
+    }
+
+    /// The Login challenge of `digest`, if it is live at `now` with fewer than `max`
+    /// attempts taken.
+    pub async fn live_challenge(
+        &self,
+        digest: &str,
+        now: i64,
+        max: i64,
+    ) -> Result<Option<LiveChallenge>, StoreError> {
+        timed!(self, read_challenge, s => factor::live_challenge(s.readers(), digest, now, max).await)
+    }
+
+    /// A write of the second factor, in one transaction (see `factor`).
+    pub async fn factor_write(&self, write: FactorWrite) -> Result<FactorAnswer, StoreError> {
+        timed!(self, write_factor, s => s.factor_write(write).await)
     }
 
     /// Deletes up to `limit` cutoffs written at or before `before`.

@@ -21,6 +21,7 @@ use super::{
     StoreError,
     admin::{self, Account, AccountKey, Change, Cutoff, PageQuery, Revoked, SessionInfo},
     connection::{Connections, PostgresSettings, connect_postgres, migrate_postgres, within},
+    factor::{self, FactorAnswer, FactorWrite},
     session::{
         self, EndReason, Ended, EndedSession, LoggedOut, NewSession, Purged, Refreshed, Rotation,
         session_ops,
@@ -39,6 +40,7 @@ mod ops {
         crate::store::session::sql::INSERT_SESSION_LOCKING
     );
     super::admin::admin_ops!(sqlx::PgConnection);
+    super::factor::factor_ops!(sqlx::PgConnection);
 }
 
 /// Runs `$body` (which uses `$tx`, a `&mut PgConnection`) in a transaction on a
@@ -246,6 +248,14 @@ impl PostgresStore {
             now
         )
         .await?)
+    }
+
+    pub(crate) async fn factor_write(&self, w: FactorWrite) -> Result<FactorAnswer, StoreError> {
+        in_transaction!(self, |tx| ops::factor_write(tx, &w).await?)
+    }
+
+    pub(crate) fn readers(&self) -> &Connections<Postgres> {
+        &self.conns
     }
 
     pub(crate) async fn live_sessions(

@@ -74,6 +74,8 @@ pub struct NewSession {
     pub expires_at: i64,
     /// The address of the client that logged in, when known.
     pub client_addr: Option<String>,
+    /// How the user signed in (RFC 8176 values, space-separated): `pwd`, `pwd otp`.
+    pub amr: String,
 }
 
 /// A Refresh, as the store runs it.
@@ -96,6 +98,8 @@ pub struct LiveSession {
     pub username: String,
     /// Unix milliseconds.
     pub expires_at: i64,
+    /// How the user signed in, as stored with the session (`pwd`, `pwd otp`).
+    pub amr: String,
 }
 
 /// What a Refresh came to.
@@ -161,13 +165,13 @@ pub(super) mod sql {
     /// commit (and then ends the session) or commits first (and this row no
     /// longer matches).
     pub const INSERT_SESSION: &str = "INSERT INTO sessions \
-         (id, user_id, rotation_key, refresh_digest, created_at, expires_at, client_addr) \
-         SELECT $1, $2, $3, $4, $5, $6, $8 FROM users WHERE id = $2 AND password_version = $7";
+         (id, user_id, rotation_key, refresh_digest, created_at, expires_at, client_addr, amr) \
+         SELECT $1, $2, $3, $4, $5, $6, $8, $9 FROM users WHERE id = $2 AND password_version = $7";
     pub const INSERT_SESSION_LOCKING: &str = "INSERT INTO sessions \
-         (id, user_id, rotation_key, refresh_digest, created_at, expires_at, client_addr) \
-         SELECT $1, $2, $3, $4, $5, $6, $8 FROM users WHERE id = $2 AND password_version = $7 \
+         (id, user_id, rotation_key, refresh_digest, created_at, expires_at, client_addr, amr) \
+         SELECT $1, $2, $3, $4, $5, $6, $8, $9 FROM users WHERE id = $2 AND password_version = $7 \
          FOR SHARE";
-    pub const FIND_CURRENT: &str = "SELECT id, user_id, rotation_key, expires_at FROM sessions \
+    pub const FIND_CURRENT: &str = "SELECT id, user_id, rotation_key, expires_at, amr FROM sessions \
          WHERE refresh_digest = $1 AND ended_at IS NULL";
     /// Before a rotation from the current token: the previous one is retired.
     pub const RETIRE_PREVIOUS: &str = "INSERT INTO retired_refresh_tokens (digest, session_id) \
@@ -179,7 +183,7 @@ pub(super) mod sql {
          SET previous_digest = refresh_digest, refresh_digest = $1, rotated_at = $2 \
          WHERE id = $3 AND refresh_digest = $4 AND ended_at IS NULL AND expires_at > $2";
     pub const FIND_BY_PREVIOUS: &str = "SELECT id, user_id, rotation_key, refresh_digest, \
-         rotated_at, ended_at, expires_at FROM sessions WHERE previous_digest = $1";
+         rotated_at, ended_at, expires_at, amr FROM sessions WHERE previous_digest = $1";
     pub const FIND_RETIRED: &str =
         "SELECT session_id FROM retired_refresh_tokens WHERE digest = $1";
     pub const USERNAME: &str = "SELECT username FROM users WHERE id = $1";
@@ -263,6 +267,7 @@ macro_rules! session_ops {
                 .bind(s.expires_at)
                 .bind(s.password_version)
                 .bind(s.client_addr.as_deref())
+                .bind(s.amr.as_str())
                 .execute(&mut *conn)
                 .await?;
             Ok(done.rows_affected() == 1)
@@ -272,6 +277,7 @@ macro_rules! session_ops {
             let id: String = row.try_get("id")?;
             let user_id: String = row.try_get("user_id")?;
             let expires_at: i64 = row.try_get("expires_at")?;
+            let amr: String = row.try_get("amr")?;
             let username: String = sqlx::query_scalar(sql::USERNAME)
                 .bind(user_id.as_str())
                 .fetch_optional(&mut *conn)
@@ -282,6 +288,7 @@ macro_rules! session_ops {
                 user_id,
                 username,
                 expires_at,
+                amr,
             })
         }
 

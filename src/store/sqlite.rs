@@ -24,6 +24,7 @@ use super::{
         Connections, SqliteSettings, open_sqlite_readers, open_sqlite_writer, operation_limit,
         within,
     },
+    factor::{self, FactorAnswer, FactorWrite},
     session::{
         self, EndReason, Ended, EndedSession, LoggedOut, NewSession, Purged, Refreshed, Rotation,
         session_ops,
@@ -125,6 +126,7 @@ enum Write {
         end_sessions: bool,
         now: i64,
     },
+    Factor(FactorWrite),
 }
 
 /// What a write came to, for the caller to unwrap (each write has one kind).
@@ -141,6 +143,7 @@ enum Answer {
     Enabled(Change<()>),
     Count(u64),
     Ids(Vec<String>),
+    Factor(FactorAnswer),
 }
 
 /// The session statements on the writer's connection.
@@ -151,6 +154,7 @@ mod ops {
         crate::store::session::sql::INSERT_SESSION
     );
     super::admin::admin_ops!(sqlx::SqliteConnection);
+    super::factor::factor_ops!(sqlx::SqliteConnection);
 }
 
 /// What the writer runs to answer a ping once what came before has committed.
@@ -383,6 +387,14 @@ impl SqliteStore {
             now,
         };
         answered!(self.write(write).await?, EndedIds)
+    }
+
+    pub(crate) async fn factor_write(&self, w: FactorWrite) -> Result<FactorAnswer, StoreError> {
+        answered!(self.write(Write::Factor(w)).await?, Factor)
+    }
+
+    pub(crate) fn readers(&self) -> &Connections<Sqlite> {
+        &self.readers
     }
 
     pub(crate) async fn live_sessions(
@@ -676,6 +688,7 @@ async fn apply(
             } => Ok(Answer::EndedIds(
                 ops::set_password(conn, user_id, hash, *end_sessions, *now).await?,
             )),
+            Write::Factor(w) => Ok(Answer::Factor(ops::factor_write(conn, w).await?)),
         };
         outcomes.push(outcome);
     }

@@ -22,9 +22,20 @@ use sqlx::{
 /// The users' statements. `$N` placeholders are PostgreSQL's and are also understood
 /// by SQLite, so each statement is written once.
 mod sql {
-    pub const FIND_USER: &str = "SELECT u.id, u.username, u.password_hash, u.password_version, \
-         u.disabled_at, c.cutoff_at FROM users u LEFT JOIN user_cutoffs c ON c.user_id = u.id \
-         WHERE u.username = $1";
+    /// The user, its cutoff, and whether its second factor is on.
+    macro_rules! find_user {
+        ($by:literal) => {
+            concat!(
+                "SELECT u.id, u.username, u.password_hash, u.password_version, \
+                 u.disabled_at, c.cutoff_at, (SELECT COUNT(*) FROM totp_factors f \
+                 WHERE f.user_id = u.id AND f.enabled_at IS NOT NULL) AS factors \
+                 FROM users u LEFT JOIN user_cutoffs c ON c.user_id = u.id WHERE ",
+                $by
+            )
+        };
+    }
+    pub const FIND_USER: &str = find_user!("u.username = $1");
+    pub const FIND_USER_BY_ID: &str = find_user!("u.id = $1");
     /// Usernames are stored lowercased, so the UNIQUE (username) conflict is
     /// case-insensitive. A conflict inserts nothing: zero rows affected.
     pub const INSERT_USER: &str = "INSERT INTO users (id, username, password_hash, created_at, updated_at) \
@@ -86,12 +97,12 @@ where
         .bind(version)
 }
 
-fn find_user_query<DB>(username: &Username) -> Query<'static, DB, DB::Arguments>
+fn find_user_query<'q, DB>(by: &'static str, key: &'q str) -> Query<'q, DB, DB::Arguments>
 where
     DB: Database,
-    for<'a> &'a str: Encode<'a, DB> + Type<DB>,
+    &'q str: Encode<'q, DB> + Type<DB>,
 {
-    sqlx::query(sql::FIND_USER).bind(username.as_str())
+    sqlx::query(by).bind(key)
 }
 
 fn user_from_row<'r, R>(row: &'r R) -> Result<User, sqlx::Error>
@@ -103,6 +114,7 @@ where
     Option<i64>: Decode<'r, R::Database>,
 {
     let disabled_at: Option<i64> = row.try_get("disabled_at")?;
+    let factors: i64 = row.try_get("factors")?;
     Ok(User {
         id: row.try_get("id")?,
         username: Username::from_store(row.try_get("username")?),
@@ -110,6 +122,7 @@ where
         password_version: row.try_get("password_version")?,
         disabled: disabled_at.is_some(),
         cutoff_at: row.try_get("cutoff_at")?,
+        has_factor: factors > 0,
     })
 }
 
@@ -127,6 +140,8 @@ pub struct User {
     /// The user's token cutoff (Unix milliseconds), while one is stored: a new
     /// session must start after it.
     pub cutoff_at: Option<i64>,
+    /// A second factor is on: a right password alone issues no token.
+    pub has_factor: bool,
 }
 
 /// A user about to be stored.
@@ -151,10 +166,44 @@ where
     for<'r> i64: Decode<'r, DB> + Type<DB>,
     for<'r> Option<i64>: Decode<'r, DB>,
 {
+    find_by(conns, sql::FIND_USER, username.as_str()).await
+}
+
+/// The user of id `id`, read on `conns`.
+pub(super) async fn find_by_id<DB>(
+    conns: &Connections<DB>,
+    id: &str,
+) -> Result<Option<User>, StoreError>
+where
+    DB: Database,
+    DB::Arguments: IntoArguments<DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'a> &'a str: Encode<'a, DB> + Type<DB> + ColumnIndex<DB::Row>,
+    for<'r> String: Decode<'r, DB> + Type<DB>,
+    for<'r> i64: Decode<'r, DB> + Type<DB>,
+    for<'r> Option<i64>: Decode<'r, DB>,
+{
+    find_by(conns, sql::FIND_USER_BY_ID, id).await
+}
+
+async fn find_by<DB>(
+    conns: &Connections<DB>,
+    statement: &'static str,
+    key: &str,
+) -> Result<Option<User>, StoreError>
+where
+    DB: Database,
+    DB::Arguments: IntoArguments<DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'a> &'a str: Encode<'a, DB> + Type<DB> + ColumnIndex<DB::Row>,
+    for<'r> String: Decode<'r, DB> + Type<DB>,
+    for<'r> i64: Decode<'r, DB> + Type<DB>,
+    for<'r> Option<i64>: Decode<'r, DB>,
+{
     let mut conn = conns.lease().await?;
     let row = within(
         conns.limit(),
-        find_user_query::<DB>(username).fetch_optional(&mut *conn),
+        find_user_query::<DB>(statement, key).fetch_optional(&mut *conn),
     )
     .await?;
     conn.finish();

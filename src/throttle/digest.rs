@@ -31,9 +31,14 @@ impl UsernameDigest {
 
     /// 128 bits of HMAC-SHA256, as hex.
     pub fn of(&self, username: &Username) -> String {
+        self.of_text(username.as_str())
+    }
+
+    /// The same digest of any text (a user id: the second factor's counts).
+    pub fn of_text(&self, text: &str) -> String {
         let mut mac = <hmac::Hmac<sha2::Sha256> as KeyInit>::new_from_slice(&self.key)
             .expect("HMAC takes any key length");
-        mac.update(username.as_str().as_bytes());
+        mac.update(text.as_bytes());
         let out = mac.finalize().into_bytes();
         out[..16].iter().map(|b| format!("{b:02x}")).collect()
     }

@@ -1,5 +1,7 @@
 //! [`Keys`]: the keys one attempt is counted under, built in this one place for
 //! both backends. A key names a username only by its digest, never the username.
+//! Logins are counted under `login:`, wrong second-factor codes under `otp:` (by
+//! the digest of the user id): the same rule, counts of their own.
 
 use super::WAKER_SHARDS;
 use std::net::IpAddr;
@@ -31,17 +33,17 @@ impl Keys {
         ]
     }
 
-    pub(super) fn new(digest: &str, client: Option<IpAddr>) -> Self {
+    pub(super) fn new(kind: &str, digest: &str, client: Option<IpAddr>) -> Self {
         let client = client.map_or_else(|| "unknown".to_owned(), |ip| ip.to_string());
         let shard = digest.bytes().fold(0usize, |h, b| {
             h.wrapping_mul(31).wrapping_add(usize::from(b))
         }) % WAKER_SHARDS;
         Keys {
-            pair: format!("login:{{{digest}}}:c:{client}"),
-            account: format!("login:{{{digest}}}:a"),
-            known: format!("login:{{{digest}}}:k:{client}"),
-            pair_pending: format!("login:{{{digest}}}:cp:{client}"),
-            account_pending: format!("login:{{{digest}}}:ap"),
+            pair: format!("{kind}:{{{digest}}}:c:{client}"),
+            account: format!("{kind}:{{{digest}}}:a"),
+            known: format!("{kind}:{{{digest}}}:k:{client}"),
+            pair_pending: format!("{kind}:{{{digest}}}:cp:{client}"),
+            account_pending: format!("{kind}:{{{digest}}}:ap"),
             shard,
         }
     }

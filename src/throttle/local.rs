@@ -256,12 +256,12 @@ mod tests {
     fn the_map_stays_bounded_and_a_flood_of_usernames_keeps_the_counts_that_delay() {
         let s = settings();
         let counts = LocalCounts::new(10);
-        let target = Keys::new("target", "10.0.0.9".parse().ok());
+        let target = Keys::new("login", "target", "10.0.0.9".parse().ok());
         for _ in 0..4 {
             fail(&counts, &target, 1000, &s);
         }
         for i in 0..10_000 {
-            let spray = Keys::new(&format!("user{i}"), "10.0.0.9".parse().ok());
+            let spray = Keys::new("login", &format!("user{i}"), "10.0.0.9".parse().ok());
             fail(&counts, &spray, 1000, &s);
             assert!(counts.len() <= 10);
         }
@@ -274,11 +274,11 @@ mod tests {
         let counts = LocalCounts::new(160);
         let batch = eviction_batch(160);
         assert_eq!(batch, 10);
-        let target = Keys::new("target", "10.0.0.9".parse().ok());
+        let target = Keys::new("login", "target", "10.0.0.9".parse().ok());
         for _ in 0..4 {
             fail(&counts, &target, 1000, &s);
         }
-        let spray = |i: usize| Keys::new(&format!("user{i}"), "10.0.0.9".parse().ok());
+        let spray = |i: usize| Keys::new("login", &format!("user{i}"), "10.0.0.9".parse().ok());
         let mut i = 0;
         while counts.len() < 160 {
             fail(&counts, &spray(i), 1000, &s);
@@ -304,7 +304,7 @@ mod tests {
     fn entries_expire_like_redis_keys() {
         let s = settings();
         let counts = LocalCounts::new(10);
-        let keys = Keys::new("u", None);
+        let keys = Keys::new("login", "u", None);
         fail(&counts, &keys, 1000, &s);
         assert_eq!(counts.view(&keys, 1000).pair.failures, 1);
         let later = 1000 + ms(s.pair_ttl());
@@ -317,13 +317,18 @@ mod tests {
     fn places_held_are_never_evicted_and_leave_nothing_behind_when_released() {
         let s = settings();
         let counts = LocalCounts::new(10);
-        let held = Keys::new("held", "10.0.0.1".parse().ok());
+        let held = Keys::new("login", "held", "10.0.0.1".parse().ok());
         assert_eq!(
             counts.reserve(&held, 1000, &s),
             Decision::Reserved { account: true }
         );
         for i in 0..1000 {
-            fail(&counts, &Keys::new(&format!("user{i}"), None), 1000, &s);
+            fail(
+                &counts,
+                &Keys::new("login", &format!("user{i}"), None),
+                1000,
+                &s,
+            );
         }
         let v = counts.view(&held, 1000);
         assert_eq!((v.pair_pending, v.account_pending), (1, 1));

@@ -104,6 +104,8 @@ impl Settings {
 pub use crate::error::ThrottleScope as Scope;
 pub use digest::UsernameDigest;
 pub(crate) use keys::Keys;
+#[cfg(test)]
+pub(crate) use rule::test_settings;
 pub(crate) use rule::{Count, Decision, View};
 
 /// How an attempt ended.
@@ -381,10 +383,38 @@ impl Throttle {
         client: Option<IpAddr>,
         deadline: Option<Instant>,
     ) -> Result<Option<Begun>, Error> {
+        let keys = Keys::new("login", &self.digest.of(username), client);
+        self.begin_keyed(keys, deadline).await
+    }
+
+    /// As [`Throttle::begin`], for a second-factor code of the user `user_id`: the
+    /// same rule and settings, counts of their own (the `otp:` keys), so wrong codes
+    /// and wrong passwords never add up. A refusal is [`Error::CodesThrottled`].
+    pub async fn begin_codes(
+        self: &Arc<Self>,
+        user_id: &str,
+        client: Option<IpAddr>,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Attempt>, Error> {
+        let keys = Keys::new("otp", &self.digest.of_text(user_id), client);
+        let as_codes = |e| match e {
+            Error::Throttled { scope, retry_after } => Error::CodesThrottled { scope, retry_after },
+            e => e,
+        };
+        match self.begin_keyed(keys, deadline).await.map_err(as_codes)? {
+            Some(begun) => Ok(Some(begun.place().await.map_err(as_codes)?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn begin_keyed(
+        self: &Arc<Self>,
+        keys: Keys,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Begun>, Error> {
         if !self.settings.enabled() {
             return Ok(None);
         }
-        let keys = Keys::new(&self.digest.of(username), client);
         let id = format!(
             "{}:{}",
             self.replica,
@@ -522,23 +552,6 @@ impl Throttle {
 
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// The settings the throttle's unit tests start from: small thresholds, no Redis.
-#[cfg(test)]
-pub(crate) fn test_settings() -> Settings {
-    Settings {
-        failures: 3,
-        delay: Duration::from_secs(1),
-        delay_max: Duration::from_secs(60),
-        account_failures: 7,
-        account_delay_max: Duration::from_secs(10),
-        max_entries: 1000,
-        redis: None,
-        prefix: "t:".into(),
-        redis_timeout: Duration::from_millis(100),
-        failure: FailureMode::Open,
-    }
 }
 
 #[cfg(test)]
@@ -764,7 +777,7 @@ mod tests {
                 futures::future::join_all((0..3).map(|_| begin(&t, "kim", "10.0.0.1"))).await;
             drop(held);
         }
-        let keys = Keys::new(&t.digest.of(&user("kim")), ip("10.0.0.1"));
+        let keys = Keys::new("login", &t.digest.of(&user("kim")), ip("10.0.0.1"));
         assert_eq!(t.local.view(&keys, t.clock.unix_ms()), View::default());
         fail(&t, "kim", "10.0.0.1").await.unwrap();
     }

@@ -278,7 +278,7 @@ mod tests {
         let counts = RedisCounts::new(shared, &prefix, Duration::from_secs(10));
         let s = settings();
         let now: u64 = 1_800_000_000_000;
-        let keys = Keys::new("grid", "10.0.0.1".parse().ok());
+        let keys = Keys::new("login", "grid", "10.0.0.1".parse().ok());
         let mut checked = 0;
         for pair_failures in 0..6 {
             for pair_pending in 0..4 {

@@ -101,12 +101,29 @@ impl Settings {
     }
 }
 
+/// The settings the throttle's unit tests start from: small thresholds, no Redis.
+#[cfg(test)]
+pub(crate) fn test_settings() -> Settings {
+    Settings {
+        failures: 3,
+        delay: Duration::from_secs(1),
+        delay_max: Duration::from_secs(60),
+        account_failures: 7,
+        account_delay_max: Duration::from_secs(10),
+        max_entries: 1000,
+        redis: None,
+        prefix: "t:".into(),
+        redis_timeout: Duration::from_millis(100),
+        failure: crate::redis::FailureMode::Open,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn settings() -> Settings {
-        super::super::test_settings()
+        test_settings()
     }
 
     #[test]

@@ -74,6 +74,10 @@ pub(super) struct Claims {
     /// Unique per token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) jti: Option<String>,
+    /// How the user signed in (RFC 8176): `["pwd"]`, `["pwd","otp"]`; absent from
+    /// tokens issued before authd wrote it, which count as `["pwd"]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) amr: Option<Vec<String>>,
 }
 
 /// What a valid token says.
@@ -86,6 +90,15 @@ pub struct VerifiedToken {
     pub session_id: Option<String>,
     /// The `iat` claim (Unix seconds).
     pub issued_at: u64,
+    /// The `amr` claim; `["pwd"]` for a token without one.
+    pub amr: Vec<String>,
+}
+
+impl VerifiedToken {
+    /// Whether the user signed in with a second factor (`amr` names `otp`).
+    pub fn second_factor(&self) -> bool {
+        self.amr.iter().any(|m| m == "otp")
+    }
 }
 
 /// A token of `claims`, signed with `key` (whose kid and algorithm the header names).
@@ -168,6 +181,7 @@ pub(super) fn verify(
         expires_at,
         session_id: claims.sid,
         issued_at: claims.iat,
+        amr: claims.amr.unwrap_or_else(|| vec!["pwd".to_owned()]),
     })
 }
 

@@ -129,23 +129,26 @@ impl Tokens {
 
     #[cfg(test)]
     pub fn issue(&self, user_id: &str, username: &Username) -> anyhow::Result<IssuedToken> {
-        self.issue_with(user_id, username, None, None)
+        self.issue_with(user_id, username, None, None, "pwd")
     }
 
     /// A token of session `sid` (with a fresh `jti`) that expires at the token
-    /// lifetime or at `not_after` (the session's end), whichever comes first.
+    /// lifetime or at `not_after` (the session's end), whichever comes first; `amr`
+    /// is how the user signed in (space-separated RFC 8176 values, as the session
+    /// stores them).
     pub fn issue_in_session(
         &self,
         user_id: &str,
         username: &Username,
         sid: &str,
         not_after: SystemTime,
+        amr: &str,
     ) -> anyhow::Result<IssuedToken> {
         let end = not_after
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        self.issue_with(user_id, username, Some(sid), Some(end))
+        self.issue_with(user_id, username, Some(sid), Some(end), amr)
     }
 
     fn issue_with(
@@ -154,6 +157,7 @@ impl Tokens {
         username: &Username,
         sid: Option<&str>,
         not_after: Option<u64>,
+        amr: &str,
     ) -> anyhow::Result<IssuedToken> {
         let mut span = crate::otel::child("token.sign");
         let now = unix_now();
@@ -179,6 +183,7 @@ impl Tokens {
             aud: self.audience.clone(),
             sid: sid.map(str::to_owned),
             jti: sid.map(|_| uuid::Uuid::now_v7().simple().to_string()),
+            amr: Some(amr.split_whitespace().map(str::to_owned).collect()),
         };
         let token = jwt::sign(key, &claims)?;
         self.issued.inc();
@@ -260,10 +265,16 @@ mod tests {
         let t = tokens(KEY_A);
         let alice = Username::parse("alice").unwrap();
         let far = SystemTime::now() + Duration::from_secs(3600);
-        let a = t.issue_in_session("id", &alice, "sid-1", far).unwrap();
-        let b = t.issue_in_session("id", &alice, "sid-1", far).unwrap();
+        let a = t
+            .issue_in_session("id", &alice, "sid-1", far, "pwd otp")
+            .unwrap();
+        let b = t
+            .issue_in_session("id", &alice, "sid-1", far, "pwd otp")
+            .unwrap();
         let v = t.verify(&a.token).unwrap();
         assert_eq!(v.session_id.as_deref(), Some("sid-1"));
+        assert_eq!(v.amr, ["pwd", "otp"]);
+        assert!(v.second_factor());
         let claims =
             |token: &str| -> Claims { decode_json(token.split('.').nth(1).unwrap()).unwrap() };
         let (ca, cb) = (claims(&a.token), claims(&b.token));
@@ -271,8 +282,11 @@ mod tests {
         assert_ne!(ca.jti, cb.jti);
         // A session that ends in 10 s caps its tokens' lifetime (60 s here).
         let soon = SystemTime::now() + Duration::from_secs(10);
-        let capped = t.issue_in_session("id", &alice, "sid-1", soon).unwrap();
+        let capped = t
+            .issue_in_session("id", &alice, "sid-1", soon, "pwd")
+            .unwrap();
         assert!(capped.expires_at <= soon);
+        assert!(!t.verify(&capped.token).unwrap().second_factor());
         // Refused when the caller says its session ended, and counted as revoked.
         assert_eq!(
             t.verify_unless(&a.token, None, |v| v.session_id.as_deref() == Some("sid-1")),

@@ -319,6 +319,10 @@ async fn accounts_are_managed_from_the_command_line(db: TestDb) {
     admin.app.login("bob", PASSWORD).await.unwrap();
     let run = cli.run(&["users", "enable", "bob", "--json"]).await;
     assert_eq!(run.json()["changed"], false);
+    // No second factor to remove (removing one: tests/api/totp.rs).
+    let run = cli.run(&["users", "remove-second-factors", "bob"]).await;
+    let expected = format!("bob ({bob}) had no second factor; nothing changed\n");
+    assert_eq!(run.ok().stdout, expected);
 
     // Deleted, only with --yes.
     let refused = cli.run(&["users", "delete", "bob"]).await;

@@ -106,7 +106,7 @@ async fn validate(client: &AuthServiceClient<Channel>, token: &str) -> Result<()
     (client.clone())
         .validate_token(ValidateTokenRequest {
             access_token: token.into(),
-            audience: String::new(),
+            ..Default::default()
         })
         .await
         .map(drop)

@@ -92,6 +92,7 @@ async fn validate_for(
         .validate_token(authd::pb::ValidateTokenRequest {
             access_token: token.into(),
             audience: audience.into(),
+            ..Default::default()
         })
         .await
         .map(|r| r.into_inner())

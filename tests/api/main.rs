@@ -26,5 +26,8 @@ mod throttle;
 mod timing;
 mod tls;
 mod tokens;
+mod totp;
+mod totp_audit;
+mod totp_races;
 mod tracing;
 mod transport;

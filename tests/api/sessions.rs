@@ -439,6 +439,9 @@ async fn a_database_of_the_previous_schema_is_upgraded_in_place(db: TestDb) {
         .unwrap();
     app.stop().await.unwrap();
     // Everything from the sessions' migration on is undone.
+    db.execute("DROP TABLE login_challenges").await;
+    db.execute("DROP TABLE recovery_codes").await;
+    db.execute("DROP TABLE totp_factors").await;
     db.execute("DROP TABLE user_cutoffs").await;
     db.execute("DROP INDEX IF EXISTS users_username_bytes")
         .await;

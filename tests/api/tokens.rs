@@ -389,3 +389,20 @@ crate::backend_tests!(
     validly_signed_tokens_from_beyond_year_9999_are_refused_without_a_panic,
     tokens_signed_by_a_rotated_out_key_still_verify_while_it_is_listed,
 );
+
+#[tokio::test]
+async fn a_token_from_before_amr_reads_as_a_password_sign_in() {
+    let mut app = spawn_app_with(|_| {}).await;
+    // Validly signed, without amr (nor sid), as tokens were before the second factor.
+    let old = sign(&valid_claims_again(), Some(TEST_KID), TEST_KEY);
+    assert_eq!(app.validate(&old).await.unwrap().amr, ["pwd"]);
+    let require = authd::pb::ValidateTokenRequest {
+        access_token: old,
+        require_second_factor: true,
+        ..Default::default()
+    };
+    expect_code(
+        app.client.validate_token(require).await,
+        Code::PermissionDenied,
+    );
+}
