@@ -8,6 +8,13 @@
 //! fault (INTERNAL): it is generated in a second pass, into `client/`, reusing the
 //! message types of the first.
 //!
+//! Envoy's external authorization API (`envoy.service.auth.v3.Authorization`) is
+//! compiled from the protos the `envoy-types` package ships (its message types are
+//! used as they are): only the server is generated here, on authd's codec, and the
+//! descriptor set of `external_auth.proto` and everything it imports is written for
+//! reflection. The package's folder is found in Cargo's registry (by the version
+//! Cargo.lock pins), or named by `AUTHD_ENVOY_PROTOS` (a vendored copy).
+//!
 //! It also builds the bundled password blocklist: `data/common-passwords.txt.gz` (see
 //! `data/README.md`) decompressed, every entry folded as `src/blocklist.rs` folds
 //! passwords (NFKC, then Unicode lowercase), sorted, deduplicated and written as an
@@ -44,6 +51,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "crate::pb::admin",
         "admin",
     )?;
+
+    envoy_authorization(&out_dir)?;
 
     println!("cargo:rerun-if-changed={COMMON_PASSWORDS}");
     common_passwords(
@@ -85,6 +94,76 @@ fn compile(
         .out_dir(client_dir)
         .compile_fds(fds)?;
     Ok(())
+}
+
+/// The Envoy external authorization service: its server on authd's codec, over
+/// envoy-types' messages, and `extauthz_descriptor.bin` for reflection.
+fn envoy_authorization(out_dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    const PROTO: &str = "envoy/service/auth/v3/external_auth.proto";
+    const PACKAGE: &str = ".envoy.service.auth.v3";
+    let root = envoy_protos()?;
+    let includes = [
+        "data-plane-api",
+        "xds",
+        "protoc-gen-validate",
+        "googleapis",
+        "cel-spec",
+        "opentelemetry-proto",
+        "client_model",
+    ]
+    .map(|dir| root.join(dir));
+    let fds = protox::compile([PROTO], includes)?;
+    fs::write(out_dir.join("extauthz_descriptor.bin"), fds.encode_to_vec())?;
+    // Only the service's own file: its messages are envoy-types' (extern), so the
+    // code generated is the server alone.
+    let mut own = fds.clone();
+    own.file.retain(|file| file.name() == PROTO);
+    tonic_prost_build::configure()
+        .build_client(false)
+        .build_server(true)
+        .codec_path("crate::codec::RequestCodec")
+        .extern_path(PACKAGE, "::envoy_types::pb::envoy::service::auth::v3")
+        .compile_fds(own)?;
+    Ok(())
+}
+
+/// The `proto/` folder of the envoy-types package this build uses.
+fn envoy_protos() -> Result<PathBuf, Box<dyn std::error::Error>> {
+    println!("cargo:rerun-if-env-changed=AUTHD_ENVOY_PROTOS");
+    if let Some(dir) = env::var_os("AUTHD_ENVOY_PROTOS") {
+        return Ok(dir.into());
+    }
+    println!("cargo:rerun-if-changed=Cargo.lock");
+    let lock = fs::read_to_string("Cargo.lock")?;
+    let version = lock
+        .split("[[package]]")
+        .filter(|entry| entry.contains("\nname = \"envoy-types\"\n"))
+        .find_map(|entry| {
+            let line = entry.lines().find(|l| l.starts_with("version = "))?;
+            Some(
+                line.trim_start_matches("version = ")
+                    .trim_matches('"')
+                    .to_owned(),
+            )
+        })
+        .ok_or("Cargo.lock pins no envoy-types")?;
+    let cargo_home = env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| env::var_os("HOME").map(|home| PathBuf::from(home).join(".cargo")))
+        .ok_or("neither CARGO_HOME nor HOME is set")?;
+    let package = format!("envoy-types-{version}");
+    let registries = fs::read_dir(cargo_home.join("registry").join("src"))?;
+    for registry in registries.flatten() {
+        let proto = registry.path().join(&package).join("proto");
+        if proto.is_dir() {
+            return Ok(proto);
+        }
+    }
+    Err(format!(
+        "{package} is not in {}/registry/src: set AUTHD_ENVOY_PROTOS to its proto/ folder",
+        cargo_home.display()
+    )
+    .into())
 }
 
 /// Writes the folded, deduplicated entries of the gzipped list at `list` as an

@@ -26,7 +26,7 @@ use crate::{
     metrics::{CODE_NAMES, Metrics},
     middleware::{BoxFuture, Middleware, MiddlewareLayer, Request, Response},
     otel::{self, Traces},
-    rpc::{self, ClientIdentity, RequestId, Rpc, UserId},
+    rpc::{self, AuthzDecision, ClientIdentity, RequestId, Rpc, UserId},
 };
 use http::HeaderValue;
 use opentelemetry::{
@@ -119,6 +119,7 @@ impl Middleware for Trace {
                 Ok(mut response) => {
                     let code = grpc_code(response.headers());
                     let user = response.extensions_mut().remove::<UserId>();
+                    pending.decision = response.extensions_mut().remove::<AuthzDecision>();
                     let id = pending.request_id.clone();
                     response.headers_mut().insert(REQUEST_ID_HEADER, id);
                     pending.finish(code, user.as_ref());
@@ -171,6 +172,8 @@ struct Pending {
     span: Option<Context>,
     /// Logged with the request: its trace, or the caller's.
     trace_id: Option<String>,
+    /// What an external authorization check decided, logged with it.
+    decision: Option<AuthzDecision>,
 }
 
 impl Pending {
@@ -195,6 +198,7 @@ impl Pending {
             finished: false,
             span: None,
             trace_id: None,
+            decision: None,
         }
     }
 
@@ -218,6 +222,8 @@ impl Pending {
         let client = self.client.as_ref().map(ClientIdentity::as_str);
         let path = self.unknown_path.as_deref();
         let trace_id = self.trace_id.as_deref();
+        let decision = self.decision.map(|d| d.outcome);
+        let reason = self.decision.map(|d| d.reason);
         if rpc.is_exempt() {
             tracing::debug!(
                 request_id,
@@ -241,6 +247,8 @@ impl Pending {
                 code,
                 latency_ms,
                 user_id,
+                decision,
+                reason,
                 trace_id,
                 "request"
             );

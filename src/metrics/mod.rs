@@ -25,6 +25,7 @@
 //! - `overload`: admission control and pushback, what was refused for load;
 //! - `transport`: the connections of every listener, and TLS on the gRPC port;
 //! - `admin`: the admin API's calls and what they did to accounts;
+//! - `authz`: external authorization's decisions (Envoy's Check, forward-auth);
 //! - `second_factor`: TOTP enrollments, second-factor codes by outcome, recovery
 //!   codes used.
 //!
@@ -33,6 +34,7 @@
 
 mod accounts;
 mod admin;
+mod authz;
 mod overload;
 mod passwords;
 mod ratelimit;
@@ -43,6 +45,7 @@ mod transport;
 
 pub(crate) use accounts::{LoginOutcome, SessionMetrics, ThrottleMetrics, TokenMetrics};
 pub(crate) use admin::AdminMetrics;
+pub(crate) use authz::AuthzMetrics;
 pub(crate) use overload::OverloadMetrics;
 pub(crate) use passwords::{BlocklistMetrics, HASH_REFUSAL_CAUSES, HashMetrics};
 pub(crate) use ratelimit::RateLimitMetrics;
@@ -80,6 +83,7 @@ pub struct Metrics {
     pub(crate) traces: TraceMetrics,
     pub(crate) overload: OverloadMetrics,
     pub(crate) admin: AdminMetrics,
+    pub(crate) authz: AuthzMetrics,
     pub(crate) second_factor: SecondFactorMetrics,
     /// 1 while readiness is SERVING, 0 while NOT_SERVING (the health checker sets it).
     pub(crate) serving: IntGauge,
@@ -185,6 +189,7 @@ impl Metrics {
             traces: TraceMetrics::new(&f),
             overload: OverloadMetrics::new(&f),
             admin: AdminMetrics::new(&f),
+            authz: AuthzMetrics::new(&f),
             second_factor: SecondFactorMetrics::new(&f),
             serving,
             refreshers: Mutex::new(Vec::new()),
