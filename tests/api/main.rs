@@ -6,6 +6,8 @@ mod blocklist;
 mod cli;
 mod concurrency;
 mod errors;
+mod extauthz;
+mod forward_auth;
 mod h2raw;
 mod helpers;
 mod input;
