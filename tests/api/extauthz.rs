@@ -20,6 +20,7 @@ use tonic::Code;
 crate::backend_tests!(
     a_valid_token_passes_with_the_identity_headers_and_no_forged_ones,
     bad_missing_and_ended_tokens_are_refused_with_a_bearer_challenge,
+    a_disabled_users_tokens_are_refused_at_once,
 );
 
 /// One Check of a request with `headers`, on a route whose policy is `policy`.
@@ -252,6 +253,34 @@ async fn bad_missing_and_ended_tokens_are_refused_with_a_bearer_challenge(db: Te
             r#"authd_authz_decisions_total{{api="grpc",outcome="deny",reason="{reason}"}}"#
         );
         assert_eq!(metric(&metrics, &series), Some(n), "{series}\n{metrics}");
+    }
+}
+
+async fn a_disabled_users_tokens_are_refused_at_once(db: TestDb) {
+    let mut admin = crate::admin::admin_app(&db, |_| {}).await;
+    admin.app.register("dora", PASSWORD).await.unwrap();
+    let token = admin
+        .app
+        .login("dora", PASSWORD)
+        .await
+        .unwrap()
+        .access_token;
+    // A token signed later, with no session: the per-user cutoff refuses it too.
+    let signed = admin.app.validate(&token).await.unwrap();
+    let sessionless = signed_token(&signed.user_id, "dora", 600, &["pwd"]);
+    for token in [&token, &sessionless] {
+        allowed(
+            check(&admin.app, &[("authorization", &bearer(token))], &[])
+                .await
+                .unwrap(),
+        );
+    }
+    admin.disable("dora", "left the company").await.unwrap();
+    for token in [&token, &sessionless] {
+        assert_eq!(
+            refused(&admin.app, vec![("authorization", bearer(token))], vec![]).await,
+            (401, Some(INVALID.into()), Code::Unauthenticated as i32)
+        );
     }
 }
 
