@@ -22,15 +22,20 @@ pub enum Operation {
     /// `Refresh` of a session started during setup: one rotation (a write), no
     /// hashing. Each session's refresh token is used by one request at a time.
     Refresh,
+    /// Envoy's external authorization, `envoy.service.auth.v3.Authorization/Check`,
+    /// of a request bearing a token obtained during setup: what a proxy asks of
+    /// authd for every request it passes on. No hashing, no database.
+    Check,
 }
 
 impl Operation {
-    pub const ALL: [Operation; 5] = [
+    pub const ALL: [Operation; 6] = [
         Operation::Health,
         Operation::Register,
         Operation::Login,
         Operation::Validate,
         Operation::Refresh,
+        Operation::Check,
     ];
 
     /// A dense index, for per-operation arrays.
@@ -45,6 +50,7 @@ impl Operation {
             Operation::Login => "login",
             Operation::Validate => "validate",
             Operation::Refresh => "refresh",
+            Operation::Check => "check",
         }
     }
 
@@ -73,6 +79,8 @@ pub enum Scenario {
     Validate,
     /// Refresh-token rotations, of sessions from logins done first.
     Refresh,
+    /// Envoy's external authorization checks, with tokens from logins done first.
+    Check,
     /// A weighted mix of the above (see --mix).
     Mixed,
 }
@@ -85,6 +93,7 @@ impl Scenario {
             Scenario::Login => "login",
             Scenario::Validate => "validate",
             Scenario::Refresh => "refresh",
+            Scenario::Check => "check",
             Scenario::Mixed => "mixed",
         }
     }
@@ -97,6 +106,7 @@ impl Scenario {
             Scenario::Login => Mix::only(Operation::Login),
             Scenario::Validate => Mix::only(Operation::Validate),
             Scenario::Refresh => Mix::only(Operation::Refresh),
+            Scenario::Check => Mix::only(Operation::Check),
             Scenario::Mixed => mixed.clone(),
         }
     }
@@ -179,7 +189,7 @@ impl FromStr for Mix {
             })?;
             let op = Operation::from_name(name.trim()).ok_or_else(|| {
                 format!(
-                    "unknown operation {:?} (expected health, register, login, validate or refresh)",
+                    "unknown operation {:?} (expected health, register, login, validate, refresh or check)",
                     name.trim()
                 )
             })?;

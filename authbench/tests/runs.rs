@@ -37,6 +37,7 @@ async fn every_scenario_accounts_for_every_request() {
         Scenario::Login,
         Scenario::Validate,
         Scenario::Refresh,
+        Scenario::Check,
         Scenario::Mixed,
     ] {
         let plan = plan(

@@ -19,6 +19,9 @@ use crate::{
     report::{Outcome, Recorder},
     scenario::Operation,
 };
+use envoy_types::pb::envoy::service::auth::v3::{
+    AttributeContext, CheckRequest, attribute_context, authorization_client::AuthorizationClient,
+};
 use std::{
     sync::{Arc, Mutex, atomic::Ordering},
     time::{Duration, Instant},
@@ -41,13 +44,16 @@ pub(super) struct Performed {
 pub(super) struct GrpcClients {
     pub(super) auth: AuthServiceClient<Channel>,
     pub(super) health: HealthClient<Channel>,
+    /// Envoy's external authorization, served by authd beside AuthService.
+    pub(super) authz: AuthorizationClient<Channel>,
 }
 
 impl GrpcClients {
     pub(super) fn new(channel: Channel) -> Self {
         Self {
             auth: AuthServiceClient::new(channel.clone()),
-            health: HealthClient::new(channel),
+            health: HealthClient::new(channel.clone()),
+            authz: AuthorizationClient::new(channel),
         }
     }
 }
@@ -97,7 +103,11 @@ impl Shared {
         pick: usize,
         clients: &mut GrpcClients,
     ) -> Performed {
-        let GrpcClients { auth, health } = clients;
+        let GrpcClients {
+            auth,
+            health,
+            authz,
+        } = clients;
         let fixtures = &self.fixtures;
         let timeout = self.timeout;
         let call = async {
@@ -142,6 +152,16 @@ impl Shared {
                         timeout,
                     );
                     auth.validate_token(request).await.map(drop)
+                }
+                Operation::Check => {
+                    let token = &fixtures.tokens[pick % fixtures.tokens.len()];
+                    let request = deadline(check_request(token), timeout);
+                    let answer = authz.check(request).await?.into_inner();
+                    // The call is OK whatever the decision: a refusal is the decision's code.
+                    match answer.status.map_or(0, |s| s.code) {
+                        0 => Ok(()),
+                        code => Err(Status::new(Code::from(code), "refused by the check")),
+                    }
                 }
                 Operation::Refresh => {
                     let slot = &fixtures.refresh_tokens[pick % fixtures.refresh_tokens.len()];
@@ -252,6 +272,29 @@ impl Shared {
         drop(recorder);
         // Counted last, so a progress reading never runs ahead of the recorders.
         self.counters.done.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// What Envoy sends for a request bearing `token`: its headers, nothing more.
+fn check_request(token: &str) -> CheckRequest {
+    let headers = [
+        ("authorization".to_owned(), format!("Bearer {token}")),
+        (":path".to_owned(), "/".to_owned()),
+        (":method".to_owned(), "GET".to_owned()),
+    ];
+    CheckRequest {
+        attributes: Some(AttributeContext {
+            request: Some(attribute_context::Request {
+                http: Some(attribute_context::HttpRequest {
+                    method: "GET".into(),
+                    path: "/".into(),
+                    headers: headers.into_iter().collect(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
     }
 }
 
