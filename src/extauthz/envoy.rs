@@ -106,7 +106,8 @@ impl AuthorizationApi {
             .map(|t| identity_headers(&settings.header_prefix, t))
             .unwrap_or_default();
         // The client's headers of the prefix that are not overwritten below: all of
-        // them go (Envoy removes after it sets, so the ones set are not listed).
+        // them go. The ones set are never listed, so whatever order Envoy applies
+        // removals and sets in, what is set stays.
         let mut headers_to_remove: Vec<String> = sent
             .iter()
             .map(|(name, _)| name.to_ascii_lowercase())
@@ -168,9 +169,9 @@ impl AuthorizationApi {
             .into_iter()
             .collect();
         CheckResponse {
+            // The code only: why a token was refused goes to metrics and the log.
             status: Some(rpc::Status {
                 code: denial.code() as i32,
-                message: denial.label().to_owned(),
                 ..Default::default()
             }),
             dynamic_metadata: None,
