@@ -19,6 +19,7 @@ use crate::{
     report::{Outcome, Recorder},
     scenario::Operation,
 };
+use bytes::Bytes;
 use envoy_types::pb::envoy::service::auth::v3::{
     AttributeContext, CheckRequest, attribute_context, authorization_client::AuthorizationClient,
 };
@@ -223,10 +224,22 @@ impl Shared {
                 "/login",
                 http::credentials(&fixtures.users[pick % fixtures.users.len()]),
             ),
+            // authd's forward-auth port (--forward-auth): 200 allowed, 401/403 refused.
+            Operation::Check => ("/forward-auth", Bytes::new()),
             _ => unreachable!("Plan::check refuses {op} over HTTP"),
         };
+        let exchange = async {
+            match op {
+                Operation::Check => {
+                    let token = &fixtures.tokens[pick % fixtures.tokens.len()];
+                    connection.get_bearer(path, token).await
+                }
+                _ => connection.post(path, body).await,
+            }
+        };
+        let answered = tokio::time::timeout(self.timeout, exchange).await;
         let mut retry_after = None;
-        let result = match tokio::time::timeout(self.timeout, connection.post(path, body)).await {
+        let result = match answered {
             Ok(Ok(answer)) => {
                 let code = http_code(answer.status);
                 if matches!(code, Code::ResourceExhausted | Code::Unavailable) {
@@ -240,7 +253,12 @@ impl Shared {
                 (
                     Outcome::Timeout,
                     Some(Failure::Http(anyhow::anyhow!(
-                        "POST {path}: no answer within {:?}",
+                        "{} {path}: no answer within {:?}",
+                        if op == Operation::Check {
+                            "GET"
+                        } else {
+                            "POST"
+                        },
                         self.timeout
                     ))),
                 )
