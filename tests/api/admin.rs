@@ -107,11 +107,7 @@ impl Admin {
         Ok(response.into_inner().user.unwrap())
     }
 
-    pub(crate) async fn disable(
-        &mut self,
-        name: &str,
-        reason: &str,
-    ) -> Result<(User, bool, u32), Status> {
+    async fn disable(&mut self, name: &str, reason: &str) -> Result<(User, bool, u32), Status> {
         let request = DisableUserRequest {
             user: by_name(name),
             reason: reason.into(),

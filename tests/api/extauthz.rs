@@ -275,7 +275,18 @@ async fn a_disabled_users_tokens_are_refused_at_once(db: TestDb) {
                 .unwrap(),
         );
     }
-    admin.disable("dora", "left the company").await.unwrap();
+    use authd::pb::admin::{DisableUserRequest, UserSelector, user_selector::Selector};
+    let mut request = tonic::Request::new(DisableUserRequest {
+        user: Some(UserSelector {
+            selector: Some(Selector::Username("dora".into())),
+        }),
+        reason: "left the company".into(),
+    });
+    let key = format!("Bearer {}", crate::admin::ADMIN_KEY);
+    request
+        .metadata_mut()
+        .insert("authorization", key.parse().unwrap());
+    admin.client.disable_user(request).await.unwrap();
     for token in [&token, &sessionless] {
         assert_eq!(
             refused(&admin.app, vec![("authorization", bearer(token))], vec![]).await,
