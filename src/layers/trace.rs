@@ -335,6 +335,47 @@ mod tests {
         builder.body(tonic::body::Body::empty()).unwrap()
     }
 
+    /// A writer into a shared buffer, for the log lines of one test.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn the_request_line_names_an_authorization_decision() {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let inner = tower::service_fn(|_req: Request| async {
+            let mut response = Response::new(tonic::body::Body::empty());
+            response.extensions_mut().insert(AuthzDecision {
+                outcome: "deny",
+                reason: "revoked",
+            });
+            Ok::<_, Infallible>(response)
+        });
+        let svc = layer(Arc::new(Metrics::new()), None).layer(inner);
+        let path = "/envoy.service.auth.v3.Authorization/Check";
+        let response = svc.oneshot(request(path, None)).await.unwrap();
+        assert!(response.extensions().get::<AuthzDecision>().is_none());
+        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        assert!(text.contains(r#"method="Check""#), "{text}");
+        assert!(text.contains(r#"decision="deny""#), "{text}");
+        assert!(text.contains(r#"reason="revoked""#), "{text}");
+    }
+
     #[tokio::test]
     async fn the_request_id_is_kept_or_made() {
         let metrics = Arc::new(Metrics::new());
