@@ -242,6 +242,20 @@ impl SharedRedis {
         within(timeout, work).await
     }
 
+    /// With Sentinel, while the connection is up: asks the sentinels whether the
+    /// master is still the one connected to, and moves to the new one (its scripts
+    /// loaded) if not. A failover that demotes the old master without stopping it
+    /// (`SENTINEL FAILOVER`, a partition) leaves it accepting writes until the
+    /// sentinels reconfigure it, seconds later; this notices within a second. A
+    /// failure here is left for the calls to find.
+    pub(super) async fn watch(&self, timeout: Duration) {
+        if matches!(self.target, Target::Sentinel(_))
+            && let Err(why) = self.probe(timeout).await
+        {
+            tracing::debug!(error = %why, "the sentinels could not be asked for the master");
+        }
+    }
+
     /// Asks the sentinels which server is the master now (the crate checks that it
     /// says so itself) and, when it is not the one connected to, connects to it in
     /// place of the old one: after a failover the old master is gone, or comes back
