@@ -254,3 +254,39 @@ fn parse_reply(reply: &[i64], rules: usize) -> Result<Outcome, RedisFailure> {
         states,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(key: &str) -> Check {
+        Check {
+            rule: 0,
+            key: key.to_owned(),
+            limit: 1,
+            window: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn one_call_per_slot_the_keys_of_one_client_together() {
+        let checks = [
+            check("p:Login:peer:1000:{10.0.0.7}"),
+            check("p:*:global:60000:{}"),
+            check("p:*:peer:1000:{10.0.0.7}"),
+            check("p:Login:global:1000:{}"),
+        ];
+        let groups = by_slot(&checks);
+        // The client's two rules share its tag; each global rule hashes whole.
+        assert_eq!(groups[0], [0, 2]);
+        assert_eq!(groups.iter().map(Vec::len).sum::<usize>(), 4);
+        assert!(groups.len() <= 3);
+        let slot = |i: usize| redis::cluster_routing::Slot::for_key(&checks[i].key);
+        for group in &groups {
+            assert!(
+                group.iter().all(|&i| slot(i) == slot(group[0])),
+                "{group:?}"
+            );
+        }
+    }
+}
