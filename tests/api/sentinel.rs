@@ -6,7 +6,7 @@
 //! through them, and limits are exact again. The gap is measured and printed, never
 //! asserted.
 
-use crate::helpers::{TestApp, spawn_app_with, unique_name};
+use crate::helpers::{TestApp, metric, spawn_app_with, unique_name};
 use crate::redis_servers::{Sentinels, cli, poll};
 use authd::{FailureMode, RateLimitBackend as Backend, pb::LoginRequest};
 use std::time::{Duration, Instant};
@@ -77,7 +77,10 @@ async fn failover(test: &str, failure: FailureMode, kill: bool) {
     assert_eq!(logins(&app, 2).await, 2);
 
     let key = format!("{prefix}:Login:global:3600000:{{}}");
-    let new = set.replica.port;
+    let (old, new) = (set.master.port, set.replica.port);
+    let text = app.handle.render_metrics();
+    let series = |port: u16| format!("authd_redis_sentinel_master{{address=\"127.0.0.1:{port}\"}}");
+    assert_eq!(metric(&text, &series(old)), Some(1.0), "{text}");
     // The replica has the log before the master goes (asynchronous replication).
     assert!(
         poll(Duration::from_secs(10), || cli(new, &["zcard", &key])
@@ -149,6 +152,11 @@ async fn failover(test: &str, failure: FailureMode, kill: bool) {
             ),
         }
     }
+
+    // The metrics name the master answering.
+    let text = app.handle.render_metrics();
+    assert_eq!(metric(&text, &series(new)), Some(1.0), "{text}");
+    assert_eq!(metric(&text, &series(old)), None);
 
     // Exact again, on the new master: the log it had, then exactly the rest.
     let held: usize = (cli(new, &["zcard", &key]).unwrap().trim().parse()).unwrap();
