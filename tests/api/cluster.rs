@@ -1,7 +1,8 @@
 //! The Redis tier on a real Redis Cluster of three primaries the tests start
 //! (`redis_servers`): replicas enforce one global limit exactly through it, each
 //! key's window lives in one slot on one shard, a request whose rules fall on
-//! several slots leaves no entry anywhere when refused, a stopped shard brings the
+//! several slots leaves no entry anywhere when refused, a window moved to another
+//! shard (MOVED) is followed and stays exact, a stopped shard brings the
 //! failure mode within the Redis timeout and exact limits come back with it, and
 //! the login throttle counts on it.
 
@@ -97,6 +98,33 @@ async fn three_replicas_enforce_one_limit_exactly_through_a_redis_cluster() {
     // logs hold exactly the allowed requests.
     assert_eq!(cluster.zcard(&global), 30);
     assert_eq!(cluster.zcard(&peer), 30);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_moved_to_another_shard_is_followed_and_stays_exact() {
+    let test = "a_window_moved_to_another_shard_is_followed_and_stays_exact";
+    let Some(cluster) = Cluster::start(test).await else {
+        return;
+    };
+    let prefix = unique_name("rl");
+    let mut app = spawn_app_with(|c| on_cluster(c, &cluster, &prefix, "Login:global=10/1h")).await;
+    app.register(USER, PASSWORD).await.unwrap();
+    assert_eq!(burst(std::slice::from_ref(&app), 4).await, 4);
+    let key = format!("{prefix}:Login:global:3600000:{{}}");
+    let from = cluster.holders(&key)[0];
+    let to = (from + 1) % 3;
+    cluster.move_slot(&key, from, to);
+    assert_eq!(cluster.holders(&key), [to]);
+    // The connection still sends to the old owner, which answers MOVED: followed.
+    let ok = burst(std::slice::from_ref(&app), 12).await;
+    let stats = app.handle.rate_limit_stats();
+    assert_eq!(
+        (stats.local_decisions, stats.redis_failures),
+        (0, 0),
+        "{stats:?}"
+    );
+    assert_eq!(ok, 6, "the window moved whole, and stays exact");
+    assert_eq!(cluster.zcard(&key), 10);
 }
 
 /// A shard stopped: the failure mode applies at once; exact limits again once the

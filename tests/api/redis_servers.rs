@@ -236,6 +236,39 @@ impl Cluster {
             .collect()
     }
 
+    /// Moves the slot of `key` (and the keys in it) from node `from` to node `to`,
+    /// as `redis-cli --cluster reshard` does: IMPORTING, MIGRATING, MIGRATE, and the
+    /// new owner told to every node.
+    pub fn move_slot(&self, key: &str, from: usize, to: usize) {
+        let slot = self.slot(key).to_string();
+        let (src, dst) = (self.nodes[from].port, self.nodes[to].port);
+        let id = |port| cli(port, &["cluster", "myid"]).unwrap().trim().to_owned();
+        let (src_id, dst_id) = (id(src), id(dst));
+        let ok = |out: Option<String>| assert!(out.is_some_and(|o| o.contains("OK")));
+        ok(cli(
+            dst,
+            &["cluster", "setslot", &slot, "importing", &src_id],
+        ));
+        ok(cli(
+            src,
+            &["cluster", "setslot", &slot, "migrating", &dst_id],
+        ));
+        let keys = cli(src, &["cluster", "getkeysinslot", &slot, "1000"]).unwrap();
+        let keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
+        if !keys.is_empty() {
+            let port = dst.to_string();
+            let mut args = vec!["migrate", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+            args.extend(&keys);
+            ok(cli(src, &args));
+        }
+        for node in &self.nodes {
+            ok(cli(
+                node.port,
+                &["cluster", "setslot", &slot, "node", &dst_id],
+            ));
+        }
+    }
+
     /// `CLUSTER KEYSLOT key`.
     pub fn slot(&self, key: &str) -> u16 {
         cli(self.nodes[0].port, &["cluster", "keyslot", key])
