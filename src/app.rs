@@ -204,6 +204,16 @@ impl Application {
             .as_ref()
             .map(SharedRedis::open)
             .transpose()?;
+        if let Some(redis) = &redis {
+            // Which master Sentinel named, read at scrape (nothing for other URLs).
+            let (redis, master) = (Arc::downgrade(redis), metrics.sentinel.master.clone());
+            metrics.on_scrape(move || {
+                master.reset();
+                if let Some(node) = redis.upgrade().and_then(|r| r.node()) {
+                    master.with_label_values(&[node.as_str()]).set(1);
+                }
+            });
+        }
         let throttle = Throttle::new(
             config.limits.throttle(redis.clone())?,
             digest.clone(),

@@ -22,6 +22,7 @@
 //! - `accounts`: logins and the login throttle, sessions and their revocation,
 //!   tokens and their signing keys;
 //! - `ratelimit`: the rate-limit tier, its Redis calls and its in-process fallback;
+//! - `sentinel`: the Redis master the sentinels named, by address;
 //! - `overload`: admission control and pushback, what was refused for load;
 //! - `transport`: the connections of every listener, and TLS on the gRPC port;
 //! - `admin`: the admin API's calls and what they did to accounts;
@@ -40,6 +41,7 @@ mod passwords;
 mod ratelimit;
 mod requests;
 mod second_factor;
+mod sentinel;
 mod store;
 mod transport;
 
@@ -51,6 +53,7 @@ pub(crate) use passwords::{BlocklistMetrics, HASH_REFUSAL_CAUSES, HashMetrics};
 pub(crate) use ratelimit::RateLimitMetrics;
 pub(crate) use requests::{CODE_NAMES, GrpcMetrics, TraceMetrics};
 pub(crate) use second_factor::{CodeOutcome, FactorChange, SecondFactorMetrics};
+pub(crate) use sentinel::SentinelMetrics;
 pub(crate) use store::StoreMetrics;
 pub(crate) use transport::{ConnectionMetrics, ListenerMetrics, TlsMetrics};
 
@@ -74,6 +77,7 @@ pub struct Metrics {
     pub(crate) hash: HashMetrics,
     pub(crate) store: StoreMetrics,
     pub(crate) rate_limit: RateLimitMetrics,
+    pub(crate) sentinel: SentinelMetrics,
     pub(crate) tokens: TokenMetrics,
     pub(crate) connections: ConnectionMetrics,
     pub(crate) blocklist: BlocklistMetrics,
@@ -180,6 +184,7 @@ impl Metrics {
             hash: HashMetrics::new(&f),
             store: StoreMetrics::new(&f),
             rate_limit: RateLimitMetrics::new(&f),
+            sentinel: SentinelMetrics::new(&f),
             tokens: TokenMetrics::new(&f),
             connections: ConnectionMetrics::new(&f),
             blocklist: BlocklistMetrics::new(&f),
