@@ -45,6 +45,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "admin",
     )?;
 
+    envoy_descriptors(&out_dir)?;
+
     println!("cargo:rerun-if-changed={COMMON_PASSWORDS}");
     common_passwords(
         Path::new(COMMON_PASSWORDS),
@@ -84,6 +86,79 @@ fn compile(
         .extern_path(package, module)
         .out_dir(client_dir)
         .compile_fds(fds)?;
+    Ok(())
+}
+
+/// Envoy's APIs that authd serves: their files and every file they import come
+/// from the descriptor set that the `envoy-types` crate ships beside its generated
+/// code (`src/generated/types.bin`), so reflection describes exactly the types the
+/// crate encodes. The crate's version is read from Cargo.lock and its sources found
+/// where Cargo unpacks them (`$CARGO_HOME/registry/src/*/envoy-types-VERSION`).
+const ENVOY_APIS: &[&str] = &["envoy/service/ratelimit/v3/rls.proto"];
+
+/// Writes `envoy_descriptor.bin`: the files of [`ENVOY_APIS`] and their imports.
+fn envoy_descriptors(out_dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    println!("cargo:rerun-if-changed=Cargo.lock");
+    let lock = fs::read_to_string("Cargo.lock")?;
+    let version = lock
+        .split("[[package]]")
+        .find_map(|entry| {
+            let mut lines = entry.lines().map(str::trim);
+            lines.find(|l| *l == "name = \"envoy-types\"")?;
+            let version = lines.find_map(|l| l.strip_prefix("version = "))?;
+            Some(version.trim_matches('"').to_owned())
+        })
+        .ok_or("Cargo.lock names no envoy-types package")?;
+    let cargo_home = env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+        .ok_or("neither CARGO_HOME nor HOME is set")?;
+    let registries = fs::read_dir(cargo_home.join("registry/src"))?;
+    let file = registries
+        .filter_map(Result::ok)
+        .map(|r| {
+            r.path()
+                .join(format!("envoy-types-{version}/src/generated/types.bin"))
+        })
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            format!(
+                "envoy-types {version}'s types.bin not found under {}",
+                cargo_home.display()
+            )
+        })?;
+    println!("cargo:rerun-if-changed={}", file.display());
+    let all = prost_types::FileDescriptorSet::decode(fs::read(&file)?.as_slice())?;
+    let by_name: std::collections::HashMap<&str, &prost_types::FileDescriptorProto> =
+        all.file.iter().map(|f| (f.name(), f)).collect();
+    // Imports first, as protoc orders a set, each file once.
+    fn visit<'a>(
+        name: &'a str,
+        by_name: &std::collections::HashMap<&str, &'a prost_types::FileDescriptorProto>,
+        seen: &mut std::collections::HashSet<&'a str>,
+        out: &mut Vec<prost_types::FileDescriptorProto>,
+    ) -> Result<(), String> {
+        let file = by_name
+            .get(name)
+            .ok_or_else(|| format!("{name} is not in envoy-types"))?;
+        if !seen.insert(file.name()) {
+            return Ok(());
+        }
+        for import in &file.dependency {
+            visit(import, by_name, seen, out)?;
+        }
+        let mut file = (*file).clone();
+        // Comments are not needed to call the API, and would make the binary larger.
+        file.source_code_info = None;
+        out.push(file);
+        Ok(())
+    }
+    let (mut seen, mut files) = (Default::default(), Vec::new());
+    for api in ENVOY_APIS {
+        visit(api, &by_name, &mut seen, &mut files)?;
+    }
+    let set = prost_types::FileDescriptorSet { file: files };
+    fs::write(out_dir.join("envoy_descriptor.bin"), set.encode_to_vec())?;
     Ok(())
 }
 

@@ -144,6 +144,8 @@ impl LimiterMetrics {
 /// layer.
 pub struct RateLimiter {
     rules: RateLimits,
+    /// Envoy's rate limit service decides on this limiter too (`super::service`).
+    descriptors: bool,
     keys: Keys,
     failure: FailureMode,
     clock: Arc<dyn Clock>,
@@ -183,6 +185,7 @@ impl RateLimiter {
         let metrics = LimiterMetrics::new(metrics, &settings.rules);
         RateLimiter {
             rules: settings.rules,
+            descriptors: settings.descriptors,
             keys,
             failure: settings.failure,
             clock,
@@ -198,7 +201,7 @@ impl RateLimiter {
     /// prober keeps trying, so a Redis outage never stops authd from starting.
     pub async fn start(settings: Settings, metrics: &Metrics) -> anyhow::Result<Arc<Self>> {
         let redis = match &settings.redis {
-            Some(shared) if !settings.rules.is_empty() => Some(RedisTier {
+            Some(shared) if !settings.rules.is_empty() || settings.descriptors => Some(RedisTier {
                 limiter: redis::RedisLimiter::new(shared.clone(), settings.redis_timeout),
                 health: shared.health().clone(),
             }),
@@ -207,11 +210,14 @@ impl RateLimiter {
         let limiter = Arc::new(RateLimiter::new(
             settings.clone(),
             redis,
-            Arc::new(SystemClock),
+            settings
+                .clock
+                .clone()
+                .unwrap_or_else(|| Arc::new(SystemClock)),
             metrics,
         ));
         match &limiter.redis {
-            None if limiter.rules.is_empty() => {
+            None if limiter.rules.is_empty() && !settings.descriptors => {
                 if settings.redis.is_some() {
                     tracing::info!(
                         "AUTHD_REDIS_URL is set but there are no rate limits: only the login \
@@ -266,7 +272,7 @@ impl RateLimiter {
 
     pub fn backend(&self) -> Backend {
         match &self.redis {
-            _ if self.rules.is_empty() => Backend::Off,
+            _ if self.rules.is_empty() && !self.descriptors => Backend::Off,
             None => Backend::Local,
             Some(tier) if tier.health.is_up() => Backend::Redis,
             Some(_) => Backend::Degraded,
@@ -316,7 +322,20 @@ impl RateLimiter {
         checks: &[Check],
         span: &mut crate::otel::Child,
     ) -> Result<Quota, Error> {
-        let outcome = match &self.redis {
+        let outcome = self.outcome(checks, span).await?;
+        self.verdict(checks, &outcome)
+    }
+
+    /// What the backend in use decides for `checks` (not empty), all or nothing;
+    /// UNAVAILABLE when Redis fails in fail-closed mode. The caller says what the
+    /// outcome means: authd's own RPCs ([`decide`](Self::decide)) or Envoy's
+    /// descriptors (`super::service`).
+    pub(crate) async fn outcome(
+        &self,
+        checks: &[Check],
+        span: &mut crate::otel::Child,
+    ) -> Result<Outcome, Error> {
+        Ok(match &self.redis {
             None => {
                 span.set("ratelimit.backend", "local");
                 self.decide_locally(checks)
@@ -354,8 +373,7 @@ impl RateLimiter {
                 span.set("ratelimit.backend", "fallback");
                 self.decide_degraded(checks)?
             }
-        };
-        self.verdict(checks, &outcome)
+        })
     }
 
     fn decide_locally(&self, checks: &[Check]) -> Outcome {
@@ -371,8 +389,11 @@ impl RateLimiter {
             FailureMode::Closed => {
                 self.counters.unavailable.fetch_add(1, Ordering::Relaxed);
                 self.metrics.unavailable.inc();
+                // Envoy's descriptors count under metrics of their own (`super::service`).
                 for check in checks {
-                    self.metrics.rules[check.rule].unavailable.inc();
+                    if let Some(rule) = self.metrics.rules.get(check.rule) {
+                        rule.unavailable.inc();
+                    }
                 }
                 Err(Error::Unavailable(
                     "rate limits cannot be checked while Redis does not answer".into(),
@@ -447,6 +468,8 @@ mod tests {
             failure: FailureMode::Open,
             trust_forwarded_for: false,
             max_local_keys: 1000,
+            descriptors: false,
+            clock: None,
         };
         RateLimiter::new(settings, None, clock, &Metrics::new())
     }

@@ -25,7 +25,10 @@ use std::{
 /// ARGV[1]: the member to add, unique to this decision (a random replica id and a
 ///   counter), so two requests in the same microsecond, on one replica or several,
 ///   never collide.
-/// ARGV[2i], ARGV[2i+1]: limit and window (ms) of the rule of KEYS[i].
+/// ARGV[3i-1], ARGV[3i], ARGV[3i+1]: limit, window (ms) and hits of the rule of
+///   KEYS[i]. Hits are 1 for authd's own RPCs and Envoy's `hits_addend` for a
+///   descriptor: the rule must have room for all of them, and they are added as that
+///   many members (the unique member, then with `:2`, `:3`, ... appended).
 /// Returns {allowed (1|0), remaining_1, reset_us_1, remaining_2, reset_us_2, ...},
 /// where reset is 0 while the rule has room, else the time until its next slot frees.
 ///
@@ -34,8 +37,9 @@ use std::{
 /// closed limit does not keep it closed). Scores are microseconds since the epoch:
 /// below 2^53, exact in Lua's doubles, and formatted with %d so no precision is
 /// lost on the way to Redis. Each `redis.call` costs about a microsecond of plumbing
-/// on top of the command, so the common path (allowed, room left) makes only the
-/// five that the algorithm needs: TIME, then ZREMRANGEBYSCORE, ZCARD, ZADD, PEXPIRE.
+/// on top of the command, so the common path (allowed, room left, one hit) makes
+/// only the five that the algorithm needs: TIME, then ZREMRANGEBYSCORE, ZCARD, ZADD,
+/// PEXPIRE.
 const SCRIPT: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -44,28 +48,33 @@ local n = #KEYS
 local counts = {}
 local allowed = 1
 for i = 1, n do
-  local window = tonumber(ARGV[2 * i + 1]) * 1000
+  local window = tonumber(ARGV[3 * i]) * 1000
   redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', string.format('%d', now - window))
   counts[i] = redis.call('ZCARD', KEYS[i])
-  if counts[i] >= tonumber(ARGV[2 * i]) then
+  if counts[i] + tonumber(ARGV[3 * i + 1]) > tonumber(ARGV[3 * i - 1]) then
     allowed = 0
   end
 end
 local out = {allowed}
 for i = 1, n do
-  local limit = tonumber(ARGV[2 * i])
+  local limit = tonumber(ARGV[3 * i - 1])
+  local window_ms = tonumber(ARGV[3 * i])
+  local hits = tonumber(ARGV[3 * i + 1])
   local count = counts[i]
   if allowed == 1 then
     redis.call('ZADD', KEYS[i], now_score, ARGV[1])
-    redis.call('PEXPIRE', KEYS[i], ARGV[2 * i + 1])
-    count = count + 1
+    for h = 2, hits do
+      redis.call('ZADD', KEYS[i], now_score, ARGV[1] .. ':' .. h)
+    end
+    redis.call('PEXPIRE', KEYS[i], window_ms)
+    count = count + hits
   end
   local reset = 0
   if count >= limit then
     -- The next slot frees when the entry keeping the log full leaves the window.
     local index = count - limit
     local entry = redis.call('ZRANGE', KEYS[i], index, index, 'WITHSCORES')
-    reset = tonumber(entry[2]) + tonumber(ARGV[2 * i + 1]) * 1000 - now
+    reset = tonumber(entry[2]) + window_ms * 1000 - now
   end
   out[2 * i] = math.max(limit - count, 0)
   out[2 * i + 1] = reset
@@ -114,7 +123,8 @@ impl RedisLimiter {
             invocation
                 .key(&check.key)
                 .arg(check.limit)
-                .arg(check.window.as_millis() as u64);
+                .arg(check.window.as_millis() as u64)
+                .arg(check.hits);
         }
         // The limiter has read the connection's health itself to choose its backend.
         let reply: Vec<i64> = self.redis.invoke_anyway(&invocation, self.timeout).await?;
