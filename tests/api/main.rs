@@ -19,6 +19,7 @@ mod ratelimit;
 mod reflection;
 mod register;
 mod replicas;
+mod rls;
 mod secrets;
 mod sessions;
 mod storage;
