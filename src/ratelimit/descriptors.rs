@@ -362,6 +362,21 @@ authd: "Login:peer=20/1s"
     }
 
     #[test]
+    fn the_deployed_rules_parse() {
+        let file = RulesFile::parse(include_str!("../../deploy/ratelimit-rules.yaml")).unwrap();
+        let login = [
+            ("path", "/auth.v1.AuthService/Login"),
+            ("remote_address", "10.0.0.1"),
+        ];
+        assert_eq!(rule(&file, "edge", &login), Some("login-per-client"));
+        let other = [
+            ("path", "/auth.v1.AuthService/ValidateToken"),
+            ("remote_address", "10.0.0.1"),
+        ];
+        assert_eq!(rule(&file, "edge", &other), Some("path/remote_address"));
+    }
+
+    #[test]
     fn bad_files_are_refused_naming_the_entry() {
         for (text, expected) in [
             (

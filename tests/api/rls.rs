@@ -487,3 +487,56 @@ async fn hostile_requests_are_bounded() {
     let keys = metric(&text, "authd_ratelimit_local_keys").unwrap();
     assert!(keys <= 100.0 + 8.0, "{keys}");
 }
+
+#[tokio::test]
+async fn reflection_lists_and_describes_the_rate_limit_service() {
+    use tonic_reflection::pb::v1alpha::{
+        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+    };
+    let rls = spawn_rls(RULES, None, |_| {}).await;
+    let mut client = ServerReflectionClient::new(rls.app.channel().await);
+    let requests = [
+        MessageRequest::ListServices(String::new()),
+        MessageRequest::FileContainingSymbol("envoy.service.ratelimit.v3.RateLimitService".into()),
+        // An imported file, so that a client can resolve every field's type.
+        MessageRequest::FileByFilename(
+            "envoy/extensions/common/ratelimit/v3/ratelimit.proto".into(),
+        ),
+    ]
+    .map(|m| ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(m),
+    });
+    let mut responses = client
+        .server_reflection_info(tokio_stream::iter(requests))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut answers = Vec::new();
+    while let Some(r) = responses.message().await.unwrap() {
+        answers.push(r.message_response.expect("a response"));
+    }
+    let MessageResponse::ListServicesResponse(list) = &answers[0] else {
+        panic!("{:?}", answers[0]);
+    };
+    let names: Vec<_> = list.service.iter().map(|s| s.name.as_str()).collect();
+    assert!(
+        names.contains(&"envoy.service.ratelimit.v3.RateLimitService"),
+        "{names:?}"
+    );
+    for answer in &answers[1..] {
+        let MessageResponse::FileDescriptorResponse(files) = answer else {
+            panic!("{answer:?}");
+        };
+        assert!(!files.file_descriptor_proto.is_empty());
+    }
+    // Without a rules file the service is neither served nor listed.
+    let plain = crate::helpers::spawn_app().await;
+    let mut client = RateLimitServiceClient::new(plain.channel().await);
+    let status = client
+        .should_rate_limit(request("edge", &[&[("path", "/x")]]))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unimplemented);
+}
