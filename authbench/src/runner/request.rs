@@ -17,7 +17,14 @@ use crate::{
     },
     progress::Counters,
     report::{Outcome, Recorder},
-    scenario::Operation,
+    scenario::{Descriptors, Operation},
+};
+use envoy_types::pb::envoy::{
+    extensions::common::ratelimit::v3::{RateLimitDescriptor, rate_limit_descriptor::Entry},
+    service::ratelimit::v3::{
+        RateLimitRequest, rate_limit_response::Code as RateLimitCode,
+        rate_limit_service_client::RateLimitServiceClient,
+    },
 };
 use std::{
     sync::{Arc, Mutex, atomic::Ordering},
@@ -41,13 +48,15 @@ pub(super) struct Performed {
 pub(super) struct GrpcClients {
     pub(super) auth: AuthServiceClient<Channel>,
     pub(super) health: HealthClient<Channel>,
+    pub(super) rate_limit: RateLimitServiceClient<Channel>,
 }
 
 impl GrpcClients {
     pub(super) fn new(channel: Channel) -> Self {
         Self {
             auth: AuthServiceClient::new(channel.clone()),
-            health: HealthClient::new(channel),
+            health: HealthClient::new(channel.clone()),
+            rate_limit: RateLimitServiceClient::new(channel),
         }
     }
 }
@@ -74,6 +83,9 @@ pub(super) struct Shared {
     pub(super) recorders: Vec<Mutex<Recorder>>,
     pub(super) counters: Arc<Counters>,
     pub(super) backoff: bool,
+    /// What ratelimit requests ask, and over how many keys.
+    pub(super) descriptors: Descriptors,
+    pub(super) keys: usize,
 }
 
 impl Shared {
@@ -97,7 +109,11 @@ impl Shared {
         pick: usize,
         clients: &mut GrpcClients,
     ) -> Performed {
-        let GrpcClients { auth, health } = clients;
+        let GrpcClients {
+            auth,
+            health,
+            rate_limit,
+        } = clients;
         let fixtures = &self.fixtures;
         let timeout = self.timeout;
         let call = async {
@@ -156,6 +172,15 @@ impl Shared {
                         .await
                         .map(|r| *refresh_token = r.into_inner().refresh_token)
                 }
+                Operation::RateLimit => {
+                    let request = deadline(self.rate_limit_request(pick), timeout);
+                    let answer = rate_limit.should_rate_limit(request).await?.into_inner();
+                    if answer.overall_code == RateLimitCode::OverLimit as i32 {
+                        Err(Status::resource_exhausted("OVER_LIMIT"))
+                    } else {
+                        Ok(())
+                    }
+                }
             }
         };
         let mut retry_after = None;
@@ -184,6 +209,26 @@ impl Shared {
         Performed {
             result,
             retry_after,
+        }
+    }
+
+    /// The ShouldRateLimit request of pick `pick`: `{n}` is the pick modulo the keys.
+    fn rate_limit_request(&self, pick: usize) -> RateLimitRequest {
+        let n = pick % self.keys;
+        RateLimitRequest {
+            domain: self.descriptors.domain.clone(),
+            descriptors: (self.descriptors.entries(n))
+                .map(|entries| RateLimitDescriptor {
+                    entries: entries
+                        .map(|(key, value)| Entry {
+                            key: key.to_owned(),
+                            value,
+                        })
+                        .collect(),
+                    ..Default::default()
+                })
+                .collect(),
+            hits_addend: 0,
         }
     }
 
