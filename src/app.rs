@@ -292,6 +292,14 @@ impl Application {
             &metrics,
         )
         .await?;
+        if let Some(rules) = &rate_limit_rules {
+            // A reload that changes the file's authd: section changes authd's own rules.
+            let (limiter, limits) = (rate_limiter.clone(), config.limits.clone());
+            rules.on_authd_rules(move |file_rules| {
+                limiter.replace_rules(limits.authd_rules(file_rules)?);
+                Ok(())
+            });
+        }
         let trust_forwarded_for = config.limits.trust_forwarded_for;
         let admission = Admission::new(
             config.overload.admission(

@@ -186,16 +186,9 @@ impl LimitsConfig {
         redis: Option<Arc<SharedRedis>>,
         file_rules: Option<&RateLimits>,
     ) -> anyhow::Result<RateLimitSettings> {
-        let rules = match (&self.rate_limits, file_rules) {
-            (Some(_), Some(_)) => anyhow::bail!(
-                "authd's own rate limits are given twice, by --rate-limits and by the authd: \
-                 section of --rate-limit-rules-file; keep one"
-            ),
-            (Some(rules), None) | (None, Some(rules)) => rules.clone(),
-            (None, None) => RateLimits::default(),
-        };
+        let rules = self.authd_rules(file_rules)?;
         Ok(RateLimitSettings {
-            rules: rules.with_register_limit(&self.register_limit),
+            rules,
             redis,
             prefix: self.rate_limit_prefix.clone(),
             redis_timeout: self.redis_timeout,
@@ -205,6 +198,23 @@ impl LimitsConfig {
             descriptors: self.rate_limit_rules_file.is_some(),
             clock: (self.rate_limit_clock.clone()).map(|c| c as Arc<dyn crate::clock::Clock>),
         })
+    }
+
+    /// authd's own RPC rules, with the Register limit: from --rate-limits, or from the
+    /// rules file's `authd:` section (`file_rules`), never both.
+    pub(crate) fn authd_rules(
+        &self,
+        file_rules: Option<&RateLimits>,
+    ) -> anyhow::Result<RateLimits> {
+        let rules = match (&self.rate_limits, file_rules) {
+            (Some(_), Some(_)) => anyhow::bail!(
+                "authd's own rate limits are given twice, by --rate-limits and by the authd: \
+                 section of --rate-limit-rules-file; keep one"
+            ),
+            (Some(rules), None) | (None, Some(rules)) => rules.clone(),
+            (None, None) => RateLimits::default(),
+        };
+        Ok(rules.with_register_limit(&self.register_limit))
     }
 
     /// What the login throttle needs; refuses an across-clients threshold that one

@@ -10,10 +10,13 @@
 //! and the rules in force stay. Counts live in the limiter under keys built from a
 //! rule's place in the tree and its window (`service`), never from the file's
 //! version, so a rule that did not change keeps its counts across a reload (and so
-//! does one whose limit alone changed). Reading the file never blocks the async
-//! workers.
+//! does one whose limit alone changed). The file's `authd:` section, authd's own RPC
+//! rules, is put in force the same way (`RateLimiter::replace_rules`, through the
+//! hook the application sets); if it cannot be (it conflicts with
+//! `AUTHD_RATE_LIMITS`), the whole content is refused. Reading the file never blocks
+//! the async workers.
 
-use super::descriptors::RulesFile;
+use super::{RateLimits, descriptors::RulesFile};
 use crate::metrics::Metrics;
 use arc_swap::ArcSwap;
 use prometheus::IntCounter;
@@ -93,9 +96,14 @@ enum Seen {
     Refused { digest: Option<Digest>, why: String },
 }
 
+/// What puts a new `authd:` section in force for authd's own RPCs; an error
+/// refuses the whole new content.
+type OnAuthdRules = Box<dyn Fn(Option<&RateLimits>) -> anyhow::Result<()> + Send + Sync>;
+
 /// The rules in force and the file they come from.
 pub(crate) struct LiveRules {
     path: PathBuf,
+    on_authd: std::sync::OnceLock<OnAuthdRules>,
     current: ArcSwap<Loaded>,
     seen: Mutex<Seen>,
     metrics: Arc<Metrics>,
@@ -110,6 +118,7 @@ impl LiveRules {
         let reloads = &metrics.rate_limit.rules_reloads;
         let live = LiveRules {
             current: ArcSwap::from_pointee(Loaded::new(file, &metrics)),
+            on_authd: std::sync::OnceLock::new(),
             seen: Mutex::new(Seen::Applied(digest)),
             ok: reloads.with_label_values(&["ok"]),
             refused: reloads.with_label_values(&["error"]),
@@ -118,6 +127,14 @@ impl LiveRules {
         };
         live.in_force(&digest);
         Ok(live)
+    }
+
+    /// Called with the file's `authd:` rules each time a new content changes them.
+    pub(crate) fn on_authd_rules(
+        &self,
+        apply: impl Fn(Option<&RateLimits>) -> anyhow::Result<()> + Send + Sync + 'static,
+    ) {
+        let _ = self.on_authd.set(Box::new(apply));
     }
 
     /// The rules in force now.
@@ -155,21 +172,28 @@ impl LiveRules {
             }
             _ => {}
         }
-        match load(&self.path) {
+        let loaded = load(&self.path).and_then(|(file, digest)| {
+            // authd's own rules first: if they cannot be put in force, nothing is.
+            if file.authd != self.current().file.authd {
+                match self.on_authd.get() {
+                    Some(apply) => apply(file.authd.as_ref()).map_err(|e| {
+                        anyhow::anyhow!("rate limit rules file {}: {e:#}", self.path.display())
+                    })?,
+                    None => tracing::warn!(
+                        file = %self.path.display(),
+                        "the file's authd: rules changed, but nothing applies them"
+                    ),
+                }
+            }
+            Ok((file, digest))
+        });
+        match loaded {
             Ok((file, digest)) => {
-                let authd_changed = file.authd != self.current().file.authd;
                 tracing::info!(
                     file = %self.path.display(),
                     rules = file.rules().len(),
                     "rate limit rules reloaded"
                 );
-                if authd_changed {
-                    tracing::warn!(
-                        file = %self.path.display(),
-                        "the file's authd: rules changed: authd's own RPC rules take the new \
-                         ones at the next restart"
-                    );
-                }
                 self.current
                     .store(Arc::new(Loaded::new(file, &self.metrics)));
                 self.ok.inc();

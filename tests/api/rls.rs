@@ -540,3 +540,51 @@ async fn reflection_lists_and_describes_the_rate_limit_service() {
         .unwrap_err();
     assert_eq!(status.code(), tonic::Code::Unimplemented);
 }
+
+#[tokio::test]
+async fn the_files_authd_rules_are_reloaded_live_keeping_counts() {
+    let rules = |n: u32| format!("{RULES}---\nauthd: \"Login:global={n}/1m\"\n");
+    let mut rls = spawn_rls(&rules(2), None, |_| {}).await;
+    let app = &mut rls.app;
+    app.register("rita", "a fine password").await.unwrap();
+    for _ in 0..2 {
+        app.login("rita", "a fine password").await.unwrap();
+    }
+    let refused = app.login("rita", "a fine password").await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+    rls.file.rewrite(&rules(3));
+    assert_eq!(app.handle.reload_rate_limit_rules().await, Ok(true));
+    // 2 of 3 used already: one more, then refused.
+    app.login("rita", "a fine password").await.unwrap();
+    let refused = app.login("rita", "a fine password").await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+}
+
+#[tokio::test]
+async fn authd_rules_in_the_file_and_in_the_environment_are_refused() {
+    let rules = format!("{RULES}---\nauthd: \"Login:global=2/1m\"\n");
+    let file = RulesFile::new(&rules);
+    let mut config = crate::helpers::test_config(
+        format!("sqlite://{}", file.path.with_extension("db").display())
+            .parse()
+            .unwrap(),
+    );
+    config.limits.rate_limit_rules_file = Some(file.path.clone());
+    config.limits.rate_limits = Some("Login:peer=5/1s".parse().unwrap());
+    let err = authd::app::Application::build(config)
+        .await
+        .err()
+        .expect("refused");
+    assert!(format!("{err:#}").contains("given twice"), "{err:#}");
+    // While serving, a file that gains an authd: section beside AUTHD_RATE_LIMITS is
+    // refused whole, and the rules in force stay.
+    let mut rls = spawn_rls(RULES, None, |c| {
+        c.limits.rate_limits = Some("Login:peer=5/1s".parse().unwrap())
+    })
+    .await;
+    rls.file.rewrite(&rules);
+    let why = rls.app.handle.reload_rate_limit_rules().await.unwrap_err();
+    assert!(why.contains("given twice"), "{why}");
+    let req = request("edge", &[&[("path", "/login")]]);
+    assert_eq!(oks(&mut rls.client, &req, 3).await, 2);
+}
