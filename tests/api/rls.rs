@@ -269,8 +269,20 @@ async fn descriptors_match_count_and_answer_on_redis() {
 }
 
 #[tokio::test]
-async fn shadow_rules_count_as_if_enforced_and_never_refuse() {
-    let mut rls = spawn_rls(RULES, None, |_| {}).await;
+async fn shadow_rules_count_as_if_enforced_and_never_refuse_in_process() {
+    shadow_rules_count_as_if_enforced(None).await;
+}
+
+#[tokio::test]
+async fn shadow_rules_count_as_if_enforced_and_never_refuse_on_redis() {
+    let Some(url) = redis_url("shadow_rules_count_as_if_enforced_and_never_refuse_on_redis") else {
+        return;
+    };
+    shadow_rules_count_as_if_enforced(Some((&url, &unique_name("rls_shadow")))).await;
+}
+
+async fn shadow_rules_count_as_if_enforced(redis: Option<(&str, &str)>) {
+    let mut rls = spawn_rls(RULES, redis, |_| {}).await;
     let trial = request(
         "edge",
         &[
@@ -587,4 +599,40 @@ async fn authd_rules_in_the_file_and_in_the_environment_are_refused() {
     assert!(why.contains("given twice"), "{why}");
     let req = request("edge", &[&[("path", "/login")]]);
     assert_eq!(oks(&mut rls.client, &req, 3).await, 2);
+}
+
+#[tokio::test]
+async fn while_redis_fails_the_configured_failure_mode_applies() {
+    let Some(redis) = crate::helpers::ProxiedRedis::start(
+        "while_redis_fails_the_configured_failure_mode_applies",
+    )
+    .await
+    else {
+        return;
+    };
+    let req = request("edge", &[&[("path", "/login")]]);
+    // Closed: UNAVAILABLE while Redis is cut, and counted as such.
+    let mut closed = spawn_rls(RULES, Some((&redis.url, &redis.prefix)), |c| {
+        c.limits.rate_limit_failure = authd::FailureMode::Closed;
+        c.limits.redis_timeout = Duration::from_millis(250);
+    })
+    .await;
+    assert_eq!(oks(&mut closed.client, &req, 1).await, 1);
+    redis.proxy.cut();
+    let status = closed
+        .client
+        .should_rate_limit(req.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+    let text = closed.app.handle.render_metrics();
+    let series = r#"authd_ratelimit_descriptor_decisions_total{domain="edge",outcome="unavailable",rule="login"}"#;
+    assert_eq!(metric(&text, series), Some(1.0), "{text}");
+    // Open: the in-process windows decide, with the same limit per replica.
+    let mut open = spawn_rls(RULES, Some((&redis.url, &redis.prefix)), |c| {
+        c.limits.redis_timeout = Duration::from_millis(250);
+    })
+    .await;
+    assert_eq!(oks(&mut open.client, &req, 4).await, 2);
+    assert!(open.app.handle.rate_limit_stats().local_decisions >= 2);
 }
