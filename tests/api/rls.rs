@@ -391,27 +391,25 @@ async fn a_rewritten_file_is_in_force_keeping_counts_and_a_broken_one_is_ignored
 
 #[tokio::test]
 async fn no_window_holds_more_than_the_limit_across_its_edges() {
-    // 4 a second. Bursts every 100 ms for 5 s of the test's clock: a fixed window
-    // would let 4 through at 0.9 s and 4 more at 1.0 s (8 within 200 ms).
+    // 4 a second, asked from 0.5 s of the test's clock on, every 100 ms, in bursts
+    // of 6 at each half second and just before it. A fixed window (reset at each
+    // whole second) would let 4 through at 0.5 s and 4 more at 1.0 s: 8 within 1 s.
     let mut rls = spawn_rls(RULES, None, |_| {}).await;
     let req = request("edge", &[&[("burst", "edge-test")]]);
     let mut allowed_at = Vec::new();
-    for step in 0..50u64 {
-        let burst = if step % 10 == 9 || step % 10 == 0 {
-            6
-        } else {
-            1
-        };
-        for _ in 0..burst {
-            if !over(&ask(&mut rls.client, req.clone()).await) {
-                allowed_at.push(step * 100);
+    for step in 0..60u64 {
+        if step >= 5 {
+            let burst = if matches!(step % 5, 0 | 4) { 6 } else { 1 };
+            for _ in 0..burst {
+                if !over(&ask(&mut rls.client, req.clone()).await) {
+                    allowed_at.push(step * 100);
+                }
             }
         }
         rls.clock.advance(Duration::from_millis(100));
     }
     for &start in &allowed_at {
-        let within = allowed_at
-            .iter()
+        let within = (allowed_at.iter())
             .filter(|&&t| t >= start && t < start + 1000)
             .count();
         assert!(
@@ -419,13 +417,13 @@ async fn no_window_holds_more_than_the_limit_across_its_edges() {
             "{within} OK within 1 s from {start} ms: {allowed_at:?}"
         );
     }
-    // And the windows are full, not starved: 4 in every second that asked enough.
+    // Each window is used whole, once its oldest entry has left: 4 at 0.5 s, none at
+    // the 1.0 s edge, 4 again at 1.5 s, and so on.
     assert_eq!(
-        allowed_at.iter().filter(|&&t| t < 1000).count(),
-        4,
-        "{allowed_at:?}"
+        &allowed_at[..8],
+        [500, 500, 500, 500, 1500, 1500, 1500, 1500]
     );
-    assert!(allowed_at.len() >= 16, "{allowed_at:?}");
+    assert_eq!(allowed_at.len(), 4 * 6, "{allowed_at:?}");
 }
 
 /// Many concurrent streams for one key: exactly the limit is OK.
