@@ -117,9 +117,12 @@ impl DescriptorLimits {
     }
 
     /// Answers one request.
+    /// `request_id` (the trace layer's) ties the log line of a refusal, or of a
+    /// shadow rule that would have refused, to the request's own log line.
     pub(crate) async fn should_rate_limit(
         &self,
         request: &RateLimitRequest,
+        request_id: Option<&str>,
     ) -> Result<RateLimitResponse, Error> {
         if let Err(why) = validate(request) {
             self.answers.invalid.inc();
@@ -211,6 +214,7 @@ impl DescriptorLimits {
         }
         if !refused_by.is_empty() || !shadow_refused_by.is_empty() {
             tracing::info!(
+                request_id = request_id.unwrap_or_default(),
                 domain = %request.domain,
                 over_limit = refused_by.join(","),
                 shadow_over_limit = shadow_refused_by.join(","),
@@ -454,7 +458,9 @@ impl tonic::server::UnaryService<RateLimitRequest> for ShouldRateLimit {
     fn call(&mut self, request: tonic::Request<RateLimitRequest>) -> Self::Future {
         let limits = self.0.clone();
         Box::pin(async move {
-            match limits.should_rate_limit(request.get_ref()).await {
+            let id = request.extensions().get::<crate::rpc::RequestId>();
+            let id = id.map(crate::rpc::RequestId::as_str);
+            match limits.should_rate_limit(request.get_ref(), id).await {
                 Ok(response) => Ok(tonic::Response::new(response)),
                 Err(err) => Err(err.to_status()),
             }
