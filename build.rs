@@ -8,6 +8,13 @@
 //! fault (INTERNAL): it is generated in a second pass, into `client/`, reusing the
 //! message types of the first.
 //!
+//! Envoy's external authorization API (`envoy.service.auth.v3.Authorization`) is
+//! compiled from the protos the `envoy-types` package ships (its message types are
+//! used as they are): only the server is generated here, on authd's codec, and the
+//! descriptor set of `external_auth.proto` and everything it imports is written for
+//! reflection. The package's folder is found in Cargo's registry (by the version
+//! Cargo.lock pins), or named by `AUTHD_ENVOY_PROTOS` (a vendored copy).
+//!
 //! It also builds the bundled password blocklist: `data/common-passwords.txt.gz` (see
 //! `data/README.md`) decompressed, every entry folded as `src/blocklist.rs` folds
 //! passwords (NFKC, then Unicode lowercase), sorted, deduplicated and written as an
@@ -45,7 +52,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "admin",
     )?;
 
-    envoy_descriptors(&out_dir)?;
+    envoy_apis(&out_dir)?;
 
     println!("cargo:rerun-if-changed={COMMON_PASSWORDS}");
     common_passwords(
@@ -89,77 +96,81 @@ fn compile(
     Ok(())
 }
 
-/// Envoy's APIs that authd serves: their files and every file they import come
-/// from the descriptor set that the `envoy-types` crate ships beside its generated
-/// code (`src/generated/types.bin`), so reflection describes exactly the types the
-/// crate encodes. The crate's version is read from Cargo.lock and its sources found
-/// where Cargo unpacks them (`$CARGO_HOME/registry/src/*/envoy-types-VERSION`).
-const ENVOY_APIS: &[&str] = &["envoy/service/ratelimit/v3/rls.proto"];
+/// Envoy's APIs that authd serves, from the protos the envoy-types package ships:
+/// the external authorization service (its server on authd's codec, over
+/// envoy-types' messages, and `extauthz_descriptor.bin` for reflection) and the rate
+/// limit service (`envoy_descriptor.bin` for reflection).
+fn envoy_apis(out_dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    const PROTO: &str = "envoy/service/auth/v3/external_auth.proto";
+    const RATE_LIMIT_PROTO: &str = "envoy/service/ratelimit/v3/rls.proto";
+    const PACKAGE: &str = ".envoy.service.auth.v3";
+    let root = envoy_protos()?;
+    let includes = [
+        "data-plane-api",
+        "xds",
+        "protoc-gen-validate",
+        "googleapis",
+        "cel-spec",
+        "opentelemetry-proto",
+        "client_model",
+    ]
+    .map(|dir| root.join(dir));
+    // The rate limit service: its server is written by hand on envoy-types'
+    // messages (`ratelimit::service`); reflection needs its descriptors.
+    let rls = protox::compile([RATE_LIMIT_PROTO], &includes)?;
+    fs::write(out_dir.join("envoy_descriptor.bin"), rls.encode_to_vec())?;
+    let fds = protox::compile([PROTO], includes)?;
+    fs::write(out_dir.join("extauthz_descriptor.bin"), fds.encode_to_vec())?;
+    // Only the service's own file: its messages are envoy-types' (extern), so the
+    // code generated is the server alone.
+    let mut own = fds.clone();
+    own.file.retain(|file| file.name() == PROTO);
+    tonic_prost_build::configure()
+        .build_client(false)
+        .build_server(true)
+        .codec_path("crate::codec::RequestCodec")
+        .extern_path(PACKAGE, "::envoy_types::pb::envoy::service::auth::v3")
+        .compile_fds(own)?;
+    Ok(())
+}
 
-/// Writes `envoy_descriptor.bin`: the files of [`ENVOY_APIS`] and their imports.
-fn envoy_descriptors(out_dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
+/// The `proto/` folder of the envoy-types package this build uses.
+fn envoy_protos() -> Result<PathBuf, Box<dyn std::error::Error>> {
+    println!("cargo:rerun-if-env-changed=AUTHD_ENVOY_PROTOS");
+    if let Some(dir) = env::var_os("AUTHD_ENVOY_PROTOS") {
+        return Ok(dir.into());
+    }
     println!("cargo:rerun-if-changed=Cargo.lock");
     let lock = fs::read_to_string("Cargo.lock")?;
     let version = lock
         .split("[[package]]")
+        .filter(|entry| entry.contains("\nname = \"envoy-types\"\n"))
         .find_map(|entry| {
-            let mut lines = entry.lines().map(str::trim);
-            lines.find(|l| *l == "name = \"envoy-types\"")?;
-            let version = lines.find_map(|l| l.strip_prefix("version = "))?;
-            Some(version.trim_matches('"').to_owned())
+            let line = entry.lines().find(|l| l.starts_with("version = "))?;
+            Some(
+                line.trim_start_matches("version = ")
+                    .trim_matches('"')
+                    .to_owned(),
+            )
         })
-        .ok_or("Cargo.lock names no envoy-types package")?;
+        .ok_or("Cargo.lock pins no envoy-types")?;
     let cargo_home = env::var_os("CARGO_HOME")
         .map(PathBuf::from)
-        .or_else(|| env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+        .or_else(|| env::var_os("HOME").map(|home| PathBuf::from(home).join(".cargo")))
         .ok_or("neither CARGO_HOME nor HOME is set")?;
-    let registries = fs::read_dir(cargo_home.join("registry/src"))?;
-    let file = registries
-        .filter_map(Result::ok)
-        .map(|r| {
-            r.path()
-                .join(format!("envoy-types-{version}/src/generated/types.bin"))
-        })
-        .find(|p| p.is_file())
-        .ok_or_else(|| {
-            format!(
-                "envoy-types {version}'s types.bin not found under {}",
-                cargo_home.display()
-            )
-        })?;
-    println!("cargo:rerun-if-changed={}", file.display());
-    let all = prost_types::FileDescriptorSet::decode(fs::read(&file)?.as_slice())?;
-    let by_name: std::collections::HashMap<&str, &prost_types::FileDescriptorProto> =
-        all.file.iter().map(|f| (f.name(), f)).collect();
-    // Imports first, as protoc orders a set, each file once.
-    fn visit<'a>(
-        name: &'a str,
-        by_name: &std::collections::HashMap<&str, &'a prost_types::FileDescriptorProto>,
-        seen: &mut std::collections::HashSet<&'a str>,
-        out: &mut Vec<prost_types::FileDescriptorProto>,
-    ) -> Result<(), String> {
-        let file = by_name
-            .get(name)
-            .ok_or_else(|| format!("{name} is not in envoy-types"))?;
-        if !seen.insert(file.name()) {
-            return Ok(());
+    let package = format!("envoy-types-{version}");
+    let registries = fs::read_dir(cargo_home.join("registry").join("src"))?;
+    for registry in registries.flatten() {
+        let proto = registry.path().join(&package).join("proto");
+        if proto.is_dir() {
+            return Ok(proto);
         }
-        for import in &file.dependency {
-            visit(import, by_name, seen, out)?;
-        }
-        let mut file = (*file).clone();
-        // Comments are not needed to call the API, and would make the binary larger.
-        file.source_code_info = None;
-        out.push(file);
-        Ok(())
     }
-    let (mut seen, mut files) = (Default::default(), Vec::new());
-    for api in ENVOY_APIS {
-        visit(api, &by_name, &mut seen, &mut files)?;
-    }
-    let set = prost_types::FileDescriptorSet { file: files };
-    fs::write(out_dir.join("envoy_descriptor.bin"), set.encode_to_vec())?;
-    Ok(())
+    Err(format!(
+        "{package} is not in {}/registry/src: set AUTHD_ENVOY_PROTOS to its proto/ folder",
+        cargo_home.display()
+    )
+    .into())
 }
 
 /// Writes the folded, deduplicated entries of the gzipped list at `list` as an

@@ -11,6 +11,7 @@ use crate::{
     audit::Audit,
     blocklist::Blocklist,
     config::Config,
+    extauthz::{self, AuthorizationApi, Authorizer},
     grpc::{AuthApi, MAX_MESSAGE_BYTES},
     health,
     layers::{
@@ -66,6 +67,9 @@ pub struct Application {
     /// The admin API's port and settings, when AUTHD_ADMIN_LISTEN is set.
     admin: Option<(TcpListener, AdminSettings)>,
     admin_addr: Option<SocketAddr>,
+    /// The HTTP forward-auth port, when AUTHD_FORWARD_AUTH_LISTEN is set.
+    forward_auth_listener: Option<TcpListener>,
+    forward_auth_addr: Option<SocketAddr>,
     limits: Limits,
     tls: Option<Arc<ServerTls>>,
     config: Config,
@@ -84,9 +88,15 @@ pub struct AppHandle {
     metrics_addr: Option<SocketAddr>,
     health_addr: Option<SocketAddr>,
     admin_addr: Option<SocketAddr>,
+    forward_auth_addr: Option<SocketAddr>,
 }
 
 impl AppHandle {
+    /// Where `/forward-auth` answers (`None` while `AUTHD_FORWARD_AUTH_LISTEN` is off).
+    pub fn forward_auth_addr(&self) -> Option<SocketAddr> {
+        self.forward_auth_addr
+    }
+
     /// Where the admin API answers (`None` while `AUTHD_ADMIN_LISTEN` is off).
     pub fn admin_addr(&self) -> Option<SocketAddr> {
         self.admin_addr
@@ -211,6 +221,16 @@ impl Application {
             .as_ref()
             .map(SharedRedis::open)
             .transpose()?;
+        if let Some(redis) = &redis {
+            // Which master Sentinel named, read at scrape (nothing for other URLs).
+            let (redis, master) = (Arc::downgrade(redis), metrics.sentinel.master.clone());
+            metrics.on_scrape(move || {
+                master.reset();
+                if let Some(node) = redis.upgrade().and_then(|r| r.node()) {
+                    master.with_label_values(&[node.as_str()]).set(1);
+                }
+            });
+        }
         let throttle = Throttle::new(
             config.limits.throttle(redis.clone())?,
             digest.clone(),
@@ -278,6 +298,14 @@ impl Application {
             Some((listener, _)) => Some(listener.local_addr()?),
             None => None,
         };
+        let forward_auth_listener = match config.authz.forward_auth_listen.addr() {
+            Some(addr) => Some(transport::bind(addr, "forward-auth").await?),
+            None => None,
+        };
+        let forward_auth_addr = match &forward_auth_listener {
+            Some(listener) => Some(listener.local_addr()?),
+            None => None,
+        };
         // The connection cap is fitted under the open-file limit, raised to its hard
         // limit first.
         let limits = config.server.connection_limits(transport::raise_fd_limit());
@@ -332,6 +360,8 @@ impl Application {
             health_addr,
             admin,
             admin_addr,
+            forward_auth_listener,
+            forward_auth_addr,
             limits,
             tls,
             config,
@@ -374,6 +404,7 @@ impl Application {
             metrics_addr: self.metrics_addr,
             health_addr: self.health_addr,
             admin_addr: self.admin_addr,
+            forward_auth_addr: self.forward_auth_addr,
         }
     }
 
@@ -403,6 +434,8 @@ impl Application {
             health_addr,
             admin,
             admin_addr,
+            forward_auth_listener,
+            forward_auth_addr,
             limits,
             tls,
             config,
@@ -466,6 +499,7 @@ impl Application {
             tonic_reflection::server::Builder::configure()
                 .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
                 .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(pb::envoy_auth::FILE_DESCRIPTOR_SET)
                 // google.rpc error details, so clients can decode BadRequest and RetryInfo.
                 .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
         };
@@ -484,10 +518,17 @@ impl Application {
             config.limits.trust_forwarded_for,
         ))
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
+        // External authorization: Envoy's Check here, forward-auth on its own port.
+        let authorizer = Authorizer::new(
+            accounts.clone(),
+            config.authz.settings(),
+            metrics.authz.clone(),
+        );
         let routes = Routes::new(health_service.clone())
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
-            .add_service(auth);
+            .add_service(auth)
+            .add_service(AuthorizationApi::server(authorizer.clone()));
         // Envoy's rate limit service, when it has a rules file.
         let routes = match rate_limit_rules {
             Some(rules) => routes.add_service(ratelimit::RateLimitServer::new(
@@ -502,6 +543,19 @@ impl Application {
             )),
             None => routes,
         };
+        // Plain HTTP/1.1 within the main port's bounds; stops when the gRPC port does.
+        let forward_auth_server = forward_auth_listener.map(|listener| {
+            tokio::spawn(transport::serve(
+                "forward-auth",
+                listener,
+                Protocol::Http1,
+                None,
+                limits.clone(),
+                metrics.listener("forward-auth"),
+                extauthz::router(authorizer),
+                serving_stopped.clone(),
+            ))
+        });
         let grpc = tower::ServiceBuilder::new()
             .map_request(|request: http::Request<hyper::body::Incoming>| {
                 request.map(tonic::body::Body::new)
@@ -573,6 +627,7 @@ impl Application {
             listen = %local_addr,
             health = %health_addr.map_or_else(|| "off".to_owned(), |a| a.to_string()),
             admin = %admin_addr.map_or_else(|| "off".to_owned(), |a| a.to_string()),
+            forward_auth = %forward_auth_addr.map_or_else(|| "off".to_owned(), |a| a.to_string()),
             metrics = %metrics_addr.map_or_else(|| "off".to_owned(), |a| a.to_string()),
             database = %config.store.database_url,
             pbkdf2_iterations = config.passwords.pbkdf2_iterations,
@@ -604,6 +659,9 @@ impl Application {
             upkeep.abort();
             if let Some(admin) = &admin_server {
                 admin.abort();
+            }
+            if let Some(forward_auth) = &forward_auth_server {
+                forward_auth.abort();
             }
             store.close().await;
             stop_auxiliary_servers(stop_auxiliary, metrics_server, health_server).await;
@@ -640,13 +698,13 @@ impl Application {
                 server.abort();
             }
         }
-        if let Some(mut admin) = admin_server {
-            // Stopped with the gRPC port; its calls are short.
-            if tokio::time::timeout(CLOSE_TIMEOUT, &mut admin)
+        // Stopped with the gRPC port; their calls are short.
+        for mut server in admin_server.into_iter().chain(forward_auth_server) {
+            if tokio::time::timeout(CLOSE_TIMEOUT, &mut server)
                 .await
                 .is_err()
             {
-                admin.abort();
+                server.abort();
             }
         }
         store.close().await;

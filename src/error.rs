@@ -5,6 +5,11 @@
 //! variants separate the caller's fault (bad input, wrong credentials) from the
 //! server's state (full, unavailable) and from the unexpected, whose cause is logged
 //! and never sent to the client.
+//!
+//! A refusal of external authorization ([`Denial`]) is an answer, not an error of
+//! the call: it maps itself here too, to the HTTP status and the `WWW-Authenticate`
+//! challenge the proxy returns to its client, and to the `google.rpc` code of
+//! Envoy's CheckResponse.
 
 use std::time::Duration;
 use tonic::{Code, Status, metadata::MetadataValue};
@@ -396,6 +401,65 @@ pub(crate) fn with_retry_hint(status: &Status, wait: Duration) -> Status {
         metadata.insert("ratelimit-reset", MetadataValue::from(seconds));
     }
     Status::with_error_details_and_metadata(status.code(), status.message(), details, metadata)
+}
+
+/// Why external authorization (Envoy's Check, the HTTP forward-auth endpoint)
+/// refused a request. The proxy answers its client with [`Denial::http_status`] and
+/// [`Denial::challenge`]; the reason goes to metrics and the log, never further.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Denial {
+    /// No bearer token (RFC 6750 section 3.1: a challenge without an error code).
+    Missing,
+    /// A bearer token that does not verify, for whatever reason.
+    InvalidToken(TokenError),
+    /// A valid token of a sign-in without the second factor the route requires
+    /// (RFC 9470 `insufficient_user_authentication`).
+    SecondFactorRequired,
+    /// The route's policy is not one authd understands: a misconfigured proxy. The
+    /// request is refused (fail closed) with a server error, never let through.
+    BadPolicy,
+}
+
+impl Denial {
+    /// The HTTP status the proxy answers its client with.
+    pub fn http_status(self) -> u16 {
+        match self {
+            Denial::Missing | Denial::InvalidToken(_) => 401,
+            Denial::SecondFactorRequired => 403,
+            Denial::BadPolicy => 500,
+        }
+    }
+
+    /// The `google.rpc` code of Envoy's CheckResponse status.
+    pub fn code(self) -> Code {
+        match self {
+            Denial::Missing | Denial::InvalidToken(_) => Code::Unauthenticated,
+            Denial::SecondFactorRequired => Code::PermissionDenied,
+            Denial::BadPolicy => Code::Internal,
+        }
+    }
+
+    /// The `WWW-Authenticate` value (RFC 6750, RFC 9470), for the realm `realm` (a
+    /// quoted-string's content, checked when configured); none for a bad policy.
+    pub fn challenge(self, realm: &str) -> Option<String> {
+        let error = match self {
+            Denial::Missing => return Some(format!(r#"Bearer realm="{realm}""#)),
+            Denial::InvalidToken(_) => "invalid_token",
+            Denial::SecondFactorRequired => "insufficient_user_authentication",
+            Denial::BadPolicy => return None,
+        };
+        Some(format!(r#"Bearer realm="{realm}", error="{error}""#))
+    }
+
+    /// The metric label and log field: the token error's label for a bad token.
+    pub fn label(self) -> &'static str {
+        match self {
+            Denial::Missing => "missing_token",
+            Denial::InvalidToken(e) => e.label(),
+            Denial::SecondFactorRequired => "second_factor_required",
+            Denial::BadPolicy => "bad_policy",
+        }
+    }
 }
 
 #[cfg(test)]

@@ -27,6 +27,8 @@
 //!                      never queue)
 //!   codec              protobuf decoding; malformed -> INVALID_ARGUMENT, generic
 //!   grpc               proto <-> domain, for auth.v1.AuthService
+//!   extauthz           external authorization: Envoy's Check (gRPC) and HTTP
+//!                      forward-auth, verified as ValidateToken, identity headers
 //!   admin              auth.admin.v1.AdminService on its own listener: admin keys and
 //!                      roles, its rate limit, proto <-> domain, audited
 //!   accounts           the register / login / validate / session use cases
@@ -105,6 +107,7 @@ pub(crate) mod codec;
 pub mod config;
 pub(crate) mod credentials;
 pub(crate) mod error;
+pub(crate) mod extauthz;
 pub(crate) mod grpc;
 pub(crate) mod health;
 pub(crate) mod layers;
@@ -150,6 +153,19 @@ pub mod pb {
 
     /// The encoded descriptor set of `auth.v1`, served by reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("auth_descriptor");
+
+    /// Envoy's external authorization service, `envoy.service.auth.v3.Authorization`:
+    /// its server, generated on authd's codec over envoy-types' messages (see build.rs).
+    pub mod envoy_auth {
+        #![allow(clippy::all, missing_docs)]
+        pub use envoy_types::pb::envoy::service::auth::v3::*;
+        include!(concat!(env!("OUT_DIR"), "/envoy.service.auth.v3.rs"));
+
+        /// The encoded descriptor set of `envoy/service/auth/v3/external_auth.proto`
+        /// and its imports, served by reflection.
+        pub const FILE_DESCRIPTOR_SET: &[u8] =
+            tonic::include_file_descriptor_set!("extauthz_descriptor");
+    }
 
     /// The admin API, `auth.admin.v1` (served only on the admin listener).
     pub mod admin {

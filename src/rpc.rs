@@ -3,11 +3,13 @@
 //!
 //! - [`Rpc`]: which RPC a request path is, built on the service names the generated
 //!   code declares; nothing else in authd spells a path. Health and reflection are
-//!   [exempt](Rpc::is_exempt): never rate-limited, never refused for load.
+//!   [exempt](Rpc::is_exempt): never rate-limited, never refused for load. Envoy's
+//!   external authorization `Check` is a method like AuthService's.
 //! - The request extensions that travel down the stack: the [`RequestId`] (set by the
 //!   trace layer), the [`Deadline`] (set by admission control), the
 //!   [`ClientIdentity`] of a mutual-TLS client (set by the transport, per connection)
-//!   and, on the way back up, the [`UserId`] a handler acted for.
+//!   and, on the way back up, the [`UserId`] a handler acted for and the
+//!   [`AuthzDecision`] of an external authorization check.
 //! - Who sent a request: [`peer_ip`] and [`client_ip`].
 //!
 //! It imports nothing of authd's: every other module may import it.
@@ -20,6 +22,7 @@ use std::{
 use tonic::transport::server::TcpConnectInfo;
 
 const AUTH: &str = crate::pb::auth_service_server::SERVICE_NAME;
+const EXT_AUTHZ: &str = crate::pb::envoy_auth::authorization_server::SERVICE_NAME;
 const HEALTH: &str = tonic_health::pb::health_server::SERVICE_NAME;
 const REFLECTION_V1: &str = tonic_reflection::pb::v1::server_reflection_server::SERVICE_NAME;
 const REFLECTION_V1ALPHA: &str =
@@ -42,6 +45,8 @@ pub(crate) enum Rpc {
     CompleteLogin,
     DisableTotp,
     RegenerateRecoveryCodes,
+    /// `envoy.service.auth.v3.Authorization/Check`: Envoy's external authorization.
+    ExtAuthzCheck,
     HealthCheck,
     HealthWatch,
     ReflectionV1,
@@ -54,7 +59,7 @@ pub(crate) enum Rpc {
 
 impl Rpc {
     /// Every value, in the order of [`Rpc::index`].
-    pub(crate) const ALL: [Rpc; 18] = [
+    pub(crate) const ALL: [Rpc; 19] = [
         Rpc::Register,
         Rpc::Login,
         Rpc::ValidateToken,
@@ -67,6 +72,7 @@ impl Rpc {
         Rpc::CompleteLogin,
         Rpc::DisableTotp,
         Rpc::RegenerateRecoveryCodes,
+        Rpc::ExtAuthzCheck,
         Rpc::HealthCheck,
         Rpc::HealthWatch,
         Rpc::ReflectionV1,
@@ -75,7 +81,9 @@ impl Rpc {
         Rpc::Unknown,
     ];
 
-    /// The methods of `auth.v1.AuthService` (a unit test keeps them in step with the proto).
+    /// The methods of `auth.v1.AuthService` (a unit test keeps them in step with the
+    /// proto, and [`Rpc::NAMED_METHODS`] in step with them).
+    #[cfg(test)]
     pub(crate) const AUTH_METHODS: [Rpc; 12] = [
         Rpc::Register,
         Rpc::Login,
@@ -89,6 +97,24 @@ impl Rpc {
         Rpc::CompleteLogin,
         Rpc::DisableTotp,
         Rpc::RegenerateRecoveryCodes,
+    ];
+
+    /// The methods rate-limit rules and the mutual-TLS allow-list may name: those of
+    /// AuthService, and `Check` (Envoy's external authorization).
+    pub(crate) const NAMED_METHODS: [Rpc; 13] = [
+        Rpc::Register,
+        Rpc::Login,
+        Rpc::ValidateToken,
+        Rpc::Refresh,
+        Rpc::Logout,
+        Rpc::ChangePassword,
+        Rpc::GetSigningKeys,
+        Rpc::BeginTotpEnrollment,
+        Rpc::ConfirmTotpEnrollment,
+        Rpc::CompleteLogin,
+        Rpc::DisableTotp,
+        Rpc::RegenerateRecoveryCodes,
+        Rpc::ExtAuthzCheck,
     ];
 
     /// The RPC a request path (`/package.Service/Method`) names.
@@ -118,6 +144,7 @@ impl Rpc {
             | Rpc::CompleteLogin
             | Rpc::DisableTotp
             | Rpc::RegenerateRecoveryCodes => AUTH,
+            Rpc::ExtAuthzCheck => EXT_AUTHZ,
             Rpc::HealthCheck | Rpc::HealthWatch => HEALTH,
             Rpc::ReflectionV1 => REFLECTION_V1,
             Rpc::ReflectionV1Alpha => REFLECTION_V1ALPHA,
@@ -141,7 +168,7 @@ impl Rpc {
             Rpc::CompleteLogin => "CompleteLogin",
             Rpc::DisableTotp => "DisableTotp",
             Rpc::RegenerateRecoveryCodes => "RegenerateRecoveryCodes",
-            Rpc::HealthCheck => "Check",
+            Rpc::ExtAuthzCheck | Rpc::HealthCheck => "Check",
             Rpc::HealthWatch => "Watch",
             Rpc::ReflectionV1 | Rpc::ReflectionV1Alpha => "ServerReflectionInfo",
             Rpc::ShouldRateLimit => "ShouldRateLimit",
@@ -164,14 +191,20 @@ impl Rpc {
         )
     }
 
-    /// The AuthService method called `name` (case-insensitively), for rate-limit rules.
+    /// The method called `name` (case-insensitively) among [`Rpc::NAMED_METHODS`],
+    /// for rate-limit rules and the allow-list.
     pub(crate) fn auth_method(name: &str) -> Option<Rpc> {
-        Rpc::AUTH_METHODS
+        Rpc::NAMED_METHODS
             .iter()
             .copied()
             .find(|rpc| rpc.method().eq_ignore_ascii_case(name))
     }
 }
+
+/// The largest `Check` request (a gRPC frame's payload) authd reads: it carries
+/// every header of the proxied request (Envoy's own default bound on headers is
+/// 60 KiB), far more than authd's own messages.
+pub(crate) const MAX_CHECK_REQUEST_BYTES: usize = 96 * 1024;
 
 /// The service name health reports besides the server-wide `""`.
 pub(crate) const AUTH_SERVICE: &str = AUTH;
@@ -195,6 +228,14 @@ pub struct Deadline(pub Instant);
 /// (tonic carries them into the HTTP response), and the trace layer logs it.
 #[derive(Debug, Clone)]
 pub struct UserId(pub String);
+
+/// What an external authorization check decided (`allow` or `deny`, and why): the
+/// handler puts it in the response's extensions, and the trace layer logs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AuthzDecision {
+    pub outcome: &'static str,
+    pub reason: &'static str,
+}
 
 /// Who a mutual-TLS client is: its certificate's first URI SAN (e.g. a SPIFFE id),
 /// else its first DNS SAN, else its subject CN. The transport puts it in the
@@ -342,7 +383,8 @@ mod tests {
             Rpc::auth_method("changepassword"),
             Some(Rpc::ChangePassword)
         );
-        assert_eq!(Rpc::auth_method("Check"), None);
+        assert_eq!(Rpc::auth_method("Check"), Some(Rpc::ExtAuthzCheck));
+        assert!(!Rpc::ExtAuthzCheck.is_exempt());
     }
 
     #[test]
@@ -368,6 +410,8 @@ mod tests {
             .collect();
         known.sort();
         assert_eq!(methods, known);
+        assert_eq!(Rpc::NAMED_METHODS[..12], Rpc::AUTH_METHODS);
+        assert_eq!(Rpc::NAMED_METHODS[12], Rpc::ExtAuthzCheck);
     }
 
     #[test]

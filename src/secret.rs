@@ -134,9 +134,14 @@ impl fmt::Debug for SecretUrl {
     }
 }
 
-/// A Redis URL (`redis://[user:password@]host:port[/db]`, `rediss://`, `redis+unix://`),
-/// checked by the Redis client at parse time. A userinfo without `:` counts as a
-/// password: Redis has passwords more often than user names.
+/// A Redis URL, checked at parse time: one server (`redis://[user:password@]host:port[/db]`,
+/// `rediss://`, `redis+unix://`, as the Redis client reads them), a Redis Cluster
+/// (`redis+cluster://[user:password@]host:port,host:port,…`: any of its nodes, the
+/// rest found through them) or a master watched by Sentinel
+/// (`redis+sentinel://[user:password@]host:port,host:port,…/MASTERNAME[/db]`: the
+/// sentinels, the master's name; the password is the master's, the sentinels are
+/// asked without one). A userinfo without `:` counts as a password: Redis has
+/// passwords more often than user names.
 #[derive(Clone, PartialEq, Eq)]
 pub struct RedisUrl(SecretUrl);
 
@@ -155,11 +160,95 @@ impl FromStr for RedisUrl {
     type Err = String;
 
     fn from_str(url: &str) -> Result<Self, Self::Err> {
-        ::redis::Client::open(url)
-            .map(|_| RedisUrl(SecretUrl::with_bare_userinfo_secret(url)))
-            // The error's kind only: its text may quote the URL, secret included.
-            .map_err(|e| format!("not a usable Redis URL ({:?})", e.kind()))
+        redis_target(url)?;
+        Ok(RedisUrl(SecretUrl::with_bare_userinfo_secret(url)))
     }
+}
+
+impl RedisUrl {
+    /// What the URL names, each server's URL with the password (for connecting only).
+    pub(crate) fn target(&self) -> RedisTarget {
+        redis_target(self.expose()).expect("checked when parsed")
+    }
+}
+
+/// What a [`RedisUrl`] names: the URLs the Redis client connects to (passwords
+/// included: for connecting only, never printed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RedisTarget {
+    /// One server.
+    Single(String),
+    /// A Redis Cluster: the nodes to learn its topology from (`redis://` URLs).
+    Cluster(Vec<String>),
+    /// A master found through Sentinel: the sentinels (`redis://host:port`), the
+    /// master's name, and a URL (`redis://[userinfo@]sentinel-master/db`) whose
+    /// userinfo and database are the master's.
+    Sentinel {
+        sentinels: Vec<String>,
+        master: String,
+        settings: String,
+    },
+}
+
+/// Reads a Redis URL of one of the three forms; the error never quotes it.
+fn redis_target(url: &str) -> Result<RedisTarget, String> {
+    // The error's kind only: its text may quote the URL, secret included.
+    let check = |url: &str| {
+        ::redis::Client::open(url)
+            .map(|_| ())
+            .map_err(|e| format!("not a usable Redis URL ({:?})", e.kind()))
+    };
+    let (cluster, rest) = if let Some(rest) = url.strip_prefix("redis+cluster://") {
+        (true, rest)
+    } else if let Some(rest) = url.strip_prefix("redis+sentinel://") {
+        (false, rest)
+    } else if url.starts_with("rediss+cluster://") || url.starts_with("rediss+sentinel://") {
+        return Err(
+            "TLS to a Redis Cluster or Sentinel is not supported (this build \
+                    has no Redis TLS)"
+                .into(),
+        );
+    } else {
+        check(url)?;
+        return Ok(RedisTarget::Single(url.to_owned()));
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((userinfo, hosts)) => (format!("{userinfo}@"), hosts),
+        None => (String::new(), authority),
+    };
+    let hosts: Vec<&str> = hosts.split(',').filter(|h| !h.is_empty()).collect();
+    if hosts.is_empty() {
+        return Err("names no host (host:port,host:port,…)".into());
+    }
+    if cluster {
+        if !path.is_empty() && path != "/" {
+            return Err("a Redis Cluster has no database number: drop the path".into());
+        }
+        let nodes: Vec<String> = (hosts.iter())
+            .map(|h| format!("redis://{userinfo}{h}"))
+            .collect();
+        nodes.iter().try_for_each(|n| check(n))?;
+        return Ok(RedisTarget::Cluster(nodes));
+    }
+    let mut parts = path.trim_start_matches('/').splitn(2, '/');
+    let master = parts.next().unwrap_or_default();
+    if master.is_empty() {
+        return Err("names no master (…/MASTERNAME)".into());
+    }
+    let db = parts.next().unwrap_or_default();
+    if !db.is_empty() && db.parse::<u32>().is_err() {
+        return Err("the database after the master's name is not a number".into());
+    }
+    let sentinels: Vec<String> = hosts.iter().map(|h| format!("redis://{h}")).collect();
+    sentinels.iter().try_for_each(|n| check(n))?;
+    let settings = format!("redis://{userinfo}sentinel-master/{db}");
+    check(&settings)?;
+    Ok(RedisTarget::Sentinel {
+        sentinels,
+        master: master.to_owned(),
+        settings,
+    })
 }
 
 impl fmt::Display for RedisUrl {
@@ -376,8 +465,64 @@ mod tests {
             assert_eq!(parsed.expose(), url);
         }
         assert!(!"redis://cache".parse::<RedisUrl>().unwrap().has_secret());
+        for (url, shown) in [
+            (
+                "redis+cluster://:s3cret@10.0.0.1:7000,10.0.0.2:7000",
+                "redis+cluster://:***@10.0.0.1:7000,10.0.0.2:7000",
+            ),
+            (
+                "redis+sentinel://s3cret@10.0.0.1:26379,10.0.0.2:26379/mymaster/2",
+                "redis+sentinel://***@10.0.0.1:26379,10.0.0.2:26379/mymaster/2",
+            ),
+        ] {
+            let parsed: RedisUrl = url.parse().unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert_eq!(parsed.to_string(), shown);
+            assert!(!format!("{parsed:?}").contains("s3cret"));
+        }
         let err = "http://:s3cret@cache".parse::<RedisUrl>().unwrap_err();
         assert!(!err.contains("s3cret"), "{err}");
+    }
+
+    #[test]
+    fn cluster_and_sentinel_urls_name_their_nodes() {
+        let target = |url: &str| url.parse::<RedisUrl>().unwrap().target();
+        assert_eq!(
+            target("redis://cache:6379/1"),
+            RedisTarget::Single("redis://cache:6379/1".into())
+        );
+        assert_eq!(
+            target("redis+cluster://:pw@a:7000,b:7001"),
+            RedisTarget::Cluster(vec![
+                "redis://:pw@a:7000".into(),
+                "redis://:pw@b:7001".into()
+            ])
+        );
+        assert_eq!(
+            target("redis+sentinel://:pw@a:26379,b:26380/mymaster/3"),
+            RedisTarget::Sentinel {
+                sentinels: vec!["redis://a:26379".into(), "redis://b:26380".into()],
+                master: "mymaster".into(),
+                settings: "redis://:pw@sentinel-master/3".into(),
+            }
+        );
+        assert_eq!(
+            target("redis+sentinel://a:26379/mymaster"),
+            RedisTarget::Sentinel {
+                sentinels: vec!["redis://a:26379".into()],
+                master: "mymaster".into(),
+                settings: "redis://sentinel-master/".into(),
+            }
+        );
+        for bad in [
+            "redis+cluster://",
+            "redis+cluster://a:1/2",
+            "redis+sentinel://a:26379",
+            "redis+sentinel://a:26379/m/x",
+            "rediss+cluster://:s3cret@a:1",
+        ] {
+            let why = bad.parse::<RedisUrl>().unwrap_err();
+            assert!(!why.contains("s3cret"), "{why}");
+        }
     }
 
     #[test]

@@ -102,7 +102,7 @@ pub struct Args {
     pub users: usize,
 
     /// Weights of the mixed scenario: OPERATION=WEIGHT,… with operations health,
-    /// register, login, validate and refresh.
+    /// register, login, validate, refresh and check.
     #[arg(long)]
     pub mix: Option<Mix>,
 
@@ -116,6 +116,11 @@ pub struct Args {
     /// spreads over (1: every request counts against one key).
     #[arg(long, default_value_t = 1000)]
     pub keys: usize,
+    /// The check scenario over HTTP: GET /forward-auth on this authd forward-auth
+    /// port (http://HOST:PORT, AUTHD_FORWARD_AUTH_LISTEN), one HTTP/1.1 connection per
+    /// request in flight, with tokens from logins done first over gRPC at --target.
+    #[arg(long, value_name = "URL")]
+    pub forward_auth: Option<String>,
 
     /// Threads of the client's runtime; 1 runs everything on one thread, the
     /// cheapest way to drive a server from a single core.
@@ -210,6 +215,7 @@ impl Args {
         plan.wait = self.wait;
         plan.backoff = self.backoff;
         plan.bind = self.bind;
+        plan.forward_auth = self.forward_auth.clone();
         plan.progress = progress;
         if plan.target.starts_with("https://") {
             plan.tls = Some(tls);

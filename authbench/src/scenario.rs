@@ -27,16 +27,21 @@ pub enum Operation {
     /// OVER_LIMIT answer is recorded as RESOURCE_EXHAUSTED.
     #[serde(rename = "ratelimit")]
     RateLimit,
+    /// Envoy's external authorization, `envoy.service.auth.v3.Authorization/Check`,
+    /// of a request bearing a token obtained during setup: what a proxy asks of
+    /// authd for every request it passes on. No hashing, no database.
+    Check,
 }
 
 impl Operation {
-    pub const ALL: [Operation; 6] = [
+    pub const ALL: [Operation; 7] = [
         Operation::Health,
         Operation::Register,
         Operation::Login,
         Operation::Validate,
         Operation::Refresh,
         Operation::RateLimit,
+        Operation::Check,
     ];
 
     /// A dense index, for per-operation arrays.
@@ -52,6 +57,7 @@ impl Operation {
             Operation::Validate => "validate",
             Operation::Refresh => "refresh",
             Operation::RateLimit => "ratelimit",
+            Operation::Check => "check",
         }
     }
 
@@ -82,6 +88,8 @@ pub enum Scenario {
     Refresh,
     /// Envoy's ShouldRateLimit decisions (see --descriptors).
     Ratelimit,
+    /// Envoy's external authorization checks, with tokens from logins done first.
+    Check,
     /// A weighted mix of the above (see --mix).
     Mixed,
 }
@@ -95,6 +103,7 @@ impl Scenario {
             Scenario::Validate => "validate",
             Scenario::Refresh => "refresh",
             Scenario::Ratelimit => "ratelimit",
+            Scenario::Check => "check",
             Scenario::Mixed => "mixed",
         }
     }
@@ -108,6 +117,7 @@ impl Scenario {
             Scenario::Validate => Mix::only(Operation::Validate),
             Scenario::Refresh => Mix::only(Operation::Refresh),
             Scenario::Ratelimit => Mix::only(Operation::RateLimit),
+            Scenario::Check => Mix::only(Operation::Check),
             Scenario::Mixed => mixed.clone(),
         }
     }
@@ -190,8 +200,8 @@ impl FromStr for Mix {
             })?;
             let op = Operation::from_name(name.trim()).ok_or_else(|| {
                 format!(
-                    "unknown operation {:?} (expected health, register, login, validate, refresh \
-                     or ratelimit)",
+                    "unknown operation {:?} (expected health, register, login, validate, refresh, \
+                     ratelimit or check)",
                     name.trim()
                 )
             })?;

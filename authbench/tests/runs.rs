@@ -37,6 +37,7 @@ async fn every_scenario_accounts_for_every_request() {
         Scenario::Login,
         Scenario::Validate,
         Scenario::Refresh,
+        Scenario::Check,
         Scenario::Mixed,
     ] {
         let plan = plan(
@@ -206,4 +207,46 @@ async fn the_ratelimit_scenario_counts_decisions_and_over_limit_answers() {
         "{}",
         report.to_text()
     );
+}
+
+#[tokio::test]
+async fn checks_over_forward_auth_account_for_every_request() {
+    let app = spawn_app_with(|c| {
+        c.authz.forward_auth_listen = "127.0.0.1:0".parse().unwrap();
+    })
+    .await;
+    let forward_auth = app.forward_auth.expect("forward-auth is on");
+    let mut plan = plan(
+        &app,
+        Scenario::Check,
+        Load::Closed { concurrency: 3 },
+        Stop::Requests(30),
+    );
+    plan.forward_auth = Some(format!("http://{forward_auth}"));
+    let report = bench::run(&plan).await.expect("the run completes");
+    assert_accounted(&report, 30);
+    assert_eq!(report.codes.get(Code::Ok), 30, "{}", report.to_text());
+
+    // Only the check scenario, in a closed loop, over plain HTTP.
+    for (scenario, load, url) in [
+        (
+            Scenario::Validate,
+            Load::Closed { concurrency: 1 },
+            "http://127.0.0.1:1",
+        ),
+        (
+            Scenario::Check,
+            Load::Open { rate: 10.0 },
+            "http://127.0.0.1:1",
+        ),
+        (
+            Scenario::Check,
+            Load::Closed { concurrency: 1 },
+            "https://127.0.0.1:1",
+        ),
+    ] {
+        let mut plan = Plan::new("http://127.0.0.1:1", scenario, load, Stop::Requests(1));
+        plan.forward_auth = Some(url.into());
+        assert!(plan.check().is_err(), "{scenario} {load:?} {url}");
+    }
 }

@@ -19,7 +19,9 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 /// Redis, the rate limits and the login throttle.
 #[derive(Debug, Clone, Args)]
 pub struct LimitsConfig {
-    /// Redis for rate limits shared by every replica: redis://[:PASSWORD@]HOST:PORT[/DB]
+    /// Redis for rate limits shared by every replica: redis://[:PASSWORD@]HOST:PORT[/DB],
+    /// a Redis Cluster redis+cluster://[:PASSWORD@]HOST:PORT,HOST:PORT,… or a master found
+    /// through Sentinel redis+sentinel://[:PASSWORD@]HOST:PORT,HOST:PORT,…/MASTERNAME[/DB]
     /// [default: none; the rules are enforced per replica, in process].
     #[arg(long, env = "AUTHD_REDIS_URL", hide_env_values = true,
           value_parser = secret::parser::<RedisUrl>(), global = true, display_order = 50)]

@@ -22,6 +22,8 @@
 //! - `limits`: Redis, the rate limits and the login throttle.
 //! - `telemetry`: logs, metrics and traces.
 //! - `admin`: the admin API's listener, its keys file and its rate limit.
+//! - `authz`: external authorization: the forward-auth listener, the identity
+//!   headers' prefix, the `authorization` header, the challenge's realm.
 //! - `second_factor`: the data keys that seal TOTP secrets, the TOTP issuer, the
 //!   lifetime of Login's challenges.
 //! - `admin_command`: the command line of `authd admin`, the admin API's client: its
@@ -47,6 +49,7 @@
 
 mod admin;
 mod admin_command;
+mod authz;
 mod limits;
 mod overload;
 mod parse;
@@ -64,6 +67,7 @@ pub use admin::AdminConfig;
 pub use admin_command::{
     AdminAction, AdminCommand, AdminConnection, SessionsAction, UserArg, UsersAction,
 };
+pub use authz::AuthzConfig;
 pub use limits::LimitsConfig;
 pub use overload::OverloadConfig;
 pub use parse::MetricsListen;
@@ -198,6 +202,8 @@ pub struct Config {
     pub admin: AdminConfig,
     #[command(flatten)]
     pub second_factor: SecondFactorConfig,
+    #[command(flatten)]
+    pub authz: AuthzConfig,
 }
 
 impl Config {

@@ -42,8 +42,8 @@ pub struct TlsConfig {
           value_parser = positive_duration, display_order = 34)]
     pub tls_reload: Duration,
 
-    /// Client identities allowed per AuthService method under mutual TLS,
-    /// METHOD:IDENTITY,… with METHOD an RPC name or *; e.g.
+    /// Client identities allowed per AuthService method (or Check, Envoy's external
+    /// authorization) under mutual TLS, METHOD:IDENTITY,… with METHOD an RPC name or *; e.g.
     /// Register:spiffe://corp/ns/web/sa/signup. A method named here refuses other clients
     /// with PERMISSION_DENIED; others are open to every client certificate
     /// [default: none; every method open].

@@ -66,7 +66,7 @@ impl FromStr for AllowList {
             let method = match method.trim() {
                 "*" => None,
                 name => Some(Rpc::auth_method(name).ok_or_else(|| {
-                    let names: Vec<_> = Rpc::AUTH_METHODS.iter().map(|r| r.method()).collect();
+                    let names: Vec<_> = Rpc::NAMED_METHODS.iter().map(|r| r.method()).collect();
                     format!(
                         "{entry:?}: unknown method {name:?} (expected one of {} or *)",
                         names.join(", ")
@@ -169,7 +169,7 @@ mod tests {
     fn bad_entries_are_refused_with_a_reason() {
         for (text, why) in [
             ("Register", "expected METHOD:IDENTITY"),
-            ("Check:x", "unknown method \"Check\""),
+            ("Watch:x", "unknown method \"Watch\""),
             ("Login:", "the identity must be"),
             ("Login: \u{7}", "the identity must be"),
         ] {
@@ -177,6 +177,11 @@ mod tests {
             assert!(err.contains(why), "{text:?}: {err}");
         }
         assert!("".parse::<AllowList>().unwrap().is_empty());
+        // Envoy's Check is a method like any: a proxy's identity may be required.
+        let list: AllowList = "Check:envoy.corp".parse().unwrap();
+        assert!(list.allows(Rpc::ExtAuthzCheck, Some("envoy.corp")));
+        assert!(!list.allows(Rpc::ExtAuthzCheck, Some("web.corp")));
+        assert!(list.allows(Rpc::ValidateToken, Some("web.corp")));
     }
 
     #[tokio::test]

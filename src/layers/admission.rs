@@ -49,6 +49,9 @@ use tokio::{sync::Semaphore, time::Instant};
 use tonic::body::Body;
 use tower::Service;
 
+/// The gRPC framing of a message: a flag byte and a 4-byte length.
+const GRPC_FRAME_HEADER: usize = 5;
+
 /// How admission control is configured.
 #[derive(Debug, Clone)]
 pub struct AdmissionSettings {
@@ -282,9 +285,15 @@ impl Middleware for Admission {
         S::Error: Send + 'static,
     {
         let arrived = Instant::now();
-        if Rpc::of_path(req.uri().path()).is_exempt() {
+        let rpc = Rpc::of_path(req.uri().path());
+        if rpc.is_exempt() {
             return Box::pin(inner.call(req));
         }
+        // Envoy's Check carries the proxied request's headers: a larger bound of its own.
+        let max_body_bytes = match rpc {
+            Rpc::ExtAuthzCheck => rpc::MAX_CHECK_REQUEST_BYTES + GRPC_FRAME_HEADER,
+            _ => self.settings.max_body_bytes,
+        };
         let refuse = |err: Error| -> BoxFuture<Result<Response, S::Error>> {
             let response = err.to_status().into_http();
             Box::pin(async move { Ok(response) })
@@ -315,7 +324,7 @@ impl Middleware for Admission {
             let mut share = share;
             let answer = |err: Error| Ok(err.to_status().into_http());
             let (mut parts, body) = req.into_parts();
-            let limited = Limited::new(body, self.settings.max_body_bytes);
+            let limited = Limited::new(body, max_body_bytes);
             let received = match receive_by {
                 Some(by) => tokio::time::timeout_at(by, limited.collect()).await,
                 None => Ok(limited.collect().await),
@@ -327,8 +336,9 @@ impl Middleware for Admission {
                 }
                 Err(_) => return answer(Error::ReceiveTimeout),
                 Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-                    let limit = self.settings.max_body_bytes;
-                    return answer(Error::TooLarge { limit });
+                    return answer(Error::TooLarge {
+                        limit: max_body_bytes,
+                    });
                 }
                 Ok(Err(_)) => return answer(Error::Cancelled),
             };

@@ -26,7 +26,7 @@ use crate::{
     metrics::{CODE_NAMES, Metrics},
     middleware::{BoxFuture, Middleware, MiddlewareLayer, Request, Response},
     otel::{self, Traces},
-    rpc::{self, ClientIdentity, RequestId, Rpc, UserId},
+    rpc::{self, AuthzDecision, ClientIdentity, RequestId, Rpc, UserId},
 };
 use http::HeaderValue;
 use opentelemetry::{
@@ -119,6 +119,7 @@ impl Middleware for Trace {
                 Ok(mut response) => {
                     let code = grpc_code(response.headers());
                     let user = response.extensions_mut().remove::<UserId>();
+                    pending.decision = response.extensions_mut().remove::<AuthzDecision>();
                     let id = pending.request_id.clone();
                     response.headers_mut().insert(REQUEST_ID_HEADER, id);
                     pending.finish(code, user.as_ref());
@@ -171,6 +172,8 @@ struct Pending {
     span: Option<Context>,
     /// Logged with the request: its trace, or the caller's.
     trace_id: Option<String>,
+    /// What an external authorization check decided, logged with it.
+    decision: Option<AuthzDecision>,
 }
 
 impl Pending {
@@ -195,6 +198,7 @@ impl Pending {
             finished: false,
             span: None,
             trace_id: None,
+            decision: None,
         }
     }
 
@@ -218,6 +222,8 @@ impl Pending {
         let client = self.client.as_ref().map(ClientIdentity::as_str);
         let path = self.unknown_path.as_deref();
         let trace_id = self.trace_id.as_deref();
+        let decision = self.decision.map(|d| d.outcome);
+        let reason = self.decision.map(|d| d.reason);
         if rpc.is_exempt() {
             tracing::debug!(
                 request_id,
@@ -241,6 +247,8 @@ impl Pending {
                 code,
                 latency_ms,
                 user_id,
+                decision,
+                reason,
                 trace_id,
                 "request"
             );
@@ -325,6 +333,47 @@ mod tests {
             builder = builder.header(REQUEST_ID_HEADER, id);
         }
         builder.body(tonic::body::Body::empty()).unwrap()
+    }
+
+    /// A writer into a shared buffer, for the log lines of one test.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn the_request_line_names_an_authorization_decision() {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let inner = tower::service_fn(|_req: Request| async {
+            let mut response = Response::new(tonic::body::Body::empty());
+            response.extensions_mut().insert(AuthzDecision {
+                outcome: "deny",
+                reason: "revoked",
+            });
+            Ok::<_, Infallible>(response)
+        });
+        let svc = layer(Arc::new(Metrics::new()), None).layer(inner);
+        let path = "/envoy.service.auth.v3.Authorization/Check";
+        let response = svc.oneshot(request(path, None)).await.unwrap();
+        assert!(response.extensions().get::<AuthzDecision>().is_none());
+        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        assert!(text.contains(r#"method="Check""#), "{text}");
+        assert!(text.contains(r#"decision="deny""#), "{text}");
+        assert!(text.contains(r#"reason="revoked""#), "{text}");
     }
 
     #[tokio::test]

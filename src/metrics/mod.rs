@@ -22,9 +22,11 @@
 //! - `accounts`: logins and the login throttle, sessions and their revocation,
 //!   tokens and their signing keys;
 //! - `ratelimit`: the rate-limit tier, its Redis calls and its in-process fallback;
+//! - `sentinel`: the Redis master the sentinels named, by address;
 //! - `overload`: admission control and pushback, what was refused for load;
 //! - `transport`: the connections of every listener, and TLS on the gRPC port;
 //! - `admin`: the admin API's calls and what they did to accounts;
+//! - `authz`: external authorization's decisions (Envoy's Check, forward-auth);
 //! - `second_factor`: TOTP enrollments, second-factor codes by outcome, recovery
 //!   codes used.
 //!
@@ -33,21 +35,25 @@
 
 mod accounts;
 mod admin;
+mod authz;
 mod overload;
 mod passwords;
 mod ratelimit;
 mod requests;
 mod second_factor;
+mod sentinel;
 mod store;
 mod transport;
 
 pub(crate) use accounts::{LoginOutcome, SessionMetrics, ThrottleMetrics, TokenMetrics};
 pub(crate) use admin::AdminMetrics;
+pub(crate) use authz::AuthzMetrics;
 pub(crate) use overload::OverloadMetrics;
 pub(crate) use passwords::{BlocklistMetrics, HASH_REFUSAL_CAUSES, HashMetrics};
 pub(crate) use ratelimit::RateLimitMetrics;
 pub(crate) use requests::{CODE_NAMES, GrpcMetrics, TraceMetrics};
 pub(crate) use second_factor::{CodeOutcome, FactorChange, SecondFactorMetrics};
+pub(crate) use sentinel::SentinelMetrics;
 pub(crate) use store::StoreMetrics;
 pub(crate) use transport::{ConnectionMetrics, ListenerMetrics, TlsMetrics};
 
@@ -71,6 +77,7 @@ pub struct Metrics {
     pub(crate) hash: HashMetrics,
     pub(crate) store: StoreMetrics,
     pub(crate) rate_limit: RateLimitMetrics,
+    pub(crate) sentinel: SentinelMetrics,
     pub(crate) tokens: TokenMetrics,
     pub(crate) connections: ConnectionMetrics,
     pub(crate) blocklist: BlocklistMetrics,
@@ -80,6 +87,7 @@ pub struct Metrics {
     pub(crate) traces: TraceMetrics,
     pub(crate) overload: OverloadMetrics,
     pub(crate) admin: AdminMetrics,
+    pub(crate) authz: AuthzMetrics,
     pub(crate) second_factor: SecondFactorMetrics,
     /// 1 while readiness is SERVING, 0 while NOT_SERVING (the health checker sets it).
     pub(crate) serving: IntGauge,
@@ -176,6 +184,7 @@ impl Metrics {
             hash: HashMetrics::new(&f),
             store: StoreMetrics::new(&f),
             rate_limit: RateLimitMetrics::new(&f),
+            sentinel: SentinelMetrics::new(&f),
             tokens: TokenMetrics::new(&f),
             connections: ConnectionMetrics::new(&f),
             blocklist: BlocklistMetrics::new(&f),
@@ -185,6 +194,7 @@ impl Metrics {
             traces: TraceMetrics::new(&f),
             overload: OverloadMetrics::new(&f),
             admin: AdminMetrics::new(&f),
+            authz: AuthzMetrics::new(&f),
             second_factor: SecondFactorMetrics::new(&f),
             serving,
             refreshers: Mutex::new(Vec::new()),

@@ -2,6 +2,11 @@
 //! and the request (the client's address, a header's value, or nothing for
 //! `global`). Keys come from what clients send, so their size and shape are
 //! bounded here: odd or long header values are hashed.
+//!
+//! The subject is the key's Redis Cluster hash tag (`{10.0.0.7}`), so every rule of
+//! one client counts in one slot and a request's keys span few shards; a `global`
+//! key has the empty tag `{}`, which Redis ignores: each global rule has a slot of
+//! its own (spread over the shards).
 
 use super::{Check, KeyKind, RateLimits};
 use crate::rpc::ClientIdentity;
@@ -46,8 +51,9 @@ impl Keys {
                 continue;
             }
             let start = &self.starts[index];
-            let mut key = String::with_capacity(start.len() + 40);
+            let mut key = String::with_capacity(start.len() + 42);
             key.push_str(start);
+            key.push('{');
             match &rule.key {
                 KeyKind::Global => {}
                 KeyKind::Peer => {
@@ -72,6 +78,7 @@ impl Keys {
                     None => continue,
                 },
             }
+            key.push('}');
             checks.push(Check {
                 rule: index,
                 key,
@@ -159,25 +166,25 @@ mod tests {
         assert_eq!(
             keys(l, false, "Login", &[("x-client-id", "app-1")], "10.0.0.7"),
             [
-                "p:Login:peer:1000:10.0.0.7",
-                "p:*:global:60000:",
-                "p:*:header:x-client-id:1000:app-1",
+                "p:Login:peer:1000:{10.0.0.7}",
+                "p:*:global:60000:{}",
+                "p:*:header:x-client-id:1000:{app-1}",
             ]
         );
         // No header: the header rule does not apply.
         assert_eq!(
             keys(l, false, "ValidateToken", &[], "10.0.0.7"),
-            ["p:*:global:60000:"]
+            ["p:*:global:60000:{}"]
         );
         // IPv4-mapped IPv6 is the same client as IPv4.
         assert_eq!(
             keys(l, false, "Register", &[], "::ffff:10.0.0.7")[1],
-            "p:Register:peer:1000:10.0.0.7"
+            "p:Register:peer:1000:{10.0.0.7}"
         );
         // Odd or long header values are hashed: fixed size, no separators.
         let odd = keys(l, false, "Login", &[("x-client-id", "a:b c")], "10.0.0.7");
         assert!(
-            odd[2].starts_with("p:*:header:x-client-id:1000:sha256:"),
+            odd[2].starts_with("p:*:header:x-client-id:1000:{sha256:"),
             "{odd:?}"
         );
         let long = "x".repeat(200);
@@ -190,7 +197,7 @@ mod tests {
         );
         assert_eq!(
             long[2].len(),
-            "p:*:header:x-client-id:1000:sha256:".len() + 32
+            "p:*:header:x-client-id:1000:{sha256:".len() + 33
         );
     }
 
@@ -214,20 +221,20 @@ mod tests {
         };
         assert_eq!(
             plan(Some("spiffe://corp/ns/web/sa/signup")),
-            ["p:*:client-cert:1000:spiffe://corp/ns/web/sa/signup"]
+            ["p:*:client-cert:1000:{spiffe://corp/ns/web/sa/signup}"]
         );
-        assert_eq!(plan(Some("web.corp")), ["p:*:client-cert:1000:web.corp"]);
+        assert_eq!(plan(Some("web.corp")), ["p:*:client-cert:1000:{web.corp}"]);
         assert!(plan(None).is_empty());
         // Odd or long identities are hashed, never confused with a plain one.
         let odd = plan(Some("CN with spaces"));
         assert!(
-            odd[0].starts_with("p:*:client-cert:1000:#sha256:"),
+            odd[0].starts_with("p:*:client-cert:1000:{#sha256:"),
             "{odd:?}"
         );
         let long = "a".repeat(300);
         assert_eq!(
             plan(Some(&long))[0].len(),
-            "p:*:client-cert:1000:#sha256:".len() + 32
+            "p:*:client-cert:1000:{#sha256:".len() + 33
         );
     }
 
@@ -237,12 +244,12 @@ mod tests {
 
         assert_eq!(
             keys("Login:peer=1/1s", false, "Login", &headers, "10.0.0.1"),
-            ["p:Login:peer:1000:10.0.0.1"]
+            ["p:Login:peer:1000:{10.0.0.1}"]
         );
 
         assert_eq!(
             keys("Login:peer=1/1s", true, "Login", &headers, "10.0.0.1"),
-            ["p:Login:peer:1000:203.0.113.9"]
+            ["p:Login:peer:1000:{203.0.113.9}"]
         );
         // A hop that is not an address: the connection's peer.
         assert_eq!(
@@ -253,7 +260,7 @@ mod tests {
                 &[("x-forwarded-for", "unknown")],
                 "10.0.0.1"
             ),
-            ["p:Login:peer:1000:10.0.0.1"]
+            ["p:Login:peer:1000:{10.0.0.1}"]
         );
         assert_eq!(
             keys(
@@ -263,7 +270,7 @@ mod tests {
                 &[("x-forwarded-for", "[2001:db8::1]:4711")],
                 "10.0.0.1"
             ),
-            ["p:Login:peer:1000:2001:db8::1"]
+            ["p:Login:peer:1000:{2001:db8::1}"]
         );
     }
 }

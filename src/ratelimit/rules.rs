@@ -115,7 +115,7 @@ impl FromStr for Rule {
         } else {
             let known = Rpc::auth_method(method).map(Rpc::method);
             Some(known.ok_or_else(|| {
-                let names: Vec<_> = Rpc::AUTH_METHODS.iter().map(|r| r.method()).collect();
+                let names: Vec<_> = Rpc::NAMED_METHODS.iter().map(|r| r.method()).collect();
                 format!(
                     "unknown method {method:?} (expected one of {} or *)",
                     names.join(", ")

@@ -7,7 +7,9 @@
 //! The prober, one per connection, tries Redis every [`PROBE_INTERVAL`] while the
 //! flag is down (connecting if there is no connection yet, and loading the users'
 //! scripts again, which a restarted Redis has forgotten) and marks it up once Redis
-//! answers.
+//! answers. With Sentinel it also asks the sentinels, once a second while the flag
+//! is up, whether the master is still the one connected to (see
+//! `SharedRedis::watch`).
 //!
 //! It must not decide what a request does while Redis is down: that stays with the
 //! users (`super::FailureMode`).
@@ -80,17 +82,24 @@ impl Health {
 }
 
 /// While the flag is down, probes Redis every [`PROBE_INTERVAL`] and marks it up
-/// once it answers; ends when the connection is dropped (the server stopped).
+/// once it answers (while it is up, with Sentinel, checks the master once a
+/// second); ends when the connection is dropped (the server stopped).
 pub(super) fn spawn_prober(redis: Weak<SharedRedis>) {
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval(PROBE_INTERVAL);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Every other tick while Redis answers: once a second.
+        let mut watching = false;
         loop {
             ticker.tick().await;
             let Some(redis) = redis.upgrade() else {
                 return;
             };
             if redis.health().is_up() {
+                watching = !watching;
+                if watching {
+                    redis.watch(CONNECT_TIMEOUT).await;
+                }
                 continue;
             }
             match redis.probe(CONNECT_TIMEOUT).await {

@@ -7,7 +7,9 @@
 //! theirs.
 //!
 //! One job per file:
-//! - `connection`: the shared connection, made once and kept, and its calls;
+//! - `connection`: the shared connection (one server, a Redis Cluster, or a master
+//!   found through Sentinel and found again after a failover), made once and kept,
+//!   and its calls;
 //! - `health`: the flag, and the prober;
 //! - `error`: the one failure type and the timeout of a call.
 //!
@@ -18,6 +20,8 @@ mod connection;
 mod error;
 mod health;
 
+#[cfg(test)]
+pub(crate) use connection::Link;
 pub use connection::SharedRedis;
 pub(crate) use error::RedisFailure;
 use error::within;

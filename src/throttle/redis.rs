@@ -215,7 +215,7 @@ mod tests {
     }
 
     async fn store(
-        c: &mut redis::aio::ConnectionManager,
+        c: &mut crate::redis::Link,
         counts: &RedisCounts,
         keys: &Keys,
         v: &View,

@@ -92,6 +92,8 @@ pub struct VerifiedToken {
     pub issued_at: u64,
     /// The `amr` claim; `["pwd"]` for a token without one.
     pub amr: Vec<String>,
+    /// The `aud` claim: the audiences the token is meant for (none without one).
+    pub audience: Vec<String>,
 }
 
 impl VerifiedToken {
@@ -182,6 +184,11 @@ pub(super) fn verify(
         session_id: claims.sid,
         issued_at: claims.iat,
         amr: claims.amr.unwrap_or_else(|| vec!["pwd".to_owned()]),
+        audience: match claims.aud {
+            None => Vec::new(),
+            Some(Audience::One(one)) => vec![one],
+            Some(Audience::Many(many)) => many,
+        },
     })
 }
 

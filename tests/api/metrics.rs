@@ -66,6 +66,7 @@ fn served_methods() -> Vec<(String, String)> {
         .collect();
     assert!(methods.iter().any(|(_, m)| m == "Login"), "{methods:?}");
     for (service, method) in [
+        ("envoy.service.auth.v3.Authorization", "Check"),
         ("grpc.health.v1.Health", "Check"),
         ("grpc.health.v1.Health", "Watch"),
         (

@@ -203,7 +203,7 @@ async fn seed_log(
     n: usize,
     age: Duration,
 ) {
-    let key = format!("{prefix}:Login:global:{window_ms}:");
+    let key = format!("{prefix}:Login:global:{window_ms}:{{}}");
     let at = redis_now_us(redis).await - age.as_micros() as i64;
     for i in 0..n {
         let member = format!("seed-{}-{i}", age.as_millis());
@@ -250,7 +250,7 @@ async fn the_window_slides_on_redis() {
         "{delay:?}"
     );
     let _: i64 = redis::cmd("DEL")
-        .arg(format!("{prefix}:Login:global:10000:"))
+        .arg(format!("{prefix}:Login:global:10000:{{}}"))
         .query_async(&mut redis)
         .await
         .unwrap();
@@ -262,7 +262,7 @@ async fn the_window_slides_on_redis() {
 
     // Half of a full log in the window, half out: half the limit passes.
     let _: i64 = redis::cmd("DEL")
-        .arg(format!("{prefix}:Login:global:10000:"))
+        .arg(format!("{prefix}:Login:global:10000:{{}}"))
         .query_async(&mut redis)
         .await
         .unwrap();

@@ -4,7 +4,11 @@
 use crate::helpers::spawn_app;
 use tonic_reflection::pb::{v1, v1alpha};
 
-const EXPECTED: [&str; 2] = ["auth.v1.AuthService", "grpc.health.v1.Health"];
+const EXPECTED: [&str; 3] = [
+    "auth.v1.AuthService",
+    "envoy.service.auth.v3.Authorization",
+    "grpc.health.v1.Health",
+];
 
 #[tokio::test]
 async fn v1alpha_lists_and_describes_the_services() {
@@ -18,6 +22,7 @@ async fn v1alpha_lists_and_describes_the_services() {
         MessageRequest::ListServices(String::new()),
         MessageRequest::FileContainingSymbol("auth.v1.AuthService".into()),
         MessageRequest::FileContainingSymbol("google.rpc.BadRequest".into()),
+        MessageRequest::FileContainingSymbol("envoy.service.auth.v3.Authorization".into()),
     ]
     .map(|m| ServerReflectionRequest {
         host: String::new(),

@@ -45,22 +45,27 @@ pub(super) struct Target {
 }
 
 impl Target {
+    /// The plan's target.
     pub(super) async fn resolve(plan: &Plan) -> anyhow::Result<Arc<Self>> {
-        let uri: http::Uri = plan
-            .target
+        Self::resolve_url(plan, &plan.target).await
+    }
+
+    /// `url` (`http://host:port`), connected to as the plan says.
+    pub(super) async fn resolve_url(plan: &Plan, url: &str) -> anyhow::Result<Arc<Self>> {
+        let uri: http::Uri = url
             .parse()
-            .map_err(|e| anyhow!("{:?} is not a valid target URL: {e}", plan.target))?;
+            .map_err(|e| anyhow!("{url:?} is not a valid target URL: {e}"))?;
         let authority = uri
             .authority()
-            .ok_or_else(|| anyhow!("{:?} has no host", plan.target))?;
+            .ok_or_else(|| anyhow!("{url:?} has no host"))?;
         let port = authority.port_u16().unwrap_or(80);
         let addr = tokio::net::lookup_host(format!("{}:{port}", authority.host()))
             .await
-            .with_context(|| format!("cannot resolve {}", plan.target))?
+            .with_context(|| format!("cannot resolve {url}"))?
             .next()
-            .ok_or_else(|| anyhow!("cannot resolve {}: no address", plan.target))?;
+            .ok_or_else(|| anyhow!("cannot resolve {url}: no address"))?;
         Ok(Arc::new(Self {
-            url: plan.target.clone(),
+            url: url.to_owned(),
             host: authority.as_str().to_string(),
             addr,
             bind: plan.bind,
@@ -137,7 +142,18 @@ impl Connection {
 
     /// `POST path` with a JSON body.
     pub(super) async fn post(&mut self, path: &'static str, body: Bytes) -> anyhow::Result<Answer> {
-        self.send(Method::POST, path, body).await
+        self.send(Method::POST, path, body, None).await
+    }
+
+    /// `GET path` with `authorization: Bearer token` (authd's forward-auth).
+    pub(super) async fn get_bearer(
+        &mut self,
+        path: &'static str,
+        token: &str,
+    ) -> anyhow::Result<Answer> {
+        let authorization = http::HeaderValue::try_from(format!("Bearer {token}"))?;
+        self.send(Method::GET, path, Bytes::new(), Some(authorization))
+            .await
     }
 
     /// Sends one request and reads its whole answer, so that the connection can carry
@@ -148,8 +164,11 @@ impl Connection {
         method: Method,
         path: &'static str,
         body: Bytes,
+        authorization: Option<http::HeaderValue>,
     ) -> anyhow::Result<Answer> {
-        let answer = self.exchange(method.clone(), path, body).await;
+        let answer = self
+            .exchange(method.clone(), path, body, authorization)
+            .await;
         if answer.is_err() {
             self.open = None;
         }
@@ -161,6 +180,7 @@ impl Connection {
         method: Method,
         path: &'static str,
         body: Bytes,
+        authorization: Option<http::HeaderValue>,
     ) -> anyhow::Result<Answer> {
         let reusable = match self.open.as_mut() {
             Some(open) => open.sender.ready().await.is_ok(),
@@ -178,6 +198,9 @@ impl Connection {
             .header(header::HOST, &self.target.host);
         if !body.is_empty() {
             request = request.header(header::CONTENT_TYPE, "application/json");
+        }
+        if let Some(authorization) = authorization {
+            request = request.header(header::AUTHORIZATION, authorization);
         }
         let request = request.body(Full::new(body))?;
         let response = open.sender.send_request(request).await?;
@@ -224,7 +247,7 @@ pub(super) async fn wait_until_healthy(plan: &Plan, target: &Arc<Target>) -> any
         let problem = match connection.connect().await {
             Err(e) => Err(format!("cannot connect to {}: {e:#}", target.url)),
             Ok(()) => {
-                let check = connection.send(Method::GET, "/health", Bytes::new());
+                let check = connection.send(Method::GET, "/health", Bytes::new(), None);
                 match tokio::time::timeout(plan.connect_timeout, check).await {
                     Ok(Ok(answer)) if answer.status.is_success() => return Ok(()),
                     Ok(Ok(answer)) => Ok(format!("GET /health answered {}", answer.status)),

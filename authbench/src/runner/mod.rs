@@ -80,7 +80,16 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
             wait_until_serving(plan, &channels[0]).await?;
             let fixtures = prepare(plan, &mix, Via::Grpc(&channels), &progress).await?;
             let grpc: Vec<GrpcClients> = channels.into_iter().map(GrpcClients::new).collect();
-            (grpc, fixtures, Vec::new())
+            // The checks over HTTP/1.1: a connection per worker to the forward-auth port.
+            let forward_auth = match (&plan.forward_auth, plan.load) {
+                (Some(url), Load::Closed { concurrency }) => {
+                    let target = http::Target::resolve_url(plan, url).await?;
+                    progress.phase(format!("opening {concurrency} HTTP/1.1 connections"));
+                    http::open_connections(&target, concurrency).await?
+                }
+                _ => Vec::new(),
+            };
+            (grpc, fixtures, forward_auth)
         }
         Protocol::Http => {
             let Load::Closed { concurrency } = plan.load else {
@@ -134,6 +143,9 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
             let clock = Arc::new(Clock::new(warm_end, plan.stop));
             let clients: Vec<Client> = match plan.protocol {
                 // Worker i shares connection i mod n.
+                Protocol::Grpc if plan.forward_auth.is_some() => {
+                    http_connections.into_iter().map(Client::Http).collect()
+                }
                 Protocol::Grpc => (0..concurrency)
                     .map(|i| Client::Grpc(shared.grpc[i % shared.grpc.len()].clone()))
                     .collect(),
@@ -160,6 +172,7 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
         protocol: plan.protocol,
         connections: match (plan.protocol, plan.load) {
             (Protocol::Http, Load::Closed { concurrency }) => concurrency,
+            (_, Load::Closed { concurrency }) if plan.forward_auth.is_some() => concurrency,
             _ => plan.connections,
         },
         warmup: plan.warmup,

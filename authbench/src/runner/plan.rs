@@ -72,6 +72,9 @@ pub struct Plan {
     pub progress: bool,
     /// TLS, for an `https://` target.
     pub tls: Option<TlsOptions>,
+    /// The check scenario over HTTP/1.1: authd's forward-auth port
+    /// (`http://host:port`), tokens prepared over gRPC at `target`.
+    pub forward_auth: Option<String>,
 }
 
 /// The client side of TLS: whom to trust, what to present, which name to expect.
@@ -147,6 +150,7 @@ impl Plan {
             bind: None,
             progress: false,
             tls: None,
+            forward_auth: None,
         }
     }
 
@@ -185,6 +189,29 @@ impl Plan {
         }
         if self.protocol == Protocol::Http {
             self.check_http()?;
+        }
+        if let Some(url) = &self.forward_auth {
+            self.check_forward_auth(url)?;
+        }
+        Ok(())
+    }
+
+    /// What `--forward-auth` runs: checks only, in a closed loop, in plaintext,
+    /// with the tokens prepared over gRPC.
+    fn check_forward_auth(&self, url: &str) -> Result<(), String> {
+        if self.scenario != Scenario::Check || self.protocol != Protocol::Grpc {
+            return Err("--forward-auth runs only the check scenario, with gRPC at --target                         for the logins that get its tokens"
+                .into());
+        }
+        if let Load::Open { .. } = self.load {
+            return Err(
+                "--forward-auth runs only a closed loop (--concurrency), not --rate".into(),
+            );
+        }
+        if !url.starts_with("http://") {
+            return Err(format!(
+                "--forward-auth {url} must be http://HOST:PORT (the port is plain HTTP/1.1)"
+            ));
         }
         Ok(())
     }

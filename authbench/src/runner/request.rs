@@ -19,6 +19,10 @@ use crate::{
     report::{Outcome, Recorder},
     scenario::{Descriptors, Operation},
 };
+use bytes::Bytes;
+use envoy_types::pb::envoy::service::auth::v3::{
+    AttributeContext, CheckRequest, attribute_context, authorization_client::AuthorizationClient,
+};
 use envoy_types::pb::envoy::{
     extensions::common::ratelimit::v3::{RateLimitDescriptor, rate_limit_descriptor::Entry},
     service::ratelimit::v3::{
@@ -49,6 +53,8 @@ pub(super) struct GrpcClients {
     pub(super) auth: AuthServiceClient<Channel>,
     pub(super) health: HealthClient<Channel>,
     pub(super) rate_limit: RateLimitServiceClient<Channel>,
+    /// Envoy's external authorization, served by authd beside AuthService.
+    pub(super) authz: AuthorizationClient<Channel>,
 }
 
 impl GrpcClients {
@@ -56,7 +62,8 @@ impl GrpcClients {
         Self {
             auth: AuthServiceClient::new(channel.clone()),
             health: HealthClient::new(channel.clone()),
-            rate_limit: RateLimitServiceClient::new(channel),
+            rate_limit: RateLimitServiceClient::new(channel.clone()),
+            authz: AuthorizationClient::new(channel),
         }
     }
 }
@@ -113,6 +120,7 @@ impl Shared {
             auth,
             health,
             rate_limit,
+            authz,
         } = clients;
         let fixtures = &self.fixtures;
         let timeout = self.timeout;
@@ -158,6 +166,16 @@ impl Shared {
                         timeout,
                     );
                     auth.validate_token(request).await.map(drop)
+                }
+                Operation::Check => {
+                    let token = &fixtures.tokens[pick % fixtures.tokens.len()];
+                    let request = deadline(check_request(token), timeout);
+                    let answer = authz.check(request).await?.into_inner();
+                    // The call is OK whatever the decision: a refusal is the decision's code.
+                    match answer.status.map_or(0, |s| s.code) {
+                        0 => Ok(()),
+                        code => Err(Status::new(Code::from(code), "refused by the check")),
+                    }
                 }
                 Operation::Refresh => {
                     let slot = &fixtures.refresh_tokens[pick % fixtures.refresh_tokens.len()];
@@ -248,10 +266,22 @@ impl Shared {
                 "/login",
                 http::credentials(&fixtures.users[pick % fixtures.users.len()]),
             ),
+            // authd's forward-auth port (--forward-auth): 200 allowed, 401/403 refused.
+            Operation::Check => ("/forward-auth", Bytes::new()),
             _ => unreachable!("Plan::check refuses {op} over HTTP"),
         };
+        let exchange = async {
+            match op {
+                Operation::Check => {
+                    let token = &fixtures.tokens[pick % fixtures.tokens.len()];
+                    connection.get_bearer(path, token).await
+                }
+                _ => connection.post(path, body).await,
+            }
+        };
+        let answered = tokio::time::timeout(self.timeout, exchange).await;
         let mut retry_after = None;
-        let result = match tokio::time::timeout(self.timeout, connection.post(path, body)).await {
+        let result = match answered {
             Ok(Ok(answer)) => {
                 let code = http_code(answer.status);
                 if matches!(code, Code::ResourceExhausted | Code::Unavailable) {
@@ -265,7 +295,12 @@ impl Shared {
                 (
                     Outcome::Timeout,
                     Some(Failure::Http(anyhow::anyhow!(
-                        "POST {path}: no answer within {:?}",
+                        "{} {path}: no answer within {:?}",
+                        if op == Operation::Check {
+                            "GET"
+                        } else {
+                            "POST"
+                        },
                         self.timeout
                     ))),
                 )
@@ -297,6 +332,29 @@ impl Shared {
         drop(recorder);
         // Counted last, so a progress reading never runs ahead of the recorders.
         self.counters.done.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// What Envoy sends for a request bearing `token`: its headers, nothing more.
+fn check_request(token: &str) -> CheckRequest {
+    let headers = [
+        ("authorization".to_owned(), format!("Bearer {token}")),
+        (":path".to_owned(), "/".to_owned()),
+        (":method".to_owned(), "GET".to_owned()),
+    ];
+    CheckRequest {
+        attributes: Some(AttributeContext {
+            request: Some(attribute_context::Request {
+                http: Some(attribute_context::HttpRequest {
+                    method: "GET".into(),
+                    path: "/".into(),
+                    headers: headers.into_iter().collect(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
     }
 }
 

@@ -77,7 +77,8 @@ pub(super) async fn prepare(
     progress: &Progress,
 ) -> anyhow::Result<Fixtures> {
     let run_id = format!("ab{:08x}", rand::random::<u32>());
-    let needs_sessions = mix.uses(Operation::Validate) || mix.uses(Operation::Refresh);
+    let needs_sessions =
+        mix.uses(Operation::Validate) || mix.uses(Operation::Refresh) || mix.uses(Operation::Check);
     let needs_users = mix.uses(Operation::Login) || needs_sessions;
     let users: Vec<String> = if needs_users {
         (0..plan.users).map(|i| format!("{run_id}-u{i}")).collect()
@@ -95,7 +96,7 @@ pub(super) async fn prepare(
     let mut sessions = Vec::new();
     if needs_sessions {
         let Via::Grpc(channels) = via else {
-            bail!("tokens for validations and refreshes are prepared only over gRPC");
+            bail!("tokens for validations, checks and refreshes are prepared only over gRPC");
         };
         let client = |i: usize| AuthServiceClient::new(channels[i % channels.len()].clone());
         progress.phase(format!("logging in {} users for tokens", users.len()));

@@ -9,6 +9,10 @@ use tokio::{sync::oneshot, task::JoinHandle};
 
 pub struct TestApp {
     pub addr: std::net::SocketAddr,
+    /// Where `/forward-auth` answers, when the test turned it on.
+    // Read by runs.rs only; the other test binaries share this module.
+    #[allow(dead_code)]
+    pub forward_auth: Option<std::net::SocketAddr>,
     _dir: tempfile::TempDir,
     _stop: oneshot::Sender<()>,
     _task: JoinHandle<anyhow::Result<()>>,
@@ -35,12 +39,14 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Config)) -> TestApp {
     adjust(&mut config);
     let app = Application::build(config).await.expect("authd builds");
     let addr = app.local_addr();
+    let forward_auth = app.handle().forward_auth_addr();
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(app.run_until_stopped(async {
         let _ = stopped.await;
     }));
     TestApp {
         addr,
+        forward_auth,
         _dir: dir,
         _stop: stop,
         _task: task,
