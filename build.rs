@@ -52,7 +52,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "admin",
     )?;
 
-    envoy_authorization(&out_dir)?;
+    envoy_apis(&out_dir)?;
 
     println!("cargo:rerun-if-changed={COMMON_PASSWORDS}");
     common_passwords(
@@ -96,10 +96,13 @@ fn compile(
     Ok(())
 }
 
-/// The Envoy external authorization service: its server on authd's codec, over
-/// envoy-types' messages, and `extauthz_descriptor.bin` for reflection.
-fn envoy_authorization(out_dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
+/// Envoy's APIs that authd serves, from the protos the envoy-types package ships:
+/// the external authorization service (its server on authd's codec, over
+/// envoy-types' messages, and `extauthz_descriptor.bin` for reflection) and the rate
+/// limit service (`envoy_descriptor.bin` for reflection).
+fn envoy_apis(out_dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
     const PROTO: &str = "envoy/service/auth/v3/external_auth.proto";
+    const RATE_LIMIT_PROTO: &str = "envoy/service/ratelimit/v3/rls.proto";
     const PACKAGE: &str = ".envoy.service.auth.v3";
     let root = envoy_protos()?;
     let includes = [
@@ -112,6 +115,10 @@ fn envoy_authorization(out_dir: &Path) -> Result<(), Box<dyn std::error::Error>>
         "client_model",
     ]
     .map(|dir| root.join(dir));
+    // The rate limit service: its server is written by hand on envoy-types'
+    // messages (`ratelimit::service`); reflection needs its descriptors.
+    let rls = protox::compile([RATE_LIMIT_PROTO], &includes)?;
+    fs::write(out_dir.join("envoy_descriptor.bin"), rls.encode_to_vec())?;
     let fds = protox::compile([PROTO], includes)?;
     fs::write(out_dir.join("extauthz_descriptor.bin"), fds.encode_to_vec())?;
     // Only the service's own file: its messages are envoy-types' (extern), so the

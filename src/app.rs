@@ -54,6 +54,7 @@ pub struct Application {
     admission: Arc<Admission>,
     pushback: Arc<Pushback>,
     rate_limiter: Arc<RateLimiter>,
+    rate_limit_rules: Option<Arc<ratelimit::LiveRules>>,
     blocklist: Arc<Blocklist>,
     metrics: Arc<Metrics>,
     key_ring: LiveKeyRing,
@@ -81,6 +82,7 @@ pub struct AppHandle {
     admission: Arc<Admission>,
     pushback: Arc<Pushback>,
     rate_limiter: Arc<RateLimiter>,
+    rate_limit_rules: Option<Arc<ratelimit::LiveRules>>,
     metrics: Arc<Metrics>,
     key_file: Option<Arc<KeyFile>>,
     metrics_addr: Option<SocketAddr>,
@@ -111,6 +113,21 @@ impl AppHandle {
             Ok(keyfile::Reload::Reloaded) => Ok(true),
             Ok(keyfile::Reload::Unchanged) => Ok(false),
             Ok(keyfile::Reload::Refused(why)) => Err(why),
+            Err(e) => Err(format!("the reload task failed: {e}")),
+        }
+    }
+
+    /// Re-reads `AUTHD_RATE_LIMIT_RULES_FILE` now, as the periodic reload does:
+    /// `Ok(true)` when new rules are in force, `Ok(false)` when the file is unchanged
+    /// (or none is configured), the reason when it was refused and the rules kept.
+    pub async fn reload_rate_limit_rules(&self) -> Result<bool, String> {
+        let Some(rules) = self.rate_limit_rules.clone() else {
+            return Ok(false);
+        };
+        match tokio::task::spawn_blocking(move || rules.check()).await {
+            Ok(ratelimit::Reload::Reloaded) => Ok(true),
+            Ok(ratelimit::Reload::Unchanged) => Ok(false),
+            Ok(ratelimit::Reload::Refused(why)) => Err(why),
             Err(e) => Err(format!("the reload task failed: {e}")),
         }
     }
@@ -292,8 +309,25 @@ impl Application {
         // The connection cap is fitted under the open-file limit, raised to its hard
         // limit first.
         let limits = config.server.connection_limits(transport::raise_fd_limit());
+        // Envoy's rate limit rules: a file that does not parse stops the start.
+        let rate_limit_rules = (config.limits.rate_limit_rules_file.clone())
+            .map(|path| ratelimit::LiveRules::load(path, metrics.clone()).map(Arc::new))
+            .transpose()?;
+        let file_rules = (rate_limit_rules.as_ref()).and_then(|r| r.current().file.authd.clone());
         // Never fails on a Redis outage: the limiter starts degraded and keeps trying.
-        let rate_limiter = RateLimiter::start(config.limits.rate_limiter(redis), &metrics).await?;
+        let rate_limiter = RateLimiter::start(
+            config.limits.rate_limiter(redis, file_rules.as_ref())?,
+            &metrics,
+        )
+        .await?;
+        if let Some(rules) = &rate_limit_rules {
+            // A reload that changes the file's authd: section changes authd's own rules.
+            let (limiter, limits) = (rate_limiter.clone(), config.limits.clone());
+            rules.on_authd_rules(move |file_rules| {
+                limiter.replace_rules(limits.authd_rules(file_rules)?);
+                Ok(())
+            });
+        }
         let trust_forwarded_for = config.limits.trust_forwarded_for;
         let admission = Admission::new(
             config.overload.admission(
@@ -314,6 +348,7 @@ impl Application {
             admission,
             pushback,
             rate_limiter,
+            rate_limit_rules,
             blocklist,
             metrics,
             key_ring,
@@ -363,6 +398,7 @@ impl Application {
             admission: self.admission.clone(),
             pushback: self.pushback.clone(),
             rate_limiter: self.rate_limiter.clone(),
+            rate_limit_rules: self.rate_limit_rules.clone(),
             metrics: self.metrics.clone(),
             key_file: self.key_file.clone(),
             metrics_addr: self.metrics_addr,
@@ -386,6 +422,7 @@ impl Application {
             admission,
             pushback,
             rate_limiter,
+            rate_limit_rules,
             blocklist,
             metrics,
             key_ring,
@@ -424,6 +461,12 @@ impl Application {
         });
         let key_file_watcher = key_file
             .map(|file| file.spawn(config.tokens.token_keys_reload, auxiliary_stopped.clone()));
+        let rules_watcher = (rate_limit_rules.clone()).map(|rules| {
+            rules.spawn(
+                config.limits.rate_limit_rules_reload,
+                auxiliary_stopped.clone(),
+            )
+        });
 
         let (reporter, health_service) = tonic_health::server::health_reporter();
         health::report_alive(&reporter).await;
@@ -460,6 +503,12 @@ impl Application {
                 // google.rpc error details, so clients can decode BadRequest and RetryInfo.
                 .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
         };
+        let reflection = || match &rate_limit_rules {
+            Some(_) => {
+                reflection().register_encoded_file_descriptor_set(pb::envoy::FILE_DESCRIPTOR_SET)
+            }
+            None => reflection(),
+        };
         // grpcurl 1.8 speaks only v1alpha; newer clients use v1.
         let reflection_v1 = reflection().build_v1()?;
         let reflection_v1alpha = reflection().build_v1alpha()?;
@@ -480,6 +529,20 @@ impl Application {
             .add_service(reflection_v1alpha)
             .add_service(auth)
             .add_service(AuthorizationApi::server(authorizer.clone()));
+        // Envoy's rate limit service, when it has a rules file.
+        let routes = match rate_limit_rules {
+            Some(rules) => routes.add_service(ratelimit::RateLimitServer::new(
+                Arc::new(ratelimit::DescriptorLimits::new(
+                    rate_limiter.clone(),
+                    rules,
+                    config.limits.rate_limit_shadow,
+                    &config.limits.rate_limit_prefix,
+                    &metrics,
+                )),
+                MAX_MESSAGE_BYTES,
+            )),
+            None => routes,
+        };
         // Plain HTTP/1.1 within the main port's bounds; stops when the gRPC port does.
         let forward_auth_server = forward_auth_listener.map(|listener| {
             tokio::spawn(transport::serve(
@@ -605,6 +668,9 @@ impl Application {
             if let Some(watcher) = key_file_watcher {
                 watcher.abort();
             }
+            if let Some(watcher) = rules_watcher {
+                watcher.abort();
+            }
             result.context("the gRPC server task failed")?;
             anyhow::bail!("the gRPC server stopped unexpectedly");
         }
@@ -644,6 +710,9 @@ impl Application {
         store.close().await;
         stop_auxiliary_servers(stop_auxiliary, metrics_server, health_server).await;
         if let Some(watcher) = key_file_watcher {
+            watcher.abort();
+        }
+        if let Some(watcher) = rules_watcher {
             watcher.abort();
         }
         tracing::info!("authd stopped");

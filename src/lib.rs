@@ -178,6 +178,14 @@ pub mod pb {
         pub const FILE_DESCRIPTOR_SET: &[u8] =
             tonic::include_file_descriptor_set!("admin_descriptor");
     }
+
+    /// Envoy's APIs that authd serves (their types are the `envoy-types` crate's).
+    pub mod envoy {
+        /// The encoded descriptor set of `envoy.service.ratelimit.v3` and every file
+        /// it imports, served by reflection (see build.rs).
+        pub const FILE_DESCRIPTOR_SET: &[u8] =
+            tonic::include_file_descriptor_set!("envoy_descriptor");
+    }
 }
 
 #[cfg(test)]

@@ -27,6 +27,8 @@ const HEALTH: &str = tonic_health::pb::health_server::SERVICE_NAME;
 const REFLECTION_V1: &str = tonic_reflection::pb::v1::server_reflection_server::SERVICE_NAME;
 const REFLECTION_V1ALPHA: &str =
     tonic_reflection::pb::v1alpha::server_reflection_server::SERVICE_NAME;
+const RATE_LIMIT_SERVICE: &str =
+    envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::SERVICE_NAME;
 
 /// An RPC authd serves, or [`Rpc::Unknown`] for any other path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -49,13 +51,15 @@ pub(crate) enum Rpc {
     HealthWatch,
     ReflectionV1,
     ReflectionV1Alpha,
+    /// Envoy's `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`.
+    ShouldRateLimit,
     /// A path that names none of the above (an unknown service or method).
     Unknown,
 }
 
 impl Rpc {
     /// Every value, in the order of [`Rpc::index`].
-    pub(crate) const ALL: [Rpc; 18] = [
+    pub(crate) const ALL: [Rpc; 19] = [
         Rpc::Register,
         Rpc::Login,
         Rpc::ValidateToken,
@@ -73,6 +77,7 @@ impl Rpc {
         Rpc::HealthWatch,
         Rpc::ReflectionV1,
         Rpc::ReflectionV1Alpha,
+        Rpc::ShouldRateLimit,
         Rpc::Unknown,
     ];
 
@@ -143,6 +148,7 @@ impl Rpc {
             Rpc::HealthCheck | Rpc::HealthWatch => HEALTH,
             Rpc::ReflectionV1 => REFLECTION_V1,
             Rpc::ReflectionV1Alpha => REFLECTION_V1ALPHA,
+            Rpc::ShouldRateLimit => RATE_LIMIT_SERVICE,
             Rpc::Unknown => "unknown",
         }
     }
@@ -165,6 +171,7 @@ impl Rpc {
             Rpc::ExtAuthzCheck | Rpc::HealthCheck => "Check",
             Rpc::HealthWatch => "Watch",
             Rpc::ReflectionV1 | Rpc::ReflectionV1Alpha => "ServerReflectionInfo",
+            Rpc::ShouldRateLimit => "ShouldRateLimit",
             Rpc::Unknown => "unknown",
         }
     }

@@ -106,6 +106,16 @@ pub struct Args {
     #[arg(long)]
     pub mix: Option<Mix>,
 
+    /// What each ratelimit request asks Envoy's rate limit service:
+    /// DOMAIN:KEY=VALUE,…;KEY=VALUE,… (descriptors separated by ;, entries by ,);
+    /// {n} in a value becomes a number below --keys, different request after request.
+    #[arg(long, default_value = crate::scenario::Descriptors::DEFAULT)]
+    pub descriptors: crate::scenario::Descriptors,
+
+    /// How many values {n} in --descriptors takes: the distinct keys a ratelimit run
+    /// spreads over (1: every request counts against one key).
+    #[arg(long, default_value_t = 1000)]
+    pub keys: usize,
     /// The check scenario over HTTP: GET /forward-auth on this authd forward-auth
     /// port (http://HOST:PORT, AUTHD_FORWARD_AUTH_LISTEN), one HTTP/1.1 connection per
     /// request in flight, with tokens from logins done first over gRPC at --target.
@@ -199,6 +209,8 @@ impl Args {
         plan.warmup = self.warmup;
         plan.timeout = self.timeout;
         plan.users = self.users;
+        plan.descriptors = self.descriptors.clone();
+        plan.keys = self.keys;
         plan.connect_timeout = self.connect_timeout;
         plan.wait = self.wait;
         plan.backoff = self.backoff;

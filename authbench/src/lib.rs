@@ -2,8 +2,9 @@
 //!
 //! This package owns everything that *measures* authd from the outside, and speaks
 //! to it only through the gRPC client generated from authd's proto (and the standard
-//! health client, and Envoy's external authorization client from envoy-types, for
-//! the `check` scenario); nothing in the server depends on it. It also loads the service
+//! health client, Envoy's rate limit client for the ratelimit scenario and its
+//! external authorization client for the check scenario, from the `envoy-types`
+//! crate); nothing in the server depends on it. It also loads the service
 //! authd replaces, the report's FastAPI one kept in `bench/report-service/` as the
 //! benchmark's comparator, over HTTP/1.1 with JSON (`--protocol http`), and reports
 //! it in the same shape. It is a library (not only a binary) so that its tests drive
@@ -12,8 +13,8 @@
 //! - [`cli`]: the `authbench` command line, checked and turned into a [`Plan`].
 //! - [`protocol`]: gRPC (authd) or HTTP/1.1 JSON (the report's service).
 //! - [`scenario`]: the operations (health, register, login, validate, refresh,
-//!   check) and the weighted
-//!   mix that decides which one each request is.
+//!   ratelimit, check), the weighted mix that decides which one each request is,
+//!   and the descriptors a ratelimit request asks.
 //! - [`schedule`]: the open-loop send schedule and the default connection count.
 //! - [`runner`]: connects, prepares users and tokens, drives the closed or open loop
 //!   and records every outcome.

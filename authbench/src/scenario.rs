@@ -22,6 +22,11 @@ pub enum Operation {
     /// `Refresh` of a session started during setup: one rotation (a write), no
     /// hashing. Each session's refresh token is used by one request at a time.
     Refresh,
+    /// Envoy's `ShouldRateLimit` with the descriptors of `--descriptors`: one decision
+    /// of the rate limit tier (a Redis script, or the in-process windows). An
+    /// OVER_LIMIT answer is recorded as RESOURCE_EXHAUSTED.
+    #[serde(rename = "ratelimit")]
+    RateLimit,
     /// Envoy's external authorization, `envoy.service.auth.v3.Authorization/Check`,
     /// of a request bearing a token obtained during setup: what a proxy asks of
     /// authd for every request it passes on. No hashing, no database.
@@ -29,12 +34,13 @@ pub enum Operation {
 }
 
 impl Operation {
-    pub const ALL: [Operation; 6] = [
+    pub const ALL: [Operation; 7] = [
         Operation::Health,
         Operation::Register,
         Operation::Login,
         Operation::Validate,
         Operation::Refresh,
+        Operation::RateLimit,
         Operation::Check,
     ];
 
@@ -50,6 +56,7 @@ impl Operation {
             Operation::Login => "login",
             Operation::Validate => "validate",
             Operation::Refresh => "refresh",
+            Operation::RateLimit => "ratelimit",
             Operation::Check => "check",
         }
     }
@@ -79,6 +86,8 @@ pub enum Scenario {
     Validate,
     /// Refresh-token rotations, of sessions from logins done first.
     Refresh,
+    /// Envoy's ShouldRateLimit decisions (see --descriptors).
+    Ratelimit,
     /// Envoy's external authorization checks, with tokens from logins done first.
     Check,
     /// A weighted mix of the above (see --mix).
@@ -93,6 +102,7 @@ impl Scenario {
             Scenario::Login => "login",
             Scenario::Validate => "validate",
             Scenario::Refresh => "refresh",
+            Scenario::Ratelimit => "ratelimit",
             Scenario::Check => "check",
             Scenario::Mixed => "mixed",
         }
@@ -106,6 +116,7 @@ impl Scenario {
             Scenario::Login => Mix::only(Operation::Login),
             Scenario::Validate => Mix::only(Operation::Validate),
             Scenario::Refresh => Mix::only(Operation::Refresh),
+            Scenario::Ratelimit => Mix::only(Operation::RateLimit),
             Scenario::Check => Mix::only(Operation::Check),
             Scenario::Mixed => mixed.clone(),
         }
@@ -189,7 +200,8 @@ impl FromStr for Mix {
             })?;
             let op = Operation::from_name(name.trim()).ok_or_else(|| {
                 format!(
-                    "unknown operation {:?} (expected health, register, login, validate, refresh or check)",
+                    "unknown operation {:?} (expected health, register, login, validate, refresh, \
+                     ratelimit or check)",
                     name.trim()
                 )
             })?;
@@ -299,5 +311,116 @@ mod tests {
         assert_eq!(Scenario::Login.mix(&mixed).wheel(), [Operation::Login]);
         assert_eq!(Scenario::Health.mix(&mixed).wheel(), [Operation::Health]);
         assert_eq!(Scenario::Mixed.mix(&mixed), mixed);
+    }
+}
+
+/// What the ratelimit operation asks: a domain and the descriptors of one
+/// ShouldRateLimit request, `DOMAIN:KEY=VALUE,KEY=VALUE;KEY=VALUE…` (descriptors
+/// separated by `;`, a descriptor's entries by `,`). `{n}` in a value becomes a
+/// number from 0 to `keys - 1`, a different one request after request, so a run
+/// spreads over that many keys (`--keys`) the way many clients would.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Descriptors {
+    pub domain: String,
+    pub descriptors: Vec<Vec<(String, String)>>,
+}
+
+impl Descriptors {
+    /// The default of `--descriptors`: one per client address, as Envoy's
+    /// `remote_address` action sends, over `--keys` addresses.
+    pub const DEFAULT: &'static str = "edge:remote_address=10.0.0.{n}";
+
+    /// The descriptors of one request, `{n}` replaced by `n`.
+    pub fn entries(&self, n: usize) -> impl Iterator<Item = impl Iterator<Item = (&str, String)>> {
+        self.descriptors.iter().map(move |entries| {
+            entries
+                .iter()
+                .map(move |(key, value)| (key.as_str(), value.replace("{n}", &n.to_string())))
+        })
+    }
+}
+
+impl FromStr for Descriptors {
+    type Err = String;
+
+    fn from_str(spec: &str) -> Result<Self, Self::Err> {
+        let shape = || {
+            format!(
+                "expected DOMAIN:KEY=VALUE,…;KEY=VALUE,… (e.g. {})",
+                Self::DEFAULT
+            )
+        };
+        let (domain, rest) = spec.split_once(':').ok_or_else(shape)?;
+        let domain = domain.trim();
+        if domain.is_empty() {
+            return Err(shape());
+        }
+        let mut descriptors = Vec::new();
+        for descriptor in rest.split(';').map(str::trim).filter(|d| !d.is_empty()) {
+            let mut entries = Vec::new();
+            for entry in descriptor.split(',').map(str::trim) {
+                let (key, value) = entry.split_once('=').ok_or_else(shape)?;
+                if key.trim().is_empty() {
+                    return Err(shape());
+                }
+                entries.push((key.trim().to_owned(), value.trim().to_owned()));
+            }
+            descriptors.push(entries);
+        }
+        if descriptors.is_empty() {
+            return Err(shape());
+        }
+        Ok(Descriptors {
+            domain: domain.to_owned(),
+            descriptors,
+        })
+    }
+}
+
+impl fmt::Display for Descriptors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:", self.domain)?;
+        for (i, entries) in self.descriptors.iter().enumerate() {
+            if i > 0 {
+                f.write_str(";")?;
+            }
+            for (j, (key, value)) in entries.iter().enumerate() {
+                if j > 0 {
+                    f.write_str(",")?;
+                }
+                write!(f, "{key}={value}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod descriptor_tests {
+    use super::*;
+
+    #[test]
+    fn descriptors_parse_print_and_number_their_keys() {
+        let d: Descriptors = "edge: remote_address=10.0.{n} ; path=/login,remote_address=x"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            d.to_string(),
+            "edge:remote_address=10.0.{n};path=/login,remote_address=x"
+        );
+        let first: Vec<Vec<(&str, String)>> = d.entries(7).map(Iterator::collect).collect();
+        assert_eq!(first[0], [("remote_address", "10.0.7".to_owned())]);
+        assert_eq!(first[1].len(), 2);
+        for bad in ["", "edge", "edge:", ":k=v", "edge:k", "edge:=v"] {
+            assert!(bad.parse::<Descriptors>().is_err(), "{bad}");
+        }
+        assert_eq!(
+            Descriptors::DEFAULT
+                .parse::<Descriptors>()
+                .unwrap()
+                .descriptors
+                .len(),
+            1
+        );
     }
 }

@@ -179,6 +179,37 @@ async fn an_unreachable_target_fails_before_sending_load() {
 }
 
 #[tokio::test]
+async fn the_ratelimit_scenario_counts_decisions_and_over_limit_answers() {
+    // 10 a minute per key; 3 keys: exactly 30 OK, the rest OVER_LIMIT
+    // (RESOURCE_EXHAUSTED in the report), every request accounted for.
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(
+        &rules,
+        "domain: bench\ndescriptors:\n  - key: client\n    rate_limit: {unit: minute, requests_per_unit: 10}\n",
+    )
+    .unwrap();
+    let app = spawn_app_with(|c| c.limits.rate_limit_rules_file = Some(rules.clone())).await;
+    let mut plan = plan(
+        &app,
+        Scenario::Ratelimit,
+        Load::Closed { concurrency: 4 },
+        Stop::Requests(50),
+    );
+    plan.descriptors = "bench:client=c{n}".parse().unwrap();
+    plan.keys = 3;
+    let report = bench::run(&plan).await.expect("the run completes");
+    assert_accounted(&report, 50);
+    assert_eq!(report.codes.get(Code::Ok), 30, "{}", report.to_text());
+    assert_eq!(
+        report.codes.get(Code::ResourceExhausted),
+        20,
+        "{}",
+        report.to_text()
+    );
+}
+
+#[tokio::test]
 async fn checks_over_forward_auth_account_for_every_request() {
     let app = spawn_app_with(|c| {
         c.authz.forward_auth_listen = "127.0.0.1:0".parse().unwrap();

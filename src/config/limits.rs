@@ -144,22 +144,79 @@ pub struct LimitsConfig {
           value_parser = clap::value_parser!(u32).range(1..=100_000_000), global = true,
           display_order = 68)]
     pub login_throttle_max_entries: u32,
+
+    /// Rules of Envoy's rate limit service (envoy.service.ratelimit.v3, served on the
+    /// gRPC port): a YAML file in envoyproxy/ratelimit's format (domain, nested
+    /// descriptors with key, value, rate_limit, shadow_mode), one domain per
+    /// document; a document `authd: "METHOD:KEY=LIMIT/WINDOW,…"` may give authd's own
+    /// RPC rules instead of --rate-limits. Re-read every --rate-limit-rules-reload
+    /// [default: none; ShouldRateLimit is not served].
+    #[arg(
+        long,
+        env = "AUTHD_RATE_LIMIT_RULES_FILE",
+        global = true,
+        display_order = 91
+    )]
+    pub rate_limit_rules_file: Option<PathBuf>,
+
+    /// How often --rate-limit-rules-file is re-read; a new content that parses is in
+    /// force at once, one that does not is refused and the rules in force stay.
+    #[arg(long, env = "AUTHD_RATE_LIMIT_RULES_RELOAD", default_value = "10s",
+          value_parser = positive_duration, global = true, display_order = 92)]
+    pub rate_limit_rules_reload: Duration,
+
+    /// Every rule of --rate-limit-rules-file in shadow mode: decided and counted as if
+    /// enforced, never OVER_LIMIT; the metrics and the log name the rule that would
+    /// have refused.
+    #[arg(long, env = "AUTHD_RATE_LIMIT_SHADOW", default_value_t = false,
+          num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new(),
+          global = true, display_order = 93)]
+    pub rate_limit_shadow: bool,
+
+    /// Tests only: the clock of the in-process rate-limit windows (none: the machine's).
+    #[arg(skip)]
+    pub rate_limit_clock: Option<Arc<crate::clock::ManualClock>>,
 }
 
 impl LimitsConfig {
     /// What the rate limiter needs; `redis` is the connection it shares with the
     /// login throttle (`None` without `--redis-url`).
-    pub(crate) fn rate_limiter(&self, redis: Option<Arc<SharedRedis>>) -> RateLimitSettings {
-        RateLimitSettings {
-            rules: (self.rate_limits.clone().unwrap_or_default())
-                .with_register_limit(&self.register_limit),
+    /// `file_rules` are authd's RPC rules given by the rules file (`authd:`), if any.
+    pub(crate) fn rate_limiter(
+        &self,
+        redis: Option<Arc<SharedRedis>>,
+        file_rules: Option<&RateLimits>,
+    ) -> anyhow::Result<RateLimitSettings> {
+        let rules = self.authd_rules(file_rules)?;
+        Ok(RateLimitSettings {
+            rules,
             redis,
             prefix: self.rate_limit_prefix.clone(),
             redis_timeout: self.redis_timeout,
             failure: self.rate_limit_failure,
             trust_forwarded_for: self.trust_forwarded_for,
             max_local_keys: self.rate_limit_max_keys as usize,
-        }
+            descriptors: self.rate_limit_rules_file.is_some(),
+            clock: (self.rate_limit_clock.clone()).map(|c| c as Arc<dyn crate::clock::Clock>),
+        })
+    }
+
+    /// authd's own RPC rules, with the Register limit: from --rate-limits, or from the
+    /// rules file's `authd:` section (`file_rules`), never both.
+    pub(crate) fn authd_rules(
+        &self,
+        file_rules: Option<&RateLimits>,
+    ) -> anyhow::Result<RateLimits> {
+        let rules = match (&self.rate_limits, file_rules) {
+            (Some(_), Some(_)) => anyhow::bail!(
+                "authd's own rate limits are given twice, by --rate-limits and by the authd: \
+                 section of --rate-limit-rules-file; keep one"
+            ),
+            (Some(rules), None) | (None, Some(rules)) => rules.clone(),
+            (None, None) => RateLimits::default(),
+        };
+        Ok(rules.with_register_limit(&self.register_limit))
     }
 
     /// What the login throttle needs; refuses an across-clients threshold that one

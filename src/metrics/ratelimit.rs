@@ -26,6 +26,16 @@ pub(crate) struct RateLimitMetrics {
     pub fallback_active: IntGauge,
     pub local_keys: IntGauge,
     pub local_overflowed: IntCounter,
+    /// Envoy's rate limit service: descriptors decided, by domain, rule and outcome
+    /// (resolved per rule of the file when it is loaded).
+    pub descriptor_decisions: IntCounterVec,
+    /// ShouldRateLimit answers, by overall code.
+    pub service_answers: IntCounterVec,
+    /// Reads of the rules file that found a new content, by outcome.
+    pub rules_reloads: IntCounterVec,
+    pub rules_loaded_at: IntGauge,
+    pub rules_digest: IntGauge,
+    pub rules_file_refused: IntGauge,
 }
 
 impl RateLimitMetrics {
@@ -75,6 +85,41 @@ impl RateLimitMetrics {
                 "authd_ratelimit_local_overflow_total",
                 "Requests the in-process limiter counted in a rule's shared overflow log because \
                  AUTHD_RATE_LIMIT_MAX_KEYS keys were tracked already.",
+            ),
+            descriptor_decisions: f.counter_vec(
+                "authd_ratelimit_descriptor_decisions_total",
+                "Descriptors of ShouldRateLimit requests that met a limited rule of the rules \
+                 file, by domain, rule (its name in the file, never a value from a request) and \
+                 outcome: ok (the rule had room), over_limit (the rule refused), \
+                 shadow_over_limit (the rule would have refused; in shadow mode it did not), \
+                 unavailable (Redis failed in fail-closed mode).",
+                &["domain", "rule", "outcome"],
+            ),
+            service_answers: f.counter_vec(
+                "authd_ratelimit_service_answers_total",
+                "ShouldRateLimit answers, by code: ok, over_limit, invalid (INVALID_ARGUMENT: \
+                 too many descriptors or entries, values too long), unavailable.",
+                &["code"],
+            ),
+            rules_reloads: f.counter_vec(
+                "authd_ratelimit_rules_reloads_total",
+                "Reads of AUTHD_RATE_LIMIT_RULES_FILE that found a new content, by outcome: ok \
+                 (now in force) or error (refused: the rules in force stay; the log says why).",
+                &["outcome"],
+            ),
+            rules_loaded_at: f.gauge(
+                "authd_ratelimit_rules_loaded_timestamp_seconds",
+                "When the rules in force were read from AUTHD_RATE_LIMIT_RULES_FILE (Unix time).",
+            ),
+            rules_digest: f.gauge(
+                "authd_ratelimit_rules_digest",
+                "The first 48 bits of the SHA-256 of the rules file in force, as an integer: \
+                 replicas showing different values enforce different rules.",
+            ),
+            rules_file_refused: f.gauge(
+                "authd_ratelimit_rules_file_refused",
+                "1 while the rules file's current content is refused (the previous rules stay \
+                 in force), else 0.",
             ),
             fallback_active: f.gauge(
                 "authd_ratelimit_fallback_active",

@@ -84,6 +84,7 @@ impl Keys {
                 key,
                 limit: rule.limit,
                 window: rule.window,
+                hits: 1,
             });
         }
         checks

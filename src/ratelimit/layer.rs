@@ -32,7 +32,9 @@ impl Middleware for RateLimiter {
         S::Error: Send + 'static,
     {
         let path = req.uri().path();
-        if Rpc::of_path(path).is_exempt() {
+        let rpc = Rpc::of_path(path);
+        // Envoy's rate limit service is the limiter itself, its rules in its own file.
+        if rpc.is_exempt() || rpc == Rpc::ShouldRateLimit {
             return Box::pin(inner.call(req));
         }
         // `/auth.v1.AuthService/Login` → `Login` (an unknown path counts for `*` rules).
@@ -97,6 +99,8 @@ mod tests {
             failure: FailureMode::Open,
             trust_forwarded_for: false,
             max_local_keys: 1000,
+            descriptors: false,
+            clock: None,
         };
         let limiter = RateLimiter::start(settings, &crate::metrics::Metrics::new())
             .await

@@ -85,10 +85,33 @@ struct RuleCounters {
     refusals: IntCounter,
 }
 
+/// authd's own RPC rules in force and what is built from them, replaced whole when
+/// the rules file's `authd:` section changes (`super::reload`).
+struct RuleSet {
+    rules: RateLimits,
+    keys: Keys,
+    /// One per rule, in the order of [`RateLimits::rules`].
+    counters: Vec<RuleCounters>,
+}
+
+/// The checks of one request, with the rules they were planned on: a reload between
+/// planning and deciding cannot mix two sets of rules.
+pub(crate) struct Planned {
+    set: Arc<RuleSet>,
+    checks: Vec<Check>,
+}
+
+impl Planned {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.checks.is_empty()
+    }
+}
+
 /// The limiter's metric handles, resolved when it is built.
 struct LimiterMetrics {
-    /// One per rule, in the order of [`RateLimits::rules`].
-    rules: Vec<RuleCounters>,
+    /// The per-rule families, resolved for each set of rules.
+    decisions: prometheus::IntCounterVec,
+    refusals: prometheus::IntCounterVec,
     /// Requests, by what they were told (`authd_ratelimit_requests_total`).
     admitted: IntCounter,
     refused: IntCounter,
@@ -101,23 +124,12 @@ struct LimiterMetrics {
 }
 
 impl LimiterMetrics {
-    fn new(metrics: &Metrics, rules: &RateLimits) -> Self {
+    fn new(metrics: &Metrics) -> Self {
         let m = &metrics.rate_limit;
-        let rules = (rules.rules().iter())
-            .map(|rule| {
-                let rule = rule.to_string();
-                let counter = |outcome| m.decisions.with_label_values(&[rule.as_str(), outcome]);
-                RuleCounters {
-                    allowed: counter("allowed"),
-                    refused: counter("refused"),
-                    unavailable: counter("unavailable"),
-                    refusals: m.refusals.with_label_values(&[rule.as_str()]),
-                }
-            })
-            .collect();
         let error = |kind| m.redis_errors.with_label_values(&[kind]);
         Self {
-            rules,
+            decisions: m.decisions.clone(),
+            refusals: m.refusals.clone(),
             admitted: m.admitted.clone(),
             refused: m.refused.clone(),
             unavailable: m.unavailable.clone(),
@@ -127,6 +139,22 @@ impl LimiterMetrics {
             redis_not_connected: error("not_connected"),
             redis_bad_reply: error("bad_reply"),
         }
+    }
+
+    fn rule_counters(&self, rules: &RateLimits) -> Vec<RuleCounters> {
+        (rules.rules().iter())
+            .map(|rule| {
+                let rule = rule.to_string();
+                let counter =
+                    |outcome| (self.decisions).with_label_values(&[rule.as_str(), outcome]);
+                RuleCounters {
+                    allowed: counter("allowed"),
+                    refused: counter("refused"),
+                    unavailable: counter("unavailable"),
+                    refusals: self.refusals.with_label_values(&[rule.as_str()]),
+                }
+            })
+            .collect()
     }
 
     fn redis_failed(&self, why: &RedisFailure) {
@@ -143,8 +171,11 @@ impl LimiterMetrics {
 /// Decides whether a request may pass. Shared (in an `Arc`) by every clone of the
 /// layer.
 pub struct RateLimiter {
-    rules: RateLimits,
-    keys: Keys,
+    set: arc_swap::ArcSwap<RuleSet>,
+    prefix: String,
+    trust_forwarded_for: bool,
+    /// Envoy's rate limit service decides on this limiter too (`super::service`).
+    descriptors: bool,
     failure: FailureMode,
     clock: Arc<dyn Clock>,
     local: local::LocalLimiter,
@@ -160,11 +191,6 @@ impl RateLimiter {
         clock: Arc<dyn Clock>,
         metrics: &Metrics,
     ) -> Self {
-        let keys = Keys::new(
-            &settings.rules,
-            &settings.prefix,
-            settings.trust_forwarded_for,
-        );
         if let Some(tier) = &redis {
             // Read when scraped, so the gauge always says what the flag says.
             let (health, gauge) = (
@@ -180,10 +206,21 @@ impl RateLimiter {
                 overflowed: metrics.rate_limit.local_overflowed.clone(),
             },
         );
-        let metrics = LimiterMetrics::new(metrics, &settings.rules);
-        RateLimiter {
+        let metrics = LimiterMetrics::new(metrics);
+        let set = RuleSet {
+            keys: Keys::new(
+                &settings.rules,
+                &settings.prefix,
+                settings.trust_forwarded_for,
+            ),
+            counters: metrics.rule_counters(&settings.rules),
             rules: settings.rules,
-            keys,
+        };
+        RateLimiter {
+            set: arc_swap::ArcSwap::from_pointee(set),
+            prefix: settings.prefix,
+            trust_forwarded_for: settings.trust_forwarded_for,
+            descriptors: settings.descriptors,
             failure: settings.failure,
             clock,
             local,
@@ -198,7 +235,7 @@ impl RateLimiter {
     /// prober keeps trying, so a Redis outage never stops authd from starting.
     pub async fn start(settings: Settings, metrics: &Metrics) -> anyhow::Result<Arc<Self>> {
         let redis = match &settings.redis {
-            Some(shared) if !settings.rules.is_empty() => Some(RedisTier {
+            Some(shared) if !settings.rules.is_empty() || settings.descriptors => Some(RedisTier {
                 limiter: redis::RedisLimiter::new(shared.clone(), settings.redis_timeout),
                 health: shared.health().clone(),
             }),
@@ -207,11 +244,14 @@ impl RateLimiter {
         let limiter = Arc::new(RateLimiter::new(
             settings.clone(),
             redis,
-            Arc::new(SystemClock),
+            settings
+                .clock
+                .clone()
+                .unwrap_or_else(|| Arc::new(SystemClock)),
             metrics,
         ));
         match &limiter.redis {
-            None if limiter.rules.is_empty() => {
+            None if limiter.rules().is_empty() && !settings.descriptors => {
                 if settings.redis.is_some() {
                     tracing::info!(
                         "AUTHD_REDIS_URL is set but there are no rate limits: only the login \
@@ -220,20 +260,20 @@ impl RateLimiter {
                 }
             }
             None => tracing::info!(
-                rules = %limiter.rules,
+                rules = %limiter.rules(),
                 "rate limits enforced per replica by the in-process limiter (no AUTHD_REDIS_URL)"
             ),
             Some(tier) => {
                 match tier.limiter.redis().start(CONNECT_TIMEOUT).await {
                     Ok(()) => {
                         tracing::info!(
-                            rules = %limiter.rules,
+                            rules = %limiter.rules(),
                             redis = %tier.limiter.url(),
                             "rate limits enforced globally through Redis"
                         );
                     }
                     Err(why) => tracing::warn!(
-                        rules = %limiter.rules,
+                        rules = %limiter.rules(),
                         redis = %tier.limiter.url(),
                         error = %why,
                         "Redis does not answer at start: {} until it does",
@@ -266,7 +306,7 @@ impl RateLimiter {
 
     pub fn backend(&self) -> Backend {
         match &self.redis {
-            _ if self.rules.is_empty() => Backend::Off,
+            _ if self.rules().is_empty() && !self.descriptors => Backend::Off,
             None => Backend::Local,
             Some(tier) if tier.health.is_up() => Backend::Redis,
             Some(_) => Backend::Degraded,
@@ -290,16 +330,37 @@ impl RateLimiter {
         headers: &http::HeaderMap,
         peer: Option<IpAddr>,
         identity: Option<&crate::rpc::ClientIdentity>,
-    ) -> Vec<Check> {
-        self.keys.plan(&self.rules, method, headers, peer, identity)
+    ) -> Planned {
+        let set = self.set.load_full();
+        let checks = set.keys.plan(&set.rules, method, headers, peer, identity);
+        Planned { set, checks }
+    }
+
+    /// authd's own RPC rules in force now.
+    pub(crate) fn rules(&self) -> RateLimits {
+        self.set.load().rules.clone()
+    }
+
+    /// Puts `rules` in force for authd's own RPCs (the rules file's `authd:` section
+    /// changed). Counts live under keys made of a rule's method, key kind and window
+    /// (`keys`), so a rule that did not change keeps them.
+    pub(crate) fn replace_rules(&self, rules: RateLimits) {
+        let counters = self.metrics.rule_counters(&rules);
+        let keys = Keys::new(&rules, &self.prefix, self.trust_forwarded_for);
+        tracing::info!(rules = %rules, "authd's own rate limits replaced");
+        self.set.store(Arc::new(RuleSet {
+            rules,
+            keys,
+            counters,
+        }));
     }
 
     /// Decides `checks` (from [`plan`](Self::plan), not empty): the quota left, or
     /// RESOURCE_EXHAUSTED (or UNAVAILABLE when Redis fails in fail-closed mode).
-    pub(crate) async fn decide(&self, checks: &[Check]) -> Result<Quota, Error> {
+    pub(crate) async fn decide(&self, planned: &Planned) -> Result<Quota, Error> {
         let mut span = crate::otel::child("ratelimit");
-        span.set("ratelimit.rules", checks.len() as i64);
-        let verdict = self.decide_in(checks, &mut span).await;
+        span.set("ratelimit.rules", planned.checks.len() as i64);
+        let verdict = self.decide_in(planned, &mut span).await;
         span.set(
             "ratelimit.outcome",
             match &verdict {
@@ -313,10 +374,32 @@ impl RateLimiter {
 
     async fn decide_in(
         &self,
-        checks: &[Check],
+        planned: &Planned,
         span: &mut crate::otel::Child,
     ) -> Result<Quota, Error> {
-        let outcome = match &self.redis {
+        let outcome = match self.outcome(&planned.checks, span).await {
+            Ok(outcome) => outcome,
+            Err(err) => {
+                self.metrics.unavailable.inc();
+                for check in &planned.checks {
+                    planned.set.counters[check.rule].unavailable.inc();
+                }
+                return Err(err);
+            }
+        };
+        self.verdict(planned, &outcome)
+    }
+
+    /// What the backend in use decides for `checks` (not empty), all or nothing;
+    /// UNAVAILABLE when Redis fails in fail-closed mode. The caller says what the
+    /// outcome means: authd's own RPCs ([`decide`](Self::decide)) or Envoy's
+    /// descriptors (`super::service`).
+    pub(crate) async fn outcome(
+        &self,
+        checks: &[Check],
+        span: &mut crate::otel::Child,
+    ) -> Result<Outcome, Error> {
+        Ok(match &self.redis {
             None => {
                 span.set("ratelimit.backend", "local");
                 self.decide_locally(checks)
@@ -354,8 +437,7 @@ impl RateLimiter {
                 span.set("ratelimit.backend", "fallback");
                 self.decide_degraded(checks)?
             }
-        };
-        self.verdict(checks, &outcome)
+        })
     }
 
     fn decide_locally(&self, checks: &[Check]) -> Outcome {
@@ -369,11 +451,8 @@ impl RateLimiter {
         match self.failure {
             FailureMode::Open => Ok(self.decide_locally(checks)),
             FailureMode::Closed => {
+                // The caller counts the refusal in its metrics (per rule, per request).
                 self.counters.unavailable.fetch_add(1, Ordering::Relaxed);
-                self.metrics.unavailable.inc();
-                for check in checks {
-                    self.metrics.rules[check.rule].unavailable.inc();
-                }
                 Err(Error::Unavailable(
                     "rate limits cannot be checked while Redis does not answer".into(),
                 ))
@@ -382,10 +461,10 @@ impl RateLimiter {
     }
 
     /// Turns a backend's outcome into what the client is told.
-    fn verdict(&self, checks: &[Check], outcome: &Outcome) -> Result<Quota, Error> {
-        let pairs = checks.iter().zip(&outcome.states);
+    fn verdict(&self, planned: &Planned, outcome: &Outcome) -> Result<Quota, Error> {
+        let pairs = planned.checks.iter().zip(&outcome.states);
         for (check, state) in pairs.clone() {
-            let counters = &self.metrics.rules[check.rule];
+            let counters = &planned.set.counters[check.rule];
             // A refused request leaves at 0 remaining exactly the rules that refused it.
             if outcome.allowed || state.remaining > 0 {
                 counters.allowed.inc();
@@ -419,7 +498,7 @@ impl RateLimiter {
             violations: refusing
                 .iter()
                 .map(|(c, _)| {
-                    let rule = &self.rules.rules()[c.rule];
+                    let rule = &planned.set.rules.rules()[c.rule];
                     QuotaViolation {
                         subject: rule.to_string(),
                         description: rule.describe(),
@@ -447,6 +526,8 @@ mod tests {
             failure: FailureMode::Open,
             trust_forwarded_for: false,
             max_local_keys: 1000,
+            descriptors: false,
+            clock: None,
         };
         RateLimiter::new(settings, None, clock, &Metrics::new())
     }

@@ -151,7 +151,7 @@ impl LocalLimiter {
                 }
                 None => 0,
             };
-            allowed &= count < check.limit as usize;
+            allowed &= count + check.hits as usize <= check.limit as usize;
         }
         let mut states = Vec::with_capacity(checks.len());
         for (check, key) in checks.iter().zip(&keys) {
@@ -169,7 +169,10 @@ impl LocalLimiter {
                     .by_key
                     .get_mut(key.as_ref())
                     .expect("inserted just above");
-                log.times.push_back(now);
+                // At most `limit` entries: a request whose hits do not fit is refused.
+                for _ in 0..check.hits {
+                    log.times.push_back(now);
+                }
                 Some(&*log)
             } else {
                 logs.by_key.get(key.as_ref())
@@ -235,6 +238,7 @@ mod tests {
             key: key.into(),
             limit,
             window: Duration::from_millis(window_ms),
+            hits: 1,
         }
     }
 
@@ -296,6 +300,34 @@ mod tests {
     }
 
     #[test]
+    fn hits_count_as_that_many_requests_or_not_at_all() {
+        let l = limiter(1_000_000);
+        let t0 = Instant::now();
+        let mut five = check("k", 5, 1000);
+        five.hits = 3;
+        let o = l.decide(std::slice::from_ref(&five), t0);
+        assert!(o.allowed);
+        assert_eq!(o.states[0].remaining, 2);
+        // 3 more do not fit in the 2 left: refused, and nothing added.
+        let o = l.decide(std::slice::from_ref(&five), t0 + ms(1));
+        assert!(!o.allowed);
+        assert_eq!(o.states[0].remaining, 2);
+        five.hits = 2;
+        let o = l.decide(std::slice::from_ref(&five), t0 + ms(2));
+        assert!(o.allowed);
+        assert_eq!(
+            o.states[0],
+            RuleState {
+                remaining: 0,
+                reset: ms(998)
+            }
+        );
+        // More hits than the limit never pass.
+        five.hits = 6;
+        assert!(!l.decide(&[five], t0 + ms(5000)).allowed);
+    }
+
+    #[test]
     fn keys_are_independent() {
         let l = limiter(1_000_000);
         let t0 = Instant::now();
@@ -331,6 +363,7 @@ mod cap_tests {
             key: key.into(),
             limit,
             window: Duration::from_millis(1000),
+            hits: 1,
         }
     }
 

@@ -9,25 +9,35 @@
 //! - `limiter`: the [`RateLimiter`] (Redis tier, local fallback, prober, stats);
 //! - `redis`: the Lua script that decides for all matching rules in one round trip;
 //! - `local`: the in-process sliding-window log, the same rules per replica;
-//! - [`layer`]: the tower layer that asks for a decision and answers.
+//! - [`layer`]: the tower layer that asks for a decision and answers;
+//! - `descriptors`: the rules file of Envoy's rate limit service (envoyproxy/
+//!   ratelimit's YAML, a compatible subset) and how a descriptor matches it;
+//! - `reload`: the rules file in force, re-read live, a bad one kept out;
+//! - `service`: `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` on the
+//!   same limiter: descriptors decided all or nothing, shadow mode, the answer.
 
+mod descriptors;
 mod keys;
 pub mod layer;
 mod limiter;
 mod local;
 mod redis;
+mod reload;
 mod rules;
+mod service;
 
 use std::time::Duration;
 
 pub(crate) use layer::layer;
 pub use limiter::{Backend, RateLimitStats, RateLimiter};
+pub(crate) use reload::{LiveRules, Reload};
 pub use rules::{KeyKind, RateLimits, RegisterLimit};
+pub(crate) use service::{DescriptorLimits, RateLimitServer};
 // What a request meets while Redis fails is the same for every Redis user.
 pub use crate::redis::FailureMode;
 
 /// Everything the limiter needs from the configuration.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Settings {
     pub rules: RateLimits,
     /// The Redis that holds the counts of every replica; `None`: per replica only.
@@ -38,6 +48,11 @@ pub struct Settings {
     pub trust_forwarded_for: bool,
     /// Most keys the in-process limiter tracks (see `local`).
     pub max_local_keys: usize,
+    /// Envoy's rate limit service is served (a rules file is configured): the
+    /// limiter connects to Redis even when authd's own RPCs have no rules.
+    pub descriptors: bool,
+    /// The time of the in-process windows; `None`: the machine's (tests set one).
+    pub clock: Option<std::sync::Arc<dyn crate::clock::Clock>>,
 }
 
 /// One matching rule of one request: the key to count under.
@@ -48,12 +63,18 @@ pub(crate) struct Check {
     key: String,
     limit: u32,
     window: Duration,
+    /// How many requests this one counts as (1 for authd's own RPCs; Envoy's
+    /// `hits_addend` for a descriptor): it passes only if the log has room for all
+    /// of them, and then adds them all.
+    hits: u32,
 }
 
 /// The state of one rule's log after a decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RuleState {
-    /// Requests the rule would still allow now (0 for a rule that refused).
+    /// Requests the rule would still allow now: after this request's hits when it was
+    /// allowed, before them when it was refused (fewer than its hits for a rule that
+    /// refused).
     remaining: u32,
     /// Until the rule allows another request: zero while it has room, else until
     /// the entry that keeps the log full leaves the window.

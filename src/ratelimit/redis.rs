@@ -36,7 +36,10 @@ use std::{
 /// ARGV[1]: the member to add, unique to this decision (a random replica id and a
 ///   counter), so two requests in the same microsecond, on one replica or several,
 ///   never collide.
-/// ARGV[2i], ARGV[2i+1]: limit and window (ms) of the rule of KEYS[i].
+/// ARGV[3i-1], ARGV[3i], ARGV[3i+1]: limit, window (ms) and hits of the rule of
+///   KEYS[i]. Hits are 1 for authd's own RPCs and Envoy's `hits_addend` for a
+///   descriptor: the rule must have room for all of them, and they are added as that
+///   many members (the unique member, then with `:2`, `:3`, ... appended).
 /// Returns {allowed (1|0), remaining_1, reset_us_1, remaining_2, reset_us_2, ...},
 /// where reset is 0 while the rule has room, else the time until its next slot frees.
 ///
@@ -45,8 +48,9 @@ use std::{
 /// closed limit does not keep it closed). Scores are microseconds since the epoch:
 /// below 2^53, exact in Lua's doubles, and formatted with %d so no precision is
 /// lost on the way to Redis. Each `redis.call` costs about a microsecond of plumbing
-/// on top of the command, so the common path (allowed, room left) makes only the
-/// five that the algorithm needs: TIME, then ZREMRANGEBYSCORE, ZCARD, ZADD, PEXPIRE.
+/// on top of the command, so the common path (allowed, room left, one hit) makes
+/// only the five that the algorithm needs: TIME, then ZREMRANGEBYSCORE, ZCARD, ZADD,
+/// PEXPIRE.
 const SCRIPT: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -55,28 +59,33 @@ local n = #KEYS
 local counts = {}
 local allowed = 1
 for i = 1, n do
-  local window = tonumber(ARGV[2 * i + 1]) * 1000
+  local window = tonumber(ARGV[3 * i]) * 1000
   redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', string.format('%d', now - window))
   counts[i] = redis.call('ZCARD', KEYS[i])
-  if counts[i] >= tonumber(ARGV[2 * i]) then
+  if counts[i] + tonumber(ARGV[3 * i + 1]) > tonumber(ARGV[3 * i - 1]) then
     allowed = 0
   end
 end
 local out = {allowed}
 for i = 1, n do
-  local limit = tonumber(ARGV[2 * i])
+  local limit = tonumber(ARGV[3 * i - 1])
+  local window_ms = tonumber(ARGV[3 * i])
+  local hits = tonumber(ARGV[3 * i + 1])
   local count = counts[i]
   if allowed == 1 then
     redis.call('ZADD', KEYS[i], now_score, ARGV[1])
-    redis.call('PEXPIRE', KEYS[i], ARGV[2 * i + 1])
-    count = count + 1
+    for h = 2, hits do
+      redis.call('ZADD', KEYS[i], now_score, ARGV[1] .. ':' .. h)
+    end
+    redis.call('PEXPIRE', KEYS[i], window_ms)
+    count = count + hits
   end
   local reset = 0
   if count >= limit then
     -- The next slot frees when the entry keeping the log full leaves the window.
     local index = count - limit
     local entry = redis.call('ZRANGE', KEYS[i], index, index, 'WITHSCORES')
-    reset = tonumber(entry[2]) + tonumber(ARGV[2 * i + 1]) * 1000 - now
+    reset = tonumber(entry[2]) + window_ms * 1000 - now
   end
   out[2 * i] = math.max(limit - count, 0)
   out[2 * i + 1] = reset
@@ -84,11 +93,16 @@ end
 return out
 "#;
 
-/// KEYS: the logs of one slot a reservation was added to; ARGV[1]: its member.
-/// Takes the reservation back (a request another slot refused).
+/// KEYS: the logs of one slot a reservation was added to; ARGV[1]: its member;
+/// ARGV[1 + i]: the hits added to KEYS[i] (the member, then with `:2`, `:3`, ...
+/// appended, as [`SCRIPT`] adds them).
+/// Takes the reservation back, every hit of it (a request another slot refused).
 const RELEASE: &str = r#"
 for i = 1, #KEYS do
   redis.call('ZREM', KEYS[i], ARGV[1])
+  for h = 2, tonumber(ARGV[1 + i]) do
+    redis.call('ZREM', KEYS[i], ARGV[1] .. ':' .. h)
+  end
 end
 return 1
 "#;
@@ -201,7 +215,8 @@ impl RedisLimiter {
             invocation
                 .key(&check.key)
                 .arg(check.limit)
-                .arg(check.window.as_millis() as u64);
+                .arg(check.window.as_millis() as u64)
+                .arg(check.hits);
         }
         // The limiter has read the connection's health itself to choose its backend.
         let reply: Vec<i64> = self.redis.invoke_anyway(&invocation, self.timeout).await?;
@@ -214,6 +229,7 @@ impl RedisLimiter {
         invocation.arg(member);
         for check in checks {
             invocation.key(&check.key);
+            invocation.arg(check.hits);
         }
         let _: i64 = self.redis.invoke_anyway(&invocation, self.timeout).await?;
         Ok(())
@@ -265,6 +281,7 @@ mod tests {
             key: key.to_owned(),
             limit: 1,
             window: Duration::from_secs(1),
+            hits: 1,
         }
     }
 

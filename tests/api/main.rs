@@ -23,6 +23,7 @@ mod redis_servers;
 mod reflection;
 mod register;
 mod replicas;
+mod rls;
 mod secrets;
 mod sentinel;
 mod sessions;

@@ -77,6 +77,11 @@ fn served_methods() -> Vec<(String, String)> {
             "grpc.reflection.v1alpha.ServerReflection",
             "ServerReflectionInfo",
         ),
+        // Envoy's rate limit service (served when a rules file is configured).
+        (
+            "envoy.service.ratelimit.v3.RateLimitService",
+            "ShouldRateLimit",
+        ),
         ("unknown", "unknown"),
     ] {
         methods.push((service.into(), method.into()));

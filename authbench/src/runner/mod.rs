@@ -124,6 +124,8 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
             .collect(),
         counters: Arc::new(Counters::default()),
         backoff: plan.backoff,
+        descriptors: plan.descriptors.clone(),
+        keys: plan.keys,
     });
 
     let start = Instant::now();

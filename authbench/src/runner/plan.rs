@@ -54,6 +54,10 @@ pub struct Plan {
     pub timeout: Duration,
     /// Users registered first for logins and validations.
     pub users: usize,
+    /// What each ratelimit request asks (`--descriptors`).
+    pub descriptors: crate::scenario::Descriptors,
+    /// How many values `{n}` in the descriptors takes (`--keys`).
+    pub keys: usize,
     /// For each connection attempt and the first health check.
     pub connect_timeout: Duration,
     /// How long to keep trying to connect until the target is SERVING (over HTTP:
@@ -137,6 +141,9 @@ impl Plan {
             warmup: Duration::ZERO,
             timeout: Duration::from_secs(10),
             users: 100,
+            descriptors: (crate::scenario::Descriptors::DEFAULT.parse())
+                .expect("the default descriptors parse"),
+            keys: 1000,
             connect_timeout: Duration::from_secs(3),
             wait: Duration::ZERO,
             backoff: false,
@@ -170,6 +177,9 @@ impl Plan {
         }
         if self.users == 0 {
             return Err("--users must be at least 1".into());
+        }
+        if self.keys == 0 {
+            return Err("--keys must be at least 1".into());
         }
         if self.timeout.is_zero() {
             return Err("--timeout must be greater than zero".into());

@@ -17,11 +17,18 @@ use crate::{
     },
     progress::Counters,
     report::{Outcome, Recorder},
-    scenario::Operation,
+    scenario::{Descriptors, Operation},
 };
 use bytes::Bytes;
 use envoy_types::pb::envoy::service::auth::v3::{
     AttributeContext, CheckRequest, attribute_context, authorization_client::AuthorizationClient,
+};
+use envoy_types::pb::envoy::{
+    extensions::common::ratelimit::v3::{RateLimitDescriptor, rate_limit_descriptor::Entry},
+    service::ratelimit::v3::{
+        RateLimitRequest, rate_limit_response::Code as RateLimitCode,
+        rate_limit_service_client::RateLimitServiceClient,
+    },
 };
 use std::{
     sync::{Arc, Mutex, atomic::Ordering},
@@ -45,6 +52,7 @@ pub(super) struct Performed {
 pub(super) struct GrpcClients {
     pub(super) auth: AuthServiceClient<Channel>,
     pub(super) health: HealthClient<Channel>,
+    pub(super) rate_limit: RateLimitServiceClient<Channel>,
     /// Envoy's external authorization, served by authd beside AuthService.
     pub(super) authz: AuthorizationClient<Channel>,
 }
@@ -54,6 +62,7 @@ impl GrpcClients {
         Self {
             auth: AuthServiceClient::new(channel.clone()),
             health: HealthClient::new(channel.clone()),
+            rate_limit: RateLimitServiceClient::new(channel.clone()),
             authz: AuthorizationClient::new(channel),
         }
     }
@@ -81,6 +90,9 @@ pub(super) struct Shared {
     pub(super) recorders: Vec<Mutex<Recorder>>,
     pub(super) counters: Arc<Counters>,
     pub(super) backoff: bool,
+    /// What ratelimit requests ask, and over how many keys.
+    pub(super) descriptors: Descriptors,
+    pub(super) keys: usize,
 }
 
 impl Shared {
@@ -107,6 +119,7 @@ impl Shared {
         let GrpcClients {
             auth,
             health,
+            rate_limit,
             authz,
         } = clients;
         let fixtures = &self.fixtures;
@@ -177,6 +190,15 @@ impl Shared {
                         .await
                         .map(|r| *refresh_token = r.into_inner().refresh_token)
                 }
+                Operation::RateLimit => {
+                    let request = deadline(self.rate_limit_request(pick), timeout);
+                    let answer = rate_limit.should_rate_limit(request).await?.into_inner();
+                    if answer.overall_code == RateLimitCode::OverLimit as i32 {
+                        Err(Status::resource_exhausted("OVER_LIMIT"))
+                    } else {
+                        Ok(())
+                    }
+                }
             }
         };
         let mut retry_after = None;
@@ -205,6 +227,26 @@ impl Shared {
         Performed {
             result,
             retry_after,
+        }
+    }
+
+    /// The ShouldRateLimit request of pick `pick`: `{n}` is the pick modulo the keys.
+    fn rate_limit_request(&self, pick: usize) -> RateLimitRequest {
+        let n = pick % self.keys;
+        RateLimitRequest {
+            domain: self.descriptors.domain.clone(),
+            descriptors: (self.descriptors.entries(n))
+                .map(|entries| RateLimitDescriptor {
+                    entries: entries
+                        .map(|(key, value)| Entry {
+                            key: key.to_owned(),
+                            value,
+                        })
+                        .collect(),
+                    ..Default::default()
+                })
+                .collect(),
+            hits_addend: 0,
         }
     }
 
