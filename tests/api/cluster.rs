@@ -244,3 +244,60 @@ async fn the_login_throttle_counts_on_the_cluster() {
         Some(0.0)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_descriptor_request_takes_every_hit_back_from_the_other_slots() {
+    use envoy_types::pb::envoy::{
+        extensions::common::ratelimit::v3::{RateLimitDescriptor, rate_limit_descriptor::Entry},
+        service::ratelimit::v3::{
+            RateLimitRequest, rate_limit_response::Code as RlsCode,
+            rate_limit_service_client::RateLimitServiceClient,
+        },
+    };
+    let test = "a_refused_descriptor_request_takes_every_hit_back_from_the_other_slots";
+    let Some(cluster) = Cluster::start(test).await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(
+        &rules,
+        "domain: mesh\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 10}\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 2}\n",
+    )
+    .unwrap();
+    let prefix = unique_name("rls");
+    let app = spawn_app_with(|c| {
+        on_cluster(c, &cluster, &prefix, "Login:peer=1000/1h");
+        c.limits.rate_limit_rules_file = Some(rules.clone());
+    })
+    .await;
+    let mut client = RateLimitServiceClient::new(app.channel().await);
+    let entry = |key: &str, value: &str| RateLimitDescriptor {
+        entries: vec![Entry {
+            key: key.into(),
+            value: value.into(),
+        }],
+        ..Default::default()
+    };
+    let mut ask = async |descriptors: Vec<RateLimitDescriptor>, hits: u32| {
+        let request = RateLimitRequest {
+            domain: "mesh".into(),
+            descriptors,
+            hits_addend: hits,
+        };
+        let answer = client.should_rate_limit(request).await.unwrap();
+        RlsCode::try_from(answer.into_inner().overall_code).unwrap()
+    };
+    let both = || vec![entry("a", "x"), entry("b", "y")];
+    assert_eq!(ask(both(), 2).await, RlsCode::Ok, "2 of 10 and 2 of 2");
+    // b has no room for 3 more: refused, and the 3 hits a's slot took are taken back.
+    assert_eq!(ask(both(), 3).await, RlsCode::OverLimit);
+    // So a holds 2, and 8 more fill it exactly.
+    assert_eq!(ask(vec![entry("a", "x")], 8).await, RlsCode::Ok);
+    assert_eq!(ask(vec![entry("a", "x")], 1).await, RlsCode::OverLimit);
+    let stats = app.handle.rate_limit_stats();
+    assert!(
+        stats.local_decisions == 0 && stats.redis_failures == 0,
+        "every decision was the cluster's: {stats:?}"
+    );
+}
