@@ -155,10 +155,11 @@ pub mod pb {
     pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("auth_descriptor");
 
     /// Envoy's external authorization service, `envoy.service.auth.v3.Authorization`:
-    /// its server, generated on authd's codec over envoy-types' messages (see build.rs).
-    pub mod envoy_auth {
+    /// its server, generated on authd's codec over the call's own two messages
+    /// (`extauthz::wire`, Envoy's wire format with only what a decision reads) and
+    /// envoy-types' others (see build.rs). Clients use envoy-types' messages.
+    pub(crate) mod envoy_auth {
         #![allow(clippy::all, missing_docs)]
-        pub use envoy_types::pb::envoy::service::auth::v3::*;
         include!(concat!(env!("OUT_DIR"), "/envoy.service.auth.v3.rs"));
 
         /// The encoded descriptor set of `envoy/service/auth/v3/external_auth.proto`

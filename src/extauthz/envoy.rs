@@ -10,27 +10,20 @@
 //! `DeniedHttpResponse` with the HTTP status and `WWW-Authenticate` challenge.
 //! The route's policy is read from `context_extensions` (see `Policy`).
 
-use super::{Authorizer, Decision, Policy, identity_header_names, identity_headers};
+use super::{
+    Authorizer, Decision, Policy, UNREADABLE, identity_values,
+    wire::{
+        CheckRequest, CheckResponse, DeniedHttpResponse, Field, HeaderValueOption, HttpResponse,
+        HttpStatus, Kind, ListValue, OkHttpResponse, RpcStatus, Struct, Value,
+    },
+};
 use crate::{
     error::Denial,
-    pb::envoy_auth::{
-        CheckRequest, CheckResponse, DeniedHttpResponse, OkHttpResponse,
-        authorization_server::{Authorization, AuthorizationServer},
-        check_response::HttpResponse,
-    },
+    pb::envoy_auth::authorization_server::{Authorization, AuthorizationServer},
     rpc::{AuthzDecision, MAX_CHECK_REQUEST_BYTES, UserId},
     token::VerifiedToken,
 };
-use envoy_types::pb::{
-    envoy::{
-        config::core::v3::{HeaderValue, HeaderValueOption, header_value_option},
-        r#type::v3::HttpStatus,
-    },
-    google::{
-        protobuf::{ListValue, Struct, Value, value::Kind},
-        rpc,
-    },
-};
+use bytes::Bytes;
 use std::{sync::Arc, time::UNIX_EPOCH};
 use tonic::{Request, Response, Status};
 
@@ -53,30 +46,31 @@ impl Authorization for AuthorizationApi {
         request: Request<CheckRequest>,
     ) -> Result<Response<CheckResponse>, Status> {
         let check = request.into_inner();
-        let attributes = check.attributes.unwrap_or_default();
-        let http = attributes.request.and_then(|r| r.http).unwrap_or_default();
-        // Envoy sends the headers as a map, or (`encode_raw_headers`) as a list.
-        let mut headers: Vec<(String, String)> = http.headers.into_iter().collect();
-        if let Some(map) = http.header_map {
-            headers.extend(map.headers.into_iter().map(|h| {
-                let value = if h.raw_value.is_empty() {
-                    h.value
-                } else {
-                    String::from_utf8_lossy(&h.raw_value).into_owned()
-                };
-                (h.key, value)
-            }));
-        }
-        let authorization = headers
+        // Envoy sends one `authorization` header (it joins repeated ones); two, or
+        // one that is not text, is a credential that cannot be read.
+        let mut credentials = check
+            .headers()
+            .filter(|(name, _)| name.eq_ignore_ascii_case(b"authorization"))
+            .map(|(_, value)| value);
+        let authorization = match (credentials.next(), credentials.next()) {
+            (None, _) => None,
+            (Some(value), None) => Some(std::str::from_utf8(value).unwrap_or(UNREADABLE)),
+            (Some(_), Some(_)) => Some(UNREADABLE),
+        };
+        let policy = check
+            .context_extensions()
             .iter()
-            .find(|(name, _)| name.eq_ignore_ascii_case("authorization"))
-            .map(|(_, value)| value.as_str());
-        let policy = Policy::parse(
-            attributes
-                .context_extensions
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.as_str())),
-        );
+            .map(|entry| {
+                match (
+                    std::str::from_utf8(&entry.key),
+                    std::str::from_utf8(&entry.value),
+                ) {
+                    (Ok(key), Ok(value)) => Ok((key, value)),
+                    _ => Err("a context extension that is not text".to_owned()),
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .and_then(Policy::parse);
         let decision = self.authorizer.decide("grpc", authorization, policy);
         let logged = AuthzDecision {
             outcome: decision.outcome(),
@@ -86,7 +80,7 @@ impl Authorization for AuthorizationApi {
         let answer = match decision {
             Decision::Allow(token) => {
                 user = token.as_ref().map(|t| UserId(t.user_id.clone()));
-                self.allowed(token.as_ref(), &headers)
+                self.allowed(token, &check)
             }
             Decision::Deny(denial) => self.denied(denial),
         };
@@ -100,55 +94,56 @@ impl Authorization for AuthorizationApi {
 }
 
 impl AuthorizationApi {
-    fn allowed(&self, token: Option<&VerifiedToken>, sent: &[(String, String)]) -> CheckResponse {
+    fn allowed(&self, token: Option<VerifiedToken>, check: &CheckRequest) -> CheckResponse {
         let settings = self.authorizer.settings();
-        let set = token
-            .map(|t| identity_headers(&settings.header_prefix, t))
-            .unwrap_or_default();
-        // The client's headers of the prefix that are not overwritten below: all of
-        // them go. The ones set are never listed, so whatever order Envoy applies
-        // removals and sets in, what is set stays.
-        let mut headers_to_remove: Vec<String> = sent
-            .iter()
-            .map(|(name, _)| name.to_ascii_lowercase())
-            .filter(|name| name.starts_with(&settings.header_prefix))
-            .filter(|name| !set.iter().any(|(s, _)| s == name))
-            .collect();
-        // And the identity headers even when absent from the map Envoy sent (it may
-        // be cut to `allowed_headers`): removing a header not there is a no-op.
-        for name in identity_header_names(&settings.header_prefix) {
-            if !set.iter().any(|(s, _)| *s == name) && !headers_to_remove.contains(&name) {
-                headers_to_remove.push(name);
+        let names = self.authorizer.header_names();
+        let values: [Option<Bytes>; 5] = match &token {
+            Some(token) => identity_values(token).map(|v| v.map(|v| Bytes::from(v.into_owned()))),
+            None => Default::default(),
+        };
+        let mut headers = Vec::with_capacity(names.len());
+        // The identity headers not set are removed even when absent from the map
+        // Envoy sent (it may be cut to `allowed_headers`): removing a header that is
+        // not there is a no-op.
+        let mut headers_to_remove = Vec::new();
+        for (name, value) in names.iter().zip(&values) {
+            match value {
+                Some(value) => {
+                    headers.push(HeaderValueOption::overwrite(name.clone(), value.clone()))
+                }
+                None => headers_to_remove.push(name.clone()),
+            }
+        }
+        // And every other header of the prefix the client sent. The ones set are
+        // never listed, so whatever order Envoy applies removals and sets in, what
+        // is set stays.
+        let prefix = settings.header_prefix.as_bytes();
+        for (name, _) in check.headers() {
+            let prefixed =
+                name.len() >= prefix.len() && name[..prefix.len()].eq_ignore_ascii_case(prefix);
+            let set = || {
+                names
+                    .iter()
+                    .zip(&values)
+                    .any(|(n, v)| v.is_some() && n.eq_ignore_ascii_case(name))
+            };
+            if prefixed && !set() {
+                headers_to_remove.push(Bytes::from(name.to_ascii_lowercase()));
             }
         }
         if settings.strip_authorization {
-            headers_to_remove.push("authorization".to_owned());
+            headers_to_remove.push(Bytes::from_static(b"authorization"));
         }
-        headers_to_remove.sort();
+        headers_to_remove.sort_unstable();
         headers_to_remove.dedup();
-        let headers = set
-            .into_iter()
-            .map(|(key, value)| HeaderValueOption {
-                header: Some(HeaderValue {
-                    key,
-                    value,
-                    ..Default::default()
-                }),
-                append_action: header_value_option::HeaderAppendAction::OverwriteIfExistsOrAdd
-                    as i32,
-                ..Default::default()
-            })
-            .collect();
         CheckResponse {
-            status: Some(rpc::Status {
+            status: Some(RpcStatus {
                 code: tonic::Code::Ok as i32,
-                ..Default::default()
             }),
-            dynamic_metadata: token.map(claims),
+            dynamic_metadata: token.map(|token| claims(token, &values)),
             http_response: Some(HttpResponse::OkResponse(OkHttpResponse {
                 headers,
                 headers_to_remove,
-                ..Default::default()
             })),
         }
     }
@@ -156,23 +151,18 @@ impl AuthorizationApi {
     fn denied(&self, denial: Denial) -> CheckResponse {
         let headers = denial
             .challenge(&self.authorizer.settings().realm)
-            .map(|challenge| HeaderValueOption {
-                header: Some(HeaderValue {
-                    key: "www-authenticate".to_owned(),
-                    value: challenge,
-                    ..Default::default()
-                }),
-                append_action: header_value_option::HeaderAppendAction::OverwriteIfExistsOrAdd
-                    as i32,
-                ..Default::default()
+            .map(|challenge| {
+                HeaderValueOption::overwrite(
+                    Bytes::from_static(b"www-authenticate"),
+                    Bytes::from(challenge),
+                )
             })
             .into_iter()
             .collect();
         CheckResponse {
             // The code only: why a token was refused goes to metrics and the log.
-            status: Some(rpc::Status {
+            status: Some(RpcStatus {
                 code: denial.code() as i32,
-                ..Default::default()
             }),
             dynamic_metadata: None,
             http_response: Some(HttpResponse::DeniedResponse(DeniedHttpResponse {
@@ -180,7 +170,6 @@ impl AuthorizationApi {
                     code: i32::from(denial.http_status()),
                 }),
                 headers,
-                body: String::new(),
             })),
         }
     }
@@ -188,33 +177,37 @@ impl AuthorizationApi {
 
 /// The token's claims, for Envoy's `dynamic_metadata` (under the ext_authz
 /// filter's namespace): `user_id`, `username`, `session_id`, `amr`, `audience`,
-/// `expires_at` (Unix seconds).
-fn claims(token: &VerifiedToken) -> Struct {
-    let string = |s: &str| Value {
-        kind: Some(Kind::StringValue(s.to_owned())),
-    };
-    let list = |items: &[String]| Value {
-        kind: Some(Kind::ListValue(ListValue {
-            values: items.iter().map(|s| string(s)).collect(),
-        })),
+/// `expires_at` (Unix seconds). `values` are the token's identity header values
+/// (`identity_values`), shared rather than copied where they are the same.
+fn claims(token: VerifiedToken, values: &[Option<Bytes>; 5]) -> Struct {
+    let text = |value: Bytes| Kind::String(value);
+    let list = |items: Vec<String>| {
+        Kind::List(ListValue {
+            values: items
+                .into_iter()
+                .map(|item| Value {
+                    kind: Some(Kind::String(Bytes::from(item))),
+                })
+                .collect(),
+        })
     };
     let expires_at = token
         .expires_at
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs() as f64);
-    let mut fields = std::collections::HashMap::new();
-    fields.insert("user_id".to_owned(), string(&token.user_id));
-    fields.insert("username".to_owned(), string(&token.username));
-    if let Some(session) = &token.session_id {
-        fields.insert("session_id".to_owned(), string(session));
+    let [user_id, username, session_id, ..] = values;
+    let mut fields = Vec::with_capacity(6);
+    if let Some(user_id) = user_id {
+        fields.push(Field::new("user_id", text(user_id.clone())));
     }
-    fields.insert("amr".to_owned(), list(&token.amr));
-    fields.insert("audience".to_owned(), list(&token.audience));
-    fields.insert(
-        "expires_at".to_owned(),
-        Value {
-            kind: Some(Kind::NumberValue(expires_at)),
-        },
-    );
+    if let Some(username) = username {
+        fields.push(Field::new("username", text(username.clone())));
+    }
+    if let Some(session_id) = session_id {
+        fields.push(Field::new("session_id", text(session_id.clone())));
+    }
+    fields.push(Field::new("amr", list(token.amr)));
+    fields.push(Field::new("audience", list(token.audience)));
+    fields.push(Field::new("expires_at", Kind::Number(expires_at)));
     Struct { fields }
 }

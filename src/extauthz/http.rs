@@ -14,7 +14,7 @@
 //! prefix) the query is the client's, so it is never read there: the default
 //! policy applies.
 
-use super::{Authorizer, Decision, Policy, identity_headers};
+use super::{Authorizer, Decision, Policy, UNREADABLE, identity_headers};
 use axum::{
     extract::{RawQuery, State},
     http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header},
@@ -103,10 +103,6 @@ fn answer(
     tracing::info!(api = "http", outcome, reason, user_id, "forward-auth");
     response
 }
-
-/// What stands for an `authorization` header that cannot be read (not visible
-/// ASCII, or sent twice): a bearer credential that is malformed.
-const UNREADABLE: &str = "Bearer ,";
 
 /// The `name=value` pairs of a query string, percent-decoded (`+` is a space);
 /// an error for a pair that is not UTF-8 once decoded.

@@ -6,7 +6,9 @@
 //!   and Istio's ext_authz), per-route policy from the CheckRequest's
 //!   `context_extensions`;
 //! - `http`: `/forward-auth` on its own HTTP port (nginx `auth_request`, Traefik
-//!   ForwardAuth, Caddy `forward_auth`), per-route policy from the query string.
+//!   ForwardAuth, Caddy `forward_auth`), per-route policy from the query string;
+//! - `wire`: Envoy's CheckRequest and CheckResponse as authd reads and writes them
+//!   (the headers and `context_extensions` only, as slices of the received buffer).
 //!
 //! This file owns what both share: the [`Policy`] of a route, and [`Authorizer`],
 //! which reads `authorization: Bearer …`, verifies the token exactly as
@@ -18,6 +20,7 @@
 
 mod envoy;
 mod http;
+pub(crate) mod wire;
 
 pub(crate) use envoy::AuthorizationApi;
 pub(crate) use http::router;
@@ -28,7 +31,8 @@ use crate::{
     metrics::AuthzMetrics,
     token::{self, VerifiedToken},
 };
-use std::sync::Arc;
+use bytes::Bytes;
+use std::{borrow::Cow, sync::Arc};
 
 /// What Envoy's Check and the forward-auth endpoint share (`config::AuthzConfig`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,6 +44,10 @@ pub struct AuthzSettings {
     /// The realm of the `WWW-Authenticate` challenge.
     pub realm: String,
 }
+
+/// What stands for an `authorization` header that cannot be read (not visible
+/// ASCII, or sent twice): a bearer credential that is malformed.
+const UNREADABLE: &str = "Bearer ,";
 
 /// Longest bearer token read: far beyond any token authd issues.
 const MAX_TOKEN_BYTES: usize = 8 * 1024;
@@ -118,6 +126,8 @@ impl Decision {
 pub(crate) struct Authorizer {
     accounts: Arc<Accounts>,
     settings: AuthzSettings,
+    /// [`identity_header_names`] under the settings' prefix, made once.
+    header_names: [Bytes; 5],
     metrics: AuthzMetrics,
 }
 
@@ -127,15 +137,22 @@ impl Authorizer {
         settings: AuthzSettings,
         metrics: AuthzMetrics,
     ) -> Arc<Self> {
+        let header_names = identity_header_names(&settings.header_prefix).map(Bytes::from);
         Arc::new(Self {
             accounts,
             settings,
+            header_names,
             metrics,
         })
     }
 
     pub(crate) fn settings(&self) -> &AuthzSettings {
         &self.settings
+    }
+
+    /// The identity headers' names, in the order of [`identity_values`].
+    pub(crate) fn header_names(&self) -> &[Bytes; 5] {
+        &self.header_names
     }
 
     /// Decides on a request whose `authorization` header is `authorization`, for a
@@ -181,10 +198,7 @@ impl Authorizer {
         }
         // Every identity value must go into a header as it is; a validly signed token
         // whose claims cannot is refused rather than passed on half-named.
-        if identity_headers(&self.settings.header_prefix, &verified)
-            .iter()
-            .any(|(_, value)| !is_header_value(value))
-        {
+        if !identity_values_fit(&verified) {
             return Decision::Deny(Denial::InvalidToken(TokenError::Malformed));
         }
         Decision::Allow(Some(verified))
@@ -220,26 +234,46 @@ fn bearer(authorization: Option<&str>) -> Bearer<'_> {
 /// username, session id (when the token has one), `amr` and audience (comma
 /// separated, when there are any).
 pub(crate) fn identity_headers(prefix: &str, token: &VerifiedToken) -> Vec<(String, String)> {
-    let mut headers = vec![
-        (format!("{prefix}user-id"), token.user_id.clone()),
-        (format!("{prefix}username"), token.username.clone()),
-    ];
-    if let Some(session) = &token.session_id {
-        headers.push((format!("{prefix}session-id"), session.clone()));
-    }
-    if !token.amr.is_empty() {
-        headers.push((format!("{prefix}amr"), token.amr.join(",")));
-    }
-    if !token.audience.is_empty() {
-        headers.push((format!("{prefix}audience"), token.audience.join(",")));
-    }
-    headers
+    identity_header_names(prefix)
+        .into_iter()
+        .zip(identity_values(token))
+        .filter_map(|(name, value)| Some((name, value?.into_owned())))
+        .collect()
 }
 
 /// The names of every identity header, set or not: what is removed from a request
-/// before any is set, so that a client can forge none.
+/// before any is set, so that a client can forge none. In the order of
+/// [`identity_values`].
 pub(crate) fn identity_header_names(prefix: &str) -> [String; 5] {
     ["user-id", "username", "session-id", "amr", "audience"].map(|name| format!("{prefix}{name}"))
+}
+
+/// The value of each identity header for `token`, in the order of
+/// [`identity_header_names`]; `None` for one not set (no session, no `amr`, no
+/// audience).
+pub(crate) fn identity_values(token: &VerifiedToken) -> [Option<Cow<'_, str>>; 5] {
+    fn list(items: &[String]) -> Option<Cow<'_, str>> {
+        match items {
+            [] => None,
+            [one] => Some(Cow::Borrowed(one.as_str())),
+            many => Some(Cow::Owned(many.join(","))),
+        }
+    }
+    [
+        Some(Cow::Borrowed(token.user_id.as_str())),
+        Some(Cow::Borrowed(token.username.as_str())),
+        token.session_id.as_deref().map(Cow::Borrowed),
+        list(&token.amr),
+        list(&token.audience),
+    ]
+}
+
+/// Whether every identity value of `token` is a header value as it is.
+fn identity_values_fit(token: &VerifiedToken) -> bool {
+    identity_values(token)
+        .iter()
+        .flatten()
+        .all(|value| is_header_value(value))
 }
 
 /// Visible ASCII and spaces, at most 4 KiB: what every proxy passes on unchanged.

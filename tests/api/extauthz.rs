@@ -10,9 +10,12 @@ use crate::helpers::{
 };
 use crate::totp::{K1, app_on, challenge, code_at, complete, enroll, now};
 use authd::{ManualClock, pb::LogoutRequest};
-use envoy_types::pb::envoy::service::auth::v3::{
-    AttributeContext, CheckRequest, CheckResponse, attribute_context,
-    authorization_client::AuthorizationClient, check_response::HttpResponse,
+use envoy_types::pb::envoy::{
+    config::core::v3::{HeaderMap, HeaderValue},
+    service::auth::v3::{
+        AttributeContext, CheckRequest, CheckResponse, attribute_context,
+        authorization_client::AuthorizationClient, check_response::HttpResponse,
+    },
 };
 use std::{collections::HashMap, sync::Arc};
 use tonic::Code;
@@ -402,6 +405,86 @@ async fn anonymous_routes_strip_every_identity_header_and_bad_policies_fail_clos
     assert_eq!(metric(&metrics, series), Some(3.0), "{metrics}");
     let series = r#"authd_authz_decisions_total{api="grpc",outcome="allow",reason="anonymous"}"#;
     assert_eq!(metric(&metrics, series), Some(1.0), "{metrics}");
+}
+
+/// A Check of Envoy's raw headers (`encode_raw_headers`): the list in `header_map`,
+/// values in `raw_value`, repeated names kept; `headers` is then empty.
+async fn check_raw(
+    app: &TestApp,
+    headers: &[(&str, &[u8])],
+    policy: HashMap<String, String>,
+) -> CheckResponse {
+    let header_map = HeaderMap {
+        headers: headers
+            .iter()
+            .map(|(key, value)| HeaderValue {
+                key: key.to_string(),
+                raw_value: value.to_vec(),
+                ..Default::default()
+            })
+            .collect(),
+    };
+    let request = CheckRequest {
+        attributes: Some(AttributeContext {
+            request: Some(attribute_context::Request {
+                http: Some(attribute_context::HttpRequest {
+                    header_map: Some(header_map),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            context_extensions: policy,
+            ..Default::default()
+        }),
+    };
+    AuthorizationClient::new(app.channel().await)
+        .check(request)
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+#[tokio::test]
+async fn raw_headers_are_read_and_a_second_credential_is_refused() {
+    let mut app = spawn_app_with(|_| {}).await;
+    app.register("dee", PASSWORD).await.unwrap();
+    let token = bearer(&app.login("dee", PASSWORD).await.unwrap().access_token);
+    let ok = allowed(
+        check_raw(
+            &app,
+            &[
+                ("Authorization", token.as_bytes()),
+                ("X-Authd-Username", b"forged"),
+                ("x-authd-team", b"ops"),
+            ],
+            HashMap::new(),
+        )
+        .await,
+    );
+    assert_eq!(ok.set["x-authd-username"], "dee");
+    // Set over the forged one, never removed after it is set.
+    assert!(!ok.removed.contains(&"x-authd-username".to_owned()));
+    assert!(
+        ok.removed.contains(&"x-authd-team".to_owned()),
+        "{:?}",
+        ok.removed
+    );
+
+    // Two credentials (whichever the upstream reads is a guess), or one that is not
+    // text: refused as a malformed token, never as a missing one.
+    for headers in [
+        vec![
+            ("authorization", token.as_bytes()),
+            ("authorization", token.as_bytes()),
+        ],
+        vec![("authorization", &b"Bearer \xff\xfe"[..])],
+    ] {
+        let (status, challenge_header, _) = denied(check_raw(&app, &headers, HashMap::new()).await);
+        assert_eq!((status, challenge_header.as_deref()), (401, Some(INVALID)));
+    }
+    let metrics = app.handle.render_metrics();
+    let series = r#"authd_authz_decisions_total{api="grpc",outcome="deny",reason="malformed"}"#;
+    assert_eq!(metric(&metrics, series), Some(2.0), "{metrics}");
 }
 
 #[tokio::test]
