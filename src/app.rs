@@ -28,10 +28,7 @@ use crate::{
     redis::SharedRedis,
     store::{Store, WriterSnapshot},
     throttle::Throttle,
-    token::{
-        self, LiveKeyRing,
-        keyfile::{self, KeyFile},
-    },
+    token::{self, LiveKeyRing, keyfile::KeyFile},
     transport::{self, Limits, Protocol, tls::ServerTls},
 };
 use anyhow::Context as _;
@@ -106,14 +103,9 @@ impl AppHandle {
     /// a new ring is in use, `Ok(false)` when the file is unchanged (or no file is
     /// configured), the reason when the file was refused and the old ring kept.
     pub async fn reload_token_keys(&self) -> Result<bool, String> {
-        let Some(file) = self.key_file.clone() else {
-            return Ok(false);
-        };
-        match tokio::task::spawn_blocking(move || file.check()).await {
-            Ok(keyfile::Reload::Reloaded) => Ok(true),
-            Ok(keyfile::Reload::Unchanged) => Ok(false),
-            Ok(keyfile::Reload::Refused(why)) => Err(why),
-            Err(e) => Err(format!("the reload task failed: {e}")),
+        match self.key_file.clone() {
+            Some(file) => file.check_now().await,
+            None => Ok(false),
         }
     }
 
@@ -121,14 +113,9 @@ impl AppHandle {
     /// `Ok(true)` when new rules are in force, `Ok(false)` when the file is unchanged
     /// (or none is configured), the reason when it was refused and the rules kept.
     pub async fn reload_rate_limit_rules(&self) -> Result<bool, String> {
-        let Some(rules) = self.rate_limit_rules.clone() else {
-            return Ok(false);
-        };
-        match tokio::task::spawn_blocking(move || rules.check()).await {
-            Ok(ratelimit::Reload::Reloaded) => Ok(true),
-            Ok(ratelimit::Reload::Unchanged) => Ok(false),
-            Ok(ratelimit::Reload::Refused(why)) => Err(why),
-            Err(e) => Err(format!("the reload task failed: {e}")),
+        match self.rate_limit_rules.clone() {
+            Some(rules) => rules.check_now().await,
+            None => Ok(false),
         }
     }
 
@@ -209,9 +196,9 @@ impl Application {
         let hasher = config.passwords.hasher(&metrics)?;
         let tokens = config.tokens.tokens(keys.ring.clone(), &metrics);
         let key_ring = tokens.key_ring().clone();
-        let key_file = keys
-            .file
-            .map(|(path, digest)| Arc::new(KeyFile::new(path, digest, key_ring.clone(), &metrics)));
+        let key_file = keys.file.map(|(path, digest)| {
+            Arc::new(KeyFile::for_ring(path, digest, key_ring.clone(), &metrics))
+        });
         // Names accounts in the throttle's Redis keys and in audit events.
         let digest = config.tokens.account_digest(&keys.ring);
         // One Redis connection for the rate limiter and the login throttle.

@@ -268,6 +268,23 @@ pub enum Error {
     Internal(#[from] anyhow::Error),
 }
 
+/// RESOURCE_EXHAUSTED from the login throttle: when to retry (in the details and
+/// the `retry-after` header) and the one quota that is spent.
+fn throttled(
+    message: String,
+    wait: Duration,
+    subject: &'static str,
+    description: &'static str,
+) -> Status {
+    let mut details = ErrorDetails::with_retry_info(Some(wait));
+    details.add_quota_failure_violation(subject, description);
+    let mut status = Status::with_error_details(Code::ResourceExhausted, message, details);
+    status
+        .metadata_mut()
+        .insert("retry-after", retry_after(wait));
+    status
+}
+
 fn subjects(violations: &[QuotaViolation]) -> String {
     violations
         .iter()
@@ -334,29 +351,21 @@ impl Error {
             Error::Throttled {
                 scope,
                 retry_after: wait,
-            } => {
-                let mut details = ErrorDetails::with_retry_info(Some(*wait));
-                details.add_quota_failure_violation(scope.subject(), scope.description());
-                let mut status =
-                    Status::with_error_details(Code::ResourceExhausted, self.to_string(), details);
-                status
-                    .metadata_mut()
-                    .insert("retry-after", retry_after(*wait));
-                status
-            }
+            } => throttled(
+                self.to_string(),
+                *wait,
+                scope.subject(),
+                scope.description(),
+            ),
             Error::CodesThrottled {
                 scope,
                 retry_after: wait,
-            } => {
-                let mut details = ErrorDetails::with_retry_info(Some(*wait));
-                details.add_quota_failure_violation(scope.code_subject(), scope.code_description());
-                let mut status =
-                    Status::with_error_details(Code::ResourceExhausted, self.to_string(), details);
-                status
-                    .metadata_mut()
-                    .insert("retry-after", retry_after(*wait));
-                status
-            }
+            } => throttled(
+                self.to_string(),
+                *wait,
+                scope.code_subject(),
+                scope.code_description(),
+            ),
             Error::InvalidCode | Error::InvalidChallenge => {
                 Status::unauthenticated(self.to_string())
             }

@@ -69,6 +69,8 @@
 //! - `secret`: secret-bearing settings: URLs printed with their passwords hidden, and
 //!   the value parser whose errors never quote a secret.
 //! - `clock`: the time of the code that counts over time, faked in tests.
+//! - `watched`: a file re-read while serving (the token key file, the rate limit
+//!   rules file): its content's digest, a change put in force, a bad one refused once.
 //!
 //! Around the request path, above it all (each importing only those after it and
 //! the request path):
@@ -128,6 +130,7 @@ pub(crate) mod telemetry;
 pub(crate) mod throttle;
 pub(crate) mod token;
 pub(crate) mod transport;
+pub(crate) mod watched;
 
 // The public surface beyond the application, its configuration and the wire types:
 // what `main.rs`, the integration tests and authbench's tests use, and no more.
@@ -340,7 +343,7 @@ mod tests {
     /// (no cycle at all), and the bottom floor imports nothing above it.
     #[test]
     fn the_imports_run_down_the_layout() {
-        const FLOOR: [&str; 8] = [
+        const FLOOR: [&str; 9] = [
             "rpc",
             "error",
             "middleware",
@@ -349,6 +352,7 @@ mod tests {
             "redis",
             "secret",
             "clock",
+            "watched",
         ];
         let graph = import_graph();
         let mut wrong = Vec::new();

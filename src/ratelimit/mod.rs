@@ -30,7 +30,7 @@ use std::time::Duration;
 
 pub(crate) use layer::layer;
 pub use limiter::{Backend, RateLimitStats, RateLimiter};
-pub(crate) use reload::{LiveRules, Reload};
+pub(crate) use reload::LiveRules;
 pub use rules::{KeyKind, RateLimits, RegisterLimit};
 pub(crate) use service::{DescriptorLimits, RateLimitServer};
 // What a request meets while Redis fails is the same for every Redis user.

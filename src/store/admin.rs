@@ -20,10 +20,7 @@
 //! names, PostgreSQL uses `COLLATE "C"` (a locale's order would not keep a prefix
 //! in one range).
 
-use super::{
-    StoreError,
-    connection::{Connections, within},
-};
+use super::{StoreError, connection::Connections};
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
 
 /// The admin statements. `$N` placeholders are understood by both backends; the
@@ -230,17 +227,9 @@ where
         AccountKey::Id(id) => (sql::ACCOUNT_BY_ID, id.as_str()),
         AccountKey::Username(name) => (sql::ACCOUNT_BY_USERNAME, name.as_str()),
     };
-    let mut conn = conns.lease().await?;
-    let row = within(
-        conns.limit(),
-        sqlx::query::<DB>(statement)
-            .bind(now)
-            .bind(value)
-            .fetch_optional(&mut *conn),
-    )
-    .await?;
-    conn.finish();
-    Ok(row?.as_ref().map(account_from_row).transpose()?)
+    let query = sqlx::query::<DB>(statement).bind(now).bind(value);
+    let row = conns.fetch_optional(query).await?;
+    Ok(row.as_ref().map(account_from_row).transpose()?)
 }
 
 /// A page of accounts in username order, with `statement` (the backend's form of
@@ -262,21 +251,15 @@ where
     for<'r> Option<String>: Decode<'r, DB>,
 {
     let (low, high) = query.bounds();
-    let mut conn = conns.lease().await?;
-    let rows = within(
-        conns.limit(),
-        sqlx::query::<DB>(statement)
-            .bind(now)
-            .bind(query.after.as_str())
-            .bind(low.as_str())
-            .bind(high.as_str())
-            .bind(query.filter())
-            .bind(query.limit)
-            .fetch_all(&mut *conn),
-    )
-    .await?;
-    conn.finish();
-    Ok(rows?
+    let read = sqlx::query::<DB>(statement)
+        .bind(now)
+        .bind(query.after.as_str())
+        .bind(low.as_str())
+        .bind(high.as_str())
+        .bind(query.filter())
+        .bind(query.limit);
+    let rows = conns.fetch_all(read).await?;
+    Ok(rows
         .iter()
         .map(account_from_row)
         .collect::<Result<_, sqlx::Error>>()?)
@@ -299,18 +282,12 @@ where
     for<'r> Option<i64>: Decode<'r, DB>,
     for<'r> Option<String>: Decode<'r, DB>,
 {
-    let mut conn = conns.lease().await?;
-    let rows = within(
-        conns.limit(),
-        sqlx::query::<DB>(sql::LIVE_SESSIONS)
-            .bind(user_id)
-            .bind(now)
-            .bind(limit)
-            .fetch_all(&mut *conn),
-    )
-    .await?;
-    conn.finish();
-    Ok(rows?
+    let query = (sqlx::query::<DB>(sql::LIVE_SESSIONS))
+        .bind(user_id)
+        .bind(now)
+        .bind(limit);
+    let rows = conns.fetch_all(query).await?;
+    Ok(rows
         .iter()
         .map(|row| {
             Ok(SessionInfo {
@@ -339,18 +316,12 @@ where
     for<'a> i64: Encode<'a, DB> + Decode<'a, DB> + Type<DB>,
     for<'r> String: Decode<'r, DB> + Type<DB>,
 {
-    let mut conn = conns.lease().await?;
-    let rows = within(
-        conns.limit(),
-        sqlx::query::<DB>(sql::CUTOFFS_SINCE)
-            .bind(after.0)
-            .bind(after.1)
-            .bind(limit)
-            .fetch_all(&mut *conn),
-    )
-    .await?;
-    conn.finish();
-    Ok(rows?
+    let query = (sqlx::query::<DB>(sql::CUTOFFS_SINCE))
+        .bind(after.0)
+        .bind(after.1)
+        .bind(limit);
+    let rows = conns.fetch_all(query).await?;
+    Ok(rows
         .iter()
         .map(|row| {
             Ok(Cutoff {

@@ -7,8 +7,10 @@
 //! and each operation bounded ([`operation_limit`] of the statement timeout, see
 //! [`within`]); a connection whose operation did not finish is closed, never returned
 //! to the pool ([`Lease`]). Reads that are the same on both backends are written once
-//! over it (`users`, `session`). This file runs no statement of its own beyond
-//! migrations, and knows nothing of users or sessions.
+//! over it (`users`, `session`, `admin`, `factor`), each a statement they build and
+//! [`Connections::fetch_optional`] (or `fetch_one`, `fetch_all`) runs. This file
+//! builds no statement of its own beyond migrations, and knows nothing of users or
+//! sessions.
 //!
 //! SQLite: WAL, `synchronous=FULL` (a commit that returned is durable), a busy
 //! timeout, foreign keys; the writer connection (`sqlite`'s writer task) creates and
@@ -27,9 +29,11 @@ use crate::metrics::Metrics;
 use anyhow::Context as _;
 use prometheus::Histogram;
 use sqlx::{
-    Connection, Database, PgConnection, PgPool, SqliteConnection, SqlitePool,
+    Connection, Database, Executor, IntoArguments, PgConnection, PgPool, SqliteConnection,
+    SqlitePool,
     pool::PoolConnection,
     postgres::{PgConnectOptions, PgPoolOptions},
+    query::Query,
     sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
 };
 use std::{
@@ -256,6 +260,52 @@ impl<DB: Database> Connections<DB> {
         Ok(Lease {
             conn: Some(connection?),
         })
+    }
+
+    /// The row `query` finds, if any: one read on a leased connection, bounded by
+    /// [`Connections::limit`], the connection given back once it has an answer.
+    pub(super) async fn fetch_optional<'q, A>(
+        &self,
+        query: Query<'q, DB, A>,
+    ) -> Result<Option<DB::Row>, StoreError>
+    where
+        A: 'q + Send + IntoArguments<DB>,
+        for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    {
+        let mut conn = self.lease().await?;
+        let row = within(self.limit, query.fetch_optional(&mut *conn)).await?;
+        conn.finish();
+        Ok(row?)
+    }
+
+    /// The one row `query` answers, read as [`Connections::fetch_optional`] reads.
+    pub(super) async fn fetch_one<'q, A>(
+        &self,
+        query: Query<'q, DB, A>,
+    ) -> Result<DB::Row, StoreError>
+    where
+        A: 'q + Send + IntoArguments<DB>,
+        for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    {
+        let mut conn = self.lease().await?;
+        let row = within(self.limit, query.fetch_one(&mut *conn)).await?;
+        conn.finish();
+        Ok(row?)
+    }
+
+    /// Every row `query` finds, read as [`Connections::fetch_optional`] reads.
+    pub(super) async fn fetch_all<'q, A>(
+        &self,
+        query: Query<'q, DB, A>,
+    ) -> Result<Vec<DB::Row>, StoreError>
+    where
+        A: 'q + Send + IntoArguments<DB>,
+        for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    {
+        let mut conn = self.lease().await?;
+        let rows = within(self.limit, query.fetch_all(&mut *conn)).await?;
+        conn.finish();
+        Ok(rows?)
     }
 
     pub(super) async fn close(&self) {

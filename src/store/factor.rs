@@ -16,10 +16,7 @@
 //! run on either backend's [`Connections`]; the writes ([`factor_ops`]) inside the
 //! transaction each backend holds.
 
-use super::{
-    StoreError,
-    connection::{Connections, within},
-};
+use super::{StoreError, connection::Connections};
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
 
 pub(super) mod sql {
@@ -196,16 +193,10 @@ where
     for<'r> i64: Decode<'r, DB> + Type<DB>,
     for<'r> Option<i64>: Decode<'r, DB>,
 {
-    let mut conn = conns.lease().await?;
-    let row = within(
-        conns.limit(),
-        sqlx::query::<DB>(sql::FACTOR)
-            .bind(user_id)
-            .fetch_optional(&mut *conn),
-    )
-    .await?;
-    conn.finish();
-    let Some(row) = row? else { return Ok(None) };
+    let query = sqlx::query::<DB>(sql::FACTOR).bind(user_id);
+    let Some(row) = conns.fetch_optional(query).await? else {
+        return Ok(None);
+    };
     let enabled_at: Option<i64> = row.try_get("enabled_at").map_err(StoreError::from)?;
     Ok(Some(Factor {
         sealed: row.try_get("secret").map_err(StoreError::from)?,
@@ -229,18 +220,13 @@ where
     for<'r> String: Decode<'r, DB> + Type<DB>,
     for<'r> i64: Encode<'r, DB> + Decode<'r, DB> + Type<DB>,
 {
-    let mut conn = conns.lease().await?;
-    let row = within(
-        conns.limit(),
-        sqlx::query::<DB>(sql::LIVE_CHALLENGE)
-            .bind(digest)
-            .bind(now)
-            .bind(max)
-            .fetch_optional(&mut *conn),
-    )
-    .await?;
-    conn.finish();
-    let Some(row) = row? else { return Ok(None) };
+    let query = (sqlx::query::<DB>(sql::LIVE_CHALLENGE))
+        .bind(digest)
+        .bind(now)
+        .bind(max);
+    let Some(row) = conns.fetch_optional(query).await? else {
+        return Ok(None);
+    };
     Ok(Some(LiveChallenge {
         user_id: row.try_get("user_id").map_err(StoreError::from)?,
         password_version: row.try_get("password_version").map_err(StoreError::from)?,

@@ -16,10 +16,7 @@
 //! one request performs a rotation (its conditional `UPDATE` affects the row); the
 //! others find the token one step back and are given the winner's result.
 
-use super::{
-    StoreError,
-    connection::{Connections, within},
-};
+use super::{StoreError, connection::Connections};
 use crate::refresh::{RefreshToken, RotationKey};
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row as _, Type};
 
@@ -218,18 +215,13 @@ where
     for<'a> i64: Encode<'a, DB> + Decode<'a, DB> + Type<DB>,
     for<'r> String: Decode<'r, DB> + Type<DB>,
 {
-    let mut conn = conns.lease().await?;
-    let rows = within(
-        conns.limit(),
-        sqlx::query::<DB>(sql::ENDED_SINCE)
-            .bind(after.0)
-            .bind(after.1)
-            .bind(limit)
-            .fetch_all(&mut *conn),
-    )
-    .await?;
-    conn.finish();
-    let ended = rows?
+    let query = (sqlx::query::<DB>(sql::ENDED_SINCE))
+        .bind(after.0)
+        .bind(after.1)
+        .bind(limit);
+    let ended = conns
+        .fetch_all(query)
+        .await?
         .iter()
         .map(|row| {
             Ok(EndedSession {

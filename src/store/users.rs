@@ -9,14 +9,10 @@
 //! change takes the next `password_version`; a rehash keeps it, and neither writes
 //! unless the version is still the one verified.
 
-use super::{
-    StoreError,
-    connection::{Connections, within},
-};
+use super::{StoreError, connection::Connections};
 use crate::credentials::Username;
 use sqlx::{
-    ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArguments, Row, Type,
-    query::Query,
+    ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type, query::Query,
 };
 
 /// The users' statements. `$N` placeholders are PostgreSQL's and are also understood
@@ -200,14 +196,10 @@ where
     for<'r> i64: Decode<'r, DB> + Type<DB>,
     for<'r> Option<i64>: Decode<'r, DB>,
 {
-    let mut conn = conns.lease().await?;
-    let row = within(
-        conns.limit(),
-        find_user_query::<DB>(statement, key).fetch_optional(&mut *conn),
-    )
-    .await?;
-    conn.finish();
-    Ok(row?.as_ref().map(user_from_row).transpose()?)
+    let row = conns
+        .fetch_optional(find_user_query::<DB>(statement, key))
+        .await?;
+    Ok(row.as_ref().map(user_from_row).transpose()?)
 }
 
 /// The highest PBKDF2 iteration count of any stored hash (0 with no users), read on
@@ -217,16 +209,14 @@ where
     DB: Database,
     DB::Arguments: IntoArguments<DB>,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    (Option<i64>,): for<'r> FromRow<'r, DB::Row>,
+    usize: ColumnIndex<DB::Row>,
+    for<'r> Option<i64>: Decode<'r, DB> + Type<DB>,
 {
-    let mut conn = conns.lease().await?;
-    let max = within(
-        conns.limit(),
-        sqlx::query_scalar::<DB, Option<i64>>(sql::MAX_HASH_ITERATIONS).fetch_one(&mut *conn),
-    )
-    .await?;
-    conn.finish();
-    Ok(iterations_from_column(max?))
+    let row = conns
+        .fetch_one(sqlx::query::<DB>(sql::MAX_HASH_ITERATIONS))
+        .await?;
+    let max: Option<i64> = row.try_get(0)?;
+    Ok(iterations_from_column(max))
 }
 
 #[cfg(test)]
