@@ -224,7 +224,10 @@ fn bearer(authorization: Option<&str>) -> Bearer<'_> {
         return Bearer::None;
     }
     let token = token.trim();
-    if token.is_empty() || token.len() > MAX_TOKEN_BYTES || token.contains([' ', ',']) {
+    if token.is_empty()
+        || token.len() > MAX_TOKEN_BYTES
+        || memchr::memchr2(b' ', b',', token.as_bytes()).is_some()
+    {
         return Bearer::Malformed;
     }
     Bearer::Token(token)
@@ -278,7 +281,11 @@ fn identity_values_fit(token: &VerifiedToken) -> bool {
 
 /// Visible ASCII and spaces, at most 4 KiB: what every proxy passes on unchanged.
 fn is_header_value(value: &str) -> bool {
-    value.len() <= 4096 && value.bytes().all(|b| (b' '..=b'~').contains(&b))
+    // Every byte looked at, without a branch per byte: the loop vectorizes.
+    value.len() <= 4096
+        && !value
+            .bytes()
+            .fold(false, |bad, b| bad | !(b' '..=b'~').contains(&b))
 }
 
 #[cfg(test)]

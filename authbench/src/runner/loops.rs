@@ -122,9 +122,7 @@ pub(super) async fn open_loop(
     let mut in_flight = JoinSet::new();
     for k in 0..total {
         let intended = schedule::intended_send_time(start, k, rate);
-        if intended > Instant::now() {
-            tokio::time::sleep_until(intended.into()).await;
-        }
+        send_at(intended).await;
         // Reap answered requests so the set stays as small as what is in flight.
         while let Some(done) = in_flight.try_join_next() {
             done.context("a request task panicked")?;
@@ -151,10 +149,40 @@ pub(super) async fn open_loop(
     Ok(())
 }
 
+/// Waits until `at`, to within microseconds. The runtime's timer has a millisecond
+/// grain: sleeping on it alone would send every request up to a millisecond late
+/// (and in bursts), and that lateness would count as the server's latency. So the
+/// timer only brings the wait to within [`TIMER_GRAIN`]; the rest is spent yielding
+/// to the runtime (answers are read meanwhile) until the instant has come.
+async fn send_at(at: Instant) {
+    if let Some(coarse) = at.checked_sub(TIMER_GRAIN)
+        && coarse > Instant::now()
+    {
+        tokio::time::sleep_until(coarse.into()).await;
+    }
+    while Instant::now() < at {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// What the runtime's timer may be late by.
+const TIMER_GRAIN: std::time::Duration = std::time::Duration::from_millis(2);
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[tokio::test]
+    async fn a_send_never_goes_before_its_time() {
+        for wait in [0, 1, 3] {
+            let at = Instant::now() + Duration::from_millis(wait);
+            send_at(at).await;
+            assert!(Instant::now() >= at, "{wait} ms");
+        }
+        // A time already past: no wait at all.
+        send_at(Instant::now() - Duration::from_millis(5)).await;
+    }
 
     #[test]
     fn a_closed_loop_clock_counts_measured_requests_exactly() {

@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# External authorization, measured in one run on one machine: a release authd pinned
+# to one core, its clients on another, a fresh SQLite file per server.
+#
+#   bench/mesh.sh            # BENCH_DURATION=8 BENCH_WARMUP=2 by default
+#
+# 1. Envoy's Check against ValidateToken, closed loop (-c 64), with an HS256 and an
+#    EdDSA ring: decisions per second and their ratio (the target: Check within 20%).
+# 2. Check in open loop at half the rate it reached: its p99 (the target: <= 1 ms).
+# 3. nginx auth_request in front of an upstream (nginx itself answering 200), against
+#    the same nginx proxying the same upstream without it: wrk's latency, so the
+#    difference is what the forward-auth round trip adds (needs nginx and wrk, Debian's
+#    nginx-light and wrk; skipped without them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SERVER_CPU=${SERVER_CPU:-0}
+CLIENT_CPU=${CLIENT_CPU:-1}
+DURATION=${BENCH_DURATION:-8}
+WARMUP=${BENCH_WARMUP:-2}
+TARGET_DIR=${CARGO_TARGET_DIR:-target}
+cargo build --release -q -p authd -p authbench
+AUTHD="$TARGET_DIR/release/authd"
+AUTHBENCH="$TARGET_DIR/release/authbench"
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+HS_SECRET=$(head -c 32 /dev/urandom | base64 -w0)
+HS256="hs:hs256:$HS_SECRET"
+EDDSA="$("$AUTHD" keygen --alg ed25519 --kid ed)"
+
+start_authd() { # keys db [extra env...]
+  local keys=$1 db=$2
+  shift 2
+  printf '%s\n' "$keys" > "$WORK/keys"
+  env AUTHD_TOKEN_KEYS_FILE="$WORK/keys" AUTHD_DATABASE_URL="sqlite://$WORK/$db.db" \
+    AUTHD_REGISTER_LIMIT=off AUTHD_LISTEN=127.0.0.1:50071 AUTHD_METRICS_LISTEN=127.0.0.1:0 \
+    AUTHD_HEALTH_LISTEN=127.0.0.1:0 AUTHD_HASH_THREADS=1 AUTHD_PBKDF2_ITERATIONS=1000 \
+    AUTHD_LOG=warn "$@" taskset -c "$SERVER_CPU" "$AUTHD" &
+  PIDS+=($!)
+}
+stop_authd() {
+  kill -TERM "${PIDS[-1]}"
+  wait "${PIDS[-1]}" || true
+  unset 'PIDS[-1]'
+}
+bench() { # scenario [authbench options...]: "qps p99_ms"
+  local scenario=$1
+  shift
+  taskset -c "$CLIENT_CPU" "$AUTHBENCH" "$scenario" --target http://127.0.0.1:50071 \
+    --wait 30s --users 20 --warmup "${WARMUP}s" --duration "${DURATION}s" --json "$@" |
+    python3 -c 'import json,sys; r=json.load(sys.stdin); l=r["ok_latency_ms"] or {}; print("%.0f %.3f" % (r["ok_qps"], l.get("p99", 0)))'
+}
+
+echo "| ring | ValidateToken/s | Check/s | Check / ValidateToken | Check p99 at half that rate (ms) |"
+echo "|---|---:|---:|---:|---:|"
+for ring in HS256 EdDSA; do
+  keys=$HS256
+  [ "$ring" = EdDSA ] && keys=$EDDSA
+  start_authd "$keys" "validate-$ring"
+  validate=$(bench validate -c 64)
+  stop_authd
+  start_authd "$keys" "check-$ring"
+  check=$(bench check -c 64)
+  half=$(( ${check% *} / 2 ))
+  open=$(bench check --rate "$half")
+  stop_authd
+  ratio=$(python3 -c "print('%.2f' % (${check% *} / ${validate% *}))")
+  echo "| $ring | ${validate% *} | ${check% *} | ${ratio}× | ${open#* } (at $half/s) |"
+done
+
+if ! command -v nginx >/dev/null && ! [ -x /usr/sbin/nginx ] || ! command -v wrk >/dev/null; then
+  echo
+  echo "nginx or wrk missing (apt-get install nginx-light wrk): the nginx rows are skipped"
+  exit 0
+fi
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+
+# A token authd verifies: HS256 under the ring's key, minted here.
+TOKEN=$(HS_SECRET="$HS_SECRET" python3 - <<'PY'
+import base64, hmac, hashlib, json, os, time
+b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+now = int(time.time())
+header = b64(json.dumps({"alg": "HS256", "typ": "JWT", "kid": "hs"}).encode())
+claims = b64(json.dumps({"sub": "u-1", "name": "bench", "iss": "authd", "iat": now,
+                         "exp": now + 3600, "amr": ["pwd"]}).encode())
+key = base64.b64decode(os.environ["HS_SECRET"])
+mac = hmac.new(key, f"{header}.{claims}".encode(), hashlib.sha256).digest()
+print(f"{header}.{claims}.{b64(mac)}")
+PY
+)
+start_authd "$HS256" forward AUTHD_FORWARD_AUTH_LISTEN=127.0.0.1:50073
+cp deploy/nginx/authd-identity.conf "$WORK/identity.conf"
+mkdir -p "$WORK/nginx"
+cat > "$WORK/nginx.conf" <<EOF
+daemon off;
+worker_processes 1;
+pid $WORK/nginx.pid;
+error_log $WORK/nginx-error.log warn;
+events { worker_connections 1024; }
+http {
+    access_log off;
+    client_body_temp_path $WORK/nginx/body;
+    proxy_temp_path $WORK/nginx/proxy;
+    fastcgi_temp_path $WORK/nginx/fastcgi;
+    uwsgi_temp_path $WORK/nginx/uwsgi;
+    scgi_temp_path $WORK/nginx/scgi;
+    upstream authd { server 127.0.0.1:50073; keepalive 32; }
+    upstream app { server 127.0.0.1:50075; keepalive 32; }
+    server {
+        listen 127.0.0.1:50075;
+        location / { return 200 "ok\n"; }
+    }
+    server {
+        listen 127.0.0.1:50074;
+        location = /_authd {
+            internal;
+            proxy_pass http://authd/forward-auth;
+            proxy_pass_request_body off;
+            proxy_set_header Content-Length "";
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+        location /alone/ {
+            proxy_pass http://app;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+        location / {
+            auth_request /_authd;
+            include $WORK/identity.conf;
+            proxy_pass http://app;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+    }
+}
+EOF
+taskset -c "$CLIENT_CPU" "$NGINX" -c "$WORK/nginx.conf" -e "$WORK/nginx-error.log" &
+PIDS+=($!)
+for _ in $(seq 50); do
+  curl -s -o /dev/null "http://127.0.0.1:50074/alone/" && break
+  sleep 0.1
+done
+status=$(curl -s -o /dev/null -w '%{http_code}' -H "authorization: Bearer $TOKEN" http://127.0.0.1:50074/app)
+[ "$status" = 200 ] || { echo "nginx with auth_request answered $status to a valid token"; exit 1; }
+
+wrk_row() { # name path
+  local out
+  out=$(taskset -c "$CLIENT_CPU" wrk -t1 -c16 -d"${DURATION}s" --latency \
+    -H "authorization: Bearer $TOKEN" "http://127.0.0.1:50074$2")
+  python3 - "$1" "$out" <<'PY'
+import re, sys
+name, out = sys.argv[1], sys.argv[2]
+def ms(v):
+    n, unit = re.match(r"([\d.]+)(us|ms|s)", v).groups()
+    return float(n) * {"us": 0.001, "ms": 1, "s": 1000}[unit]
+p50 = ms(re.search(r"50%\s+(\S+)", out).group(1))
+p99 = ms(re.search(r"99%\s+(\S+)", out).group(1))
+rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+print(f"| {name} | {rps:.0f} | {p50:.3f} | {p99:.3f} | {non2xx.group(1) if non2xx else 0} |")
+PY
+}
+echo
+echo "nginx (one worker, on the client's core) in front of an upstream answering 200; wrk -t1 -c16:"
+echo
+echo "| path | requests/s | p50 (ms) | p99 (ms) | not 2xx |"
+echo "|---|---:|---:|---:|---:|"
+wrk_row "nginx alone" /alone/
+wrk_row "nginx + auth_request to authd" /app
