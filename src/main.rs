@@ -68,13 +68,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             duration,
             batch,
             compare,
+            target,
             json,
         } => {
             use authd::hash_bench as bench;
             let batch = batch.map(|b| b as usize);
             let options = config
                 .passwords
-                .bench_options(iterations, threads, duration, batch, compare);
+                .bench_options(iterations, threads, duration, batch, compare)
+                .with_target(target);
             bench::run_command(config.passwords.hash_backend.engine()?, options, json)
         }
         Command::Health {

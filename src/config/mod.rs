@@ -123,6 +123,11 @@ pub enum Command {
         /// Also measure the pbkdf2 crate (one hash at a time), in the same run.
         #[arg(long)]
         compare: bool,
+        /// Recommend the highest PBKDF2 iteration count whose hash, for one login on
+        /// an idle server, takes at most this long here (e.g. 250ms): measured one
+        /// hash at a time on one thread, at --iterations.
+        #[arg(long, value_parser = positive_duration, conflicts_with_all = ["threads", "batch"])]
+        target: Option<Duration>,
         /// Print the result as JSON.
         #[arg(long)]
         json: bool,

@@ -150,6 +150,7 @@ impl PasswordConfig {
             duration,
             batch,
             compare,
+            target: None,
         }
     }
 }

@@ -13,6 +13,10 @@
 //! is two), and with `--compare` the pbkdf2 crate's rate (one hash at a time, what
 //! authd used before the engine) measured in the same run, right after.
 //!
+//! With `--target`, it measures one hash at a time on one thread (an idle server's
+//! login) and recommends the highest iteration count whose hash stays within the
+//! target on this machine: the time of a hash grows in proportion to its rounds.
+//!
 //! The threads start together behind a barrier and each hashes until the duration
 //! has passed; a thread's rate is its hashes over the time to its last completed
 //! batch, so a batch cut off by the end of the window does not bias the rate.
@@ -40,6 +44,54 @@ pub struct Options {
     pub batch: Option<usize>,
     /// Also measure the pbkdf2 crate, in the same run.
     pub compare: bool,
+    /// Recommend an iteration count whose single hash takes at most this long.
+    pub target: Option<Duration>,
+}
+
+impl Options {
+    /// With a target: one hash at a time on one thread, the latency of an idle
+    /// server's login.
+    pub fn with_target(self, target: Option<Duration>) -> Self {
+        match target {
+            Some(_) => Self {
+                threads: 1,
+                batch: Some(1),
+                target,
+                ..self
+            },
+            None => self,
+        }
+    }
+}
+
+/// The iteration count `--target` recommends.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Recommendation {
+    pub target_ms: f64,
+    /// The highest count within the target, rounded down (to 10,000 from 10,000 up,
+    /// to 1,000 below), at least authd's lowest, 1,000.
+    pub iterations: u32,
+    /// What one hash of that count takes here, in milliseconds.
+    pub hash_ms: f64,
+}
+
+/// The highest iteration count whose hash takes at most `target`, when a hash of
+/// `iterations` rounds takes `ms_per_hash`.
+pub fn recommend(ms_per_hash: f64, iterations: u32, target: Duration) -> Recommendation {
+    let target_ms = target.as_secs_f64() * 1000.0;
+    let ms_per_round = ms_per_hash / f64::from(iterations.max(1));
+    let fits = if ms_per_round > 0.0 {
+        (target_ms / ms_per_round).min(f64::from(u32::MAX))
+    } else {
+        f64::from(u32::MAX)
+    } as u32;
+    let step = if fits >= 10_000 { 10_000 } else { 1_000 };
+    let iterations = (fits / step * step).max(1_000);
+    Recommendation {
+        target_ms,
+        iterations,
+        hash_ms: ms_per_round * f64::from(iterations),
+    }
 }
 
 /// One thread's result.
@@ -82,6 +134,9 @@ pub struct HashBenchReport {
     /// The pbkdf2 crate's rates in the same run (`--compare`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pbkdf2_crate: Option<Rates>,
+    /// The iteration count for `--target`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recommendation: Option<Recommendation>,
 }
 
 /// Runs `authd hash-bench` on `engine` (the one the server would use, or the one
@@ -141,6 +196,9 @@ pub fn measure(engine: Engine, options: Options) -> anyhow::Result<HashBenchRepo
     } else {
         None
     };
+    let recommendation = options
+        .target
+        .map(|target| recommend(engine_rates.ms_per_hash, iterations, target));
     Ok(HashBenchReport {
         algorithm: "pbkdf2-sha256",
         iterations,
@@ -150,6 +208,7 @@ pub fn measure(engine: Engine, options: Options) -> anyhow::Result<HashBenchRepo
         batch,
         engine: engine_rates,
         pbkdf2_crate,
+        recommendation,
     })
 }
 
@@ -262,6 +321,19 @@ pub fn render_text(report: &HashBenchReport) -> String {
             report.engine.hashes_per_second / crate_rates.hashes_per_second.max(f64::MIN_POSITIVE);
         let _ = writeln!(out, "engine / crate: {ratio:.2}x");
     }
+    if let Some(r) = &report.recommendation {
+        let within = if r.hash_ms <= r.target_ms {
+            "within"
+        } else {
+            "over (authd's lowest count)"
+        };
+        let _ = writeln!(
+            out,
+            "recommended: --pbkdf2-iterations {}: one idle login's hash takes about {:.1} ms \
+             here, {within} the {:.0} ms target",
+            r.iterations, r.hash_ms, r.target_ms
+        );
+    }
     out
 }
 
@@ -313,6 +385,7 @@ mod tests {
                 duration: Duration::ZERO,
                 batch: None,
                 compare: true,
+                target: None,
             },
         )
         .unwrap();
@@ -331,6 +404,47 @@ mod tests {
     }
 
     #[test]
+    fn the_recommendation_is_the_highest_round_count_within_the_target() {
+        // 100 ms for 600,000 rounds: 250 ms fits 1,500,000.
+        let r = recommend(100.0, 600_000, Duration::from_millis(250));
+        assert_eq!(r.iterations, 1_500_000);
+        assert!((r.hash_ms - 250.0).abs() < 1e-9);
+        // Rounded down, never up: 1,234,567 fits, 1,230,000 is recommended.
+        let r = recommend(250.0, 1_234_567, Duration::from_millis(250));
+        assert_eq!(r.iterations, 1_230_000);
+        assert!(r.hash_ms <= r.target_ms);
+        // Below 10,000 by thousands; never below authd's lowest, 1,000.
+        assert_eq!(
+            recommend(10.0, 1_000, Duration::from_millis(75)).iterations,
+            7_000
+        );
+        let slow = recommend(10.0, 1_000, Duration::from_millis(1));
+        assert_eq!(slow.iterations, 1_000);
+        assert!(slow.hash_ms > slow.target_ms);
+    }
+
+    #[test]
+    fn a_target_measures_one_hash_at_a_time_on_one_thread() {
+        let options = Options {
+            iterations: 1000,
+            threads: 4,
+            duration: Duration::ZERO,
+            batch: None,
+            compare: false,
+            target: None,
+        }
+        .with_target(Some(Duration::from_millis(250)));
+        assert_eq!((options.threads, options.batch), (1, Some(1)));
+        let report = measure(Engine::detect(), options).unwrap();
+        let r = report.recommendation.unwrap();
+        assert!(r.iterations >= 1000 && r.iterations.is_multiple_of(1000), "{r:?}");
+        assert!(r.hash_ms <= 250.0 || r.iterations == 1000, "{r:?}");
+        assert!(render_text(&report).contains("--pbkdf2-iterations"));
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["recommendation"]["iterations"], r.iterations);
+    }
+
+    #[test]
     fn bad_iteration_counts_are_refused() {
         let err = measure(
             Engine::detect(),
@@ -340,6 +454,7 @@ mod tests {
                 duration: Duration::ZERO,
                 batch: Some(1),
                 compare: false,
+                target: None,
             },
         )
         .unwrap_err();
