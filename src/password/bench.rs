@@ -437,7 +437,10 @@ mod tests {
         assert_eq!((options.threads, options.batch), (1, Some(1)));
         let report = measure(Engine::detect(), options).unwrap();
         let r = report.recommendation.unwrap();
-        assert!(r.iterations >= 1000 && r.iterations.is_multiple_of(1000), "{r:?}");
+        assert!(
+            r.iterations >= 1000 && r.iterations.is_multiple_of(1000),
+            "{r:?}"
+        );
         assert!(r.hash_ms <= 250.0 || r.iterations == 1000, "{r:?}");
         assert!(render_text(&report).contains("--pbkdf2-iterations"));
         let json = serde_json::to_value(&report).unwrap();
