@@ -116,9 +116,13 @@ impl AuthorizationApi {
         }
         // And every other header of the prefix the client sent. The ones set are
         // never listed, so whatever order Envoy applies removals and sets in, what
-        // is set stays.
+        // is set stays. A name that is not text is no header a proxy passes on (and
+        // would not be a `string` on the wire): skipped.
         let prefix = settings.header_prefix.as_bytes();
         for (name, _) in check.headers() {
+            if std::str::from_utf8(name).is_err() {
+                continue;
+            }
             let prefixed =
                 name.len() >= prefix.len() && name[..prefix.len()].eq_ignore_ascii_case(prefix);
             let set = || {

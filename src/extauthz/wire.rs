@@ -13,7 +13,8 @@
 //! maps, nothing authd never sets, and its text as [`Bytes`] (a `string` and a
 //! `bytes` field are the same on the wire), so that the identity header names,
 //! made once, and the metadata keys, static, are shared rather than copied; what
-//! authd puts there is always UTF-8.
+//! authd puts there must be, and is, UTF-8 (a `string` that is not fails Envoy's
+//! parser).
 //!
 //! `build.rs` generates the Authorization server on these two types; reflection
 //! still serves Envoy's own descriptors, and clients use envoy-types' messages (the
