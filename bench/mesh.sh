@@ -13,47 +13,24 @@
 #    nginx-light and wrk; skipped without them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SERVER_CPU=${SERVER_CPU:-0}
-CLIENT_CPU=${CLIENT_CPU:-1}
 DURATION=${BENCH_DURATION:-8}
 WARMUP=${BENCH_WARMUP:-2}
-TARGET_DIR=${CARGO_TARGET_DIR:-target}
-cargo build --release -q -p authd -p authbench
-AUTHD="$TARGET_DIR/release/authd"
-AUTHBENCH="$TARGET_DIR/release/authbench"
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+ITERATIONS=1000
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
+NGINX_PID=""
+trap '[[ -n $NGINX_PID ]] && kill "$NGINX_PID" 2>/dev/null; [[ -n $SERVER ]] && kill "$SERVER" 2>/dev/null; rm -rf "$WORK"' EXIT
 
 HS_SECRET=$(head -c 32 /dev/urandom | base64 -w0)
 HS256="hs:hs256:$HS_SECRET"
 EDDSA="$("$AUTHD" keygen --alg ed25519 --kid ed)"
 
-start_authd() { # keys db [extra env...]
-  local keys=$1 db=$2
-  shift 2
-  printf '%s\n' "$keys" > "$WORK/keys"
-  env AUTHD_TOKEN_KEYS_FILE="$WORK/keys" AUTHD_DATABASE_URL="sqlite://$WORK/$db.db" \
-    AUTHD_REGISTER_LIMIT=off AUTHD_LISTEN=127.0.0.1:50071 AUTHD_METRICS_LISTEN=127.0.0.1:0 \
-    AUTHD_HEALTH_LISTEN=127.0.0.1:0 AUTHD_HASH_THREADS=1 AUTHD_PBKDF2_ITERATIONS=1000 \
-    AUTHD_LOG=warn "$@" taskset -c "$SERVER_CPU" "$AUTHD" &
-  PIDS+=($!)
-}
-stop_authd() {
-  kill -TERM "${PIDS[-1]}"
-  wait "${PIDS[-1]}" || true
-  unset 'PIDS[-1]'
-}
-bench() { # scenario [authbench options...]: "qps p99_ms"
+# run SCENARIO [authbench options…]: "qps p99_ms" against the server started last.
+run() {
   local scenario=$1
   shift
-  taskset -c "$CLIENT_CPU" "$AUTHBENCH" "$scenario" --target http://127.0.0.1:50071 \
-    --wait 30s --users 20 --warmup "${WARMUP}s" --duration "${DURATION}s" --json "$@" |
+  taskset -c 1 "$AUTHBENCH" "$scenario" --target "http://127.0.0.1:$PORT" \
+    --users 20 --warmup "${WARMUP}s" --duration "${DURATION}s" --json "$@" |
     python3 -c 'import json,sys; r=json.load(sys.stdin); l=r["ok_latency_ms"] or {}; print("%.0f %.3f" % (r["ok_qps"], l.get("p99", 0)))'
 }
 
@@ -62,14 +39,14 @@ echo "|---|---:|---:|---:|---:|"
 for ring in HS256 EdDSA; do
   keys=$HS256
   [ "$ring" = EdDSA ] && keys=$EDDSA
-  start_authd "$keys" "validate-$ring"
-  validate=$(bench validate -c 64)
-  stop_authd
-  start_authd "$keys" "check-$ring"
-  check=$(bench check -c 64)
+  start_pinned "$AUTHD" "sqlite://$WORK/validate-$ring.db" AUTHD_TOKEN_KEYS="$keys"
+  validate=$(run validate -c 64)
+  stop
+  start_pinned "$AUTHD" "sqlite://$WORK/check-$ring.db" AUTHD_TOKEN_KEYS="$keys"
+  check=$(run check -c 64)
   half=$(( ${check% *} / 2 ))
-  open=$(bench check --rate "$half")
-  stop_authd
+  open=$(run check --rate "$half")
+  stop
   ratio=$(python3 -c "print('%.2f' % (${check% *} / ${validate% *}))")
   echo "| $ring | ${validate% *} | ${check% *} | ${ratio}× | ${open#* } (at $half/s) |"
 done
@@ -94,7 +71,11 @@ mac = hmac.new(key, f"{header}.{claims}".encode(), hashlib.sha256).digest()
 print(f"{header}.{claims}.{b64(mac)}")
 PY
 )
-start_authd "$HS256" forward AUTHD_FORWARD_AUTH_LISTEN=127.0.0.1:50073
+FORWARD_PORT=$(free_port)
+NGINX_PORT=$(free_port)
+APP_PORT=$(free_port)
+start_pinned "$AUTHD" "sqlite://$WORK/forward.db" AUTHD_TOKEN_KEYS="$HS256" \
+  AUTHD_FORWARD_AUTH_LISTEN="127.0.0.1:$FORWARD_PORT"
 cp deploy/nginx/authd-identity.conf "$WORK/identity.conf"
 mkdir -p "$WORK/nginx"
 cat > "$WORK/nginx.conf" <<EOF
@@ -110,14 +91,14 @@ http {
     fastcgi_temp_path $WORK/nginx/fastcgi;
     uwsgi_temp_path $WORK/nginx/uwsgi;
     scgi_temp_path $WORK/nginx/scgi;
-    upstream authd { server 127.0.0.1:50073; keepalive 32; }
-    upstream app { server 127.0.0.1:50075; keepalive 32; }
+    upstream authd { server 127.0.0.1:$FORWARD_PORT; keepalive 32; }
+    upstream app { server 127.0.0.1:$APP_PORT; keepalive 32; }
     server {
-        listen 127.0.0.1:50075;
+        listen 127.0.0.1:$APP_PORT;
         location / { return 200 "ok\n"; }
     }
     server {
-        listen 127.0.0.1:50074;
+        listen 127.0.0.1:$NGINX_PORT;
         location = /_authd {
             internal;
             proxy_pass http://authd/forward-auth;
@@ -141,19 +122,19 @@ http {
     }
 }
 EOF
-taskset -c "$CLIENT_CPU" "$NGINX" -c "$WORK/nginx.conf" -e "$WORK/nginx-error.log" &
-PIDS+=($!)
+taskset -c 1 "$NGINX" -c "$WORK/nginx.conf" -e "$WORK/nginx-error.log" &
+NGINX_PID=$!
 for _ in $(seq 50); do
-  curl -s -o /dev/null "http://127.0.0.1:50074/alone/" && break
+  curl -s -o /dev/null "http://127.0.0.1:$NGINX_PORT/alone/" && break
   sleep 0.1
 done
-status=$(curl -s -o /dev/null -w '%{http_code}' -H "authorization: Bearer $TOKEN" http://127.0.0.1:50074/app)
+status=$(curl -s -o /dev/null -w '%{http_code}' -H "authorization: Bearer $TOKEN" http://127.0.0.1:$NGINX_PORT/app)
 [ "$status" = 200 ] || { echo "nginx with auth_request answered $status to a valid token"; exit 1; }
 
 wrk_row() { # name path
   local out
-  out=$(taskset -c "$CLIENT_CPU" wrk -t1 -c16 -d"${DURATION}s" --latency \
-    -H "authorization: Bearer $TOKEN" "http://127.0.0.1:50074$2")
+  out=$(taskset -c 1 wrk -t1 -c16 -d"${DURATION}s" --latency \
+    -H "authorization: Bearer $TOKEN" "http://127.0.0.1:$NGINX_PORT$2")
   python3 - "$1" "$out" <<'PY'
 import re, sys
 name, out = sys.argv[1], sys.argv[2]

@@ -12,31 +12,21 @@
 # and on the cluster, where every Login reads and clears its throttle entries there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SERVER_CPU=${SERVER_CPU:-0}
-CLIENT_CPU=${CLIENT_CPU:-1}
 DURATION=${BENCH_DURATION:-8}
 WARMUP=${BENCH_WARMUP:-2}
-BASE_PORT=${BENCH_REDIS_PORT:-7301}
-TARGET_DIR=${CARGO_TARGET_DIR:-target}
-cargo build --release -q -p authd -p authbench
-AUTHD="$TARGET_DIR/release/authd"
-AUTHBENCH="$TARGET_DIR/release/authbench"
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+ITERATIONS=1000
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
+REDIS_PIDS=()
+trap 'for pid in "${REDIS_PIDS[@]}"; do kill "$pid" 2>/dev/null; done; [[ -n $SERVER ]] && kill "$SERVER" 2>/dev/null; rm -rf "$WORK"' EXIT
 
 redis() { # port [args...]
   local port=$1
   shift
   mkdir -p "$WORK/$port"
-  (cd "$WORK/$port" && taskset -c "$CLIENT_CPU" redis-server --bind 127.0.0.1 --port "$port" \
+  (cd "$WORK/$port" && exec taskset -c 1 redis-server --bind 127.0.0.1 --port "$port" \
     --save "" --appendonly no --daemonize no --logfile "$WORK/$port/log" "$@") &
-  PIDS+=($!)
+  REDIS_PIDS+=($!)
   for _ in $(seq 50); do
     redis-cli -p "$port" ping >/dev/null 2>&1 && return
     sleep 0.1
@@ -45,17 +35,19 @@ redis() { # port [args...]
   exit 1
 }
 
-SINGLE=$BASE_PORT
+SINGLE=$(free_port)
 redis "$SINGLE"
 NODES=()
-for i in 1 2 3; do
-  port=$((BASE_PORT + i))
+for _ in 1 2 3; do
+  # A cluster node also listens on its port + 10,000 (the cluster bus).
+  port=$(free_port)
+  while ((port > 55535)); do port=$(free_port); done
   redis "$port" --cluster-enabled yes --cluster-config-file "nodes-$port.conf"
   NODES+=("127.0.0.1:$port")
 done
 redis-cli --cluster create "${NODES[@]}" --cluster-replicas 0 --cluster-yes >/dev/null
 for _ in $(seq 100); do
-  redis-cli -p $((BASE_PORT + 1)) cluster info | grep -q cluster_state:ok && break
+  redis-cli -p "${NODES[0]#*:}" cluster info | grep -q cluster_state:ok && break
   sleep 0.1
 done
 CLUSTER="redis+cluster://$(IFS=,; echo "${NODES[*]}")"
@@ -68,20 +60,14 @@ descriptors:
 EOF
 
 run() { # name scenario redis-url
-  local name=$1 scenario=$2 url=$3 db="$WORK/$1-$2.db"
+  local name=$1 scenario=$2 url=$3 row
   redis-cli -p "$SINGLE" flushall >/dev/null
-  env AUTHD_DATABASE_URL="sqlite://$db" AUTHD_REGISTER_LIMIT=off \
-    AUTHD_RATE_LIMIT_RULES_FILE="$WORK/rules.yaml" ${url:+AUTHD_REDIS_URL=$url} \
-    AUTHD_LISTEN=127.0.0.1:50081 AUTHD_METRICS_LISTEN=127.0.0.1:0 \
-    AUTHD_HEALTH_LISTEN=127.0.0.1:0 AUTHD_HASH_THREADS=1 AUTHD_PBKDF2_ITERATIONS=1000 \
-    AUTHD_LOG=warn taskset -c "$SERVER_CPU" "$AUTHD" 2>>"$WORK/authd.log" &
-  local pid=$!
-  local row
-  row=$(taskset -c "$CLIENT_CPU" "$AUTHBENCH" "$scenario" --target http://127.0.0.1:50081 \
-    --wait 30s -c 50 --users 100 --keys 1000 --warmup "${WARMUP}s" --duration "${DURATION}s" --json |
+  start_pinned "$AUTHD" "sqlite://$WORK/$name-$scenario.db" \
+    AUTHD_RATE_LIMIT_RULES_FILE="$WORK/rules.yaml" ${url:+AUTHD_REDIS_URL=$url}
+  row=$(taskset -c 1 "$AUTHBENCH" "$scenario" --target "http://127.0.0.1:$PORT" \
+    -c 50 --users 100 --keys 1000 --warmup "${WARMUP}s" --duration "${DURATION}s" --json |
     python3 -c 'import json,sys; r=json.load(sys.stdin); l=r["ok_latency_ms"] or {}; print("%.0f | %.2f | %.2f" % (r["ok_qps"], l.get("p50",0), l.get("p99",0)))')
-  kill -TERM "$pid"
-  wait "$pid" || true
+  stop
   echo "| $scenario | $name | $row |"
 }
 
