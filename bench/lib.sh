@@ -2,7 +2,8 @@
 # bench/lib.sh: what the pinned comparison scripts share, sourced from the
 # repository's root. Sourcing it builds the release binaries and sets AUTHD and
 # AUTHBENCH (their paths), WORK (a directory removed on exit, with the server
-# still running killed) and KEY (a random token key). The caller sets CONCURRENCY,
+# still running killed, and every pid the script added to STARTED) and KEY (a
+# random token key). The caller sets CONCURRENCY,
 # DURATION and WARMUP, and starts its server in the background with `SERVER=$!`
 # and `PORT` set; the helpers below wait for it, measure against it and stop it.
 
@@ -13,7 +14,18 @@ AUTHD=$TARGET_DIR/release/authd
 AUTHBENCH=$TARGET_DIR/release/authbench
 WORK=$(mktemp -d)
 SERVER=""
-trap '[[ -n $SERVER ]] && kill "$SERVER" 2>/dev/null; rm -rf "$WORK"' EXIT
+# Processes a script started beside its servers (Redis, nginx): killed on exit.
+STARTED=()
+# shellcheck disable=SC2317 # called by the trap
+cleanup() {
+    local pid
+    for pid in "${STARTED[@]}"; do
+        { kill "$pid" && wait "$pid"; } 2>/dev/null || true
+    done
+    [[ -z $SERVER ]] || kill "$SERVER" 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
 # shellcheck disable=SC2034 # used by the scripts that source this file
 KEY="bench:$(head -c 32 /dev/urandom | base64)"
 
@@ -61,4 +73,27 @@ bench() {
     taskset -c 1 "$AUTHBENCH" "$1" --target "http://127.0.0.1:$PORT" \
         --concurrency "$CONCURRENCY" --duration "${DURATION}s" --warmup "${WARMUP}s" --json \
         | python3 -c 'import json,sys; print(round(json.load(sys.stdin)["ok_qps"]))'
+}
+
+# peak_rss_mb: the running server's most resident memory so far (VmHWM), in MB.
+peak_rss_mb() {
+    awk '/^VmHWM:/ { printf "%.1f", $2 / 1024 }' "/proc/$SERVER/status"
+}
+
+# redis_server PORT [ARGS…]: a redis-server on 127.0.0.1:PORT pinned to CPU 1 (the
+# client's), keeping nothing on disk, its files in WORK/PORT; stopped on exit. Waited
+# for until it answers.
+redis_server() {
+    local port=$1
+    shift
+    mkdir -p "$WORK/$port"
+    (cd "$WORK/$port" && exec taskset -c 1 redis-server --bind 127.0.0.1 --port "$port" \
+        --save "" --appendonly no --daemonize no --logfile "$WORK/$port/log" "$@") &
+    STARTED+=($!)
+    for _ in $(seq 50); do
+        redis-cli -p "$port" ping >/dev/null 2>&1 && return
+        sleep 0.1
+    done
+    echo "redis-server on $port did not start" >&2
+    exit 1
 }

@@ -18,8 +18,6 @@ WARMUP=${BENCH_WARMUP:-2}
 ITERATIONS=1000
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
-NGINX_PID=""
-trap '[[ -n $NGINX_PID ]] && kill "$NGINX_PID" 2>/dev/null; [[ -n $SERVER ]] && kill "$SERVER" 2>/dev/null; rm -rf "$WORK"' EXIT
 
 HS_SECRET=$(head -c 32 /dev/urandom | base64 -w0)
 HS256="hs:hs256:$HS_SECRET"
@@ -123,12 +121,12 @@ http {
 }
 EOF
 taskset -c 1 "$NGINX" -c "$WORK/nginx.conf" -e "$WORK/nginx-error.log" &
-NGINX_PID=$!
+STARTED+=($!)
 for _ in $(seq 50); do
   curl -s -o /dev/null "http://127.0.0.1:$NGINX_PORT/alone/" && break
   sleep 0.1
 done
-status=$(curl -s -o /dev/null -w '%{http_code}' -H "authorization: Bearer $TOKEN" http://127.0.0.1:$NGINX_PORT/app)
+status=$(curl -s -o /dev/null -w '%{http_code}' -H "authorization: Bearer $TOKEN" "http://127.0.0.1:$NGINX_PORT/app")
 [ "$status" = 200 ] || { echo "nginx with auth_request answered $status to a valid token"; exit 1; }
 
 wrk_row() { # name path

@@ -2,7 +2,7 @@
 # The rate-limit tier on one Redis against a Redis Cluster of three primaries, in one
 # run on one machine: a release authd pinned to one core, authbench and the Redis
 # servers on another, every server on 127.0.0.1 ports of its own (started here, stopped
-# at the end; needs redis-server and redis-cli).
+# at the end, by bench/lib.sh; needs redis-server and redis-cli).
 #
 #   bench/ratelimit-redis.sh            # BENCH_DURATION=8 BENCH_WARMUP=2 by default
 #
@@ -17,32 +17,14 @@ WARMUP=${BENCH_WARMUP:-2}
 ITERATIONS=1000
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
-REDIS_PIDS=()
-trap 'for pid in "${REDIS_PIDS[@]}"; do kill "$pid" 2>/dev/null; done; [[ -n $SERVER ]] && kill "$SERVER" 2>/dev/null; rm -rf "$WORK"' EXIT
-
-redis() { # port [args...]
-  local port=$1
-  shift
-  mkdir -p "$WORK/$port"
-  (cd "$WORK/$port" && exec taskset -c 1 redis-server --bind 127.0.0.1 --port "$port" \
-    --save "" --appendonly no --daemonize no --logfile "$WORK/$port/log" "$@") &
-  REDIS_PIDS+=($!)
-  for _ in $(seq 50); do
-    redis-cli -p "$port" ping >/dev/null 2>&1 && return
-    sleep 0.1
-  done
-  echo "redis-server on $port did not start" >&2
-  exit 1
-}
-
 SINGLE=$(free_port)
-redis "$SINGLE"
+redis_server "$SINGLE"
 NODES=()
 for _ in 1 2 3; do
   # A cluster node also listens on its port + 10,000 (the cluster bus).
   port=$(free_port)
   while ((port > 55535)); do port=$(free_port); done
-  redis "$port" --cluster-enabled yes --cluster-config-file "nodes-$port.conf"
+  redis_server "$port" --cluster-enabled yes --cluster-config-file "nodes-$port.conf"
   NODES+=("127.0.0.1:$port")
 done
 redis-cli --cluster create "${NODES[@]}" --cluster-replicas 0 --cluster-yes >/dev/null

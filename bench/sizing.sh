@@ -30,14 +30,9 @@ CPU=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)
 REV=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 ROUNDS=(100000 310000 600000)
 
-# The server's counters named by the regular expression $1, summed by their full name.
+# The lines of the server's /metrics whose names match the regular expression $1.
 metrics() {
     curl -s "http://127.0.0.1:$METRICS_PORT/metrics" | grep -E "$1" | grep -v '^#' || true
-}
-
-# peak_rss_mb: the running server's most resident memory so far, in MB.
-peak_rss_mb() {
-    awk '/^VmHWM:/ { printf "%.1f", $2 / 1024 }' "/proc/$SERVER/status"
 }
 
 echo "== hashing, per core" >&2
@@ -83,10 +78,7 @@ done
 
 echo "== store and Redis work per request" >&2
 REDIS_PORT=$(free_port)
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
-    --daemonize yes --pidfile "$WORK/redis.pid" --logfile "$WORK/redis.log"
-trap 'redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true; [[ -n $SERVER ]] && kill "$SERVER" 2>/dev/null; rm -rf "$WORK"' EXIT
-until redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; do sleep 0.1; done
+redis_server "$REDIS_PORT"
 LIMITS="Login:peer=1000000/1s,Refresh:peer=1000000/1s,ValidateToken:peer=1000000/1s"
 
 # counts SCENARIO REQUESTS: the store operations, database writes and Redis commands
