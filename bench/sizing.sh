@@ -136,8 +136,9 @@ taskset -c 1 "$AUTHBENCH" health --target "http://127.0.0.1:$PORT" --connections
     --concurrency 1000 --requests 20000 --json >/dev/null
 CONN_RSS=$(peak_rss_mb)
 stop
-# in_flight N: peak RSS with N logins waiting for their hash (a queue long enough for
-# them all, a hash slow enough that none is answered during the run), on 10 connections.
+# in_flight N: peak RSS with N logins in flight on 10 connections: a queue and a
+# queue wait long enough to admit them all, so each answered login is replaced by
+# one more waiting for its hash (about 350 are answered a second at 100k rounds).
 in_flight() {
     start_pinned "$AUTHD" "sqlite://$WORK/memory-$1.db" AUTHD_HASH_QUEUE=4096 \
         AUTHD_MAX_IN_FLIGHT=8192 AUTHD_HASH_QUEUE_WAIT=60s
