@@ -121,7 +121,8 @@ fn nginx() -> Option<std::path::PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// A running nginx, killed on drop.
+/// A running nginx, killed on drop: one process (`master_process off`), so killing
+/// it leaves no worker behind, still listening.
 struct Nginx {
     child: std::process::Child,
     addr: SocketAddr,
@@ -143,7 +144,7 @@ fn nginx_config(dir: &Path, listen: SocketAddr, authd: SocketAddr, upstream: Soc
     let dir = dir.display();
     format!(
         r#"daemon off;
-worker_processes 1;
+master_process off;
 pid {dir}/nginx.pid;
 error_log {dir}/error.log info;
 events {{ worker_connections 64; }}
@@ -350,4 +351,11 @@ async fn nginx_auth_request_passes_the_identity_and_nothing_forged() {
     let metrics = app.handle.render_metrics();
     let denied = r#"authd_authz_decisions_total{api="http",outcome="deny",reason="revoked"}"#;
     assert_eq!(metric(&metrics, denied), Some(1.0), "{metrics}");
+    // Stopped, it leaves nothing behind still listening.
+    let addr = nginx.addr;
+    drop(nginx);
+    assert!(
+        std::net::TcpStream::connect(addr).is_err(),
+        "nginx still listens on {addr} once stopped"
+    );
 }
