@@ -621,6 +621,7 @@ impl Application {
             hash_threads = config.passwords.hash_threads(),
             hash_backend = accounts.hasher().pool().engine().backend().name(),
             hash_lanes = accounts.hasher().pool().engine().lanes(),
+            hash_kernels = %accounts.hasher().pool().engine().plan(),
             hash_queue = config.passwords.hash_queue(),
             max_connections = limits.max_connections,
             tls = match (&tls, &config.tls.tls_client_ca) {

@@ -77,7 +77,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .passwords
                 .bench_options(iterations, threads, duration, batch, compare)
                 .with_target(target);
-            bench::run_command(config.passwords.hash_backend.engine()?, options, json)
+            bench::run_command(config.passwords.engine()?, options, json)
         }
         Command::Health {
             addr,

@@ -18,8 +18,7 @@ use core::arch::x86_64::{
     _mm256_slli_epi32, _mm256_srli_epi32, _mm256_xor_si256,
 };
 
-use crate::Job;
-use crate::prep::{FIXED_TAIL, K, prepare, to_bytes};
+use crate::prep::{Chain, FIXED_TAIL, K};
 
 /// Jobs per kernel call.
 pub(crate) const LANES: usize = 8;
@@ -196,57 +195,33 @@ fn run(st: &mut Lanes, iters: u32) {
     store(&mut st.t, t);
 }
 
-/// Computes every job, eight lanes at a time. A lane whose job finishes is
-/// refilled with the next job; once no job is left, idle lanes keep being
-/// computed on stale data (that costs nothing extra: the eight lanes are one
-/// vector) and their results are ignored.
+/// Runs `iters` rounds on every chain (1 to [`LANES`]); each chain's `u`
+/// and `t` are updated and its `left` is not touched. Lanes past the chains
+/// compute on zeros (that costs nothing extra: the eight lanes are one
+/// vector) and are ignored; chains past the eighth are not run.
 ///
 /// # Safety
 /// [`available`] must have returned true on this CPU.
-pub(crate) unsafe fn derive(jobs: &[Job<'_>], out: &mut [[u8; 32]]) {
+pub(crate) unsafe fn run_chains(chains: &mut [Chain], iters: u32) {
     let mut st = Lanes {
         inner: [[0; LANES]; 8],
         outer: [[0; LANES]; 8],
         u: [[0; LANES]; 8],
         t: [[0; LANES]; 8],
     };
-    // (job index, rounds still to run) of each busy lane.
-    let mut slot: [Option<(usize, u32)>; LANES] = [None; LANES];
-    let mut next = 0;
-    loop {
-        for (lane, slot) in slot.iter_mut().enumerate() {
-            while slot.is_none()
-                && let (Some(job), Some(_)) = (jobs.get(next), out.get(next))
-            {
-                let p = prepare(job.password, job.salt);
-                if job.rounds <= 1 {
-                    out[next] = to_bytes(&p.u1);
-                } else {
-                    for w in 0..8 {
-                        st.inner[w][lane] = p.inner[w];
-                        st.outer[w][lane] = p.outer[w];
-                        st.u[w][lane] = p.u1[w];
-                        st.t[w][lane] = p.u1[w];
-                    }
-                    *slot = Some((next, job.rounds - 1));
-                }
-                next += 1;
-            }
+    let n = chains.len().min(LANES);
+    for (lane, c) in chains[..n].iter().enumerate() {
+        for w in 0..8 {
+            st.inner[w][lane] = c.inner[w];
+            st.outer[w][lane] = c.outer[w];
+            st.u[w][lane] = c.u[w];
+            st.t[w][lane] = c.t[w];
         }
-        let Some(iters) = slot.iter().flatten().map(|s| s.1).min() else {
-            return;
-        };
-        // SAFETY: this function's caller guarantees `available()` (AVX2).
-        unsafe { run(&mut st, iters) };
-        for (lane, slot) in slot.iter_mut().enumerate() {
-            if let Some((job, left)) = *slot {
-                if left == iters {
-                    out[job] = to_bytes(&core::array::from_fn(|w| st.t[w][lane]));
-                    *slot = None;
-                } else {
-                    *slot = Some((job, left - iters));
-                }
-            }
-        }
+    }
+    // SAFETY: this function's caller guarantees `available()` (AVX2).
+    unsafe { run(&mut st, iters) };
+    for (lane, c) in chains[..n].iter_mut().enumerate() {
+        c.u = core::array::from_fn(|w| st.u[w][lane]);
+        c.t = core::array::from_fn(|w| st.t[w][lane]);
     }
 }

@@ -39,24 +39,14 @@ use core::arch::x86_64::{
     _mm512_srli_epi32, _mm512_ternarylogic_epi32, _mm512_xor_si512,
 };
 
-use crate::Job;
-use crate::prep::{Chain, FIXED_TAIL, K, next_chain, to_bytes};
-use crate::shani;
+use crate::prep::{Chain, FIXED_TAIL, K};
 
 /// Jobs per vector.
 pub(crate) const VECTOR: usize = 16;
 /// The most vectors interleaved in one kernel.
-const MAX_VECTORS: usize = 2;
+pub(crate) const MAX_VECTORS: usize = 2;
 /// The most jobs in flight: two vectors.
 pub(crate) const MAX_LANES: usize = VECTOR * MAX_VECTORS;
-
-/// When the last jobs of a batch can be handed over to SHA-NI, the second
-/// vector runs only for at least this many jobs past the first sixteen;
-/// fewer wait for lanes of the first vector, then finish on SHA-NI. Measured
-/// on Zen 5 at 600,000 rounds: a batch of 32 on two vectors takes 292 ms and
-/// one of 16 on one vector 219, so the second vector adds 73 ms; SHA-NI takes
-/// 58 ms for two jobs, 75 for three.
-pub(crate) const PAIR_MIN_EXTRA: usize = 3;
 
 /// Whether this CPU runs the kernels of this module (everything they use is
 /// AVX-512 Foundation).
@@ -87,18 +77,6 @@ impl Lanes {
             self.outer[w][v][i] = c.outer[w];
             self.u[w][v][i] = c.u[w];
             self.t[w][v][i] = c.t[w];
-        }
-    }
-
-    fn get(&self, lane: usize, job: usize, left: u32) -> Chain {
-        let (v, i) = (lane / VECTOR, lane % VECTOR);
-        Chain {
-            job,
-            left,
-            inner: core::array::from_fn(|w| self.inner[w][v][i]),
-            outer: core::array::from_fn(|w| self.outer[w][v][i]),
-            u: core::array::from_fn(|w| self.u[w][v][i]),
-            t: core::array::from_fn(|w| self.t[w][v][i]),
         }
     }
 }
@@ -347,97 +325,36 @@ fn run<const N: usize>(st: &mut Lanes, iters: u32) {
     }
 }
 
-/// Computes every job with up to `lanes` (16 or 32) in flight. A lane whose
-/// job finishes is refilled with the next job; the resident jobs are kept in
-/// lanes `0..n`, and each kernel call runs one vector when `n` ≤ 16, two
-/// otherwise. Lanes past `n` of a running vector compute on stale data (that
-/// costs nothing extra: the vector is the unit of work) and are ignored.
-///
-/// Once fewer than `sha_ni_below` jobs are resident (and none is left to
-/// refill with), they are handed over to the SHA-NI kernel, which narrows
-/// with them; `0` keeps every job on AVX-512. With that hand-over, the second
-/// vector runs only when at least [`PAIR_MIN_EXTRA`] jobs are resident past
-/// the first sixteen; fewer wait for lanes of the first vector.
+/// Runs `iters` rounds on every chain (1 to 16 per vector) with `vectors` (1
+/// or 2) interleaved vectors; each chain's `u` and `t` are updated and its
+/// `left` is not touched. Lanes past the chains compute on zeros (that costs
+/// nothing extra: the vector is the unit of work) and are ignored; chains
+/// past the vectors' lanes are not run.
 ///
 /// # Safety
-/// [`available`] must have returned true on this CPU, and so must
-/// [`shani::available`] unless `sha_ni_below` is 0.
-pub(crate) unsafe fn derive(
-    jobs: &[Job<'_>],
-    out: &mut [[u8; 32]],
-    lanes: usize,
-    sha_ni_below: usize,
-) {
-    let width = lanes.clamp(VECTOR, MAX_LANES);
-    // With SHA-NI to take the last jobs, a few jobs past the first vector
-    // wait for its lanes rather than run a second vector.
-    let pair_from = if sha_ni_below > 0 {
-        VECTOR + PAIR_MIN_EXTRA
-    } else {
-        VECTOR + 1
-    };
+/// [`available`] must have returned true on this CPU.
+pub(crate) unsafe fn run_chains(chains: &mut [Chain], iters: u32, vectors: usize) {
     let mut st = Lanes {
         inner: [[[0; VECTOR]; MAX_VECTORS]; 8],
         outer: [[[0; VECTOR]; MAX_VECTORS]; 8],
         u: [[[0; VECTOR]; MAX_VECTORS]; 8],
         t: [[[0; VECTOR]; MAX_VECTORS]; 8],
     };
-    // (job index, rounds still to run) of resident lane i, for i < n.
-    let mut slot = [(0usize, 0u32); MAX_LANES];
-    let mut n = 0;
-    let mut next = 0;
-    loop {
-        while n < width
-            && let Some(chain) = next_chain(jobs, out, &mut next)
-        {
-            st.put(n, &chain);
-            slot[n] = (chain.job, chain.left);
-            n += 1;
-        }
-        if n == 0 {
-            return;
-        }
-        if n < sha_ni_below {
-            // Nothing is left to refill with (n < width): the rest is cheaper
-            // on fewer, narrower streams.
-            let mut chains = [Chain::default(); MAX_LANES];
-            for (lane, (chain, &(job, left))) in chains.iter_mut().zip(&slot[..n]).enumerate() {
-                *chain = st.get(lane, job, left);
-            }
-            // SAFETY: this function's caller guarantees `shani::available()`
-            // when `sha_ni_below` is not 0.
-            unsafe { shani::finish(&chains[..n], out, shani::MAX_STREAMS) };
-            return;
-        }
-        let running = if n >= pair_from { n } else { n.min(VECTOR) };
-        let iters = slot[..running].iter().map(|s| s.1).min().unwrap_or(1);
-        if running > VECTOR {
-            // SAFETY: this function's caller guarantees `available()`.
-            unsafe { run::<2>(&mut st, iters) };
-        } else {
-            // SAFETY: this function's caller guarantees `available()`.
-            unsafe { run::<1>(&mut st, iters) };
-        }
-        for s in &mut slot[..running] {
-            s.1 -= iters;
-        }
-        // Finished chains are written out, and the last resident chain takes
-        // each one's lane.
-        let mut i = 0;
-        while i < n {
-            if slot[i].1 == 0 {
-                if let Some(out) = out.get_mut(slot[i].0) {
-                    *out = to_bytes(&st.get(i, 0, 0).t);
-                }
-                n -= 1;
-                if i < n {
-                    let last = st.get(n, slot[n].0, slot[n].1);
-                    st.put(i, &last);
-                    slot[i] = slot[n];
-                }
-            } else {
-                i += 1;
-            }
-        }
+    let vectors = vectors.clamp(1, MAX_VECTORS);
+    let n = chains.len().min(vectors * VECTOR);
+    for (lane, chain) in chains[..n].iter().enumerate() {
+        st.put(lane, chain);
+    }
+    if vectors == 2 {
+        // SAFETY: this function's caller guarantees `available()`.
+        unsafe { run::<2>(&mut st, iters) };
+    } else {
+        // SAFETY: this function's caller guarantees `available()`.
+        unsafe { run::<1>(&mut st, iters) };
+    }
+    for (lane, chain) in chains[..n].iter_mut().enumerate() {
+        let (v, i) = (lane / VECTOR, lane % VECTOR);
+        chain.u = core::array::from_fn(|w| st.u[w][v][i]);
+        chain.t = core::array::from_fn(|w| st.t[w][v][i]);
     }
 }

@@ -34,27 +34,51 @@
 //! and the schedule terms that only involve words 8..16 are compile-time
 //! constants. T1 is the XOR of all U.
 //!
-//! # Batches and mixed round counts
+//! # Lanes, plans and mixed round counts
 //!
-//! Jobs in a batch may have different passwords, salts and round counts;
-//! each result is exactly its own job's. A kernel call runs as many rounds as
-//! the resident job with the fewest left needs, then finished jobs are
-//! written out and their slots refilled from the rest of the batch:
-//! - SHA-NI narrows when nothing is left to refill with (4, 3, 2, then 1
-//!   stream), so no work is spent on finished jobs;
-//! - AVX2 keeps all eight lanes running; idle lanes compute on stale data,
-//!   which is harmless and free (the vector is the unit of work), and their
-//!   results are ignored. A batch of one therefore costs what eight cost.
-//! - AVX-512 keeps the resident jobs in its first lanes and runs one vector
-//!   (16 lanes) while at most 16 are resident, two (32 lanes) beyond; idle
-//!   lanes of a running vector compute on stale data as AVX2's do. Forced
-//!   ([`Engine::with_backend`]), it keeps every job: a batch of one costs
-//!   what sixteen cost. [`Engine::detect`]'s AVX-512 engine narrows to SHA-NI
-//!   instead, where the CPU has it: a batch of fewer than [`AVX512_MIN_JOBS`]
-//!   (9) jobs runs on SHA-NI, and so do the last jobs of a larger batch once
-//!   fewer than 9 are resident and none is left to refill with; and it runs
-//!   the second vector only for at least 3 jobs past the first 16 (one or two
-//!   more wait for lanes of the first vector, then finish on SHA-NI).
+//! [`Lanes`] hold up to [`Engine::lanes`] jobs in flight and advance them one
+//! kernel call at a time ([`Lanes::step`], at most the rounds it is given);
+//! jobs pushed between calls join at the next one, and finished jobs are
+//! handed back in the order they arrived. Each call runs the kernel the
+//! engine's [`Plan`] names for the number of resident jobs, on the oldest of
+//! them (as many as the kernel is wide); the others wait for a lane.
+//! [`Engine::derive`] is a batch on lanes: as many jobs resident as fit, each
+//! call running as many rounds as the running job with the fewest left needs,
+//! a finished job's lane refilled from the rest of the batch. Jobs may have
+//! different passwords, salts and round counts; each result is exactly its own
+//! job's.
+//!
+//! A [`Kernel`] is one compiled loop: SHA-NI with 1 to 8 interleaved streams
+//! (built for exactly that many jobs), AVX2's eight lanes, one or two AVX-512
+//! vectors (idle lanes of a running vector compute on zeros, which is free:
+//! the vector is the unit of work, and are ignored), or the portable path.
+//! A plan comes from:
+//! - **the built-in rule** ([`Engine::detect`]), from the Zen 5 figures below:
+//!   with AVX-512 and SHA-NI, fewer than [`AVX512_MIN_JOBS`] (9) jobs on SHA-NI
+//!   (up to [`SHA_NI_STREAMS`] streams), up to 18 on one AVX-512 vector (the
+//!   17th and 18th wait for its lanes), from [`AVX512_PAIR_MIN_JOBS`] (19) on
+//!   two; with AVX2 or AVX-512 and no SHA-NI, a job alone on the portable path;
+//!   a forced backend ([`Engine::with_backend`]) runs its own kernels only,
+//!   even for one job (a batch of one on forced AVX-512 costs what sixteen
+//!   cost);
+//! - **measurement** ([`Engine::calibrated`]: each of the engine's
+//!   [`kernels`](Engine::kernels) timed on this CPU, [`Plan::from_costs`]
+//!   taking for each number of jobs the cheapest per job, the kernel that runs
+//!   more of them on a near tie): the crossovers and the SHA-NI stream count of
+//!   the machine at hand;
+//! - **a plan read back** from its printed form ([`Engine::with_plan`]), so a
+//!   fleet runs the plan measured once on its machine type.
+//!
+//! Measured on an AMD EPYC Zen 4 (family 25 model 17; AVX-512 on 256-bit
+//! units, two vCPUs of a shared host), a calibration gives SHA-NI one stream
+//! 36 ns per compression, two 22, three to eight 17 to 25 (they swing with the
+//! host's load, and by a quarter from one measurement to the next), one
+//! AVX-512 vector 19, two 15 to 17. So the plans it makes run one job on one
+//! stream, 2 to about 13 on two to eight streams, and a full 32 on two vectors;
+//! where the crossovers fall between varies from one start to the next by the
+//! noise. Sustained (`authd hash-bench`, 100,000 rounds, 64 jobs), the same
+//! CPU does 16.7 to 17.8 ns on two vectors, 18.8 to 19.4 on one, 20.4 to 22 on
+//! four to six SHA-NI streams.
 //!
 //! A job with 0 rounds is refused with [`Error::ZeroRounds`] (PBKDF2 requires
 //! c ≥ 1) before anything is computed; nothing here panics on any input.
@@ -103,10 +127,12 @@
 //!   quad of rounds by quad of rounds, fills it: on Zen 3, 130 cycles per
 //!   compression with 1 stream (32 × the 4-cycle latency, plus the hand-over
 //!   between blocks), 75 with 2, 65 with 3, 63 with 4, where 64 is 32 × the
-//!   2-cycle throughput (Zen 5: 138, 95, 81, 80). Four measured fastest, so
-//!   it is the default; more streams cannot help, as four already run at the
-//!   throughput bound. Smaller batches lose nothing to the width: with fewer
-//!   jobs the kernel narrows, and a batch of one runs the 1-stream kernel.
+//!   2-cycle throughput (Zen 5: 138, 95, 81, 80). Four is the built-in
+//!   plans' width; kernels of 1 to 8 streams are compiled, and a measured plan
+//!   takes the count this CPU runs best (up to eight streams give the
+//!   out-of-order core more independent work where four do not reach the
+//!   bound). Fewer jobs lose nothing to the width: each count of jobs has a
+//!   kernel of its own, and one job runs the 1-stream kernel.
 //! - **AVX2** is the path for x86-64 servers without SHA-NI or AVX-512: eight
 //!   jobs, one per 32-bit lane, the message schedule computed in vectors.
 //!   AVX2 has no rotate (each is two shifts and an OR), so it is bound by the
@@ -150,13 +176,20 @@ use core::fmt;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod lanes;
+mod plan;
 mod portable;
 mod prep;
 #[cfg(target_arch = "x86_64")]
 mod shani;
 
-/// The number of interleaved SHA-NI streams [`Engine::detect`] and
-/// [`Engine::with_backend`] use (see the crate docs for the measurements).
+pub use lanes::{Lanes, Step};
+pub use plan::{Kernel, KernelCost, MAX_JOBS, MAX_SHA_NI_STREAMS, NEAR_TIE, ParsePlanError, Plan};
+
+/// The number of interleaved SHA-NI streams of [`Engine::with_backend`]'s
+/// SHA-NI engine, and of [`Engine::detect`]'s before it is
+/// [`calibrated`](Engine::calibrated) (see the crate docs for the
+/// measurements).
 pub const SHA_NI_STREAMS: usize = 4;
 
 /// The jobs in flight of the AVX-512 backend that [`Engine::detect`] and
@@ -166,15 +199,29 @@ pub const SHA_NI_STREAMS: usize = 4;
 pub const AVX512_LANES: usize = 32;
 
 #[cfg(target_arch = "x86_64")]
-const _: () = assert!(AVX512_LANES == avx512::MAX_LANES);
+const _: () = assert!(AVX512_LANES == avx512::MAX_LANES && AVX512_LANES == MAX_JOBS);
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(MAX_SHA_NI_STREAMS == shani::MAX_STREAMS);
 
 /// The fewest resident jobs [`Engine::detect`]'s AVX-512 engine runs on
-/// AVX-512 when the CPU also has SHA-NI: a batch smaller than this, and the
-/// last jobs of a larger one once nothing is left to refill their lanes with,
-/// run on SHA-NI instead. Measured on Zen 5 at 20,000 rounds: one AVX-512
-/// vector takes 7.6 ms for any batch up to 16, four SHA-NI streams 6.8 ms
-/// for 8 jobs and 8.4 ms for 9 (see the crate docs).
+/// AVX-512 when the CPU also has SHA-NI, before it is
+/// [`calibrated`](Engine::calibrated): fewer run on SHA-NI. Measured on Zen 5
+/// at 20,000 rounds: one AVX-512 vector takes 7.6 ms for any batch up to 16,
+/// four SHA-NI streams 6.8 ms for 8 jobs and 8.4 ms for 9 (see the crate
+/// docs).
 pub const AVX512_MIN_JOBS: usize = 9;
+
+/// The fewest resident jobs [`Engine::detect`]'s AVX-512 engine runs on two
+/// vectors when the CPU also has SHA-NI, before it is calibrated: with 17 or
+/// 18, the last ones wait for lanes of the first vector. Measured on Zen 5 at
+/// 600,000 rounds: a batch of 32 on two vectors takes 292 ms and one of 16 on
+/// one vector 219, so the second vector adds 73 ms; SHA-NI takes 58 ms for
+/// two jobs, 75 for three.
+pub const AVX512_PAIR_MIN_JOBS: usize = 19;
+
+/// The rounds each kernel runs when [`Engine::calibrated`] measures it (seven
+/// times): long enough for a kernel's sustained speed, not a burst's.
+pub const CALIBRATION_ROUNDS: u32 = 10_000;
 
 /// One PBKDF2-HMAC-SHA256 computation: `DK = T1 = F(password, salt, rounds, 1)`.
 #[derive(Clone, Copy)]
@@ -218,6 +265,11 @@ pub enum Error {
         /// Index of the offending job in the batch.
         job: usize,
     },
+    /// [`Lanes::push`]: every lane holds a job already.
+    LanesFull {
+        /// The lanes.
+        lanes: usize,
+    },
     /// The output slice does not have one entry per job.
     OutputLength {
         /// Number of jobs.
@@ -233,6 +285,7 @@ impl fmt::Display for Error {
             Error::ZeroRounds { job } => {
                 write!(f, "job {job}: PBKDF2 needs at least 1 round, got 0")
             }
+            Error::LanesFull { lanes } => write!(f, "all {lanes} lanes hold a job"),
             Error::OutputLength { jobs, outputs } => {
                 write!(f, "{jobs} jobs but {outputs} output slots")
             }
@@ -297,75 +350,124 @@ impl fmt::Display for Backend {
     }
 }
 
-/// A chosen backend. Cheap to copy; holding one proves the CPU supports it.
+/// A chosen backend, and the [`Plan`] that picks one of its kernels for each
+/// number of resident jobs. Cheap to copy; holding one proves the CPU supports
+/// every kernel its plan uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Engine {
-    backend: Backend,
-    /// Jobs in flight per kernel call (SHA-NI streams, AVX2 or AVX-512 lanes,
-    /// or 1).
-    lanes: usize,
-    /// AVX-512 only: fewer resident jobs than this run on SHA-NI (0: never).
-    /// Only ever nonzero when the CPU has SHA-NI.
-    sha_ni_below: usize,
+    plan: Plan,
+    /// The kernels a measured plan chooses from.
+    choice: Choice,
+}
+
+/// The kernels an engine may run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Choice {
+    /// Every kernel the CPU has ([`Engine::detect`]).
+    Any,
+    /// The portable path alone.
+    Portable,
+    /// SHA-NI with 1 to `streams` streams.
+    ShaNi { streams: u8 },
+    /// AVX2 alone.
+    Avx2,
+    /// AVX-512 with 1 to `vectors` vectors.
+    Avx512 { vectors: u8 },
 }
 
 impl Engine {
-    /// The fastest backend this CPU supports: AVX-512, else SHA-NI, else AVX2,
-    /// else portable. An AVX-512 engine made here runs batches (and the tails
-    /// of batches) of fewer than [`AVX512_MIN_JOBS`] jobs on SHA-NI when the
-    /// CPU has it; see [`backend_for`](Engine::backend_for).
+    /// Every kernel of the fastest backend this CPU supports: AVX-512, else
+    /// SHA-NI, else AVX2, else portable; and, where the CPU has them, the
+    /// faster kernels of the others for fewer jobs. Before it is
+    /// [`calibrated`](Engine::calibrated), the plan is the one measured on the
+    /// machines of the crate docs: with AVX-512 and SHA-NI, fewer than
+    /// [`AVX512_MIN_JOBS`] jobs run on SHA-NI streams (at most
+    /// [`SHA_NI_STREAMS`]), up to 18 on one AVX-512 vector, more on two; with
+    /// AVX2 or AVX-512 and no SHA-NI, a job alone runs on the portable path.
     pub fn detect() -> Engine {
-        let engine = Backend::ALL
-            .into_iter()
-            .find_map(Engine::with_backend)
-            .unwrap_or(Engine {
-                backend: Backend::Portable,
-                lanes: 1,
-                sha_ni_below: 0,
-            });
-        if engine.backend == Backend::Avx512 && Backend::ShaNi.is_supported() {
-            Engine {
-                sha_ni_below: AVX512_MIN_JOBS,
-                ..engine
-            }
+        let sha_ni = Backend::ShaNi.is_supported();
+        let streams = |n: usize| Kernel::ShaNi {
+            streams: n.min(SHA_NI_STREAMS) as u8,
+        };
+        let plan = if Backend::Avx512.is_supported() {
+            Plan::from_fn(|n| match n {
+                n if sha_ni && n < AVX512_MIN_JOBS => streams(n),
+                1 => Kernel::Portable,
+                n if n < AVX512_PAIR_MIN_JOBS && sha_ni => Kernel::Avx512 { vectors: 1 },
+                n if n <= 16 => Kernel::Avx512 { vectors: 1 },
+                _ => Kernel::Avx512 { vectors: 2 },
+            })
+        } else if sha_ni {
+            Plan::from_fn(streams)
+        } else if Backend::Avx2.is_supported() {
+            Plan::from_fn(|n| {
+                if n == 1 {
+                    Kernel::Portable
+                } else {
+                    Kernel::Avx2
+                }
+            })
         } else {
-            engine
+            Plan::from_fn(|_| Kernel::Portable)
+        };
+        Engine {
+            plan,
+            choice: Choice::Any,
         }
     }
 
-    /// That backend, or `None` when this CPU lacks the instructions it needs.
-    /// Every batch runs on that backend alone, whatever its size.
+    /// That backend alone, or `None` when this CPU lacks the instructions it
+    /// needs. Every batch runs on that backend, whatever its size: a vector
+    /// backend runs all its lanes even for one job; SHA-NI runs
+    /// [`SHA_NI_STREAMS`] streams, fewer for fewer jobs, and may run up to
+    /// [`MAX_SHA_NI_STREAMS`] once calibrated.
     pub fn with_backend(backend: Backend) -> Option<Engine> {
         if !backend.is_supported() {
             return None;
         }
-        let lanes = match backend {
-            Backend::ShaNi => SHA_NI_STREAMS,
-            #[cfg(target_arch = "x86_64")]
-            Backend::Avx2 => avx2::LANES,
-            Backend::Avx512 => AVX512_LANES,
-            #[cfg(not(target_arch = "x86_64"))]
-            Backend::Avx2 => return None,
-            Backend::Portable => 1,
-        };
-        Some(Engine {
-            backend,
-            lanes,
-            sha_ni_below: 0,
+        Some(match backend {
+            Backend::ShaNi => Engine::sha_ni(SHA_NI_STREAMS, MAX_SHA_NI_STREAMS),
+            Backend::Avx512 => Engine::avx512(2),
+            Backend::Avx2 => Engine {
+                plan: Plan::from_fn(|_| Kernel::Avx2),
+                choice: Choice::Avx2,
+            },
+            Backend::Portable => Engine {
+                plan: Plan::from_fn(|_| Kernel::Portable),
+                choice: Choice::Portable,
+            },
         })
     }
 
-    /// The SHA-NI backend with `streams` (1 to 4) interleaved jobs instead of
-    /// the default [`SHA_NI_STREAMS`]; for measurements. `None` when `streams`
-    /// is out of range or the CPU lacks SHA-NI.
+    fn sha_ni(streams: usize, most: usize) -> Engine {
+        Engine {
+            plan: Plan::from_fn(|n| Kernel::ShaNi {
+                streams: n.min(streams) as u8,
+            }),
+            choice: Choice::ShaNi {
+                streams: most as u8,
+            },
+        }
+    }
+
+    fn avx512(vectors: u8) -> Engine {
+        Engine {
+            plan: Plan::from_fn(|n| Kernel::Avx512 {
+                vectors: if n > 16 { vectors } else { 1 },
+            }),
+            choice: Choice::Avx512 { vectors },
+        }
+    }
+
+    /// The SHA-NI backend with `streams` (1 to [`MAX_SHA_NI_STREAMS`])
+    /// interleaved jobs instead of the default [`SHA_NI_STREAMS`], fewer for
+    /// fewer jobs; for measurements. `None` when `streams` is out of range or
+    /// the CPU lacks SHA-NI.
     pub fn with_sha_ni_streams(streams: usize) -> Option<Engine> {
-        if !(1..=4).contains(&streams) {
+        if !(1..=MAX_SHA_NI_STREAMS).contains(&streams) || !Backend::ShaNi.is_supported() {
             return None;
         }
-        Engine::with_backend(Backend::ShaNi).map(|e| Engine {
-            lanes: streams,
-            ..e
-        })
+        Some(Engine::sha_ni(streams, streams))
     }
 
     /// The AVX-512 backend with `lanes` (16: one vector, or 32: two
@@ -373,38 +475,125 @@ impl Engine {
     /// never handing jobs to SHA-NI; for measurements. `None` when `lanes` is
     /// neither or the CPU lacks AVX-512F.
     pub fn with_avx512_lanes(lanes: usize) -> Option<Engine> {
-        if lanes != 16 && lanes != 32 {
+        if (lanes != 16 && lanes != 32) || !Backend::Avx512.is_supported() {
             return None;
         }
-        Engine::with_backend(Backend::Avx512).map(|e| Engine { lanes, ..e })
+        Some(Engine::avx512((lanes / 16) as u8))
     }
 
-    /// The backend this engine runs.
-    pub fn backend(&self) -> Backend {
-        self.backend
-    }
-
-    /// The backend a batch of `jobs` jobs runs on: [`backend`](Engine::backend),
-    /// except for [`Engine::detect`]'s AVX-512 engine, which runs batches of
-    /// fewer than [`AVX512_MIN_JOBS`] jobs on SHA-NI. (With mixed round
-    /// counts, the last jobs of a larger batch may finish on SHA-NI too.)
-    pub fn backend_for(&self, jobs: usize) -> Backend {
-        if jobs < self.sha_ni_below {
-            Backend::ShaNi
-        } else {
-            self.backend
+    /// The kernels this engine may choose from when it is calibrated: those of
+    /// its backend, or, for [`Engine::detect`]'s, every kernel this CPU has.
+    pub fn kernels(&self) -> Vec<Kernel> {
+        let sha_ni = |most: u8| (1..=most).map(|streams| Kernel::ShaNi { streams });
+        let avx512 = |most: u8| (1..=most).map(|vectors| Kernel::Avx512 { vectors });
+        match self.choice {
+            Choice::Portable => vec![Kernel::Portable],
+            Choice::ShaNi { streams } => sha_ni(streams).collect(),
+            Choice::Avx2 => vec![Kernel::Avx2],
+            Choice::Avx512 { vectors } => avx512(vectors).collect(),
+            // A family that another one the CPU has always beats is left out: the
+            // portable path where SHA-NI exists (its compression is SHA-NI's single
+            // stream, plus buffering), AVX2 where AVX-512 does (the same lanes, with
+            // a rotation and a three-input operation in one instruction each).
+            Choice::Any => {
+                let (sha, avx512f) = (
+                    Backend::ShaNi.is_supported(),
+                    Backend::Avx512.is_supported(),
+                );
+                let mut all = Vec::new();
+                if !sha {
+                    all.push(Kernel::Portable);
+                }
+                if sha {
+                    all.extend(sha_ni(MAX_SHA_NI_STREAMS as u8));
+                }
+                if Backend::Avx2.is_supported() && !avx512f {
+                    all.push(Kernel::Avx2);
+                }
+                if avx512f {
+                    all.extend(avx512(2));
+                }
+                all
+            }
         }
     }
 
-    /// The batch size that fills the kernel: jobs computed side by side.
-    /// Larger batches are fine (finished lanes are refilled); smaller ones
-    /// leave AVX2 or AVX-512 lanes idle.
+    /// Measures each of [`kernels`](Engine::kernels) on this CPU, on the calling
+    /// thread: `rounds` rounds on as many jobs as it is wide, seven times,
+    /// interleaved, each against the first kernel in the same round of
+    /// measurements. Takes about 0.2 s at
+    /// [`CALIBRATION_ROUNDS`] for [`Engine::detect`]'s engine on a CPU with
+    /// every backend.
+    pub fn measure(&self, rounds: u32) -> Vec<KernelCost> {
+        // SAFETY: `kernels()` lists only kernels of backends this CPU supports.
+        unsafe { plan::measure(&self.kernels(), rounds, 7) }
+    }
+
+    /// This engine with the plan [`Plan::from_costs`] makes from `costs`, among
+    /// its own [`kernels`](Engine::kernels) (costs of others are ignored); this
+    /// engine unchanged when they cannot run one job.
+    pub fn with_costs(&self, costs: &[KernelCost]) -> Engine {
+        let mine = self.kernels();
+        let costs: Vec<KernelCost> = costs
+            .iter()
+            .filter(|c| mine.contains(&c.kernel))
+            .copied()
+            .collect();
+        match Plan::from_costs(&costs) {
+            Some(plan) => Engine { plan, ..*self },
+            None => *self,
+        }
+    }
+
+    /// This engine with `plan`, or the first kernel of it this engine may not run
+    /// (one of another backend, or one the CPU lacks).
+    pub fn with_plan(&self, plan: Plan) -> Result<Engine, Kernel> {
+        let mine = self.kernels();
+        match (1..=MAX_JOBS)
+            .map(|n| plan.kernel(n))
+            .find(|k| !mine.contains(k))
+        {
+            Some(kernel) => Err(kernel),
+            None => Ok(Engine { plan, ..*self }),
+        }
+    }
+
+    /// This engine with the plan its kernels' costs, measured now on this CPU
+    /// ([`measure`](Engine::measure) at [`CALIBRATION_ROUNDS`]), make: the
+    /// crossovers and the SHA-NI stream count of this machine rather than those
+    /// of the crate docs.
+    pub fn calibrated(&self) -> Engine {
+        self.with_costs(&self.measure(CALIBRATION_ROUNDS))
+    }
+
+    /// The kernel for each number of resident jobs.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// The backend of this engine's widest kernel (the one that runs when its
+    /// lanes are full).
+    pub fn backend(&self) -> Backend {
+        self.plan.kernel(MAX_JOBS).backend()
+    }
+
+    /// The backend a batch of `jobs` jobs runs on (while that many are
+    /// resident; with mixed round counts, the last jobs of a batch run on the
+    /// kernel for fewer).
+    pub fn backend_for(&self, jobs: usize) -> Backend {
+        self.plan.kernel(jobs.min(self.lanes())).backend()
+    }
+
+    /// The batch size that fills the kernels: the most jobs computed side by
+    /// side. Larger batches are fine (finished lanes are refilled).
     pub fn lanes(&self) -> usize {
-        self.lanes
+        self.plan.lanes()
     }
 
     /// Computes every job of the batch into `out` (one 32-byte key per job, in
-    /// order). Jobs may have different round counts, passwords and salts.
+    /// order), on [`Lanes`]: up to [`lanes`](Engine::lanes) jobs resident, a
+    /// finished one replaced by the next. Jobs may have different round counts,
+    /// passwords and salts.
     ///
     /// Fails, before computing anything, when a job has 0 rounds or `out` does
     /// not have exactly `jobs.len()` entries.
@@ -418,27 +607,23 @@ impl Engine {
         if let Some(job) = jobs.iter().position(|j| j.rounds == 0) {
             return Err(Error::ZeroRounds { job });
         }
-        match self.backend {
-            // SAFETY: an `Engine` with this backend is only built by
-            // `with_backend`, after `is_supported()` (i.e. `shani::available()`)
-            // returned true, and the engine cannot be changed afterwards.
-            #[cfg(target_arch = "x86_64")]
-            Backend::ShaNi => unsafe { shani::derive(jobs, out, self.lanes) },
-            // SAFETY: as above, with `avx2::available()`.
-            #[cfg(target_arch = "x86_64")]
-            Backend::Avx2 => unsafe { avx2::derive(jobs, out) },
-            // SAFETY: as above, with `avx512::available()`; `sha_ni_below` is
-            // only nonzero when `detect` found `shani::available()` too.
-            #[cfg(target_arch = "x86_64")]
-            Backend::Avx512 => unsafe { avx512::derive(jobs, out, self.lanes, self.sha_ni_below) },
-            _ => {
-                for (job, out) in jobs.iter().zip(out.iter_mut()) {
-                    let p = prep::prepare(job.password, job.salt);
-                    *out = prep::to_bytes(&portable::run(&p, job.rounds));
+        let mut lanes = Lanes::new(self);
+        let mut waiting = jobs.iter().enumerate();
+        loop {
+            while lanes.free() > 0
+                && let Some((i, job)) = waiting.next()
+            {
+                lanes.push(*job, i).map_err(|(e, _)| e)?;
+            }
+            let ran = lanes.step(u32::MAX, |i, key| {
+                if let Some(out) = out.get_mut(i) {
+                    *out = key;
                 }
+            });
+            if ran.is_none() && lanes.is_empty() && waiting.len() == 0 {
+                return Ok(());
             }
         }
-        Ok(())
     }
 
     /// [`derive`](Engine::derive) into a new vector.

@@ -5,8 +5,6 @@
 
 use sha2::block_api::compress256;
 
-use crate::Job;
-
 /// SHA-256 initial hash value (FIPS 180-4, 5.3.3).
 pub(crate) const IV: [u32; 8] = [
     0x6a09_e667,
@@ -216,13 +214,12 @@ pub(crate) fn prepare(password: &[u8], salt: &[u8]) -> Prepared {
     Prepared { inner, outer, u1 }
 }
 
-/// A job inside the round loop: where its key goes, the rounds it still has to
-/// run, and its state (both pad mid-states, the last U and the running XOR T).
-/// Kernels hold resident chains in their own layout; this is the form in which
-/// a chain is handed from one kernel family to another.
+/// A job inside the round loop: the rounds it still has to run, and its state
+/// (both pad mid-states, the last U and the running XOR T, which is the key
+/// once no round is left). Kernels take chains, run rounds on them in their
+/// own layout, and hand them back.
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Chain {
-    pub(crate) job: usize,
     pub(crate) left: u32,
     pub(crate) inner: [u32; 8],
     pub(crate) outer: [u32; 8],
@@ -230,33 +227,22 @@ pub(crate) struct Chain {
     pub(crate) t: [u32; 8],
 }
 
-/// Prepares the jobs from `*next` on until one needs the round loop, and
-/// returns it as a chain with rounds 2..=c still to run. A job of one round is
-/// finished on the way: its key is U1, written to `out`. `None` once every job
-/// was taken.
-pub(crate) fn next_chain(
-    jobs: &[Job<'_>],
-    out: &mut [[u8; 32]],
-    next: &mut usize,
-) -> Option<Chain> {
-    while let Some(job) = jobs.get(*next) {
-        let index = *next;
-        *next += 1;
-        let p = prepare(job.password, job.salt);
-        if job.rounds <= 1 {
-            if let Some(out) = out.get_mut(index) {
-                *out = to_bytes(&p.u1);
-            }
-        } else {
-            return Some(Chain {
-                job: index,
-                left: job.rounds - 1,
-                inner: p.inner,
-                outer: p.outer,
-                u: p.u1,
-                t: p.u1,
-            });
+impl Chain {
+    /// The chain of a job: prepared, with rounds 2..=`rounds` still to run (none
+    /// for a job of one round, whose key is U1).
+    pub(crate) fn start(password: &[u8], salt: &[u8], rounds: u32) -> Chain {
+        let p = prepare(password, salt);
+        Chain {
+            left: rounds.saturating_sub(1),
+            inner: p.inner,
+            outer: p.outer,
+            u: p.u1,
+            t: p.u1,
         }
     }
-    None
+
+    /// The key, once no round is left.
+    pub(crate) fn key(&self) -> [u8; 32] {
+        to_bytes(&self.t)
+    }
 }

@@ -1,4 +1,4 @@
-//! SHA-NI backend: 1 to 4 independent jobs ("streams") advanced together on
+//! SHA-NI backend: 1 to 8 independent jobs ("streams") advanced together on
 //! the x86 SHA extensions.
 //!
 //! One SHA-256 compression is a chain of 32 dependent `sha256rnds2`
@@ -21,11 +21,10 @@ use core::arch::x86_64::{
     _mm_unpackhi_epi64, _mm_unpacklo_epi64, _mm_xor_si128,
 };
 
-use crate::Job;
-use crate::prep::{Chain, FIXED_TAIL, K, next_chain, to_bytes};
+use crate::prep::{Chain, FIXED_TAIL, K};
 
 /// The widest interleave compiled.
-pub(crate) const MAX_STREAMS: usize = 4;
+pub(crate) const MAX_STREAMS: usize = 8;
 
 /// Whether this CPU runs the kernels of this module.
 pub(crate) fn available() -> bool {
@@ -243,107 +242,26 @@ fn run<const N: usize>(streams: &mut [Chain; N], iters: u32) {
     }
 }
 
-/// Runs `iters` rounds on the resident streams with the kernel of that width.
+/// Runs `iters` rounds on every chain (1 to [`MAX_STREAMS`] of them), with
+/// the kernel of that many streams; each chain's `u` and `t` are updated and
+/// its `left` is not touched. More chains than [`MAX_STREAMS`] are not run.
 ///
 /// # Safety
 /// [`available`] must have returned true on this CPU.
-unsafe fn run_resident(streams: &mut [Chain], iters: u32) {
-    match streams.len() {
-        4 => {
-            if let Some(s) = streams.first_chunk_mut::<4>() {
-                // SAFETY: the caller guarantees `available()`: the SHA, SSE2,
-                // SSSE3 and SSE4.1 features `run` is compiled for.
-                unsafe { run(s, iters) }
+pub(crate) unsafe fn run_chains(chains: &mut [Chain], iters: u32) {
+    macro_rules! width {
+        ($($n:literal)*) => {
+            match chains.len() {
+                $($n => {
+                    if let Some(s) = chains.first_chunk_mut::<$n>() {
+                        // SAFETY: the caller guarantees `available()`: the SHA,
+                        // SSE2, SSSE3 and SSE4.1 features `run` is compiled for.
+                        unsafe { run(s, iters) }
+                    }
+                })*
+                _ => {}
             }
-        }
-        3 => {
-            if let Some(s) = streams.first_chunk_mut::<3>() {
-                // SAFETY: the caller guarantees `available()`: the SHA, SSE2,
-                // SSSE3 and SSE4.1 features `run` is compiled for.
-                unsafe { run(s, iters) }
-            }
-        }
-        2 => {
-            if let Some(s) = streams.first_chunk_mut::<2>() {
-                // SAFETY: the caller guarantees `available()`: the SHA, SSE2,
-                // SSSE3 and SSE4.1 features `run` is compiled for.
-                unsafe { run(s, iters) }
-            }
-        }
-        _ => {
-            if let Some(s) = streams.first_chunk_mut::<1>() {
-                // SAFETY: the caller guarantees `available()`: the SHA, SSE2,
-                // SSSE3 and SSE4.1 features `run` is compiled for.
-                unsafe { run(s, iters) }
-            }
-        }
-    }
-}
-
-/// Computes every job with at most `streams` (1..=4) jobs in flight. When a
-/// job finishes, its stream is refilled with the next job; when no job is left
-/// to refill with, the kernel narrows (4, 3, 2, 1 streams), so no work is
-/// spent on finished jobs.
-///
-/// # Safety
-/// [`available`] must have returned true on this CPU.
-pub(crate) unsafe fn derive(jobs: &[Job<'_>], out: &mut [[u8; 32]], streams: usize) {
-    let mut next = 0;
-    // SAFETY: this function's caller guarantees `available()`.
-    unsafe { schedule(out, streams, |out| next_chain(jobs, out, &mut next)) }
-}
-
-/// Runs chains another kernel family started to their end, with at most
-/// `streams` (1..=4) in flight, narrowing as [`derive`] does; each key is
-/// written to `out[chain.job]`.
-///
-/// # Safety
-/// [`available`] must have returned true on this CPU.
-pub(crate) unsafe fn finish(chains: &[Chain], out: &mut [[u8; 32]], streams: usize) {
-    let mut chains = chains.iter().copied();
-    // SAFETY: this function's caller guarantees `available()`.
-    unsafe { schedule(out, streams, |_| chains.next()) }
-}
-
-/// The batch loop: streams are filled from `refill` (which may write the keys
-/// of jobs that need no round to `out`), the kernel runs as many rounds as the
-/// resident chain with the fewest left needs, finished chains are written out
-/// and their streams refilled or dropped.
-///
-/// # Safety
-/// [`available`] must have returned true on this CPU.
-unsafe fn schedule(
-    out: &mut [[u8; 32]],
-    streams: usize,
-    mut refill: impl FnMut(&mut [[u8; 32]]) -> Option<Chain>,
-) {
-    let width = streams.clamp(1, MAX_STREAMS);
-    let mut resident = [Chain::default(); MAX_STREAMS];
-    let mut n = 0;
-    loop {
-        while n < width
-            && let Some(chain) = refill(out)
-        {
-            resident[n] = chain;
-            n += 1;
-        }
-        let Some(iters) = resident[..n].iter().map(|c| c.left).min() else {
-            return;
         };
-        // SAFETY: this function's caller guarantees `available()`.
-        unsafe { run_resident(&mut resident[..n], iters) };
-        let mut i = 0;
-        while i < n {
-            resident[i].left -= iters;
-            if resident[i].left == 0 {
-                if let Some(out) = out.get_mut(resident[i].job) {
-                    *out = to_bytes(&resident[i].t);
-                }
-                n -= 1;
-                resident.swap(i, n);
-            } else {
-                i += 1;
-            }
-        }
     }
+    width!(1 2 3 4 5 6 7 8);
 }

@@ -74,7 +74,7 @@ proptest! {
     #[test]
     fn sha_ni_matches_the_pbkdf2_crate_at_every_interleave(jobs in batch(40)) {
         if Backend::ShaNi.is_supported() {
-            for streams in 1..=4 {
+            for streams in 1..=8 {
                 check(Engine::with_sha_ni_streams(streams).unwrap(), &jobs)?;
             }
             check(engine(Backend::ShaNi), &jobs)?;
@@ -100,7 +100,8 @@ fn every_batch_size_with_mixed_rounds_on_every_backend() {
         .into_iter()
         .filter_map(Engine::with_backend)
         .collect();
-    engines.extend((1..=4).filter_map(Engine::with_sha_ni_streams));
+    engines.extend((1..=8).filter_map(Engine::with_sha_ni_streams));
+    engines.push(Engine::detect().with_costs(&Engine::detect().measure(50)));
     for n in 1..=20u32 {
         let owned: Vec<Owned> = (0..n)
             .map(|i| {

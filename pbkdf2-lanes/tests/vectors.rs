@@ -12,7 +12,7 @@ fn engines() -> Vec<Engine> {
         .into_iter()
         .filter_map(Engine::with_backend)
         .collect();
-    v.extend((1..=4).filter_map(Engine::with_sha_ni_streams));
+    v.extend((1..=8).filter_map(Engine::with_sha_ni_streams));
     v.extend([16, 32].into_iter().filter_map(Engine::with_avx512_lanes));
     v.push(Engine::detect());
     v
@@ -230,7 +230,7 @@ fn forcing_and_naming() {
     }
     assert_eq!(Engine::with_backend(Backend::Portable).unwrap().lanes(), 1);
     assert_eq!(Engine::with_sha_ni_streams(0), None);
-    assert_eq!(Engine::with_sha_ni_streams(5), None);
+    assert_eq!(Engine::with_sha_ni_streams(9), None);
     if let Some(e) = Engine::with_sha_ni_streams(3) {
         assert_eq!((e.backend(), e.lanes()), (Backend::ShaNi, 3));
     }

@@ -71,7 +71,7 @@ pub use authz::AuthzConfig;
 pub use limits::LimitsConfig;
 pub use overload::OverloadConfig;
 pub use parse::MetricsListen;
-pub use passwords::{HashBackend, PasswordConfig, Switch};
+pub use passwords::{HashBackend, HashKernels, PasswordConfig, Switch};
 pub use second_factor::SecondFactorConfig;
 pub use server::ServerConfig;
 pub use store::{DatabaseUrl, StoreConfig};

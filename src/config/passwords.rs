@@ -47,9 +47,10 @@ pub struct PasswordConfig {
           value_parser = positive_duration, global = true, display_order = 15)]
     pub hash_queue_wait: Duration,
 
-    /// PBKDF2 engine: auto picks the fastest this CPU runs (avx512, then sha-ni, then
-    /// avx2, then portable; avx512 hands batches of fewer than 9 to sha-ni when the CPU
-    /// has it); naming one forces it, and the start fails if the CPU lacks it.
+    /// PBKDF2 engine: auto runs every kernel family this CPU has (avx512, sha-ni, avx2,
+    /// portable), each for the number of hashes at hand it runs best (see
+    /// --hash-kernels); naming one forces that family alone, and the start fails if the
+    /// CPU lacks it.
     #[arg(
         long,
         env = "AUTHD_HASH_BACKEND",
@@ -59,6 +60,16 @@ pub struct PasswordConfig {
         display_order = 37
     )]
     pub hash_backend: HashBackend,
+
+    /// Which kernel hashes how many passwords at once: measure times each kernel of the
+    /// engine at start (about 0.2 s on one core) and takes, for each number of hashes
+    /// at hand (1 to 32), the cheapest per hash; builtin takes the plan measured on the
+    /// reference machine of the pbkdf2-lanes docs; or a plan as `authd hash-bench`
+    /// prints it ("1: sha-ni x1, 2-13: sha-ni x2, 14-32: avx512 x32"), so that a fleet
+    /// runs the plan measured once on its machine type.
+    #[arg(long, env = "AUTHD_HASH_KERNELS", default_value = "measure",
+          value_parser = parse_hash_kernels, global = true, display_order = 94)]
+    pub hash_kernels: HashKernels,
 
     /// Nice value of the hashing threads (0 to 19): above 0, the threads that answer
     /// requests and probes run first when the cores are busy hashing.
@@ -92,6 +103,22 @@ pub struct PasswordConfig {
 }
 
 impl PasswordConfig {
+    /// The engine of --hash-backend with the plan of --hash-kernels, or why this CPU
+    /// cannot run it.
+    pub fn engine(&self) -> anyhow::Result<pbkdf2_lanes::Engine> {
+        let engine = self.hash_backend.engine()?;
+        Ok(match &self.hash_kernels {
+            HashKernels::Measure => engine.calibrated(),
+            HashKernels::Builtin => engine,
+            HashKernels::Plan(plan) => engine.with_plan(*plan).map_err(|kernel| {
+                anyhow::anyhow!(
+                    "--hash-kernels: the {} engine cannot run {kernel} on this CPU",
+                    self.hash_backend.name()
+                )
+            })?,
+        })
+    }
+
     /// Hash threads, resolving the default.
     pub fn hash_threads(&self) -> usize {
         match self.hash_threads {
@@ -111,7 +138,7 @@ impl PasswordConfig {
     /// Starts the hashing threads and builds the hasher of new and stored passwords;
     /// fails when the CPU lacks the engine named, or the threads cannot start.
     pub(crate) fn hasher(&self, metrics: &Metrics) -> anyhow::Result<Hasher> {
-        let engine = self.hash_backend.engine()?;
+        let engine = self.engine()?;
         let pool = HashPool::new(
             self.hash_threads(),
             self.hash_queue(),
@@ -162,7 +189,7 @@ pub enum HashBackend {
     Auto,
     /// x86-64 AVX-512F, sixteen chains per vector, two vectors interleaved per core.
     Avx512,
-    /// x86-64 SHA extensions, four chains interleaved per core.
+    /// x86-64 SHA extensions, one to eight chains interleaved per core.
     #[value(name = "sha-ni")]
     ShaNi,
     /// x86-64 AVX2, eight chains per core (for CPUs without SHA extensions).
@@ -172,7 +199,18 @@ pub enum HashBackend {
 }
 
 impl HashBackend {
-    /// The engine this names, or why this CPU cannot run it.
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            HashBackend::Auto => "auto",
+            HashBackend::Avx512 => "avx512",
+            HashBackend::ShaNi => "sha-ni",
+            HashBackend::Avx2 => "avx2",
+            HashBackend::Portable => "portable",
+        }
+    }
+
+    /// The engine this names, with its built-in plan, or why this CPU cannot run it.
     pub fn engine(self) -> anyhow::Result<pbkdf2_lanes::Engine> {
         use pbkdf2_lanes::{Backend, Engine};
         let backend = match self {
@@ -188,6 +226,27 @@ impl HashBackend {
                 backend.name()
             )
         })
+    }
+}
+
+/// Where the engine's plan comes from (--hash-kernels).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HashKernels {
+    /// Measured at start.
+    Measure,
+    /// The engine's built-in plan.
+    Builtin,
+    /// Given.
+    Plan(pbkdf2_lanes::Plan),
+}
+
+fn parse_hash_kernels(s: &str) -> Result<HashKernels, String> {
+    match s.trim() {
+        "measure" => Ok(HashKernels::Measure),
+        "builtin" => Ok(HashKernels::Builtin),
+        plan => plan.parse().map(HashKernels::Plan).map_err(|e| {
+            format!("measure, builtin, or a plan such as \"1: sha-ni x1, 2-32: sha-ni x4\": {e}")
+        }),
     }
 }
 

@@ -80,9 +80,10 @@ impl HashMetrics {
             ),
             batch_size: f.histogram(
                 "authd_hash_batch_size",
-                "Derivations a hashing thread computed together in one batch (the lanes of the \
-                 PBKDF2 engine; a request's verification and its padding count as two).",
-                &[1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0],
+                "Derivations a hashing thread ran side by side in one kernel call of the PBKDF2 \
+                 engine (at most 1,024 rounds each: a derivation in flight takes part in \
+                 several calls; a verification's padding is a derivation of its own).",
+                &[1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0],
             ),
             rounds: f.counter(
                 "authd_hash_rounds_total",

@@ -128,6 +128,11 @@ pub struct HashBenchReport {
     pub lanes: usize,
     /// Hashes per engine call in this run.
     pub batch: usize,
+    /// The kernel for each number of hashes at hand (`1: sha-ni x1, …`), from
+    /// the engine's calibration at start.
+    pub plan: String,
+    /// Each kernel the engine may run, measured in this run.
+    pub kernels: Vec<KernelReport>,
     /// The engine's rates: with `batch` equal to `lanes`, the hash-bound limit.
     #[serde(flatten)]
     pub engine: Rates,
@@ -137,6 +142,17 @@ pub struct HashBenchReport {
     /// The iteration count for `--target`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recommendation: Option<Recommendation>,
+}
+
+/// One kernel's measured cost.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KernelReport {
+    /// `sha-ni x4`, `avx512 x32`, …
+    pub kernel: String,
+    /// Hashes it computes side by side.
+    pub width: usize,
+    /// Nanoseconds per SHA-256 compression per hash, with every lane in use.
+    pub ns_per_compression: f64,
 }
 
 /// Runs `authd hash-bench` on `engine` (the one the server would use, or the one
@@ -184,6 +200,15 @@ pub fn measure(engine: Engine, options: Options) -> anyhow::Result<HashBenchRepo
         Ok(jobs.len() as u64)
     })?;
     let engine_rates = rates(per_thread, iterations, batch);
+    let kernels = engine
+        .measure(pbkdf2_lanes::CALIBRATION_ROUNDS)
+        .into_iter()
+        .map(|c| KernelReport {
+            kernel: c.kernel.to_string(),
+            width: c.kernel.width(),
+            ns_per_compression: c.ns_per_compression(),
+        })
+        .collect();
 
     let pbkdf2_crate = if options.compare {
         let password = Password::parse("hash-bench password").expect("a valid password");
@@ -206,6 +231,8 @@ pub fn measure(engine: Engine, options: Options) -> anyhow::Result<HashBenchRepo
         backend: engine.backend().name(),
         lanes: engine.lanes(),
         batch,
+        plan: engine.plan().to_string(),
+        kernels,
         engine: engine_rates,
         pbkdf2_crate,
         recommendation,
@@ -306,6 +333,19 @@ pub fn render_text(report: &HashBenchReport) -> String {
         if report.batch == 1 { "" } else { "es" },
     );
     render_rates(&mut out, &report.engine);
+    let _ = writeln!(out, "kernels by hashes at hand: {}", report.plan);
+    let _ = writeln!(
+        out,
+        "  (to run this plan: AUTHD_HASH_KERNELS=\"{}\")",
+        report.plan
+    );
+    for k in &report.kernels {
+        let _ = writeln!(
+            out,
+            "  {:<12} {:>2} at once: {:.1} ns per compression per hash",
+            k.kernel, k.width, k.ns_per_compression
+        );
+    }
     let _ = writeln!(
         out,
         "total:       {:.2} hashes/s: the hash-bound limit of logins and registrations \

@@ -4,8 +4,8 @@
 //!   retry hints); it knows nothing of passwords.
 //! - `work`: what is sent to those threads (a derivation or a task, its place in
 //!   the pool, its answer) and why it did not run (`PoolError`).
-//! - `worker`: the hashing threads themselves (batches, deadlines, padding,
-//!   priority).
+//! - `worker`: the hashing threads themselves (lanes refilled between kernel
+//!   calls, deadlines, padding, priority).
 //! - `queue`: who gets a place on those threads (bounded by time and count, fair
 //!   between clients) and in which order they are served.
 //! - `bench`: `authd hash-bench`, this machine's hashing rate with this code.
@@ -21,8 +21,8 @@
 //! number of PBKDF2 rounds, T = max(current cost, highest stored cost): a wrong
 //! password for a user whose hash has s < T rounds, and the dummy verification of
 //! an unknown user, are followed by T − s rounds of PBKDF2 on throwaway input, on
-//! the same hashing thread, right after the verification's batch and before the
-//! answer: T rounds of sequential work, as a verification of a T-round hash. A
+//! the same hashing thread, in the verification's lane as soon as it finishes and
+//! before the answer: T rounds of sequential work, as a verification of a T-round hash. A
 //! success is not padded (the caller learns nothing from its timing it does not
 //! learn from the answer). The highest stored cost comes from the store
 //! ([`Hasher::set_highest_stored`]).

@@ -250,7 +250,7 @@ impl HashPool {
         }
     }
 
-    /// Hashes `job` (in a batch with whatever else is waiting) in a place reserved
+    /// Hashes `job` (in the lanes of a hashing thread, beside what else runs) in a place reserved
     /// before, and returns its output, without blocking the async runtime.
     pub(crate) async fn derive(
         &self,
@@ -265,9 +265,9 @@ impl HashPool {
     }
 
     /// Whether `job`'s output is `expected` (compared in constant time). When it is
-    /// not, `pad` more rounds are computed on the same thread, right after its batch
-    /// and before the answer, so that a failure costs `job.rounds + pad` rounds of
-    /// sequential work whatever else was in the batch.
+    /// not, `pad` more rounds are computed on the same thread, in its lane as soon as
+    /// it finishes and before the answer, so that a failure costs `job.rounds + pad`
+    /// rounds of sequential work whatever else shares the lanes.
     pub(crate) async fn verify(
         &self,
         slot: HashSlot,

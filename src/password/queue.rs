@@ -285,7 +285,20 @@ impl<T> FairQueue<T> {
             }
             state = self.ready.wait(state).unwrap_or_else(|p| p.into_inner());
         }
-        let state = &mut *state;
+        Self::take_from(&mut state, max, out);
+        true
+    }
+
+    /// Takes up to `max` items that wait now into `out`, one per client in turn,
+    /// without waiting for any.
+    pub fn take_ready(&self, max: usize, out: &mut Vec<T>) {
+        let mut state = self.lock();
+        if state.queued > 0 {
+            Self::take_from(&mut state, max, out);
+        }
+    }
+
+    fn take_from(state: &mut State<T>, max: usize, out: &mut Vec<T>) {
         while out.len() < max.max(1) {
             let Some(client) = state.turns.pop_front() else {
                 break;
@@ -302,7 +315,6 @@ impl<T> FairQueue<T> {
                 state.turns.push_back(client);
             }
         }
-        true
     }
 
     /// Items waiting for a thread.

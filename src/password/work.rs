@@ -95,7 +95,7 @@ pub(super) enum Answer {
 }
 
 impl Answer {
-    fn is_closed(&self) -> bool {
+    pub(super) fn is_closed(&self) -> bool {
         match self {
             Answer::Output(reply) => reply.is_closed(),
             Answer::Matches { reply, .. } => reply.is_closed(),

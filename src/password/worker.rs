@@ -1,27 +1,36 @@
-//! The hashing threads: each takes what is waiting and hashes it as one batch.
+//! The hashing threads: each keeps lanes of derivations in flight and refills them
+//! from the queue between kernel calls.
 //!
-//! A thread takes what is waiting, up to the engine's lanes, and hashes it as one
-//! batch on the multi-lane engine (`pbkdf2-lanes`): under load the batches fill,
-//! and a core computes several PBKDF2 chains at once. It never waits for a batch to
-//! fill: work alone in the queue runs alone, on the fastest single-stream path, so
-//! an idle server's latency does not grow. Work whose deadline passed, or whose
-//! caller went away, is dropped before it runs. The threads run at a lower OS
+//! A thread holds up to the engine's lanes of derivations at once (`pbkdf2-lanes`'
+//! [`Lanes`]) and advances them a kernel call of at most [`STEP_ROUNDS`] rounds at a
+//! time. Between calls it takes what is waiting into the free lanes, so a request
+//! that arrives while others hash joins them at the next call (well under a
+//! millisecond later) rather than waiting for a whole batch to end. Each call runs
+//! the kernel the engine's plan chooses for the number of derivations at hand: one
+//! alone runs on the fastest single-stream path, so an idle server's latency does
+//! not grow; many run on the widest vectors. Work whose deadline passed, or whose
+//! caller went away, is dropped before it runs; a derivation whose caller goes away
+//! while it runs leaves its lane at the next call. The threads run at a lower OS
 //! priority than those that answer requests, so hashing never delays a probe.
 //!
-//! A verification that fails may owe padding (see the parent module): the thread
-//! computes it right after the batch, before taking new work, so a failed
-//! verification costs its rounds plus its padding in sequential work, exactly as a
-//! verification of that many rounds would, whatever else shared its batch.
+//! A verification that fails may owe padding (see the parent module): the padding
+//! takes the lane of the verification as soon as it finishes, and the answer comes
+//! when the padding does, so a failed verification costs its rounds plus its
+//! padding, exactly as a verification of that many rounds would, whatever else
+//! shares the lanes.
+//!
+//! Other work (a task: a stored hash the engine cannot check) runs on the thread
+//! between two kernel calls, on its own.
 //!
 //! It only runs what the queue hands it: who gets a place, and the refusals and
 //! their retry hints, are the pool's (`pool`) and the queue's (`queue`).
 
 use super::{
     queue::FairQueue,
-    work::{Answer, Derivation, PoolError, Queued, TaskOutcome, Work, padding},
+    work::{Answer, Derivation, HashSlot, PoolError, Queued, Reply, TaskOutcome, Work, padding},
 };
 use crate::{metrics::HashMetrics, otel};
-use pbkdf2_lanes::{Backend, Engine, Job};
+use pbkdf2_lanes::{Engine, Job, Lanes};
 use std::{
     sync::Arc,
     thread,
@@ -29,11 +38,42 @@ use std::{
 };
 use subtle::ConstantTimeEq as _;
 
+/// The most rounds of one kernel call: how long, at most, a request that arrives
+/// while the lanes are busy waits to join them. About 0.5 ms with 32 AVX-512
+/// lanes, 0.07 ms for one SHA-NI stream, on the machines of `pbkdf2-lanes`' docs.
+pub(super) const STEP_ROUNDS: u32 = 1024;
+
 /// One hashing thread.
 pub(super) struct Worker {
     pub(super) queue: Arc<FairQueue<Queued>>,
     pub(super) engine: Engine,
     pub(super) metrics: HashMetrics,
+}
+
+/// A derivation in a lane: whom to answer, and the place it holds in the pool.
+struct Resident {
+    answer: Resolve,
+    /// When it took its lane.
+    start: Instant,
+    trace: otel::Carried,
+    _slot: HashSlot,
+}
+
+/// What a finished derivation in a lane answers.
+enum Resolve {
+    /// A request's own derivation.
+    Request(Answer),
+    /// The padding a failed verification owes: then it answers `false`.
+    Padding(Reply<bool>),
+}
+
+impl Resident {
+    fn abandoned(&self) -> bool {
+        match &self.answer {
+            Resolve::Request(answer) => answer.is_closed(),
+            Resolve::Padding(reply) => reply.is_closed(),
+        }
+    }
 }
 
 impl Worker {
@@ -50,29 +90,53 @@ impl Worker {
     }
 
     fn run(self) {
-        // A batch is as many derivations as the engine computes side by side: more
-        // would only make every request of the batch wait for all of them.
-        let lanes = self.engine.lanes().max(1);
-        let mut taken: Vec<Queued> = Vec::with_capacity(lanes);
-        let mut batch: Vec<Queued> = Vec::with_capacity(lanes);
-        // What is waiting joins the batch, one per client in turn; nothing waits for
-        // it to fill.
-        while self.queue.take(lanes, &mut taken) {
-            for queued in taken.drain(..) {
-                self.take(queued, &mut batch);
+        let mut lanes: Lanes<Resident> = Lanes::new(&self.engine);
+        let mut taken: Vec<Queued> = Vec::with_capacity(lanes.capacity());
+        let mut finished: Vec<(Resident, [u8; 32])> = Vec::with_capacity(lanes.capacity());
+        // Time spent in kernel calls, and the requests answered in it, since the
+        // service rate was last recorded.
+        let (mut busy, mut answered) = (Duration::ZERO, 0);
+        loop {
+            // Wait for work only with nothing in flight; otherwise take what waits,
+            // one per client in turn, into the free lanes.
+            if lanes.is_empty() {
+                if !self.queue.take(lanes.capacity(), &mut taken) {
+                    return;
+                }
+            } else if lanes.free() > 0 {
+                self.queue.take_ready(lanes.free(), &mut taken);
             }
-            if !batch.is_empty() {
-                let (start, size) = (Instant::now(), batch.len());
-                self.hash(&mut batch);
-                self.queue.record_batch(start.elapsed(), size);
+            for queued in taken.drain(..) {
+                self.take(queued, &mut lanes);
+            }
+            lanes.retain(|resident| {
+                let gone = resident.abandoned();
+                if gone {
+                    self.metrics.running.dec();
+                    self.metrics.dropped_cancelled.inc();
+                }
+                !gone
+            });
+            let start = Instant::now();
+            let step = lanes.step(STEP_ROUNDS, |resident, key| finished.push((resident, key)));
+            busy += start.elapsed();
+            if let Some(step) = step {
+                self.metrics.batch_size.observe(step.jobs as f64);
+            }
+            for (resident, key) in finished.drain(..) {
+                answered += self.finish(resident, key, &mut lanes);
+            }
+            if answered > 0 {
+                self.queue.record_batch(busy, answered);
                 self.metrics.queue_limit.set(self.queue.limit() as i64);
+                (busy, answered) = (Duration::ZERO, 0);
             }
         }
     }
 
-    /// Takes queued work off the queue: into the batch, run on its own (a task),
-    /// or dropped unrun (its deadline passed, or its caller went away).
-    fn take(&self, queued: Queued, batch: &mut Vec<Queued>) {
+    /// Takes queued work off the queue: into a lane, run on its own (a task), or
+    /// dropped unrun (its deadline passed, or its caller went away).
+    fn take(&self, queued: Queued, lanes: &mut Lanes<Resident>) {
         let now = Instant::now();
         self.metrics.queue_depth.dec();
         self.metrics
@@ -85,7 +149,14 @@ impl Worker {
             self.metrics.dropped_cancelled.inc();
             return;
         }
-        match queued.work {
+        let Queued {
+            deadline,
+            work,
+            trace,
+            _slot,
+            ..
+        } = queued;
+        match work {
             Work::Task(task) => {
                 self.metrics.running.inc();
                 let record = |took: Duration| {
@@ -93,94 +164,87 @@ impl Worker {
                     self.metrics.duration.observe(took.as_secs_f64());
                 };
                 match task(&record) {
-                    TaskOutcome::Ran => queued.trace.record("hash", now, Instant::now()),
+                    TaskOutcome::Ran => trace.record("hash", now, Instant::now()),
                     TaskOutcome::Expired => self.metrics.dropped_deadline.inc(),
                     TaskOutcome::Cancelled => self.metrics.dropped_cancelled.inc(),
                 }
                 self.metrics.running.dec();
             }
-            Work::Derive { answer, .. } if queued.deadline.is_some_and(|d| now >= d) => {
+            Work::Derive { answer, .. } if deadline.is_some_and(|d| now >= d) => {
                 self.metrics.dropped_deadline.inc();
                 answer.fail(PoolError::Expired);
             }
-            work @ Work::Derive { .. } => batch.push(Queued { work, ..queued }),
+            Work::Derive { job, answer } => {
+                let resident = Resident {
+                    answer: Resolve::Request(answer),
+                    start: now,
+                    trace,
+                    _slot,
+                };
+                self.push(&job, resident, lanes);
+            }
         }
     }
 
-    /// Hashes every derivation of the batch in one engine call and answers each
-    /// request; then the padding of the verifications that failed, as a second
-    /// batch, before their answers.
-    fn hash(&self, batch: &mut Vec<Queued>) {
-        let size = batch.len();
-        // Each job leaves `running` just before its answer (in `finished`, or as it
-        // fails), so a caller never sees its own finished work still running.
-        self.metrics.running.add(size as i64);
-        let start = Instant::now();
-        let outputs = self.derive(batch.iter().filter_map(|queued| match &queued.work {
-            Work::Derive { job, .. } => Some(job),
-            Work::Task(_) => None,
-        }));
-        self.metrics.batch_size.observe(size as f64);
-        // Verifications that failed and owe padding: answered after it.
-        let mut owed = Vec::new();
-        for (queued, output) in batch.drain(..).zip(outputs.iter()) {
-            let Work::Derive { answer, .. } = queued.work else {
-                continue;
-            };
-            let trace = queued.trace;
-            match (outputs_result(output), answer) {
-                (Err(e), answer) => {
-                    self.metrics.running.dec();
-                    answer.fail(e);
-                }
-                (Ok(output), Answer::Output(reply)) => {
-                    self.finished(start, &trace);
-                    let _ = reply.send(Ok(*output));
-                }
-                (
-                    Ok(output),
-                    Answer::Matches {
-                        expected,
-                        pad,
-                        reply,
-                    },
-                ) => {
-                    let matches = bool::from(output[..].ct_eq(&expected[..]));
-                    if matches || pad == 0 {
-                        self.finished(start, &trace);
-                        let _ = reply.send(Ok(matches));
-                    } else {
-                        owed.push((padding(pad), reply, trace));
-                    }
+    /// Puts a derivation in a free lane; counted as running from now.
+    fn push(&self, job: &Derivation, resident: Resident, lanes: &mut Lanes<Resident>) {
+        self.metrics.running.inc();
+        self.metrics.rounds.inc_by(u64::from(job.rounds));
+        if let Err((e, resident)) =
+            lanes.push(Job::new(&job.password, &job.salt, job.rounds), resident)
+        {
+            self.metrics.running.dec();
+            match resident.answer {
+                Resolve::Request(answer) => answer.fail(PoolError::Engine(e)),
+                Resolve::Padding(reply) => {
+                    let _ = reply.send(Err(PoolError::Engine(e)));
                 }
             }
         }
-        if !owed.is_empty() {
-            let padded = self.derive(owed.iter().map(|(job, _, _)| job));
-            for ((_, reply, trace), result) in owed.into_iter().zip(padded.iter()) {
+    }
+
+    /// Answers a finished derivation, or puts the padding a failed verification
+    /// owes in its lane. Returns the requests answered (0 or 1).
+    fn finish(&self, resident: Resident, output: [u8; 32], lanes: &mut Lanes<Resident>) -> usize {
+        let Resident {
+            answer,
+            start,
+            trace,
+            _slot,
+        } = resident;
+        match answer {
+            Resolve::Request(Answer::Output(reply)) => {
                 self.finished(start, &trace);
-                let _ = reply.send(outputs_result(result).map(|_| false));
+                let _ = reply.send(Ok(output));
+            }
+            Resolve::Request(Answer::Matches {
+                expected,
+                pad,
+                reply,
+            }) => {
+                let matches = bool::from(output[..].ct_eq(&expected[..]));
+                if matches || pad == 0 {
+                    self.finished(start, &trace);
+                    let _ = reply.send(Ok(matches));
+                } else {
+                    // The answer waits for the padding; the request keeps its place.
+                    self.metrics.running.dec();
+                    let resident = Resident {
+                        answer: Resolve::Padding(reply),
+                        start,
+                        trace,
+                        _slot,
+                    };
+                    self.push(&padding(pad), resident, lanes);
+                    return 0;
+                }
+            }
+            Resolve::Padding(reply) => {
+                self.finished(start, &trace);
+                let _ = reply.send(Ok(false));
             }
         }
-    }
-
-    /// One engine call for `jobs`, counted; an output per job, or the engine's
-    /// refusal for each.
-    fn derive<'a>(
-        &self,
-        jobs: impl Iterator<Item = &'a Derivation>,
-    ) -> Vec<Result<[u8; 32], PoolError>> {
-        let jobs: Vec<Job<'_>> = jobs
-            .map(|d| Job::new(&d.password, &d.salt, d.rounds))
-            .collect();
-        let rounds: u64 = jobs.iter().map(|j| u64::from(j.rounds)).sum();
-        let mut out = vec![[0u8; 32]; jobs.len()];
-        let result = single_stream(self.engine, jobs.len()).derive(&jobs, &mut out);
-        self.metrics.rounds.inc_by(rounds);
-        match result {
-            Ok(()) => out.into_iter().map(Ok).collect(),
-            Err(e) => vec![Err(PoolError::Engine(e)); jobs.len()],
-        }
+        1
     }
 
     /// Records a request's work, begun at `start`, as done and no longer running:
@@ -192,21 +256,6 @@ impl Worker {
         self.metrics.duration.observe(took.as_secs_f64());
         trace.record("hash", start, end);
     }
-}
-
-fn outputs_result(result: &Result<[u8; 32], PoolError>) -> Result<&[u8; 32], PoolError> {
-    result.as_ref().map_err(|e| *e)
-}
-
-/// The engine for a batch of `jobs`: a single job runs on the fastest single-stream
-/// path. (SHA-NI narrows to one stream by itself, and the detected AVX-512 engine
-/// hands small batches to SHA-NI; a forced AVX2 or AVX-512 engine would compute all
-/// its lanes for one job, slower than the portable path.)
-fn single_stream(engine: Engine, jobs: usize) -> Engine {
-    if jobs == 1 && matches!(engine.backend_for(1), Backend::Avx2 | Backend::Avx512) {
-        return Engine::with_backend(Backend::Portable).unwrap_or(engine);
-    }
-    engine
 }
 
 #[cfg(test)]
@@ -234,7 +283,10 @@ mod tests {
             assert_eq!(out, reference(password, rounds));
         }
         assert_eq!(metrics.hash.rounds.get(), 1003);
-        assert_eq!(metrics.hash.batch_size.get_sample_sum(), 3.0);
+        // One kernel call each for the jobs of 2 and 1,000 rounds (999 ≤ STEP_ROUNDS
+        // rounds after the preparation); one of a single round needs none.
+        assert_eq!(metrics.hash.batch_size.get_sample_count(), 2);
+        assert_eq!(metrics.hash.batch_size.get_sample_sum(), 2.0);
     }
 
     #[tokio::test]
@@ -260,8 +312,10 @@ mod tests {
         assert_eq!(metrics.hash.rounds.get(), 50);
         assert!(!verify(b"wrong").await);
         assert_eq!(metrics.hash.rounds.get(), 50 + 50 + 700);
-        // The padding is a batch of its own, after the verification's.
-        assert_eq!(metrics.hash.batch_size.get_sample_count(), 2);
+        // The padding is a derivation of its own, after the verification's: three
+        // kernel calls in all, and two requests answered.
+        assert_eq!(metrics.hash.batch_size.get_sample_count(), 3);
+        assert_eq!(metrics.hash.batch_size.get_sample_sum(), 3.0);
         assert_eq!(metrics.hash.duration.get_sample_count(), 2);
     }
     #[tokio::test]
@@ -310,11 +364,53 @@ mod tests {
         assert_eq!(metrics.hash.batch_size.get_sample_count(), 1);
         assert_eq!(metrics.hash.batch_size.get_sample_sum(), lanes as f64);
         // And a request alone in the queue is hashed at once, alone.
-        pool.derive(pool.reserve(None, None).unwrap(), None, job(b"alone", 1))
+        pool.derive(pool.reserve(None, None).unwrap(), None, job(b"alone", 3))
             .await
             .unwrap();
         assert_eq!(metrics.hash.batch_size.get_sample_count(), 2);
         assert_eq!(metrics.hash.batch_size.get_sample_sum(), lanes as f64 + 1.0);
+    }
+
+    #[tokio::test]
+    async fn work_that_arrives_while_a_derivation_runs_joins_it_and_a_gone_caller_frees_its_lane() {
+        let metrics = Metrics::new();
+        let pool = pool(1, 4, &metrics);
+        // A derivation that would run for hours holds the only thread.
+        let endless = tokio::spawn({
+            let pool = pool.clone();
+            async move {
+                let slot = pool.reserve(None, None).unwrap();
+                pool.derive(slot, None, job(b"endless", u32::MAX)).await
+            }
+        });
+        while metrics.hash.running.get() < 1 {
+            tokio::task::yield_now().await;
+        }
+        // Work that arrives meanwhile is answered while it still runs: it took a
+        // free lane at the next kernel call rather than waiting for the batch.
+        // (The timeout only keeps a broken build from hanging the suite.)
+        let joined = pool.derive(pool.reserve(None, None).unwrap(), None, job(b"joins", 3));
+        let out = tokio::time::timeout(Duration::from_secs(120), joined)
+            .await
+            .expect("work waited for the running batch to end")
+            .unwrap();
+        assert_eq!(out, reference(b"joins", 3));
+        assert!(!endless.is_finished());
+        assert!(metrics.hash.batch_size.get_sample_sum() >= 2.0);
+        // Its caller goes away: the derivation leaves its lane at the next call, and
+        // the thread is free again.
+        endless.abort();
+        assert!(endless.await.unwrap_err().is_cancelled());
+        while metrics.hash.dropped_cancelled.get() < 1 || metrics.hash.running.get() > 0 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            pool.derive(pool.reserve(None, None).unwrap(), None, job(b"next", 2))
+                .await
+                .unwrap(),
+            reference(b"next", 2)
+        );
+        assert_eq!(metrics.hash.running.get(), 0);
     }
 
     #[tokio::test]

@@ -156,6 +156,59 @@ pub(crate) struct Running {
 }
 
 /// The standard error of a start that was refused (exit status 1), and its last line.
+#[test]
+fn hash_bench_measures_and_prints_the_plan_that_hash_kernels_reads_back() {
+    let bench = |envs: &[(&str, &str)]| {
+        authd()
+            .args(["hash-bench", "--iterations", "1000", "--threads", "1"])
+            .args(["--duration", "10ms", "--json"])
+            .envs(envs.iter().copied())
+            .output()
+            .unwrap()
+    };
+    // Measured at start (the default): a plan over this CPU's kernels, each timed.
+    let out = bench(&[("AUTHD_HASH_KERNELS", "measure")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let plan = report["plan"].as_str().unwrap().to_owned();
+    assert!(plan.starts_with("1: "), "{plan}");
+    let kernels = report["kernels"].as_array().unwrap();
+    assert!(!kernels.is_empty());
+    for k in kernels {
+        assert!(k["ns_per_compression"].as_f64().unwrap() > 0.0, "{k}");
+    }
+    // The printed plan, given back, is the plan the engine runs.
+    let out = bench(&[("AUTHD_HASH_KERNELS", &plan)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let again: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(again["plan"], plan.as_str());
+    // A plan of one kernel everywhere prints as one entry.
+    let out = bench(&[
+        ("AUTHD_HASH_BACKEND", "portable"),
+        ("AUTHD_HASH_KERNELS", "1-32: portable"),
+    ]);
+    let portable: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(portable["plan"], "1: portable");
+    assert_eq!(portable["lanes"], 1);
+
+    // A plan that does not parse, or that names a kernel the engine cannot run,
+    // stops the start with one line.
+    let out = bench(&[("AUTHD_HASH_KERNELS", "2-32: sha-ni x4")]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.starts_with("error: invalid value"), "{stderr}");
+    assert!(stderr.contains("expected 1 next"), "{stderr}");
+    let out = bench(&[
+        ("AUTHD_HASH_BACKEND", "portable"),
+        ("AUTHD_HASH_KERNELS", "1: sha-ni x1"),
+    ]);
+    let (stderr, last) = refused_start(out);
+    assert_eq!(
+        last, "authd: error: --hash-kernels: the portable engine cannot run sha-ni x1 on this CPU",
+        "{stderr}"
+    );
+}
+
 pub(crate) fn refused_start(out: std::process::Output) -> (String, String) {
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8(out.stderr).unwrap();

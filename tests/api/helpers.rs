@@ -262,6 +262,9 @@ pub fn test_config(url: DatabaseUrl) -> Config {
     config.tokens.token_keys = Some(key_spec(TEST_KID, TEST_KEY).parse().unwrap());
     config.server.health_interval = Duration::from_millis(200);
     config.server.drain_timeout = Duration::from_secs(10);
+    // The engine's built-in plan: measuring the kernels (about 0.2 s of a core) at each
+    // test server's start would only slow the suite; it has tests of its own.
+    config.passwords.hash_kernels = authd::config::HashKernels::Builtin;
     // Tests register many users from one address; the default limit on Register
     // has tests of its own (`concurrency`).
     config.limits.register_limit = authd::RegisterLimit::OFF;
@@ -505,6 +508,8 @@ pub fn authd_command() -> std::process::Command {
     }
     // Never the default health port (0.0.0.0:50052): tests run side by side.
     cmd.env("AUTHD_HEALTH_LISTEN", "127.0.0.1:0");
+    // No kernel measurement at each start (see `test_config`).
+    cmd.env("AUTHD_HASH_KERNELS", "builtin");
     cmd
 }
 
