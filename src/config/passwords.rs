@@ -61,13 +61,14 @@ pub struct PasswordConfig {
     )]
     pub hash_backend: HashBackend,
 
-    /// Which kernel hashes how many passwords at once: measure times each kernel of the
-    /// engine at start (about 0.2 s on one core) and takes, for each number of hashes
-    /// at hand (1 to 32), the cheapest per hash; builtin takes the plan measured on the
-    /// reference machine of the pbkdf2-lanes docs; or a plan as `authd hash-bench`
-    /// prints it ("1: sha-ni x1, 2-13: sha-ni x2, 14-32: avx512 x32"), so that a fleet
-    /// runs the plan measured once on its machine type.
-    #[arg(long, env = "AUTHD_HASH_KERNELS", default_value = "measure",
+    /// Which kernel hashes how many passwords at once: builtin takes the plan measured on
+    /// the reference machine of the pbkdf2-lanes docs (SHA-NI streams for up to 8 hashes
+    /// at hand, AVX-512 vectors beyond, where the CPU has them); measure times each
+    /// kernel of the engine at start (about 0.2 s of one core) and takes, for each number
+    /// of hashes at hand (1 to 32), the cheapest per hash; or a plan as `authd
+    /// hash-bench` prints it ("1: sha-ni x1, 2-13: sha-ni x2, 14-32: avx512 x32"), so
+    /// that a fleet runs the plan measured once on its machine type.
+    #[arg(long, env = "AUTHD_HASH_KERNELS", default_value = "builtin",
           value_parser = parse_hash_kernels, global = true, display_order = 94)]
     pub hash_kernels: HashKernels,
 

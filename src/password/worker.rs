@@ -43,6 +43,10 @@ use subtle::ConstantTimeEq as _;
 /// lanes, 0.07 ms for one SHA-NI stream, on the machines of `pbkdf2-lanes`' docs.
 pub(super) const STEP_ROUNDS: u32 = 1024;
 
+/// The least work a hashing thread measures its service rate over, unless a lane's
+/// worth of requests were answered sooner.
+const RATE_WINDOW: Duration = Duration::from_millis(20);
+
 /// One hashing thread.
 pub(super) struct Worker {
     pub(super) queue: Arc<FairQueue<Queued>>,
@@ -126,7 +130,10 @@ impl Worker {
             for (resident, key) in finished.drain(..) {
                 answered += self.finish(resident, key, &mut lanes);
             }
-            if answered > 0 {
+            // The service rate is recorded over a lane's worth of answers (or, when
+            // few come, over at least RATE_WINDOW of work): answers come a few per
+            // call, and a rate taken over each call would swing with them.
+            if answered >= lanes.capacity() || (answered > 0 && busy >= RATE_WINDOW) {
                 self.queue.record_batch(busy, answered);
                 self.metrics.queue_limit.set(self.queue.limit() as i64);
                 (busy, answered) = (Duration::ZERO, 0);
