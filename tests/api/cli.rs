@@ -166,9 +166,13 @@ fn hash_bench_measures_and_prints_the_plan_that_hash_kernels_reads_back() {
             .output()
             .unwrap()
     };
-    // Measured at start (the default): a plan over this CPU's kernels, each timed.
+    // Measured at start: a plan over this CPU's kernels, each timed.
     let out = bench(&[("AUTHD_HASH_KERNELS", "measure")]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let plan = report["plan"].as_str().unwrap().to_owned();
     assert!(plan.starts_with("1: "), "{plan}");
@@ -179,7 +183,11 @@ fn hash_bench_measures_and_prints_the_plan_that_hash_kernels_reads_back() {
     }
     // The printed plan, given back, is the plan the engine runs.
     let out = bench(&[("AUTHD_HASH_KERNELS", &plan)]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let again: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(again["plan"], plan.as_str());
     // A plan of one kernel everywhere prints as one entry.
