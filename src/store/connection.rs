@@ -2,8 +2,8 @@
 //! migrations, SQLite's file permissions), and the pools every operation takes a
 //! connection from, bounded alike on both backends.
 //!
-//! [`Connections`] is a backend's pool (SQLite's readers, PostgreSQL's one pool) with
-//! the wait for a connection measured (`authd_store_pool_acquire_duration_seconds`)
+//! [`Connections`] is a backend's pool (SQLite's readers, kept by authd: `kept`;
+//! PostgreSQL's one sqlx pool) with the wait for a connection measured (`authd_store_pool_acquire_duration_seconds`)
 //! and each operation bounded ([`operation_limit`] of the statement timeout, see
 //! [`within`]); a connection whose operation did not finish is closed, never returned
 //! to the pool ([`Lease`]). Reads that are the same on both backends are written once
@@ -25,16 +25,16 @@
 //! request should; sqlx holds an advisory lock meanwhile, so replicas take turns.
 
 use super::StoreError;
+use super::kept::{Kept, Lent};
 use crate::metrics::Metrics;
 use anyhow::Context as _;
 use prometheus::Histogram;
 use sqlx::{
-    Connection, Database, Executor, IntoArguments, PgConnection, PgPool, SqliteConnection,
-    SqlitePool,
+    Connection, Database, Executor, IntoArguments, PgConnection, PgPool, Sqlite, SqliteConnection,
     pool::PoolConnection,
     postgres::{PgConnectOptions, PgPoolOptions},
     query::Query,
-    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
+    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous},
 };
 use std::{
     fmt,
@@ -42,6 +42,7 @@ use std::{
     ops::{Deref, DerefMut},
     path::{Path, PathBuf},
     str::FromStr,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -101,15 +102,15 @@ pub(super) async fn migrate_only(settings: &StoreSettings) -> anyhow::Result<()>
 }
 
 /// The read-only connections of SQLite (WAL: they see every committed write and
-/// never wait for the writer).
-pub(super) async fn open_sqlite_readers(settings: &SqliteSettings) -> anyhow::Result<SqlitePool> {
-    SqlitePoolOptions::new()
-        .max_connections(settings.readers.max(1))
-        .min_connections(1)
-        .acquire_timeout(settings.acquire_timeout)
-        .connect_with(sqlite_options(settings).read_only(true))
-        .await
-        .with_context(|| format!("opening SQLite readers on {}", settings.path.display()))
+/// never wait for the writer), kept by authd rather than by sqlx's pool (`kept`).
+pub(super) async fn open_sqlite_readers(settings: &SqliteSettings) -> anyhow::Result<Kept<Sqlite>> {
+    Kept::open(
+        sqlite_options(settings).read_only(true),
+        settings.readers.max(1) as usize,
+        settings.acquire_timeout,
+    )
+    .await
+    .with_context(|| format!("opening SQLite readers on {}", settings.path.display()))
 }
 
 fn sqlite_options(settings: &SqliteSettings) -> SqliteConnectOptions {
@@ -224,22 +225,44 @@ pub(super) async fn migrate_postgres(settings: &PostgresSettings) -> anyhow::Res
 /// A backend's pool of connections: the wait for one is measured, and every
 /// operation on one is bounded by [`Connections::limit`].
 pub(super) struct Connections<DB: Database> {
-    pool: sqlx::Pool<DB>,
+    pool: Pool<DB>,
     /// Time waiting for a connection from the pool.
     wait: Histogram,
     /// Longest authd waits for one statement's answer.
     limit: Duration,
 }
 
+/// Where a backend's connections come from.
+pub(super) enum Pool<DB: Database> {
+    /// sqlx's pool (PostgreSQL): each connection checked before it is lent and
+    /// when it comes back, as a connection across a network must be.
+    Sqlx(sqlx::Pool<DB>),
+    /// Connections lent as they are (SQLite's readers, see `kept`).
+    Kept(Arc<Kept<DB>>),
+}
+
+impl From<sqlx::Pool<sqlx::Postgres>> for Pool<sqlx::Postgres> {
+    fn from(pool: sqlx::Pool<sqlx::Postgres>) -> Self {
+        Pool::Sqlx(pool)
+    }
+}
+
+impl From<Kept<Sqlite>> for Pool<Sqlite> {
+    fn from(kept: Kept<Sqlite>) -> Self {
+        Pool::Kept(Arc::new(kept))
+    }
+}
+
 impl<DB: Database> Connections<DB> {
     /// `pool`, exported as the `backend`'s in `metrics`, its operations bounded by
     /// the [`operation_limit`] of `statement_timeout`.
     pub(super) fn new(
-        pool: sqlx::Pool<DB>,
+        pool: impl Into<Pool<DB>>,
         metrics: &Metrics,
         backend: &str,
         statement_timeout: Duration,
     ) -> Self {
+        let pool = pool.into();
         Self {
             wait: watch_pool(metrics, backend, &pool),
             pool,
@@ -255,11 +278,12 @@ impl<DB: Database> Connections<DB> {
     /// Takes a connection from the pool, recording how long that took.
     pub(super) async fn lease(&self) -> Result<Lease<DB>, StoreError> {
         let started = Instant::now();
-        let connection = self.pool.acquire().await;
+        let held = match &self.pool {
+            Pool::Sqlx(pool) => pool.acquire().await.map(Held::Pooled),
+            Pool::Kept(kept) => kept.acquire().await.map(Held::Kept),
+        };
         self.wait.observe(started.elapsed().as_secs_f64());
-        Ok(Lease {
-            conn: Some(connection?),
-        })
+        Ok(Lease { held: Some(held?) })
     }
 
     /// The row `query` finds, if any: one read on a leased connection, bounded by
@@ -309,27 +333,42 @@ impl<DB: Database> Connections<DB> {
     }
 
     pub(super) async fn close(&self) {
-        self.pool.close().await;
+        match &self.pool {
+            Pool::Sqlx(pool) => pool.close().await,
+            Pool::Kept(kept) => kept.close().await,
+        }
     }
 }
 
 /// Exports a pool's connections (read at scrape time) and returns the histogram of
 /// the wait for one, which the backend records when it acquires a connection.
-fn watch_pool<DB: Database>(metrics: &Metrics, backend: &str, pool: &sqlx::Pool<DB>) -> Histogram {
+fn watch_pool<DB: Database>(metrics: &Metrics, backend: &str, pool: &Pool<DB>) -> Histogram {
     let store = &metrics.store;
-    (store.pool_max.with_label_values(&[backend]))
-        .set(i64::from(pool.options().get_max_connections()));
+    let max = match pool {
+        Pool::Sqlx(pool) => pool.options().get_max_connections() as usize,
+        Pool::Kept(kept) => kept.max(),
+    };
+    (store.pool_max.with_label_values(&[backend])).set(max as i64);
     let in_use = store
         .pool_connections
         .with_label_values(&[backend, "in_use"]);
     let idle = store.pool_connections.with_label_values(&[backend, "idle"]);
-    let pool = pool.clone();
+    let sizes: Box<dyn Fn() -> (usize, usize) + Send + Sync> = match pool {
+        Pool::Sqlx(pool) => {
+            let pool = pool.clone();
+            Box::new(move || (pool.size() as usize, pool.num_idle()))
+        }
+        Pool::Kept(kept) => {
+            let kept = kept.clone();
+            Box::new(move || kept.sizes())
+        }
+    };
     metrics.on_scrape(move || {
-        let (size, free) = (i64::from(pool.size()), pool.num_idle() as i64);
+        let (size, free) = sizes();
         // Two separate reads of a live pool: keep them consistent.
         let free = free.min(size);
-        in_use.set(size - free);
-        idle.set(free);
+        in_use.set((size - free) as i64);
+        idle.set(free as i64);
     });
     store.pool_acquire.with_label_values(&[backend])
 }
@@ -342,21 +381,39 @@ fn watch_pool<DB: Database>(metrics: &Metrics, backend: &str, pool: &sqlx::Pool<
 /// answer: it is detached and closed, so the pool opens a fresh one, instead of
 /// going back to the pool, whose release check (a ping) nothing would bound.
 pub(super) struct Lease<DB: Database> {
-    conn: Option<PoolConnection<DB>>,
+    held: Option<Held<DB>>,
+}
+
+/// A connection of either kind of [`Pool`].
+enum Held<DB: Database> {
+    Pooled(PoolConnection<DB>),
+    Kept(Lent<DB>),
 }
 
 impl<DB: Database> Lease<DB> {
     /// The operation is over: the connection goes back to the pool.
     pub(super) fn finish(mut self) {
-        drop(self.conn.take());
+        match self.held.take() {
+            Some(Held::Pooled(conn)) => drop(conn),
+            Some(Held::Kept(lent)) => lent.give_back(),
+            None => {}
+        }
+    }
+
+    fn held(&self) -> &Held<DB> {
+        self.held
+            .as_ref()
+            .expect("a lease holds its connection until it ends")
     }
 }
 
 impl<DB: Database> Drop for Lease<DB> {
     fn drop(&mut self) {
-        if let Some(conn) = self.conn.take() {
+        match self.held.take() {
             // Dropping the detached connection closes its socket without a goodbye.
-            drop(conn.detach());
+            Some(Held::Pooled(conn)) => drop(conn.detach()),
+            Some(Held::Kept(lent)) => lent.discard(),
+            None => {}
         }
     }
 }
@@ -365,17 +422,23 @@ impl<DB: Database> Deref for Lease<DB> {
     type Target = DB::Connection;
 
     fn deref(&self) -> &Self::Target {
-        self.conn
-            .as_ref()
-            .expect("a lease holds its connection until it ends")
+        match self.held() {
+            Held::Pooled(conn) => conn,
+            Held::Kept(lent) => &lent.conn,
+        }
     }
 }
 
 impl<DB: Database> DerefMut for Lease<DB> {
     fn deref_mut(&mut self) -> &mut Self::Target {
-        self.conn
+        match self
+            .held
             .as_mut()
             .expect("a lease holds its connection until it ends")
+        {
+            Held::Pooled(conn) => conn,
+            Held::Kept(lent) => &mut lent.conn,
+        }
     }
 }
 

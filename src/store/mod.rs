@@ -29,6 +29,7 @@
 //! - `factor`: the second factor: TOTP factors, recovery codes, Login's challenges.
 //! - `connection`: the backend choice and its settings, connect options, migrations,
 //!   and the pools operations take a bounded connection from.
+//! - `kept`: SQLite's read-only connections, lent without sqlx's pool checks.
 //! - `users`: users' rows and statements, and their reads, written once for both
 //!   backends.
 //! - `session`: sessions' rows, statements and the rotation rule.
@@ -39,6 +40,7 @@
 mod admin;
 mod connection;
 mod factor;
+mod kept;
 mod postgres;
 mod session;
 mod sqlite;
