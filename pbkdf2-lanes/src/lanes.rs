@@ -112,17 +112,10 @@ impl<T> Lanes<T> {
     }
 
     /// Drops the resident jobs whose tag `keep` rejects (their callers went
-    /// away, say), freeing their lanes.
+    /// away, say), freeing their lanes; `keep` is asked once per job, and the
+    /// jobs kept stay in their order.
     pub fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
-        let mut i = 0;
-        while i < self.tags.len() {
-            if keep(&self.tags[i]) {
-                i += 1;
-            } else {
-                self.chains.remove(i);
-                self.tags.remove(i);
-            }
-        }
+        self.take_out(|_, tag| !keep(tag), |_, _| {});
     }
 
     /// One kernel call: hands back the jobs already finished, then runs the
@@ -155,13 +148,37 @@ impl<T> Lanes<T> {
 
     /// Hands back, oldest first, the jobs with no round left.
     fn hand_back(&mut self, done: &mut impl FnMut(T, [u8; 32])) {
-        let mut i = 0;
-        while i < self.chains.len() {
-            if self.chains[i].left == 0 {
-                let chain = self.chains.remove(i);
-                done(self.tags.remove(i), chain.key());
+        self.take_out(
+            |chain, _| chain.left == 0,
+            |chain, tag| done(tag, chain.key()),
+        );
+    }
+
+    /// Gives the jobs `out` picks to `taken`, oldest first, in one pass that asks
+    /// `out` once per job; the others stay resident in their order.
+    fn take_out(
+        &mut self,
+        mut out: impl FnMut(&Chain, &T) -> bool,
+        mut taken: impl FnMut(Chain, T),
+    ) {
+        // Most kernel calls finish no job: then nothing moves.
+        let Some(first) = (self.chains.iter().zip(&self.tags)).position(|(c, t)| out(c, t)) else {
+            return;
+        };
+        let mut rest = self
+            .chains
+            .split_off(first)
+            .into_iter()
+            .zip(self.tags.split_off(first));
+        if let Some((chain, tag)) = rest.next() {
+            taken(chain, tag);
+        }
+        for (chain, tag) in rest {
+            if out(&chain, &tag) {
+                taken(chain, tag);
             } else {
-                i += 1;
+                self.chains.push(chain);
+                self.tags.push(tag);
             }
         }
     }

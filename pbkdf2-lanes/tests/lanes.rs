@@ -146,7 +146,12 @@ fn dropped_jobs_free_their_lanes_and_the_rest_run_on() {
             lanes.push(Job::new(&password, b"salt", 40), i).unwrap();
         }
         lanes.step(10, |_, _| panic!("nothing finishes in 10 of 40 rounds"));
-        lanes.retain(|&i| i % 2 == 0);
+        let mut asked = 0;
+        lanes.retain(|&i| {
+            asked += 1;
+            i % 2 == 0
+        });
+        assert_eq!(asked, n, "each job's tag is asked about once");
         assert_eq!(
             lanes.tags().copied().collect::<Vec<_>>(),
             (0..n).step_by(2).collect::<Vec<_>>()

@@ -200,15 +200,11 @@ pub enum HashBackend {
 }
 
 impl HashBackend {
-    /// Its name on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            HashBackend::Auto => "auto",
-            HashBackend::Avx512 => "avx512",
-            HashBackend::ShaNi => "sha-ni",
-            HashBackend::Avx2 => "avx2",
-            HashBackend::Portable => "portable",
-        }
+    /// Its name on the command line (clap's, so the two cannot differ).
+    pub fn name(self) -> String {
+        self.to_possible_value()
+            .map(|v| v.get_name().to_owned())
+            .unwrap_or_default()
     }
 
     /// The engine this names, with its built-in plan, or why this CPU cannot run it.

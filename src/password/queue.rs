@@ -162,8 +162,9 @@ impl<T> FairQueue<T> {
         (allowed as usize).max(self.floor)
     }
 
-    /// Records a batch of `jobs` that took `took` on one thread.
-    pub fn record_batch(&self, took: Duration, jobs: usize) {
+    /// Records that one thread answered `jobs` in `took` of its time: the service
+    /// rate the expected wait is computed from.
+    pub fn record_service(&self, took: Duration, jobs: usize) {
         let job = nanos(took) / jobs.max(1) as u64;
         let old = self.job_nanos.load(Ordering::Relaxed);
         // A racy read-modify-write is fine: this is an estimate.
@@ -438,7 +439,7 @@ mod tests {
         let q = FairQueue::<u32>::new(1, 4, 999);
         assert_eq!(q.limit(), 1000, "no rate yet: the count bound");
         // A batch of 4 in 4 ms: 1,000 jobs/s; 150 ms of waiting is 150 places.
-        q.record_batch(Duration::from_millis(4), 4);
+        q.record_service(Duration::from_millis(4), 4);
         assert_eq!(q.rate(), Some(1000.0));
         assert_eq!(q.limit(), 150);
         q.set_target_wait(Duration::from_millis(100));
@@ -458,7 +459,7 @@ mod tests {
     #[test]
     fn a_deadline_that_would_pass_in_the_queue_is_refused_now() {
         let q = FairQueue::<u32>::new(1, 4, 999);
-        q.record_batch(Duration::from_millis(4), 4); // 1,000 jobs/s
+        q.record_service(Duration::from_millis(4), 4); // 1,000 jobs/s
         let now = Instant::now();
         for _ in 0..101 {
             q.admit(ip(1), now, None).unwrap();

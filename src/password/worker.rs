@@ -71,11 +71,22 @@ enum Resolve {
     Padding(Reply<bool>),
 }
 
-impl Resident {
+impl Resolve {
+    /// Whether no one waits for the answer any more.
     fn abandoned(&self) -> bool {
-        match &self.answer {
+        match self {
             Resolve::Request(answer) => answer.is_closed(),
             Resolve::Padding(reply) => reply.is_closed(),
+        }
+    }
+
+    /// Answers with `err`.
+    fn fail(self, err: PoolError) {
+        match self {
+            Resolve::Request(answer) => answer.fail(err),
+            Resolve::Padding(reply) => {
+                let _ = reply.send(Err(err));
+            }
         }
     }
 }
@@ -114,7 +125,7 @@ impl Worker {
                 self.take(queued, &mut lanes);
             }
             lanes.retain(|resident| {
-                let gone = resident.abandoned();
+                let gone = resident.answer.abandoned();
                 if gone {
                     self.metrics.running.dec();
                     self.metrics.dropped_cancelled.inc();
@@ -134,7 +145,7 @@ impl Worker {
             // few come, over at least RATE_WINDOW of work): answers come a few per
             // call, and a rate taken over each call would swing with them.
             if answered >= lanes.capacity() || (answered > 0 && busy >= RATE_WINDOW) {
-                self.queue.record_batch(busy, answered);
+                self.queue.record_service(busy, answered);
                 self.metrics.queue_limit.set(self.queue.limit() as i64);
                 (busy, answered) = (Duration::ZERO, 0);
             }
@@ -167,7 +178,7 @@ impl Worker {
             Work::Task(task) => {
                 self.metrics.running.inc();
                 let record = |took: Duration| {
-                    self.queue.record_batch(took, 1);
+                    self.queue.record_service(took, 1);
                     self.metrics.duration.observe(took.as_secs_f64());
                 };
                 match task(&record) {
@@ -201,12 +212,7 @@ impl Worker {
             lanes.push(Job::new(&job.password, &job.salt, job.rounds), resident)
         {
             self.metrics.running.dec();
-            match resident.answer {
-                Resolve::Request(answer) => answer.fail(PoolError::Engine(e)),
-                Resolve::Padding(reply) => {
-                    let _ = reply.send(Err(PoolError::Engine(e)));
-                }
-            }
+            resident.answer.fail(PoolError::Engine(e));
         }
     }
 
