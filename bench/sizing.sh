@@ -10,7 +10,10 @@
 #   this CPU runs (`authd hash-bench`, full batches);
 # - logins per second per core through the server at the same costs (auto engine);
 # - what a Login costs beside its hash: logins per second at 1,000 rounds against the
-#   hashes per second `authd hash-bench` makes at 1,000 rounds, in the same run;
+#   hashes per second `authd hash-bench` makes at 1,000 rounds, in the same run; and
+#   the server's CPU time per request (its threads' run time from /proc, over the
+#   steady part of a run) for a health check, ValidateToken, Refresh and Login, the
+#   hash thread's share apart;
 # - ValidateToken per second per core with an HS256 and an EdDSA key;
 # - store operations, database writes and Redis commands per Login, Refresh and
 #   ValidateToken (the login throttle and a rate limit on each RPC through a Redis
@@ -72,6 +75,42 @@ HASH_1K=$(taskset -c 0 "$AUTHD" hash-bench --iterations 1000 --threads 1 --durat
 start_pinned "$AUTHD" "sqlite://$WORK/login-1000.db"
 LOGIN_1K=$(bench login)
 stop
+
+# run_ns: nanoseconds the server's threads have run, all of them and its hash threads.
+run_ns() {
+    local task all=0 hash=0 ns
+    for task in /proc/"$SERVER"/task/*; do
+        ns=$(cut -d' ' -f1 "$task/schedstat" 2>/dev/null || echo 0)
+        all=$((all + ns))
+        [[ $(cat "$task/comm" 2>/dev/null) == authd-hash* ]] && hash=$((hash + ns))
+    done
+    echo "$all $hash"
+}
+
+# cpu_per SCENARIO: "µs µs_hashing" of server CPU time per successful request, over
+# the middle of a run (a second in from the warm-up to a second before the end).
+cpu_per() {
+    local t0 h0 t1 h1 s0 s1 qps
+    start_pinned "$AUTHD" "sqlite://$WORK/cpu-$1.db"
+    taskset -c 1 "$AUTHBENCH" "$1" --target "http://127.0.0.1:$PORT" --concurrency 100 \
+        --duration "${DURATION}s" --warmup "${WARMUP}s" --json >"$WORK/cpu.json" &
+    local client=$!
+    sleep $((WARMUP + 1))
+    read -r t0 h0 < <(run_ns)
+    s0=$(date +%s.%N)
+    sleep $((DURATION - 2))
+    read -r t1 h1 < <(run_ns)
+    s1=$(date +%s.%N)
+    wait "$client"
+    stop
+    qps=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["ok_qps"])' "$WORK/cpu.json")
+    python3 -c 'import sys; t0, h0, t1, h1, s0, s1, q = map(float, sys.argv[1:]); n = q * (s1 - s0); print(f"{(t1 - t0) / 1e3 / n:.1f} {(h1 - h0) / 1e3 / n:.1f}")' \
+        "$t0" "$h0" "$t1" "$h1" "$s0" "$s1" "$qps"
+}
+declare -A SERVER_CPU
+for scenario in health validate refresh login; do
+    SERVER_CPU[$scenario]=$(cpu_per "$scenario")
+done
 
 echo "== ValidateToken, per core" >&2
 declare -A VALIDATE
@@ -174,6 +213,9 @@ for entry in """$(for k in "${!HASH[@]}"; do echo "$k=${HASH[$k]}"; done)""".spl
 logins = {int(k): int(v) for k, v in (e.split("=") for e in """$(for k in "${!LOGINS[@]}"; do echo "$k=${LOGINS[$k]}"; done)""".split())}
 validate = {"HS256": int("${VALIDATE[HS256]}"), "EdDSA": int("${VALIDATE[EdDSA]}")}
 hash_1k, login_1k = float("$HASH_1K"), int("$LOGIN_1K")
+per_request = {"health check": "${SERVER_CPU[health]}", "ValidateToken": "${SERVER_CPU[validate]}",
+               "Refresh": "${SERVER_CPU[refresh]}", "Login": "${SERVER_CPU[login]}"}
+per_request = {k: tuple(map(float, v.split())) for k, v in per_request.items()}
 per = {"Login": """${PER[login]}""", "Refresh": """${PER[refresh]}""", "ValidateToken": """${PER[validate]}"""}
 idle, conn, few, many = $IDLE_RSS, $CONN_RSS, $FEW_RSS, $MANY_RSS
 
@@ -228,6 +270,16 @@ w("|---|---:|---:|")
 w(f"| hashes (\`authd hash-bench\`, {auto}) | {hash_1k:,.0f} | {1e6 / hash_1k:.1f} |")
 w(f"| Logins through the server | {login_1k:,} | {1e6 / login_1k:.1f} |")
 w(f"| **a Login beside its hash** | | **{1e6 / login_1k - 1e6 / hash_1k:.1f}** |")
+w("")
+w("Where that goes: the server's CPU time per request (the run time of its threads, "
+  "read from /proc over the steady part of a run at 100 in flight, 1,000 rounds). A "
+  "health check and ValidateToken are gRPC and authd's middleware alone; Refresh adds "
+  "one durable write (no hash); Login adds a read of the user and its hash.")
+w("")
+w("| request | server CPU (µs) | of which the hash thread |")
+w("|---|---:|---:|")
+for name, (total, hashing) in per_request.items():
+    w(f"| {name} | {total:.1f} | {hashing:.1f} |")
 w("")
 w("## Tokens: ValidateToken per second per core")
 w("")
