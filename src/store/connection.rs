@@ -241,6 +241,33 @@ pub(super) enum Pool<DB: Database> {
     Kept(Arc<Kept<DB>>),
 }
 
+impl<DB: Database> Pool<DB> {
+    /// The most connections it holds.
+    fn max(&self) -> usize {
+        match self {
+            Pool::Sqlx(pool) => pool.options().get_max_connections() as usize,
+            Pool::Kept(kept) => kept.max(),
+        }
+    }
+
+    /// (connections open, of which idle).
+    fn sizes(&self) -> (usize, usize) {
+        match self {
+            Pool::Sqlx(pool) => (pool.size() as usize, pool.num_idle()),
+            Pool::Kept(kept) => kept.sizes(),
+        }
+    }
+}
+
+impl<DB: Database> Clone for Pool<DB> {
+    fn clone(&self) -> Self {
+        match self {
+            Pool::Sqlx(pool) => Pool::Sqlx(pool.clone()),
+            Pool::Kept(kept) => Pool::Kept(kept.clone()),
+        }
+    }
+}
+
 impl From<sqlx::Pool<sqlx::Postgres>> for Pool<sqlx::Postgres> {
     fn from(pool: sqlx::Pool<sqlx::Postgres>) -> Self {
         Pool::Sqlx(pool)
@@ -344,27 +371,14 @@ impl<DB: Database> Connections<DB> {
 /// the wait for one, which the backend records when it acquires a connection.
 fn watch_pool<DB: Database>(metrics: &Metrics, backend: &str, pool: &Pool<DB>) -> Histogram {
     let store = &metrics.store;
-    let max = match pool {
-        Pool::Sqlx(pool) => pool.options().get_max_connections() as usize,
-        Pool::Kept(kept) => kept.max(),
-    };
-    (store.pool_max.with_label_values(&[backend])).set(max as i64);
+    (store.pool_max.with_label_values(&[backend])).set(pool.max() as i64);
     let in_use = store
         .pool_connections
         .with_label_values(&[backend, "in_use"]);
     let idle = store.pool_connections.with_label_values(&[backend, "idle"]);
-    let sizes: Box<dyn Fn() -> (usize, usize) + Send + Sync> = match pool {
-        Pool::Sqlx(pool) => {
-            let pool = pool.clone();
-            Box::new(move || (pool.size() as usize, pool.num_idle()))
-        }
-        Pool::Kept(kept) => {
-            let kept = kept.clone();
-            Box::new(move || kept.sizes())
-        }
-    };
+    let pool = pool.clone();
     metrics.on_scrape(move || {
-        let (size, free) = sizes();
+        let (size, free) = pool.sizes();
         // Two separate reads of a live pool: keep them consistent.
         let free = free.min(size);
         in_use.set((size - free) as i64);

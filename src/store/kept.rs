@@ -16,7 +16,7 @@
 use sqlx::{ConnectOptions, Connection, Database};
 use std::sync::{
     Arc, Mutex,
-    atomic::{AtomicBool, AtomicUsize, Ordering},
+    atomic::{AtomicUsize, Ordering},
 };
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -27,14 +27,15 @@ type Options<DB> = <<DB as Database>::Connection as Connection>::Options;
 /// Up to `max` connections of `DB`, opened on demand and lent one operation at a
 /// time.
 pub(super) struct Kept<DB: Database> {
-    /// Connections no operation holds, the most recently given back last.
-    idle: Mutex<Vec<DB::Connection>>,
+    /// Connections no operation holds, the most recently given back last; `None`
+    /// once the pool is closed (one lock, so a connection given back as the pool
+    /// closes is either closed with the idle ones or by its giver, never kept).
+    idle: Mutex<Option<Vec<DB::Connection>>>,
     /// One per connection that may exist: held by each lent connection.
     permits: Arc<Semaphore>,
     max: usize,
     /// Connections that exist (idle or lent).
     open: AtomicUsize,
-    closed: AtomicBool,
     options: Options<DB>,
     acquire_timeout: Duration,
 }
@@ -50,11 +51,10 @@ impl<DB: Database> Kept<DB> {
         let first = options.connect().await?;
         let max = max.max(1);
         Ok(Self {
-            idle: Mutex::new(vec![first]),
+            idle: Mutex::new(Some(vec![first])),
             permits: Arc::new(Semaphore::new(max)),
             max,
             open: AtomicUsize::new(1),
-            closed: AtomicBool::new(false),
             options,
             acquire_timeout,
         })
@@ -67,22 +67,22 @@ impl<DB: Database> Kept<DB> {
 
     /// (connections that exist, of which idle).
     pub(super) fn sizes(&self) -> (usize, usize) {
-        let idle = self.lock().len();
+        let idle = self.lock().as_ref().map_or(0, Vec::len);
         (self.open.load(Ordering::Relaxed).max(idle), idle)
     }
 
     /// A connection, idle or newly opened, once fewer than `max` are lent; waits
     /// at most the acquire timeout for that.
     pub(super) async fn acquire(self: &Arc<Self>) -> Result<Lent<DB>, sqlx::Error> {
-        if self.closed.load(Ordering::Acquire) {
-            return Err(sqlx::Error::PoolClosed);
-        }
         let permit =
             tokio::time::timeout(self.acquire_timeout, self.permits.clone().acquire_owned())
                 .await
                 .map_err(|_| sqlx::Error::PoolTimedOut)?
                 .map_err(|_| sqlx::Error::PoolClosed)?;
-        let idle = self.lock().pop();
+        let idle = match self.lock().as_mut() {
+            Some(idle) => idle.pop(),
+            None => return Err(sqlx::Error::PoolClosed),
+        };
         let conn = match idle {
             Some(conn) => conn,
             None => {
@@ -100,16 +100,15 @@ impl<DB: Database> Kept<DB> {
 
     /// Closes the idle connections and every lent one as it comes back; lends no more.
     pub(super) async fn close(&self) {
-        self.closed.store(true, Ordering::Release);
         self.permits.close();
-        let idle = std::mem::take(&mut *self.lock());
+        let idle = self.lock().take().unwrap_or_default();
         for conn in idle {
             self.open.fetch_sub(1, Ordering::Relaxed);
             let _ = conn.close().await;
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<DB::Connection>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Vec<DB::Connection>>> {
         // The list is only pushed to and popped from: a panic elsewhere leaves it whole.
         self.idle.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -126,11 +125,12 @@ impl<DB: Database> Lent<DB> {
     /// The operation is over: the connection goes back as it is (closed instead
     /// once the pool is).
     pub(super) fn give_back(self) {
-        if self.pool.closed.load(Ordering::Acquire) {
-            self.discard();
-        } else {
-            self.pool.lock().push(self.conn);
-        }
+        let mut idle = self.pool.lock();
+        let Some(kept) = idle.as_mut() else {
+            drop(idle);
+            return self.discard();
+        };
+        kept.push(self.conn);
     }
 
     /// The operation did not finish: the connection is dropped (its thread ends
@@ -147,14 +147,18 @@ mod tests {
     use sqlx::{Sqlite, sqlite::SqliteConnectOptions};
 
     async fn readers(dir: &tempfile::TempDir, max: usize) -> Arc<Kept<Sqlite>> {
+        readers_waiting(dir, max, Duration::from_millis(50)).await
+    }
+
+    async fn readers_waiting(
+        dir: &tempfile::TempDir,
+        max: usize,
+        wait: Duration,
+    ) -> Arc<Kept<Sqlite>> {
         let options = SqliteConnectOptions::new()
             .filename(dir.path().join("k.db"))
             .create_if_missing(true);
-        Arc::new(
-            Kept::open(options, max, Duration::from_millis(50))
-                .await
-                .unwrap(),
-        )
+        Arc::new(Kept::open(options, max, wait).await.unwrap())
     }
 
     async fn answers(lent: &mut Lent<Sqlite>) -> i64 {
@@ -189,6 +193,31 @@ mod tests {
         b.give_back();
         c.give_back();
         assert_eq!(kept.sizes(), (2, 2));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn many_reads_at_once_share_at_most_max_connections() {
+        let dir = tempfile::tempdir().unwrap();
+        // A wait long enough for 50 reads in turn on a slow machine: the bound on
+        // connections is what is asserted, not how fast they are lent.
+        let kept = readers_waiting(&dir, 3, Duration::from_secs(60)).await;
+        let reads = (0..50).map(|_| {
+            let kept = kept.clone();
+            tokio::spawn(async move {
+                let mut lent = kept.acquire().await.unwrap();
+                let seen = kept.sizes().0;
+                let answer = answers(&mut lent).await;
+                lent.give_back();
+                (answer, seen)
+            })
+        });
+        for read in futures::future::join_all(reads).await {
+            let (answer, seen) = read.unwrap();
+            assert_eq!(answer, 7);
+            assert!(seen <= 3, "{seen} connections open");
+        }
+        let (open, idle) = kept.sizes();
+        assert!(open <= 3 && idle == open, "{open} open, {idle} idle");
     }
 
     #[tokio::test]
