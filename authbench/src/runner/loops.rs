@@ -19,7 +19,7 @@ use std::{
     },
     time::Instant,
 };
-use tokio::task::JoinSet;
+use tokio::{sync::mpsc, task::JoinSet};
 
 /// Decides, for a closed loop, whether a request about to be sent is warm-up,
 /// measured, or one too many.
@@ -108,6 +108,13 @@ async fn closed_worker(shared: Arc<Shared>, clock: Arc<Clock>, id: usize, mut cl
 
 /// Sends on the fixed schedule `start + k / rate` and awaits every answer (gRPC
 /// only: the requests share its connections).
+///
+/// The schedule is kept by a thread of its own ([`pace`]), which sleeps until each
+/// send is due and hands it to the runtime. The runtime's timer has a millisecond
+/// grain, and waiting out the rest by yielding would keep the client's core busy
+/// however low the rate, so the client's own lateness would show as the server's
+/// latency. The hand-over is bounded: if the runtime falls behind, the pacer waits,
+/// and the requests it then sends late still count from when they were due.
 pub(super) async fn open_loop(
     shared: &Arc<Shared>,
     start: Instant,
@@ -119,10 +126,13 @@ pub(super) async fn open_loop(
         Stop::Requests(n) => warmup_sends + n,
         Stop::Duration(d) => schedule::sends_before(plan.warmup + d, rate),
     };
+    let (due, mut sends) = mpsc::channel(PACED_AHEAD);
+    let pacer = std::thread::Builder::new()
+        .name("authbench-pacer".into())
+        .spawn(move || pace(start, rate, total, &due))
+        .context("starting the open loop's pacer thread")?;
     let mut in_flight = JoinSet::new();
-    for k in 0..total {
-        let intended = schedule::intended_send_time(start, k, rate);
-        send_at(intended).await;
+    while let Some((k, intended)) = sends.recv().await {
         // Reap answered requests so the set stays as small as what is in flight.
         while let Some(done) = in_flight.try_join_next() {
             done.context("a request task panicked")?;
@@ -143,45 +153,70 @@ pub(super) async fn open_loop(
             }
         });
     }
+    // The channel closes when the pacer has handed over its last send.
+    if pacer.join().is_err() {
+        anyhow::bail!("the open loop's pacer thread panicked");
+    }
     while let Some(done) = in_flight.join_next().await {
         done.context("a request task panicked")?;
     }
     Ok(())
 }
 
-/// Waits until `at`, to within microseconds. The runtime's timer has a millisecond
-/// grain: sleeping on it alone would send every request up to a millisecond late
-/// (and in bursts), and that lateness would count as the server's latency. So the
-/// timer only brings the wait to within [`TIMER_GRAIN`]; the rest is spent yielding
-/// to the runtime (answers are read meanwhile) until the instant has come.
-async fn send_at(at: Instant) {
-    if let Some(coarse) = at.checked_sub(TIMER_GRAIN)
-        && coarse > Instant::now()
-    {
-        tokio::time::sleep_until(coarse.into()).await;
-    }
-    while Instant::now() < at {
-        tokio::task::yield_now().await;
+/// Sends the runtime may be handed ahead of taking them: enough for any burst a
+/// busy runtime can fall behind by, and a bound on what waits.
+const PACED_AHEAD: usize = 4096;
+
+/// The pacer: for each of `total` sends, sleeps until it is due (`start + k / rate`)
+/// and hands `(k, when it was due)` to the runtime, waiting while `due` is full.
+/// Stops early when the runtime stops taking them.
+fn pace(start: Instant, rate: f64, total: u64, due: &mpsc::Sender<(u64, Instant)>) {
+    for k in 0..total {
+        let intended = schedule::intended_send_time(start, k, rate);
+        sleep_until(intended);
+        if due.blocking_send((k, intended)).is_err() {
+            return;
+        }
     }
 }
 
-/// What the runtime's timer may be late by.
-const TIMER_GRAIN: std::time::Duration = std::time::Duration::from_millis(2);
+/// Sleeps this thread until `at`: the kernel's timers wake it within tens of
+/// microseconds. A time already past returns at once.
+fn sleep_until(at: Instant) {
+    let now = Instant::now();
+    if at > now {
+        std::thread::sleep(at - now);
+    }
+}
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Duration;
 
-    #[tokio::test]
-    async fn a_send_never_goes_before_its_time() {
-        for wait in [0, 1, 3] {
-            let at = Instant::now() + Duration::from_millis(wait);
-            send_at(at).await;
-            assert!(Instant::now() >= at, "{wait} ms");
+    #[test]
+    fn the_pacer_hands_over_every_send_in_order_and_never_before_its_time() {
+        let (due, mut sends) = mpsc::channel(2);
+        let start = Instant::now();
+        let pacer = std::thread::spawn(move || pace(start, 2000.0, 20, &due));
+        let mut seen = Vec::new();
+        while let Some((k, intended)) = sends.blocking_recv() {
+            assert_eq!(intended, schedule::intended_send_time(start, k, 2000.0));
+            assert!(Instant::now() >= intended, "send {k} came early");
+            seen.push(k);
         }
+        pacer.join().unwrap();
+        assert_eq!(seen, (0..20).collect::<Vec<_>>());
         // A time already past: no wait at all.
-        send_at(Instant::now() - Duration::from_millis(5)).await;
+        sleep_until(Instant::now() - Duration::from_millis(5));
+    }
+
+    #[test]
+    fn the_pacer_stops_when_no_one_takes_its_sends() {
+        let (due, sends) = mpsc::channel(1);
+        drop(sends);
+        // Were it not to stop, it would pace u64::MAX sends.
+        pace(Instant::now(), 1e9, u64::MAX, &due);
     }
 
     #[test]
