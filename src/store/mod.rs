@@ -34,6 +34,7 @@
 //!   backends.
 //! - `session`: sessions' rows, statements and the rotation rule.
 //! - `sqlite`: the reader pool and the one batching writer task.
+//! - `sqlite_writes`: each kind of write that task applies, and its transaction.
 //! - `postgres`: operations on a PostgreSQL pool.
 //! - this file: [`Store`], the errors, and the metrics and spans of every operation.
 
@@ -44,6 +45,7 @@ mod kept;
 mod postgres;
 mod session;
 mod sqlite;
+mod sqlite_writes;
 mod users;
 
 pub use admin::{Account, AccountKey, Change, Cutoff, PageQuery, Revoked, SessionInfo};

@@ -142,3 +142,60 @@ async fn a_database_of_the_first_release_upgrades_in_place(db: TestDb) {
 }
 
 crate::backend_tests!(a_database_of_the_first_release_upgrades_in_place);
+
+/// On PostgreSQL, the indexes on `previous_digest` and `ended_at` hold only the rows
+/// that have one, and the lookups the service makes through them still use them
+/// (SQLite's are checked against the service's own statements in its unit tests).
+#[tokio::test]
+async fn the_partial_session_indexes_serve_their_lookups_on_postgres() {
+    let Some(db) = TestDb::new(Backend::Postgres, "partial_session_indexes").await else {
+        return;
+    };
+    let _app = spawn_app_on(&db, |_| {}).await;
+    let DatabaseUrl::Postgres(url) = &db.url else {
+        unreachable!("a PostgreSQL test database");
+    };
+    let mut conn = PgConnection::connect(url.expose()).await.unwrap();
+    for (index, predicate) in [
+        ("sessions_previous_digest", "previous_digest IS NOT NULL"),
+        ("sessions_ended_at", "ended_at IS NOT NULL"),
+    ] {
+        let definition: String = sqlx::query_scalar(
+            "SELECT indexdef FROM pg_indexes WHERE indexname = $1 AND schemaname = current_schema()",
+        )
+        .bind(index)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        assert!(definition.contains(predicate), "{definition}");
+    }
+    sqlx::query("SET enable_seqscan = off")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    for (query, index) in [
+        (
+            "SELECT id FROM sessions WHERE previous_digest = 'ab'",
+            "sessions_previous_digest",
+        ),
+        (
+            "SELECT id, ended_at FROM sessions WHERE ended_at IS NOT NULL \
+             AND (ended_at > 5 OR (ended_at = 5 AND id > 'x')) ORDER BY ended_at, id LIMIT 10",
+            "sessions_ended_at",
+        ),
+        (
+            "SELECT id FROM sessions WHERE ended_at <= 5 LIMIT 10",
+            "sessions_ended_at",
+        ),
+    ] {
+        let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN {query}")))
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+        assert!(
+            plan.iter().any(|line| line.contains(index)),
+            "{query}: {plan:?}"
+        );
+    }
+    conn.close().await.unwrap();
+}
