@@ -351,6 +351,12 @@ mod tests {
 
     #[tokio::test]
     async fn the_request_line_names_an_authorization_decision() {
+        // tracing caches, process-wide, whether each call site is wanted, and while at
+        // most one subscriber exists it asks only the thread that reaches the site
+        // first: a test on another thread, with none, would mark the request line
+        // unwanted for this one too. With a global subscriber beside this test's own,
+        // every thread's answer counts both.
+        let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry());
         let captured = Captured::default();
         let writer = captured.clone();
         let subscriber = tracing_subscriber::fmt()
