@@ -168,8 +168,13 @@ pub(super) mod sql {
          (id, user_id, rotation_key, refresh_digest, created_at, expires_at, client_addr, amr) \
          SELECT $1, $2, $3, $4, $5, $6, $8, $9 FROM users WHERE id = $2 AND password_version = $7 \
          FOR SHARE";
-    pub const FIND_CURRENT: &str = "SELECT id, user_id, rotation_key, expires_at, amr FROM sessions \
-         WHERE refresh_digest = $1 AND ended_at IS NULL";
+    /// The session a refresh token works for now, with its user's name (one
+    /// statement, so a Refresh makes no second round trip for it).
+    pub const FIND_CURRENT: &str = "SELECT s.id AS id, s.user_id AS user_id, \
+         s.rotation_key AS rotation_key, s.expires_at AS expires_at, s.amr AS amr, \
+         COALESCE(u.username, '') AS username \
+         FROM sessions s LEFT JOIN users u ON u.id = s.user_id \
+         WHERE s.refresh_digest = $1 AND s.ended_at IS NULL";
     /// Before a rotation from the current token: the previous one is retired.
     pub const RETIRE_PREVIOUS: &str = "INSERT INTO retired_refresh_tokens (digest, session_id) \
          SELECT previous_digest, id FROM sessions \
@@ -179,11 +184,15 @@ pub(super) mod sql {
     pub const ROTATE_CURRENT: &str = "UPDATE sessions \
          SET previous_digest = refresh_digest, refresh_digest = $1, rotated_at = $2 \
          WHERE id = $3 AND refresh_digest = $4 AND ended_at IS NULL AND expires_at > $2";
-    pub const FIND_BY_PREVIOUS: &str = "SELECT id, user_id, rotation_key, refresh_digest, \
-         rotated_at, ended_at, expires_at, amr FROM sessions WHERE previous_digest = $1";
+    /// The session whose previous refresh token this is, with its user's name.
+    pub const FIND_BY_PREVIOUS: &str = "SELECT s.id AS id, s.user_id AS user_id, \
+         s.rotation_key AS rotation_key, s.refresh_digest AS refresh_digest, \
+         s.rotated_at AS rotated_at, s.ended_at AS ended_at, s.expires_at AS expires_at, \
+         s.amr AS amr, COALESCE(u.username, '') AS username \
+         FROM sessions s LEFT JOIN users u ON u.id = s.user_id \
+         WHERE s.previous_digest = $1";
     pub const FIND_RETIRED: &str =
         "SELECT session_id FROM retired_refresh_tokens WHERE digest = $1";
-    pub const USERNAME: &str = "SELECT username FROM users WHERE id = $1";
     pub const END_SESSION: &str = "UPDATE sessions SET ended_at = $1, end_reason = $2 \
          WHERE id = $3 AND ended_at IS NULL";
     pub const END_USER_SESSIONS: &str = "UPDATE sessions SET ended_at = $1, end_reason = $2 \
@@ -265,16 +274,13 @@ macro_rules! session_ops {
             Ok(done.rows_affected() == 1)
         }
 
-        async fn live(conn: &mut $conn, row: &$row) -> Result<LiveSession, sqlx::Error> {
+        /// The live session a `FIND_CURRENT` or `FIND_BY_PREVIOUS` row describes.
+        fn live(row: &$row) -> Result<LiveSession, sqlx::Error> {
             let id: String = row.try_get("id")?;
             let user_id: String = row.try_get("user_id")?;
             let expires_at: i64 = row.try_get("expires_at")?;
             let amr: String = row.try_get("amr")?;
-            let username: String = sqlx::query_scalar(sql::USERNAME)
-                .bind(user_id.as_str())
-                .fetch_optional(&mut *conn)
-                .await?
-                .unwrap_or_default();
+            let username: String = row.try_get("username")?;
             Ok(LiveSession {
                 id,
                 user_id,
@@ -338,7 +344,7 @@ macro_rules! session_ops {
                     == 1;
                 if won {
                     return Ok(Refreshed::Rotated {
-                        session: live(conn, &row).await?,
+                        session: live(&row)?,
                         refresh_token: next,
                         replay: false,
                     });
@@ -371,7 +377,7 @@ macro_rules! session_ops {
                     let current: String = row.try_get("refresh_digest")?;
                     if next.digest() == current {
                         return Ok(Refreshed::Rotated {
-                            session: live(conn, &row).await?,
+                            session: live(&row)?,
                             refresh_token: next,
                             replay: true,
                         });
