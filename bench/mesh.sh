@@ -142,8 +142,9 @@ name, out = sys.argv[1], sys.argv[2]
 def ms(v):
     n, unit = re.match(r"([\d.]+)(us|ms|s)", v).groups()
     return float(n) * {"us": 0.001, "ms": 1, "s": 1000}[unit]
-p50 = ms(re.search(r"50%\s+(\S+)", out).group(1))
-p99 = ms(re.search(r"99%\s+(\S+)", out).group(1))
+# The distribution's own lines only: a "+/- Stdev" column above may end in "50%".
+p50 = ms(re.search(r"^\s*50%\s+(\S+)", out, re.M).group(1))
+p99 = ms(re.search(r"^\s*99%\s+(\S+)", out, re.M).group(1))
 rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
 non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
 print(f"| {name} | {rps:.0f} | {p50:.3f} | {p99:.3f} | {non2xx.group(1) if non2xx else 0} |")
