@@ -260,7 +260,14 @@ macro_rules! timed {
         let mut span = otel::child(stringify!($op));
         span.set("db.system", $store.db_system());
         span.set("db.operation.name", stringify!($op));
-        let result = each_backend!($store, $backend => $call);
+        // Each backend's operation runs boxed: the future of a database call (a
+        // pool's lease, a query, a timeout) is kilobytes, and every request future
+        // that awaits a store operation would otherwise hold the largest of them
+        // inline, and be copied whole each time it moves.
+        let result = match &$store.backend {
+            Backend::Sqlite($backend) => Box::pin(async { $call }).await,
+            Backend::Postgres($backend) => Box::pin(async { $call }).await,
+        };
         $store.ops.$op.record(started, &result);
         match &result {
             Err(StoreError::Unavailable(_)) => span.fail("database unavailable"),
