@@ -276,10 +276,7 @@ mod tests {
         use sha2::{Digest as _, Sha256};
         let list = committed_list();
         assert_eq!(list.iter().filter(|&&b| b == b'\n').count(), 100_000);
-        let digest: String = Sha256::digest(&list)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let digest = hex::encode(Sha256::digest(&list));
         let readme =
             std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/data/README.md"))
                 .unwrap();

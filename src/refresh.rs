@@ -54,7 +54,7 @@ impl RefreshToken {
 
     /// The hex SHA-256 digest the store keeps.
     pub fn digest(&self) -> String {
-        hex(&Sha256::digest(self.0))
+        hex::encode(Sha256::digest(self.0))
     }
 
     /// The text of the token, for the response that hands it out.
@@ -82,18 +82,13 @@ impl RotationKey {
 
     /// The key as stored.
     pub fn to_hex(&self) -> String {
-        hex(&self.0)
+        hex::encode(self.0)
     }
 
     /// A key read back from the store; `None` when the column is not a key.
     pub fn from_hex(text: &str) -> Option<Self> {
-        if text.len() != TOKEN_BYTES * 2 || !text.is_ascii() {
-            return None;
-        }
         let mut bytes = [0u8; TOKEN_BYTES];
-        for (i, byte) in bytes.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
-        }
+        hex::decode_to_slice(text, &mut bytes).ok()?;
         Some(Self(bytes))
     }
 }
@@ -102,15 +97,6 @@ impl fmt::Debug for RotationKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("RotationKey(<redacted>)")
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use fmt::Write as _;
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(out, "{b:02x}");
-    }
-    out
 }
 
 #[cfg(test)]

@@ -156,14 +156,9 @@ impl AdminKeys {
     }
 }
 
-fn decode_digest(hex: &str) -> Option<[u8; 32]> {
-    if hex.len() != 64 || !hex.is_ascii() {
-        return None;
-    }
+fn decode_digest(text: &str) -> Option<[u8; 32]> {
     let mut out = [0u8; 32];
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
-    }
+    hex::decode_to_slice(text, &mut out).ok()?;
     Some(out)
 }
 
@@ -175,10 +170,7 @@ mod tests {
 
     /// A key's digest as the keys file holds it: `SHA-256(key)` in hex.
     fn digest_hex(key: &str) -> String {
-        Sha256::digest(key.as_bytes())
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        hex::encode(Sha256::digest(key.as_bytes()))
     }
 
     #[test]

@@ -111,8 +111,7 @@ fn identity_key(identity: &str) -> String {
     } else {
         use sha2::Digest as _;
         let digest = sha2::Sha256::digest(identity.as_bytes());
-        let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-        format!("#sha256:{hex}")
+        format!("#sha256:{}", hex::encode(&digest[..16]))
     }
 }
 
@@ -128,8 +127,7 @@ fn header_key(value: &[u8]) -> String {
     } else {
         use sha2::Digest as _;
         let digest = sha2::Sha256::digest(value);
-        let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-        format!("sha256:{hex}")
+        format!("sha256:{}", hex::encode(&digest[..16]))
     }
 }
 

@@ -260,10 +260,12 @@ impl DescriptorLimits {
                 digest.update(entry.value.as_bytes());
                 digest.update([0]);
             }
-            let mut key = format!("{}{}:", self.prefix, window.as_secs());
-            for byte in &digest.finalize()[..16] {
-                let _ = write!(key, "{byte:02x}");
-            }
+            let key = format!(
+                "{}{}:{}",
+                self.prefix,
+                window.as_secs(),
+                hex::encode(&digest.finalize()[..16])
+            );
             let check = match by_key.get(&key) {
                 Some(&index) => {
                     let c = &mut checks[index];

@@ -154,12 +154,14 @@ pub fn new_recovery_codes(user_id: &str) -> (Vec<String>, Vec<String>) {
 
 /// The stored digest of a (normalized) recovery code of `user_id`.
 pub fn recovery_digest(user_id: &str, normalized: &str) -> String {
-    hex(&Sha256::new()
-        .chain_update(b"authd recovery code v1\0")
-        .chain_update(user_id.as_bytes())
-        .chain_update(b"\0")
-        .chain_update(normalized.as_bytes())
-        .finalize())
+    hex::encode(
+        Sha256::new()
+            .chain_update(b"authd recovery code v1\0")
+            .chain_update(user_id.as_bytes())
+            .chain_update(b"\0")
+            .chain_update(normalized.as_bytes())
+            .finalize(),
+    )
 }
 
 /// A Login challenge: 256 random bits, base64url; stored only as its digest.
@@ -187,12 +189,8 @@ impl Challenge {
     }
 
     pub fn digest(&self) -> String {
-        hex(&Sha256::digest(self.0.as_bytes()))
+        hex::encode(Sha256::digest(self.0.as_bytes()))
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

@@ -40,7 +40,7 @@ impl UsernameDigest {
             .expect("HMAC takes any key length");
         mac.update(text.as_bytes());
         let out = mac.finalize().into_bytes();
-        out[..16].iter().map(|b| format!("{b:02x}")).collect()
+        hex::encode(&out[..16])
     }
 }
 
