@@ -128,8 +128,13 @@ mod tests {
         assert_ne!(t.next(&k1), t.next(&k2));
         assert_ne!(t.next(&k1), t);
         assert_ne!(t.next(&k1).next(&k1), t.next(&k1));
-        assert_eq!(RotationKey::from_hex(&k1.to_hex()), Some(k1));
+        let hex = k1.to_hex();
+        assert_eq!(RotationKey::from_hex(&hex), Some(k1));
         assert!(RotationKey::from_hex("zz").is_none());
+        // Two hex digits per byte, nothing else: not a sign, not a short or long text.
+        assert!(RotationKey::from_hex(&format!("+{}", &hex[1..])).is_none());
+        assert!(RotationKey::from_hex(&hex[2..]).is_none());
+        assert!(RotationKey::from_hex(&format!("{hex}00")).is_none());
     }
 
     #[test]
