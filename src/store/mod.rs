@@ -264,10 +264,7 @@ macro_rules! timed {
         // pool's lease, a query, a timeout) is kilobytes, and every request future
         // that awaits a store operation would otherwise hold the largest of them
         // inline, and be copied whole each time it moves.
-        let result = match &$store.backend {
-            Backend::Sqlite($backend) => Box::pin(async { $call }).await,
-            Backend::Postgres($backend) => Box::pin(async { $call }).await,
-        };
+        let result = each_backend!($store, $backend => Box::pin(async { $call }).await);
         $store.ops.$op.record(started, &result);
         match &result {
             Err(StoreError::Unavailable(_)) => span.fail("database unavailable"),
