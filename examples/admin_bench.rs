@@ -205,10 +205,7 @@ async fn validate_rate(
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let mut keys = tempfile::NamedTempFile::new()?;
-    let digest: String = Sha256::digest(KEY.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let digest = hex::encode(Sha256::digest(KEY.as_bytes()));
     writeln!(keys, "bench admin {digest}")?;
     let mut config = Config::defaults();
     config.server.listen = "127.0.0.1:0".parse()?;

@@ -33,10 +33,7 @@ crate::backend_tests!(
 );
 
 fn digest(key: &str) -> String {
-    Sha256::digest(key.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex::encode(Sha256::digest(key.as_bytes()))
 }
 
 /// A keys file with an admin key ("oncall") and a read key ("auditor").

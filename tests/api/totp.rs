@@ -541,7 +541,7 @@ async fn the_secret_is_sealed_at_rest_and_opens_after_a_key_rotation(db: TestDb)
         user.secret_base32.clone(),
         user.secret_base32.to_lowercase(),
         base64::engine::general_purpose::STANDARD.encode(raw),
-        raw.iter().map(|b| format!("{b:02x}")).collect(),
+        hex::encode(raw),
     ] {
         assert!(
             !stored.contains(&shown[..16]),

@@ -105,17 +105,17 @@ fn attribute(span: &Span, key: &str) -> Option<any_value::Value> {
         .and_then(|a| a.value.as_ref()?.value.clone())
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 const TRACE_ID: [u8; 16] = [
     0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47, 0x36,
 ];
 const CALLER_SPAN: [u8; 8] = [0x00, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7];
 
 fn traceparent() -> String {
-    format!("00-{}-{}-01", hex(&TRACE_ID), hex(&CALLER_SPAN))
+    format!(
+        "00-{}-{}-01",
+        hex::encode(TRACE_ID),
+        hex::encode(CALLER_SPAN)
+    )
 }
 
 fn login_with_traceparent(username: &str, password: &str) -> Request<LoginRequest> {
@@ -369,10 +369,10 @@ async fn request_log_lines_carry_the_trace_id() {
         .collect();
     assert_eq!(logins.len(), 2, "{log:?}");
     // The caller's trace, and a trace of its own for the login that brought none.
-    assert_eq!(logins[0]["trace_id"], hex(&TRACE_ID));
+    assert_eq!(logins[0]["trace_id"], hex::encode(TRACE_ID));
     let own = logins[1]["trace_id"].as_str().expect("a trace id");
     assert_eq!(own.len(), 32);
-    assert_ne!(own, hex(&TRACE_ID));
+    assert_ne!(own, hex::encode(TRACE_ID));
 }
 
 #[tokio::test]
@@ -411,6 +411,6 @@ async fn log_lines_never_name_a_trace_the_sampler_left_out() {
     };
     // Nothing recorded, so no id of authd's own; the caller's trace is still named.
     assert!(of("Register").get("trace_id").is_none(), "{log:?}");
-    assert_eq!(of("Login")["trace_id"], hex(&TRACE_ID));
+    assert_eq!(of("Login")["trace_id"], hex::encode(TRACE_ID));
     assert!(collector.spans.lock().unwrap().is_empty());
 }
