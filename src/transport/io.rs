@@ -1,6 +1,9 @@
 //! The byte stream of a connection, with a deadline for its first bytes: a client
 //! that connects and sends nothing (or less than the HTTP/2 preface) is closed when
-//! the handshake timeout passes, instead of holding a file descriptor for ever.
+//! the handshake timeout passes, instead of holding a file descriptor for ever. The
+//! same wrapper, the one every connection's bytes pass through, also tells hyper and
+//! h2 not to write vectored, so that small answers are copied and written together
+//! (see `is_write_vectored`).
 
 use prometheus::IntCounter;
 use std::{
@@ -18,7 +21,8 @@ use tokio::{
 /// The length of the HTTP/2 client connection preface (`PRI * HTTP/2.0…`).
 pub(super) const HTTP2_PREFACE_LEN: usize = 24;
 
-/// A stream whose first `needed` bytes must arrive before a deadline.
+/// A stream whose first `needed` bytes must arrive before a deadline, and whose
+/// writes are never vectored.
 pub(super) struct FirstBytes<IO> {
     inner: IO,
     needed: usize,

@@ -27,7 +27,8 @@
 //!
 //! The accept loop and the caps are here; one connection (its handshake, HTTP
 //! settings, idle timeout and graceful close) is `connection`'s; the reading of its
-//! first bytes `io`'s; TLS and its live reload [`tls`]'s.
+//! first bytes and how its answers are written `io`'s; TLS and its live reload
+//! [`tls`]'s.
 
 mod connection;
 mod io;
