@@ -28,8 +28,11 @@
 //! moment a request is sent; open-loop latency from the moment it was *meant* to be
 //! sent, so a stalled server cannot make its own queue invisible (no coordinated
 //! omission).
+//!
+//! The one `unsafe` block is the open loop's timer (`runner::pacer`): tokio asks its
+//! caller to promise that a descriptor it watches stays open.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod cli;
 mod progress;

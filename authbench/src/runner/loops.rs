@@ -7,6 +7,7 @@
 //! request was meant to be sent, so a stalled server cannot hide its queue.
 
 use super::{
+    pacer::Pacer,
     plan::{Plan, Stop},
     request::{Client, Shared},
 };
@@ -19,7 +20,7 @@ use std::{
     },
     time::Instant,
 };
-use tokio::{sync::mpsc, task::JoinSet};
+use tokio::task::JoinSet;
 
 /// Decides, for a closed loop, whether a request about to be sent is warm-up,
 /// measured, or one too many.
@@ -109,12 +110,10 @@ async fn closed_worker(shared: Arc<Shared>, clock: Arc<Clock>, id: usize, mut cl
 /// Sends on the fixed schedule `start + k / rate` and awaits every answer (gRPC
 /// only: the requests share its connections).
 ///
-/// The schedule is kept by a thread of its own ([`pace`]), which sleeps until each
-/// send is due and hands it to the runtime. The runtime's timer has a millisecond
-/// grain, and waiting out the rest by yielding would keep the client's core busy
-/// however low the rate, so the client's own lateness would show as the server's
-/// latency. The hand-over is bounded: if the runtime falls behind, the pacer waits,
-/// and the requests it then sends late still count from when they were due.
+/// The runtime's own thread keeps the schedule: it sleeps on a [`Pacer`] until the
+/// next send is due, then sends every request due by then, each counted from its
+/// own due time. A runtime that falls behind (busy with answers) sends what it owes
+/// as soon as it is back, so its lateness shows as latency, never as a lower rate.
 pub(super) async fn open_loop(
     shared: &Arc<Shared>,
     start: Instant,
@@ -126,36 +125,34 @@ pub(super) async fn open_loop(
         Stop::Requests(n) => warmup_sends + n,
         Stop::Duration(d) => schedule::sends_before(plan.warmup + d, rate),
     };
-    let (due, mut sends) = mpsc::channel(PACED_AHEAD);
-    let pacer = std::thread::Builder::new()
-        .name("authbench-pacer".into())
-        .spawn(move || pace(start, rate, total, &due))
-        .context("starting the open loop's pacer thread")?;
+    let mut pacer = Pacer::new().context("creating the open loop's timer")?;
     let mut in_flight = JoinSet::new();
-    while let Some((k, intended)) = sends.recv().await {
+    let mut k = 0;
+    while k < total {
         // Reap answered requests so the set stays as small as what is in flight.
         while let Some(done) = in_flight.try_join_next() {
             done.context("a request task panicked")?;
         }
-        let shared = shared.clone();
-        let measured = k >= warmup_sends;
-        in_flight.spawn(async move {
-            let i = usize::try_from(k).unwrap_or(usize::MAX);
-            let mut client = Client::Grpc(shared.grpc[i % shared.grpc.len()].clone());
-            let op = shared.wheel[i % shared.wheel.len()];
-            let performed = shared.perform(op, i, &mut client).await;
-            if measured {
-                // Latency from when the request was *meant* to go out: if this client
-                // or the server fell behind, the delay shows in the report.
-                shared.record(i, op, performed.result, intended, Instant::now());
-            } else {
-                shared.counters.warmup.fetch_add(1, Ordering::Relaxed);
-            }
-        });
-    }
-    // The channel closes when the pacer has handed over its last send.
-    if pacer.join().is_err() {
-        anyhow::bail!("the open loop's pacer thread panicked");
+        let now = Instant::now();
+        while k < total && schedule::intended_send_time(start, k, rate) <= now {
+            let intended = schedule::intended_send_time(start, k, rate);
+            in_flight.spawn(send(shared.clone(), k, intended, k >= warmup_sends));
+            k += 1;
+        }
+        if k == total {
+            break;
+        }
+        let next = schedule::intended_send_time(start, k, rate);
+        if next <= Instant::now() {
+            // Already due again: let the requests just sent (and the answers) run
+            // first, so a late runtime cannot starve them.
+            tokio::task::yield_now().await;
+        } else {
+            pacer
+                .sleep_until(next)
+                .await
+                .context("waiting for the next send")?;
+        }
     }
     while let Some(done) = in_flight.join_next().await {
         done.context("a request task panicked")?;
@@ -163,29 +160,19 @@ pub(super) async fn open_loop(
     Ok(())
 }
 
-/// Sends the runtime may be handed ahead of taking them: enough for any burst a
-/// busy runtime can fall behind by, and a bound on what waits.
-const PACED_AHEAD: usize = 4096;
-
-/// The pacer: for each of `total` sends, sleeps until it is due (`start + k / rate`)
-/// and hands `(k, when it was due)` to the runtime, waiting while `due` is full.
-/// Stops early when the runtime stops taking them.
-fn pace(start: Instant, rate: f64, total: u64, due: &mpsc::Sender<(u64, Instant)>) {
-    for k in 0..total {
-        let intended = schedule::intended_send_time(start, k, rate);
-        sleep_until(intended);
-        if due.blocking_send((k, intended)).is_err() {
-            return;
-        }
-    }
-}
-
-/// Sleeps this thread until `at`: the kernel's timers wake it within tens of
-/// microseconds. A time already past returns at once.
-fn sleep_until(at: Instant) {
-    let now = Instant::now();
-    if at > now {
-        std::thread::sleep(at - now);
+/// Send `k` of an open loop, due at `intended`: performed on its connection and
+/// recorded (or counted as warm-up).
+async fn send(shared: Arc<Shared>, k: u64, intended: Instant, measured: bool) {
+    let i = usize::try_from(k).unwrap_or(usize::MAX);
+    let mut client = Client::Grpc(shared.grpc[i % shared.grpc.len()].clone());
+    let op = shared.wheel[i % shared.wheel.len()];
+    let performed = shared.perform(op, i, &mut client).await;
+    if measured {
+        // Latency from when the request was *meant* to go out: if this client
+        // or the server fell behind, the delay shows in the report.
+        shared.record(i, op, performed.result, intended, Instant::now());
+    } else {
+        shared.counters.warmup.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -193,31 +180,6 @@ fn sleep_until(at: Instant) {
 mod tests {
     use super::*;
     use std::time::Duration;
-
-    #[test]
-    fn the_pacer_hands_over_every_send_in_order_and_never_before_its_time() {
-        let (due, mut sends) = mpsc::channel(2);
-        let start = Instant::now();
-        let pacer = std::thread::spawn(move || pace(start, 2000.0, 20, &due));
-        let mut seen = Vec::new();
-        while let Some((k, intended)) = sends.blocking_recv() {
-            assert_eq!(intended, schedule::intended_send_time(start, k, 2000.0));
-            assert!(Instant::now() >= intended, "send {k} came early");
-            seen.push(k);
-        }
-        pacer.join().unwrap();
-        assert_eq!(seen, (0..20).collect::<Vec<_>>());
-        // A time already past: no wait at all.
-        sleep_until(Instant::now() - Duration::from_millis(5));
-    }
-
-    #[test]
-    fn the_pacer_stops_when_no_one_takes_its_sends() {
-        let (due, sends) = mpsc::channel(1);
-        drop(sends);
-        // Were it not to stop, it would pace u64::MAX sends.
-        pace(Instant::now(), 1e9, u64::MAX, &due);
-    }
 
     #[test]
     fn a_closed_loop_clock_counts_measured_requests_exactly() {

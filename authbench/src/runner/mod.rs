@@ -29,6 +29,7 @@
 //! - `setup`: the users and tokens the mix needs, prepared first;
 //! - `request`: one request sent, classified and recorded;
 //! - `loops`: the closed and the open loop, and the closed loop's clock;
+//! - `pacer`: the open loop's sleep until its next send, with microsecond grain;
 //! - `status`: a failure told apart (server's status or client's) and described,
 //!   and an HTTP status as the gRPC code it stands for.
 //!
@@ -38,6 +39,7 @@
 mod connect;
 mod http;
 mod loops;
+mod pacer;
 mod plan;
 mod request;
 mod setup;
