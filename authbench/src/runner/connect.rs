@@ -9,7 +9,13 @@ use super::{
     status::{describe_status, error_chain},
 };
 use anyhow::{Context as _, anyhow, bail};
-use std::time::{Duration, Instant};
+use hyper_util::client::legacy::connect::HttpConnector;
+use std::{
+    io,
+    pin::Pin,
+    task::{Context, Poll},
+    time::{Duration, Instant},
+};
 use tokio::task::JoinSet;
 use tonic::{
     Request,
@@ -18,14 +24,13 @@ use tonic::{
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
+use tower::ServiceExt as _;
 
 /// Opens the connections, retrying until `plan.wait` has passed.
 pub(super) async fn connect(plan: &Plan) -> anyhow::Result<Vec<Channel>> {
     let mut endpoint = Endpoint::from_shared(plan.target.clone())
         .map_err(|e| anyhow!("{:?} is not a valid target URL: {e}", plan.target))?
         .connect_timeout(plan.connect_timeout)
-        .tcp_nodelay(true)
-        .local_address(plan.bind)
         // Requests waiting for the connection's dispatcher: an open loop may have many.
         .buffer_size(64 * 1024);
     if plan.target.starts_with("https://") {
@@ -35,10 +40,14 @@ pub(super) async fn connect(plan: &Plan) -> anyhow::Result<Vec<Channel>> {
             .map_err(|e| anyhow!("TLS options: {}", error_chain(&e)))?;
     }
     let give_up_at = Instant::now() + plan.wait;
+    let connect = |endpoint: Endpoint| {
+        let tcp = tcp_connector(plan);
+        async move { endpoint.connect_with_connector(tcp).await }
+    };
     let first = loop {
         // connect_timeout covers TCP; the outer timeout covers a target that accepts
         // but never completes the HTTP/2 handshake.
-        let attempt = tokio::time::timeout(plan.connect_timeout, endpoint.connect()).await;
+        let attempt = tokio::time::timeout(plan.connect_timeout, connect(endpoint.clone())).await;
         let error = match attempt {
             Ok(Ok(channel)) => break channel,
             Ok(Err(e)) => error_chain(&e),
@@ -52,9 +61,9 @@ pub(super) async fn connect(plan: &Plan) -> anyhow::Result<Vec<Channel>> {
     let mut channels = vec![first];
     let mut more = JoinSet::new();
     for _ in 1..plan.connections {
-        let endpoint = endpoint.clone();
+        let attempt = connect(endpoint.clone());
         let limit = plan.connect_timeout;
-        more.spawn(async move { tokio::time::timeout(limit, endpoint.connect()).await });
+        more.spawn(async move { tokio::time::timeout(limit, attempt).await });
     }
     while let Some(result) = more.join_next().await {
         let channel = match result.context("a connection task failed")? {
@@ -77,6 +86,69 @@ pub(super) async fn connect(plan: &Plan) -> anyhow::Result<Vec<Channel>> {
         channels.push(channel);
     }
     Ok(channels)
+}
+
+/// The TCP connector tonic's `connect` would build (from `--bind`, with no Nagle
+/// delay; tonic adds the connect timeout and TLS on top), its connections wrapped in
+/// [`Unvectored`].
+fn tcp_connector(
+    plan: &Plan,
+) -> impl tower::Service<
+    http::Uri,
+    Response = Unvectored<<HttpConnector as tower::Service<http::Uri>>::Response>,
+    Error = <HttpConnector as tower::Service<http::Uri>>::Error,
+    Future = impl Future + Send,
+> + Clone
++ Send
++ 'static {
+    let mut tcp = HttpConnector::new();
+    // https:// targets too: tonic puts TLS over the TCP connection.
+    tcp.enforce_http(false);
+    tcp.set_nodelay(true);
+    tcp.set_local_address(plan.bind);
+    tcp.map_response(Unvectored)
+}
+
+/// A connection that tells HTTP/2 it does not write vectored. h2 then copies every
+/// frame of up to 1,024 bytes into its write buffer (256 bytes when the connection
+/// writes vectored), so a request's HEADERS and its DATA (a Check's carries a token
+/// of a few hundred bytes) leave in one write instead of one each. Every write
+/// crosses the loopback into the server's receive path and wakes it, on the
+/// client's core: fewer writes per request is what lets one core keep an open loop
+/// of tens of thousands of requests a second on time. authd's own connections do the
+/// same (`transport::io`).
+pub(super) struct Unvectored<T>(T);
+
+impl<T: hyper::rt::Read + Unpin> hyper::rt::Read for Unvectored<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for Unvectored<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        false
+    }
 }
 
 /// Checks that the server reports SERVING, waiting up to `plan.wait` for it. authd
