@@ -24,6 +24,7 @@
 //!
 //! One job per file:
 //! - `plan`: the [`Plan`] (what a run is asked to do) and its check;
+//! - `check`: Envoy's Check as the load sends it, prepared once and read lean;
 //! - `connect`: the connections, and the wait until the target is SERVING;
 //! - `http`: HTTP/1.1 connections, and the wait until `GET /health` answers;
 //! - `setup`: the users and tokens the mix needs, prepared first;
@@ -36,6 +37,7 @@
 //! This file runs the steps in order and merges what the loops recorded; it sends
 //! no request itself.
 
+mod check;
 mod connect;
 mod http;
 mod loops;

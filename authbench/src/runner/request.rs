@@ -6,6 +6,7 @@
 //! measured: that is the loops' (`loops`).
 
 use super::{
+    check::CheckClient,
     http::{self, Connection},
     setup::{Fixtures, PASSWORD},
     status::{Failure, classify, http_code},
@@ -20,9 +21,6 @@ use crate::{
     scenario::{Descriptors, Operation},
 };
 use bytes::Bytes;
-use envoy_types::pb::envoy::service::auth::v3::{
-    AttributeContext, CheckRequest, attribute_context, authorization_client::AuthorizationClient,
-};
 use envoy_types::pb::envoy::{
     extensions::common::ratelimit::v3::{RateLimitDescriptor, rate_limit_descriptor::Entry},
     service::ratelimit::v3::{
@@ -54,7 +52,7 @@ pub(super) struct GrpcClients {
     pub(super) health: HealthClient<Channel>,
     pub(super) rate_limit: RateLimitServiceClient<Channel>,
     /// Envoy's external authorization, served by authd beside AuthService.
-    pub(super) authz: AuthorizationClient<Channel>,
+    pub(super) authz: CheckClient,
 }
 
 impl GrpcClients {
@@ -63,7 +61,7 @@ impl GrpcClients {
             auth: AuthServiceClient::new(channel.clone()),
             health: HealthClient::new(channel.clone()),
             rate_limit: RateLimitServiceClient::new(channel.clone()),
-            authz: AuthorizationClient::new(channel),
+            authz: CheckClient::new(channel),
         }
     }
 }
@@ -168,11 +166,11 @@ impl Shared {
                     auth.validate_token(request).await.map(drop)
                 }
                 Operation::Check => {
-                    let token = &fixtures.tokens[pick % fixtures.tokens.len()];
-                    let request = deadline(check_request(token), timeout);
+                    let prepared = &fixtures.checks[pick % fixtures.checks.len()];
+                    let request = deadline(prepared.clone(), timeout);
                     let answer = authz.check(request).await?.into_inner();
                     // The call is OK whatever the decision: a refusal is the decision's code.
-                    match answer.status.map_or(0, |s| s.code) {
+                    match answer.code() {
                         0 => Ok(()),
                         code => Err(Status::new(Code::from(code), "refused by the check")),
                     }
@@ -332,29 +330,6 @@ impl Shared {
         drop(recorder);
         // Counted last, so a progress reading never runs ahead of the recorders.
         self.counters.done.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// What Envoy sends for a request bearing `token`: its headers, nothing more.
-fn check_request(token: &str) -> CheckRequest {
-    let headers = [
-        ("authorization".to_owned(), format!("Bearer {token}")),
-        (":path".to_owned(), "/".to_owned()),
-        (":method".to_owned(), "GET".to_owned()),
-    ];
-    CheckRequest {
-        attributes: Some(AttributeContext {
-            request: Some(attribute_context::Request {
-                http: Some(attribute_context::HttpRequest {
-                    method: "GET".into(),
-                    path: "/".into(),
-                    headers: headers.into_iter().collect(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
     }
 }
 

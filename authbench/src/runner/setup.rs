@@ -7,6 +7,7 @@
 //! before any load is sent.
 
 use super::{
+    check,
     http::{self, Connection},
     plan::Plan,
     status::{describe_status, http_code},
@@ -17,6 +18,7 @@ use crate::{
     scenario::{Mix, Operation},
 };
 use anyhow::{Context as _, bail};
+use bytes::Bytes;
 use std::{
     sync::{
         Arc, Mutex,
@@ -56,6 +58,8 @@ pub(super) struct Fixtures {
     pub(super) users: Vec<String>,
     /// Tokens for validations.
     pub(super) tokens: Vec<String>,
+    /// Envoy's Check request for each token, encoded ([`check::encoded_request`]).
+    pub(super) checks: Vec<Bytes>,
     /// The refresh token of each session started during setup, for refreshes: held
     /// while one is in flight (a refresh token is used by one request at a time),
     /// replaced by the one its answer carries.
@@ -127,11 +131,16 @@ pub(super) async fn prepare(
     }
     let (tokens, refresh_tokens): (Vec<String>, Vec<String>) = sessions.into_iter().unzip();
 
+    let checks = tokens
+        .iter()
+        .map(|token| check::encoded_request(token))
+        .collect();
     Ok(Fixtures {
         run_id,
         registered: AtomicU64::new(0),
         users,
         tokens,
+        checks,
         refresh_tokens: refresh_tokens
             .into_iter()
             .map(tokio::sync::Mutex::new)
