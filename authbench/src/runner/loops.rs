@@ -125,7 +125,7 @@ pub(super) async fn open_loop(
         Stop::Requests(n) => warmup_sends + n,
         Stop::Duration(d) => schedule::sends_before(plan.warmup + d, rate),
     };
-    let mut pacer = Pacer::new().context("creating the open loop's timer")?;
+    let mut pacer = Pacer::new(rate).context("creating the open loop's timer")?;
     let mut in_flight = JoinSet::new();
     let mut k = 0;
     while k < total {

@@ -8,24 +8,57 @@
 //! client, not the server, sets the latency the report shows.
 //!
 //! On Linux a `timerfd`, registered with the runtime like a socket, wakes the
-//! runtime itself when the next send is due, to the microsecond: no second thread,
-//! no hand-over, and a runtime that is awake anyway (reading answers) finds the
-//! timer ready at its next look at the driver, without a wake-up at all. Elsewhere
-//! the runtime's own timer is used, with its millisecond grain.
+//! runtime itself when sends are due, to the microsecond: no second thread, no
+//! hand-over, and a runtime that is awake anyway (reading answers) finds the timer
+//! ready at its next look at the driver, without a wake-up at all. The timer ticks
+//! once per send interval, armed once rather than for every send: arming a timer
+//! costs a few microseconds (in a virtual machine, a trap to the host), a tenth of
+//! the client's time per send at tens of thousands a second. The interval is
+//! rounded up to the nanosecond, so a tick never comes before its send; the timer
+//! is re-armed at an exact send time every [`RESYNC`] intervals, so the rounding
+//! never adds up to more than a microsecond. Elsewhere the runtime's own timer is
+//! used, with its millisecond grain.
 
-use std::{io, time::Instant};
+use std::{
+    io,
+    time::{Duration, Instant},
+};
 
-/// A one-shot timer the open loop re-arms for each send.
+/// Intervals between re-arms of the periodic timer at an exact send time: each
+/// interval is at most a nanosecond long, so ticks run at most this many
+/// nanoseconds late.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+const RESYNC: u32 = 1024;
+
+/// The timer of an open loop of one rate.
 pub(super) struct Pacer {
     #[cfg(target_os = "linux")]
     timer: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
+    /// The send interval, rounded up to the nanosecond.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    period: Duration,
+    /// When the timer was last armed to fire first (None: not yet armed).
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    armed_at: Option<Instant>,
+}
+
+/// `1 / rate`, rounded up to the nanosecond, at least one.
+fn period(rate: f64) -> Duration {
+    let nanos = (1e9 / rate).ceil();
+    if nanos.is_finite() && nanos >= 1.0 {
+        // A rate below one send in 584 years saturates: no run lasts that long.
+        Duration::from_nanos(nanos.min(u64::MAX as f64) as u64)
+    } else {
+        Duration::from_nanos(1)
+    }
 }
 
 #[cfg(target_os = "linux")]
 impl Pacer {
-    /// A timer on the monotonic clock (the one `Instant` reads), registered with the
-    /// current runtime. Fails outside a runtime, or when the kernel refuses a timer.
-    pub(super) fn new() -> io::Result<Self> {
+    /// A timer for sends `rate` a second, on the monotonic clock (the one `Instant`
+    /// reads), registered with the current runtime. Fails outside a runtime, or
+    /// when the kernel refuses a timer.
+    pub(super) fn new(rate: f64) -> io::Result<Self> {
         use rustix::time::{TimerfdClockId, TimerfdFlags, timerfd_create};
         let fd = timerfd_create(
             TimerfdClockId::Monotonic,
@@ -40,47 +73,67 @@ impl Pacer {
             tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
         }
         .map_err(|refused| refused.into_parts().1)?;
-        Ok(Self { timer })
+        Ok(Self {
+            timer,
+            period: period(rate),
+            armed_at: None,
+        })
     }
 
-    /// Returns at `at` or just after it; at once when `at` has passed.
+    /// Returns at `at` or just after it; at once when `at` has passed. `at` is a
+    /// send time of the schedule, and never earlier than the last one asked for.
     pub(super) async fn sleep_until(&mut self, at: Instant) -> io::Result<()> {
-        use rustix::time::{Itimerspec, TimerfdTimerFlags, Timespec, timerfd_settime};
         let now = Instant::now();
         if at <= now {
             return Ok(());
         }
-        let wait = at - now;
-        let value = Timespec {
-            // A wait longer than i64::MAX seconds cannot come from a run's schedule.
-            tv_sec: i64::try_from(wait.as_secs()).unwrap_or(i64::MAX),
-            tv_nsec: wait.subsec_nanos().into(),
+        let resync = match self.armed_at {
+            None => true,
+            Some(armed) => (self.period.checked_mul(RESYNC))
+                .and_then(|span| armed.checked_add(span))
+                .is_some_and(|due| at >= due),
         };
-        let zero = Timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // A relative time: the few nanoseconds since `now` make it at most that late.
+        if resync {
+            self.arm(at - now)?;
+            self.armed_at = Some(at);
+        }
+        while Instant::now() < at {
+            self.tick().await?;
+        }
+        Ok(())
+    }
+
+    /// Arms the timer to tick after `first` and every period after that.
+    fn arm(&mut self, first: Duration) -> io::Result<()> {
+        use rustix::time::{Itimerspec, TimerfdTimerFlags, timerfd_settime};
+        // Relative: the few nanoseconds since `first` was measured make it that late.
         timerfd_settime(
             self.timer.get_ref(),
             TimerfdTimerFlags::empty(),
             &Itimerspec {
-                it_interval: zero,
-                it_value: value,
+                it_interval: timespec(self.period),
+                it_value: timespec(first),
             },
         )?;
+        Ok(())
+    }
+
+    /// Waits for the timer's next tick, or returns at once when it has ticked since
+    /// the last wait.
+    async fn tick(&mut self) -> io::Result<()> {
         loop {
             let mut ready = self.timer.readable().await?;
-            // Reading the expiry count re-arms readiness; before expiry the read
-            // would block, which clears the runtime's readiness and waits again.
+            // Reading the count of ticks resets it; with none yet the read would
+            // block, which clears the runtime's readiness and waits again.
             let read = ready.try_io(|timer| {
-                let mut expirations = [0u8; 8];
-                rustix::io::read(timer.get_ref(), &mut expirations).map_err(io::Error::from)
+                let mut ticks = [0u8; 8];
+                rustix::io::read(timer.get_ref(), &mut ticks).map_err(io::Error::from)
             });
             match read {
                 Ok(result) => {
-                    // The one expiry is consumed: the timer cannot be ready again
-                    // until it is re-armed, so the next wait starts from not ready.
+                    // No tick is left: the next wait starts from not ready (a tick
+                    // that came since the read is seen again: tokio clears only
+                    // the readiness it reported).
                     ready.clear_ready();
                     return result.map(drop);
                 }
@@ -90,10 +143,22 @@ impl Pacer {
     }
 }
 
+#[cfg(target_os = "linux")]
+fn timespec(duration: Duration) -> rustix::time::Timespec {
+    rustix::time::Timespec {
+        // A wait longer than i64::MAX seconds cannot come from a run's schedule.
+        tv_sec: i64::try_from(duration.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: duration.subsec_nanos().into(),
+    }
+}
+
 #[cfg(not(target_os = "linux"))]
 impl Pacer {
-    pub(super) fn new() -> io::Result<Self> {
-        Ok(Self {})
+    pub(super) fn new(rate: f64) -> io::Result<Self> {
+        Ok(Self {
+            period: period(rate),
+            armed_at: None,
+        })
     }
 
     pub(super) async fn sleep_until(&mut self, at: Instant) -> io::Result<()> {
@@ -105,23 +170,35 @@ impl Pacer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[tokio::test]
-    async fn it_never_returns_before_the_time_and_returns_at_once_after_it() {
-        let mut pacer = Pacer::new().unwrap();
-        for wait in [1u64, 50, 400, 2_000, 0] {
-            let at = Instant::now() + Duration::from_micros(wait);
+    async fn it_never_returns_before_a_send_time_and_at_once_after_it() {
+        let rate = 20_000.0;
+        let mut pacer = Pacer::new(rate).unwrap();
+        let start = Instant::now() + Duration::from_millis(1);
+        // More sends than one resync interval, so the timer is re-armed on the way.
+        let sends = u64::from(RESYNC) * 2 + 10;
+        for k in 0..sends {
+            let at = crate::schedule::intended_send_time(start, k, rate);
             pacer.sleep_until(at).await.unwrap();
-            assert!(Instant::now() >= at, "woke before a {wait} µs wait ended");
+            assert!(Instant::now() >= at, "send {k} came early");
         }
-        // A time long past: no wait, and the timer is still usable after it.
+        // A time long past: no wait, and the timer still serves later times.
         pacer
             .sleep_until(Instant::now() - Duration::from_secs(1))
             .await
             .unwrap();
-        let at = Instant::now() + Duration::from_micros(100);
+        let at = Instant::now() + Duration::from_millis(2);
         pacer.sleep_until(at).await.unwrap();
         assert!(Instant::now() >= at);
+    }
+
+    #[test]
+    fn the_period_is_rounded_up_to_the_nanosecond() {
+        assert_eq!(period(1.0), Duration::from_secs(1));
+        assert_eq!(period(33_000.0), Duration::from_nanos(30_304));
+        assert_eq!(period(3.0), Duration::from_nanos(333_333_334));
+        assert_eq!(period(1e12), Duration::from_nanos(1));
+        assert_eq!(period(f64::INFINITY), Duration::from_nanos(1));
     }
 }
