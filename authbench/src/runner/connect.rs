@@ -117,7 +117,7 @@ fn tcp_connector(
 /// client's core: fewer writes per request is what lets one core keep an open loop
 /// of tens of thousands of requests a second on time. authd's own connections do the
 /// same (`transport::io`).
-pub(super) struct Unvectored<T>(T);
+struct Unvectored<T>(T);
 
 impl<T: hyper::rt::Read + Unpin> hyper::rt::Read for Unvectored<T> {
     fn poll_read(
@@ -184,5 +184,32 @@ pub(super) async fn wait_until_serving(plan: &Plan, channel: &Channel) -> anyhow
             bail!("{} is not serving: {problem}{hint}", plan.target);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Load, Scenario, Stop};
+    use hyper::rt::Write as _;
+
+    #[tokio::test]
+    async fn connections_say_they_do_not_write_vectored() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target = format!("http://{}", listener.local_addr().unwrap());
+        let plan = Plan::new(
+            &target,
+            Scenario::Health,
+            Load::Closed { concurrency: 1 },
+            Stop::Requests(1),
+        );
+        let uri: http::Uri = target.parse().unwrap();
+        let (connected, accepted) =
+            tokio::join!(tcp_connector(&plan).oneshot(uri), listener.accept());
+        let connection = connected.unwrap();
+        accepted.unwrap();
+        // A TCP stream writes vectored; wrapped, it says it does not.
+        assert!(connection.0.is_write_vectored());
+        assert!(!connection.is_write_vectored());
     }
 }
