@@ -4,16 +4,16 @@
 //! send them in bursts, and each burst's wait would show as the server's latency.
 //! A thread of its own that sleeps until each send is due and hands it over keeps
 //! the grain fine, but costs a wake-up of that thread and one of the runtime for
-//! every send: at 20,000 sends a second that is most of the client's core, and the
-//! client, not the server, sets the latency the report shows.
+//! every send: at 15,000 sends a second about a third of the client's core, and
+//! near 25,000 the client, not the server, set the latency the report showed.
 //!
 //! On Linux a `timerfd`, registered with the runtime like a socket, wakes the
 //! runtime itself when sends are due, to the microsecond: no second thread, no
 //! hand-over, and a runtime that is awake anyway (reading answers) finds the timer
 //! ready at its next look at the driver, without a wake-up at all. The timer ticks
-//! once per send interval, armed once rather than for every send: arming a timer
-//! costs a few microseconds (in a virtual machine, a trap to the host), a tenth of
-//! the client's time per send at tens of thousands a second. The interval is
+//! once per send interval, armed once rather than for every send: arming it for
+//! every send took 7 to 8 % of the client's core at 20,000 to 30,000 sends a
+//! second (in a virtual machine, arming a timer traps to the host). The interval is
 //! rounded up to the nanosecond, so a tick never comes before its send; the timer
 //! is re-armed at an exact send time every [`RESYNC`] intervals, so the rounding
 //! never adds up to more than a microsecond. Elsewhere the runtime's own timer is
@@ -25,8 +25,8 @@ use std::{
 };
 
 /// Intervals between re-arms of the periodic timer at an exact send time: each
-/// interval is at most a nanosecond long, so ticks run at most this many
-/// nanoseconds late.
+/// interval is at most a nanosecond longer than the exact one, so ticks run at most
+/// this many nanoseconds late.
 #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 const RESYNC: u32 = 1024;
 
