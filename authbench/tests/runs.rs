@@ -250,3 +250,72 @@ async fn checks_over_forward_auth_account_for_every_request() {
         assert!(plan.check().is_err(), "{scenario} {load:?} {url}");
     }
 }
+
+#[tokio::test]
+async fn runs_over_tls_verify_the_server_and_account_for_every_request() {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    // A CA of the test's own, and a certificate for localhost that it signs.
+    let mut ca = CertificateParams::default();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec!["localhost".to_owned()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str, pem: String| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, pem).unwrap();
+        path
+    };
+    let (cert, key, ca) = (
+        path("cert.pem", cert.pem()),
+        path("key.pem", key.serialize_pem()),
+        path("ca.pem", ca.pem()),
+    );
+    let app = spawn_app_with(|config| {
+        config.tls.tls_cert = Some(cert);
+        config.tls.tls_key = Some(key);
+    })
+    .await;
+
+    let tls = bench::runner::TlsOptions {
+        ca: Some(ca),
+        server_name: Some("localhost".into()),
+        ..Default::default()
+    };
+    for load in [Load::Closed { concurrency: 4 }, Load::Open { rate: 500.0 }] {
+        let mut plan = plan(&app, Scenario::Check, load, Stop::Requests(40));
+        plan.target = format!("https://{}", app.addr);
+        plan.tls = Some(tls.clone());
+        plan.warmup = Duration::ZERO;
+        let report = bench::run(&plan).await.expect("the run completes");
+        assert_accounted(&report, 40);
+        assert_eq!(report.codes.get(Code::Ok), 40, "{}", report.to_text());
+    }
+
+    // A CA that did not sign the server's certificate: no connection, no load.
+    let mut plan = plan(
+        &app,
+        Scenario::Health,
+        Load::Closed { concurrency: 1 },
+        Stop::Requests(1),
+    );
+    plan.target = format!("https://{}", app.addr);
+    plan.tls = Some(bench::runner::TlsOptions {
+        ca: Some(path("other-ca.pem", {
+            let mut other = CertificateParams::default();
+            other.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            CertifiedIssuer::self_signed(other, KeyPair::generate().unwrap())
+                .unwrap()
+                .pem()
+        })),
+        server_name: Some("localhost".into()),
+        ..Default::default()
+    });
+    let error = bench::run(&plan)
+        .await
+        .expect_err("an untrusted server is refused");
+    assert!(format!("{error:#}").contains("cannot connect"), "{error:#}");
+}
