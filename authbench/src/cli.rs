@@ -23,9 +23,9 @@ use std::{path::PathBuf, time::Duration};
 /// Closed loop (--concurrency): that many requests are always in flight. Open loop
 /// (--rate): requests go out on a fixed schedule whatever the answers, and latency
 /// is measured from each request's intended send time, so a stalled server cannot
-/// hide its queue; a thread of its own sleeps until each request is due (the
-/// kernel's timers wake it within tens of microseconds, and the client's core stays
-/// free for the answers), so the client's timer does not count as latency.
+/// hide its queue; on Linux a kernel timer (timerfd) wakes the client when requests
+/// are due, to the microsecond, so the client's timer does not count as latency
+/// (elsewhere the runtime's timer, with its millisecond grain).
 /// Requests sent during --warmup are left out of the report.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "authbench", version, max_term_width = 100)]
