@@ -16,9 +16,10 @@ use envoy_types::pb::envoy::service::auth::v3::{
 use prost::Message as _;
 use tonic::{
     Request, Response, Status,
-    codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder},
+    codec::{Codec, EncodeBuf, Encoder},
     transport::Channel,
 };
+use tonic_prost::ProstDecoder;
 
 /// `envoy.service.auth.v3.Authorization/Check`.
 const PATH: &str = "/envoy.service.auth.v3.Authorization/Check";
@@ -97,21 +98,21 @@ impl CheckClient {
     }
 }
 
-/// Writes a prepared request as it is; reads a [`Decision`].
+/// Writes a prepared request as it is; reads a [`Decision`] with prost's own decoder.
 struct CheckCodec;
 
 impl Codec for CheckCodec {
     type Encode = Bytes;
     type Decode = Decision;
     type Encoder = Prepared;
-    type Decoder = DecisionDecoder;
+    type Decoder = ProstDecoder<Decision>;
 
     fn encoder(&mut self) -> Prepared {
         Prepared
     }
 
-    fn decoder(&mut self) -> DecisionDecoder {
-        DecisionDecoder
+    fn decoder(&mut self) -> ProstDecoder<Decision> {
+        ProstDecoder::default()
     }
 }
 
@@ -124,19 +125,6 @@ impl Encoder for Prepared {
     fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
         dst.put(item);
         Ok(())
-    }
-}
-
-struct DecisionDecoder;
-
-impl Decoder for DecisionDecoder {
-    type Item = Decision;
-    type Error = Status;
-
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Decision>, Status> {
-        Decision::decode(src)
-            .map(Some)
-            .map_err(|e| Status::internal(format!("an answer that is not a CheckResponse: {e}")))
     }
 }
 
