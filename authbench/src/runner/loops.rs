@@ -127,31 +127,30 @@ pub(super) async fn open_loop(
     };
     let mut pacer = Pacer::new(rate).context("creating the open loop's timer")?;
     let mut in_flight = JoinSet::new();
-    let mut k = 0;
-    while k < total {
+    let mut sent = 0;
+    while sent < total {
         // Reap answered requests so the set stays as small as what is in flight.
         while let Some(done) = in_flight.try_join_next() {
             done.context("a request task panicked")?;
         }
-        let now = Instant::now();
-        while k < total && schedule::intended_send_time(start, k, rate) <= now {
+        // Every send due by now goes out in this turn (so that h2 writes them
+        // together), each counted from its own due time.
+        let due = schedule::sends_before(start.elapsed(), rate).min(total);
+        for k in sent..due {
             let intended = schedule::intended_send_time(start, k, rate);
             in_flight.spawn(send(shared.clone(), k, intended, k >= warmup_sends));
-            k += 1;
         }
-        if k == total {
+        sent = sent.max(due);
+        if sent == total {
             break;
         }
-        let next = schedule::intended_send_time(start, k, rate);
-        if next <= Instant::now() {
-            // Already due again: let the requests just sent (and the answers) run
-            // first, so a late runtime cannot starve them.
-            tokio::task::yield_now().await;
+        let next = schedule::intended_send_time(start, sent, rate);
+        if next > Instant::now() {
+            (pacer.sleep_until(next).await).context("waiting for the next send")?;
         } else {
-            pacer
-                .sleep_until(next)
-                .await
-                .context("waiting for the next send")?;
+            // Due already (the runtime is late): let the requests just sent and the
+            // answers run first, so a late runtime cannot starve them.
+            tokio::task::yield_now().await;
         }
     }
     while let Some(done) = in_flight.join_next().await {
