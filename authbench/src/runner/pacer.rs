@@ -19,15 +19,14 @@
 //! never adds up to more than a microsecond. Elsewhere the runtime's own timer is
 //! used, with its millisecond grain.
 
-use std::{
-    io,
-    time::{Duration, Instant},
-};
+#[cfg(target_os = "linux")]
+use std::time::Duration;
+use std::{io, time::Instant};
 
 /// Intervals between re-arms of the periodic timer at an exact send time: each
 /// interval is at most a nanosecond longer than the exact one, so ticks run at most
 /// this many nanoseconds late.
-#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+#[cfg(target_os = "linux")]
 const RESYNC: u32 = 1024;
 
 /// The timer of an open loop of one rate.
@@ -35,14 +34,15 @@ pub(super) struct Pacer {
     #[cfg(target_os = "linux")]
     timer: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
     /// The send interval, rounded up to the nanosecond.
-    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    #[cfg(target_os = "linux")]
     period: Duration,
     /// When the timer was last armed to fire first (None: not yet armed).
-    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    #[cfg(target_os = "linux")]
     armed_at: Option<Instant>,
 }
 
 /// `1 / rate`, rounded up to the nanosecond, at least one.
+#[cfg(target_os = "linux")]
 fn period(rate: f64) -> Duration {
     let nanos = (1e9 / rate).ceil();
     if nanos.is_finite() && nanos >= 1.0 {
@@ -154,11 +154,8 @@ fn timespec(duration: Duration) -> rustix::time::Timespec {
 
 #[cfg(not(target_os = "linux"))]
 impl Pacer {
-    pub(super) fn new(rate: f64) -> io::Result<Self> {
-        Ok(Self {
-            period: period(rate),
-            armed_at: None,
-        })
+    pub(super) fn new(_rate: f64) -> io::Result<Self> {
+        Ok(Self {})
     }
 
     pub(super) async fn sleep_until(&mut self, at: Instant) -> io::Result<()> {
@@ -170,6 +167,7 @@ impl Pacer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[tokio::test]
     async fn it_never_returns_before_a_send_time_and_at_once_after_it() {
@@ -193,6 +191,7 @@ mod tests {
         assert!(Instant::now() >= at);
     }
 
+    #[cfg(target_os = "linux")]
     #[test]
     fn the_period_is_rounded_up_to_the_nanosecond() {
         assert_eq!(period(1.0), Duration::from_secs(1));
