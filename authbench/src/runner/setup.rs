@@ -58,7 +58,8 @@ pub(super) struct Fixtures {
     pub(super) users: Vec<String>,
     /// Tokens for validations.
     pub(super) tokens: Vec<String>,
-    /// Envoy's Check request for each token, encoded ([`check::encoded_request`]).
+    /// Envoy's Check request for each token, encoded ([`check::encoded_request`]),
+    /// when the mix has checks.
     pub(super) checks: Vec<Bytes>,
     /// The refresh token of each session started during setup, for refreshes: held
     /// while one is in flight (a refresh token is used by one request at a time),
@@ -131,10 +132,14 @@ pub(super) async fn prepare(
     }
     let (tokens, refresh_tokens): (Vec<String>, Vec<String>) = sessions.into_iter().unzip();
 
-    let checks = tokens
-        .iter()
-        .map(|token| check::encoded_request(token))
-        .collect();
+    let checks = if mix.uses(Operation::Check) {
+        tokens
+            .iter()
+            .map(|token| check::encoded_request(token))
+            .collect()
+    } else {
+        Vec::new()
+    };
     Ok(Fixtures {
         run_id,
         registered: AtomicU64::new(0),
