@@ -28,6 +28,10 @@
 #                     that is not meant as overload (register 300) fits in it, and a
 #                     full queue waits about 3x the 100-concurrency run, the p99 target
 #                     for overload; "default" leaves authd's own (64 per hash thread)
+#   BENCH_OVERLOAD_RUNS  how many times the overload rows run, each right after the
+#                     uncongested row it is set against (login at 100, register at
+#                     300, the polite client alone); the summary gives the median of
+#                     the runs' ratios and their range [3]
 #   BENCH_PORT        the server's port on 127.0.0.1 [a free one]
 #   BENCH_HEALTH_PORT the server's health-only port (AUTHD_HEALTH_LISTEN), which the
 #                     "health under register load" row and the prober of every row
@@ -49,8 +53,8 @@
 #                     many open files: the soft limit (ulimit -n) is raised to the hard
 #                     one, which must allow at least 6,000
 # Needs: cargo, taskset (util-linux), python3 (3.11 or newer, with venv, for the
-# report's service). The whole suite takes about 13 minutes after the build (19 with
-# a baseline).
+# report's service). The whole suite takes about 20 minutes after the build (33 with
+# a baseline), two thirds of it the overload rows' runs.
 set -euo pipefail
 
 die() {
@@ -83,9 +87,11 @@ else
     WARMUP=${BENCH_WARMUP:-5}
 fi
 HASH_QUEUE=${BENCH_HASH_QUEUE:-300}
+OVERLOAD_RUNS=${BENCH_OVERLOAD_RUNS:-3}
 REPORT_SERVICE=${BENCH_REPORT_SERVICE:-on}
 [[ $DURATION =~ ^[0-9]+$ && $DURATION -ge 1 ]] || die "BENCH_DURATION must be whole seconds ≥ 1"
 [[ $WARMUP =~ ^[0-9]+$ ]] || die "BENCH_WARMUP must be whole seconds"
+[[ $OVERLOAD_RUNS =~ ^[1-9][0-9]*$ ]] || die "BENCH_OVERLOAD_RUNS must be a number ≥ 1"
 [[ $HASH_QUEUE == default || $HASH_QUEUE =~ ^[1-9][0-9]*$ ]] ||
     die "BENCH_HASH_QUEUE must be a positive number or 'default'"
 [[ $REPORT_SERVICE == on || $REPORT_SERVICE == off ]] ||
@@ -355,15 +361,21 @@ SCENARIOS=(
     "login|600000|login|100||"
     "login|100000|login|100||"
     "register|100000|register|100||"
-    "login|10000|login|100||"
     "login|10000|login|200||"
     "register|10000|register|100||"
-    "register|10000|register|300||"
     "register|10000|register|3000||"
     "register, clients back off|10000|register|3000||--backoff"
     "health under register load|10000|health|100|register --concurrency 3000|"
+)
+# The overload rows and the uncongested rows they are set against, each overload row
+# right after its uncongested one: run BENCH_OVERLOAD_RUNS times over, so that the
+# ratios of the summary are medians of pairs measured a minute apart rather than one
+# pair on a shared, noisy machine.
+OVERLOAD_ROWS=(
+    "login|10000|login|100||"
     "login overload, clients re-ask at once|10000|login|2000||--users 2000"
     "login overload, clients back off|10000|login|2000||--users 2000 --backoff"
+    "register|10000|register|300||"
     "register overload, clients re-ask at once|10000|register|5000||"
     "register overload, clients back off|10000|register|5000||--backoff"
     "polite client alone|10000|login|20||--users 20 --bind 127.0.0.2"
@@ -391,22 +403,19 @@ if [[ -n ${BENCH_POSTGRES_URL:-} ]]; then
         "register overload, PostgreSQL, clients back off|10000|register|5000||--backoff"
     )
 fi
+BASELINE_OVERLOAD_ROWS=()
 if [[ -n ${BENCH_BASELINE_AUTHD:-} ]]; then
     [[ -x $BENCH_BASELINE_AUTHD ]] || die "BENCH_BASELINE_AUTHD: $BENCH_BASELINE_AUTHD is not an executable"
     SCENARIOS+=(
         "login, baseline|600000|login|100||"
         "login, baseline|100000|login|100||"
         "register, baseline|100000|register|100||"
-        "login, baseline|10000|login|100||"
         "register, baseline|10000|register|100||"
-        "register, baseline|10000|register|300||"
-        "login overload, clients re-ask at once, baseline|10000|login|2000||--users 2000"
-        "login overload, clients back off, baseline|10000|login|2000||--users 2000 --backoff"
-        "register overload, clients re-ask at once, baseline|10000|register|5000||"
-        "register overload, clients back off, baseline|10000|register|5000||--backoff"
-        "polite client alone, baseline|10000|login|20||--users 20 --bind 127.0.0.2"
-        "polite client beside one re-asking at once, baseline|10000|login|20|$EAGER_LOGINS|--users 20 --bind 127.0.0.2"
     )
+    for row in "${OVERLOAD_ROWS[@]}"; do
+        IFS='|' read -r name rest <<<"$row"
+        BASELINE_OVERLOAD_ROWS+=("$name, baseline|$rest")
+    done
 fi
 PG_SCHEMA=
 drop_schema() {
@@ -415,13 +424,24 @@ drop_schema() {
         PG_SCHEMA=
     fi
 }
+# Every row to run, each with its run of the overload rows (empty for the others).
+RUNS=()
+for row in "${SCENARIOS[@]}"; do
+    RUNS+=("$row|")
+done
+for ((run = 1; run <= OVERLOAD_RUNS; run++)); do
+    for row in "${OVERLOAD_ROWS[@]}" "${BASELINE_OVERLOAD_ROWS[@]}"; do
+        RUNS+=("$row|$run")
+    done
+done
 MANIFEST=$WORK/manifest.tsv
 : >"$MANIFEST"
 i=0
-for row in "${SCENARIOS[@]}"; do
-    IFS='|' read -r name iterations scenario concurrency load flags <<<"$row"
+for row in "${RUNS[@]}"; do
+    IFS='|' read -r name iterations scenario concurrency load flags run <<<"$row"
     i=$((i + 1))
-    echo "== [$i/${#SCENARIOS[@]}] $name: PBKDF2 $iterations, concurrency $concurrency" >&2
+    echo "== [$i/${#RUNS[@]}] $name${run:+ (run $run of $OVERLOAD_RUNS)}: PBKDF2 $iterations," \
+        "concurrency $concurrency" >&2
     DATABASE_URL=
     drop_schema
     if [[ $name == *PostgreSQL* ]]; then
@@ -477,8 +497,8 @@ for row in "${SCENARIOS[@]}"; do
     fi
     rss=$(peak_rss_kb)
     stop_server
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$iterations" "$concurrency" \
-        "$json" "$rss" "$background" "$load" "$probe" >>"$MANIFEST"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$iterations" "$concurrency" \
+        "$json" "$rss" "$background" "$load" "$probe" "$run" >>"$MANIFEST"
 done
 
 drop_schema
@@ -492,10 +512,11 @@ if [[ -n $(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null) ]
 fi
 
 mkdir -p "$(dirname "$OUT")"
-python3 - "$MANIFEST" "$WORK" "$REPORT_SKIPPED" >"$WORK/table.md" <<'PY'
-import json, sys
+python3 - "$MANIFEST" "$WORK" "$REPORT_SKIPPED" "$OVERLOAD_RUNS" >"$WORK/table.md" <<'PY'
+import json, statistics, sys
 
 manifest, work, report_skipped = sys.argv[1], sys.argv[2], sys.argv[3]
+overload_runs = int(sys.argv[4])
 import os
 REPORT = "report's service"
 limits, measured = {}, {}
@@ -521,7 +542,7 @@ print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 notes = []
 rows = {}
 for line in open(manifest):
-    name, it, conc, path, rss, background, load, probe = line.rstrip("\n").split("\t")
+    name, it, conc, path, rss, background, load, probe, run = line.rstrip("\n").split("\t")
     # The report's service has no health-only port: no prober, an empty column.
     probed = json.load(open(probe)) if probe else None
     probe_p99 = (probed.get("latency_ms") or {}).get("p99") if probed else None
@@ -541,10 +562,10 @@ for line in open(manifest):
     kind = "-baseline" if "baseline" in name else "-report" if name.startswith(REPORT) else ""
     limit = limits[(it, kind)]["hashes_per_second"] if hashes and (it, kind) in limits else None
     rate = r["ok_qps"]
-    rows[name] = rows.get(name) or {}
-    rows[name][(it, int(conc))] = dict(rate=rate, p99=ok.get("p99"),
-                                      success=r["ok"] / requests, probe=probe_p99)
-    print(f"| {name} | PBKDF2 {short(it)} | {conc} | {rate:.0f} | {ms(ok.get('avg'))} "
+    rows.setdefault(name, {}).setdefault((it, int(conc)), []).append(
+        dict(rate=rate, p99=ok.get("p99"), success=r["ok"] / requests, probe=probe_p99))
+    label = f"{name} (run {run})" if run and overload_runs > 1 else name
+    print(f"| {label} | PBKDF2 {short(it)} | {conc} | {rate:.0f} | {ms(ok.get('avg'))} "
           f"| {ms(ok.get('p99'))} | {100 * r['ok'] / requests:.1f} % "
           f"| {'—' if limit is None else f'{limit:.0f}'} "
           f"| {'—' if limit is None else f'{rate / limit:.2f}'} "
@@ -590,13 +611,34 @@ for n in notes:
 # Overload against the uncongested rows of the same run (10k rounds), as the overload
 # issue defines them: logins at 100 in flight, registrations at 300 (the largest
 # concurrency not meant as overload), the polite client alone.
+def runs(name, conc):
+    return (rows.get(name) or {}).get((10000, conc)) or []
+
 def row(name, conc):
-    return (rows.get(name) or {}).get((10000, conc))
+    """The median of a row's runs (its rate, p99 and success rate each)."""
+    rs = runs(name, conc)
+    if not rs:
+        return None
+    def median(key):
+        xs = [r[key] for r in rs if r[key] is not None]
+        return statistics.median(xs) if xs else None
+    return dict(rate=median("rate"), p99=median("p99"), success=median("success"))
+
+def spread(ratios, digits=2):
+    """A median of ratios, with their range when there are several."""
+    mid = f"{statistics.median(ratios):.{digits}f}"
+    if len(ratios) < 2:
+        return mid
+    return f"{mid} ({min(ratios):.{digits}f}–{max(ratios):.{digits}f})"
 
 print()
 print("## Overload, against the uncongested rows of this run")
 print()
 print("Uncongested: login at 100 in flight, register at 300, the polite client alone.")
+if overload_runs > 1:
+    print(f"Each overload row ran {overload_runs} times, each time right after its "
+          "uncongested row: a ratio is the median of the runs' ratios, with their range; "
+          "the success rate is the lowest of the runs.")
 print()
 print("| row | QPS / uncongested QPS | p99 / uncongested p99 | success rate |")
 print("|---|---:|---:|---:|")
@@ -610,12 +652,16 @@ for suffix in ("", ", baseline"):
          f"polite client alone{suffix}", 20),
     ]
     for name, conc, base_name, base_conc in pairs:
-        over, base = row(name, conc), row(base_name, base_conc)
-        if not over or not base or not base["rate"] or not base["p99"]:
+        # Each run against the uncongested run just before it.
+        paired = [(o, b) for o, b in zip(runs(name, conc), runs(base_name, base_conc))
+                  if b["rate"] and b["p99"]]
+        if not paired:
             continue
-        p99 = "—" if over["p99"] is None else f"{over['p99'] / base['p99']:.2f}"
-        print(f"| {name} | {over['rate'] / base['rate']:.2f} | {p99} "
-              f"| {100 * over['success']:.1f} % |")
+        rates = [o["rate"] / b["rate"] for o, b in paired]
+        p99s = [o["p99"] / b["p99"] for o, b in paired if o["p99"] is not None]
+        success = min(o["success"] for o, _ in paired)
+        print(f"| {name} | {spread(rates)} | {spread(p99s) if p99s else '—'} "
+              f"| {100 * success:.1f} % |")
 # authd against the report's service, in the same run on the same cores: the issue's
 # targets, with clients that re-ask at once.
 print()
@@ -624,6 +670,9 @@ print()
 if report_skipped:
     print(f"The report's service was not measured in this run ({report_skipped}).")
 else:
+    if overload_runs > 1:
+        print(f"authd's accepted/s: the median of its {overload_runs} runs.")
+        print()
     print("| requests | in flight | authd accepted/s | the report's service accepted/s "
           "| authd ÷ the report's service | target |")
     print("|---|---:|---:|---:|---:|---|")
@@ -649,7 +698,7 @@ else:
                   f"{loaded['rate'] / calm['rate']:.2f}× its rate at {base} "
                   f"({loaded['rate']:.0f} against {calm['rate']:.0f} accepted/s), "
                   f"{100 * loaded['success']:.1f} % of its answers accepted.")
-probes = [(v["probe"], n) for n, by in rows.items() for v in by.values()
+probes = [(v["probe"], n) for n, by in rows.items() for rs in by.values() for v in rs
           if v["probe"] is not None and "baseline" not in n]
 if probes:
     worst, where = max(probes)
