@@ -711,8 +711,13 @@ PY
     echo
     echo "- Machine: $NPROC cores ($CPU_MODEL), $MEMORY of memory, $(uname -sr)"
     echo "- Date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    baseline=
+    if [[ -n ${BENCH_BASELINE_AUTHD:-} ]]; then
+        baseline=" BENCH_BASELINE_AUTHD=$BENCH_BASELINE_AUTHD"
+    fi
     echo "- Command: \`$COMMAND\`" \
-        "(BENCH_DURATION=$DURATION BENCH_WARMUP=$WARMUP BENCH_HASH_QUEUE=$HASH_QUEUE)"
+        "(BENCH_DURATION=$DURATION BENCH_WARMUP=$WARMUP BENCH_HASH_QUEUE=$HASH_QUEUE" \
+        "BENCH_OVERLOAD_RUNS=$OVERLOAD_RUNS$baseline)"
     echo "- authd revision: $REVISION"
     echo "- Layout: authd on CPU $SERVER_CPUS (AUTHD_HASH_THREADS=$HASH_THREADS," \
         "AUTHD_HASH_QUEUE=$HASH_QUEUE), authbench on CPU $CLIENT_CPUS ($CLIENT_THREADS" \
