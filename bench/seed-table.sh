@@ -53,7 +53,7 @@
 #                     many open files: the soft limit (ulimit -n) is raised to the hard
 #                     one, which must allow at least 6,000
 # Needs: cargo, taskset (util-linux), python3 (3.11 or newer, with venv, for the
-# report's service). The whole suite takes about 20 minutes after the build (33 with
+# report's service). The whole suite takes about 18 minutes after the build (30 with
 # a baseline), two thirds of it the overload rows' runs.
 set -euo pipefail
 
