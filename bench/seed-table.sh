@@ -624,12 +624,12 @@ def row(name, conc):
         return statistics.median(xs) if xs else None
     return dict(rate=median("rate"), p99=median("p99"), success=median("success"))
 
-def spread(ratios, digits=2):
+def spread(ratios):
     """A median of ratios, with their range when there are several."""
-    mid = f"{statistics.median(ratios):.{digits}f}"
+    mid = f"{statistics.median(ratios):.2f}"
     if len(ratios) < 2:
         return mid
-    return f"{mid} ({min(ratios):.{digits}f}–{max(ratios):.{digits}f})"
+    return f"{mid} ({min(ratios):.2f}–{max(ratios):.2f})"
 
 print()
 print("## Overload, against the uncongested rows of this run")
