@@ -4,7 +4,8 @@
 //! - The request id is the client's `x-request-id` metadata when it is a sane
 //!   value (1 to 128 visible ASCII characters), otherwise a new UUIDv7. It is put in
 //!   the request's extensions ([`RequestId`], for the handlers' own logs) and sent
-//!   back in the response's `x-request-id`.
+//!   back in the response's `x-request-id`, which HPACK sends unindexed like the
+//!   other values that differ in every answer (see `never_indexed`).
 //! - The event carries the method, the peer, the gRPC code, the latency, the request
 //!   id, under mutual TLS the client certificate's identity (`client`) and, when a
 //!   handler put a [`UserId`] in the response, the user. Never a
@@ -122,6 +123,7 @@ impl Middleware for Trace {
                     pending.decision = response.extensions_mut().remove::<AuthzDecision>();
                     let id = pending.request_id.clone();
                     response.headers_mut().insert(REQUEST_ID_HEADER, id);
+                    never_indexed(response.headers_mut());
                     pending.finish(code, user.as_ref());
                     Ok(response)
                 }
@@ -275,6 +277,22 @@ fn request_id(headers: &http::HeaderMap) -> HeaderValue {
     let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
     let id = uuid::Uuid::now_v7().hyphenated().encode_lower(&mut buf);
     HeaderValue::from_str(id).expect("a UUID is a valid header value")
+}
+
+/// Marks the response headers whose values differ from one response to the next
+/// (the request id; an error's `grpc-status-details-bin`, whose RetryInfo counts
+/// down in nanoseconds) to be sent as HPACK literals that are never indexed (RFC
+/// 7541 section 6.2.3). Indexed, each would be added to the connection's dynamic
+/// table, used never again and push out the entries that do repeat, so that every
+/// answer would send `content-type`, `grpc-status` and the rest in full again, and
+/// a storm of refusals would keep both ends rewriting their tables. Nothing here is
+/// secret: the mark only keeps the values out of the tables.
+fn never_indexed(headers: &mut http::HeaderMap) {
+    for name in [REQUEST_ID_HEADER, "grpc-status-details-bin"] {
+        if let Some(value) = headers.get_mut(name) {
+            value.set_sensitive(true);
+        }
+    }
 }
 
 /// The status code of a response: `grpc-status` when present (trailers-only

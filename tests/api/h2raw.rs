@@ -11,6 +11,7 @@ use tokio::{
 
 pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
+pub const DATA: u8 = 0x0;
 pub const HEADERS: u8 = 0x1;
 pub const RST_STREAM: u8 = 0x3;
 pub const SETTINGS: u8 = 0x4;
@@ -162,6 +163,124 @@ impl RawConnection {
                     })
                     .collect();
             }
+        }
+    }
+}
+
+/// The representations of the header fields in an HPACK block (RFC 7541 section
+/// 6), counted by kind: what the encoder put in the connection's dynamic table, and
+/// what it asked never to be indexed anywhere.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Representations {
+    /// A field sent as an index into the static or dynamic table.
+    pub indexed: usize,
+    /// A literal added to the dynamic table.
+    pub incremental: usize,
+    /// A literal left out of the table this once.
+    pub without_indexing: usize,
+    /// A literal no encoder along the way may index.
+    pub never_indexed: usize,
+}
+
+impl std::ops::AddAssign for Representations {
+    fn add_assign(&mut self, other: Self) {
+        self.indexed += other.indexed;
+        self.incremental += other.incremental;
+        self.without_indexing += other.without_indexing;
+        self.never_indexed += other.never_indexed;
+    }
+}
+
+/// Counts the representations in one header block; panics on a malformed block.
+pub fn representations(block: &[u8]) -> Representations {
+    // An integer with an N-bit prefix (section 5.1).
+    fn int(block: &[u8], pos: &mut usize, prefix: u32) -> usize {
+        let max = (1usize << prefix) - 1;
+        let mut value = usize::from(block[*pos]) & max;
+        *pos += 1;
+        if value < max {
+            return value;
+        }
+        let mut shift = 0;
+        loop {
+            let byte = block[*pos];
+            *pos += 1;
+            value += usize::from(byte & 0x7f) << shift;
+            shift += 7;
+            if byte & 0x80 == 0 {
+                return value;
+            }
+        }
+    }
+    // A literal: its name (an index, or a string when the index is 0), its value.
+    fn literal(block: &[u8], pos: &mut usize, prefix: u32) {
+        if int(block, pos, prefix) == 0 {
+            let len = int(block, pos, 7);
+            *pos += len;
+        }
+        let len = int(block, pos, 7);
+        *pos += len;
+    }
+    let mut counts = Representations::default();
+    let mut pos = 0;
+    while pos < block.len() {
+        let first = block[pos];
+        if first & 0x80 != 0 {
+            int(block, &mut pos, 7);
+            counts.indexed += 1;
+        } else if first & 0xc0 == 0x40 {
+            literal(block, &mut pos, 6);
+            counts.incremental += 1;
+        } else if first & 0xe0 == 0x20 {
+            int(block, &mut pos, 5); // a dynamic table size update
+        } else if first & 0xf0 == 0x10 {
+            literal(block, &mut pos, 4);
+            counts.never_indexed += 1;
+        } else {
+            literal(block, &mut pos, 4);
+            counts.without_indexing += 1;
+        }
+    }
+    assert_eq!(pos, block.len(), "the block ends with its last field");
+    counts
+}
+
+/// One unary gRPC call on stream `id` of a raw connection: `message` (already
+/// encoded) as one DATA frame, then every frame of the answer until its end. Returns
+/// the representations of the answer's header blocks (headers and trailers), summed.
+pub async fn raw_unary(
+    raw: &mut RawConnection,
+    id: u32,
+    path: &str,
+    message: &[u8],
+) -> Representations {
+    raw.send(&frame(
+        HEADERS,
+        END_HEADERS,
+        id,
+        &grpc_request_headers(path),
+    ))
+    .await;
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    framed.extend_from_slice(message);
+    raw.send(&frame(DATA, END_STREAM, id, &framed)).await;
+    let mut counts = Representations::default();
+    loop {
+        let (kind, flags, stream, payload) = raw
+            .next_frame_within(Duration::from_secs(10))
+            .await
+            .expect("the answer, before the connection ends");
+        if stream != id {
+            continue;
+        }
+        assert_ne!(kind, RST_STREAM, "the stream was reset");
+        if kind == HEADERS {
+            assert!(flags & END_HEADERS != 0, "no CONTINUATION for short blocks");
+            counts += representations(&payload);
+        }
+        if flags & END_STREAM != 0 {
+            return counts;
         }
     }
 }

@@ -4,10 +4,11 @@
 
 use crate::h2raw::{
     self, END_HEADERS, END_STREAM, GOAWAY, HEADERS, MAX_CONCURRENT_STREAMS, PING, RST_STREAM,
-    RawConnection, connect_from, frame, grpc_request, h2_client_from,
+    RawConnection, connect_from, frame, grpc_request, h2_client_from, raw_unary,
 };
 use crate::helpers::{TestApp, metric, spawn_app_with, wait_until};
-use authd::pb::auth_service_client::AuthServiceClient;
+use authd::pb::{LoginRequest, auth_service_client::AuthServiceClient};
+use prost::Message as _;
 use std::{net::SocketAddr, time::Duration};
 use tokio::io::AsyncWriteExt as _;
 use tonic::{Code, transport::Channel};
@@ -60,6 +61,52 @@ async fn header_only_streams(
         streams.push((response, body));
     }
     streams
+}
+
+#[tokio::test]
+async fn values_that_differ_in_every_answer_stay_out_of_the_hpack_tables() {
+    let app = spawn_app_with(|c| {
+        c.limits.rate_limits = Some("Login:peer=1/1h".parse().unwrap());
+        c.overload.refusal_hold = Duration::ZERO;
+    })
+    .await;
+    let mut raw = RawConnection::open(connect_from("127.0.0.2", app.addr).await).await;
+    let health = HealthCheckRequest::default().encode_to_vec();
+    let path = "/grpc.health.v1.Health/Check";
+    let first = raw_unary(&mut raw, 1, path, &health).await;
+    let second = raw_unary(&mut raw, 3, path, &health).await;
+    // The request id, in each answer, as a literal never indexed…
+    assert_eq!(first.never_indexed, 1, "{first:?}");
+    assert_eq!(second.never_indexed, 1, "{second:?}");
+    // …so the first answer put in the table every field that repeats, and the
+    // second sends each of them as an index.
+    assert_eq!(
+        (second.incremental, second.without_indexing),
+        (0, 0),
+        "{second:?}"
+    );
+    // A refusal adds its details (RetryInfo counts down in nanoseconds): never
+    // indexed either. The first Login is let through (and fails: no such user).
+    let login = LoginRequest {
+        username: "nobody".into(),
+        password: "not a password".into(),
+    }
+    .encode_to_vec();
+    let path = "/auth.v1.AuthService/Login";
+    let failed = raw_unary(&mut raw, 5, path, &login).await;
+    assert_eq!(failed.never_indexed, 1, "{failed:?}");
+    for id in [7, 9, 11] {
+        let refused = raw_unary(&mut raw, id, path, &login).await;
+        assert_eq!(refused.never_indexed, 2, "{refused:?}");
+    }
+    assert_eq!(
+        metric(
+            &app.handle.render_metrics(),
+            r#"authd_ratelimit_requests_total{outcome="refused"}"#
+        ),
+        Some(3.0),
+        "the last three were refused by the limit"
+    );
 }
 
 #[tokio::test]
