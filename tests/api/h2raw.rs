@@ -245,6 +245,14 @@ pub fn representations(block: &[u8]) -> Representations {
     counts
 }
 
+/// An encoded message as gRPC frames it in a body: uncompressed, length first.
+pub fn grpc_message(encoded: &[u8]) -> Vec<u8> {
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&(encoded.len() as u32).to_be_bytes());
+    framed.extend_from_slice(encoded);
+    framed
+}
+
 /// One unary gRPC call on stream `id` of a raw connection: `message` (already
 /// encoded) as one DATA frame, then every frame of the answer until its end. Returns
 /// the representations of the answer's header blocks (headers and trailers), summed.
@@ -261,10 +269,8 @@ pub async fn raw_unary(
         &grpc_request_headers(path),
     ))
     .await;
-    let mut framed = vec![0u8];
-    framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
-    framed.extend_from_slice(message);
-    raw.send(&frame(DATA, END_STREAM, id, &framed)).await;
+    raw.send(&frame(DATA, END_STREAM, id, &grpc_message(message)))
+        .await;
     let mut counts = Representations::default();
     loop {
         let (kind, flags, stream, payload) = raw
@@ -354,11 +360,7 @@ pub async fn unary(
         );
     }
     let (response, mut body) = send.send_request(request, false).expect("a stream");
-    let encoded = message.encode_to_vec();
-    let mut framed = vec![0u8];
-    framed.extend_from_slice(&(encoded.len() as u32).to_be_bytes());
-    framed.extend_from_slice(&encoded);
-    body.send_data(bytes::Bytes::from(framed), true)
+    body.send_data(grpc_message(&message.encode_to_vec()).into(), true)
         .expect("send the message");
     let response = response.await.expect("a response");
     let field = |map: &http::HeaderMap, name: &str| {
