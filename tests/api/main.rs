@@ -9,6 +9,7 @@ mod concurrency;
 mod errors;
 mod extauthz;
 mod forward_auth;
+mod grpcurl;
 mod h2raw;
 mod helpers;
 mod input;
