@@ -118,9 +118,10 @@ fn denied(response: CheckResponse) -> (i32, Option<String>, i32) {
 }
 
 const PASSWORD: &str = "a fine password";
-const MISSING: &str = r#"Bearer realm="authd""#;
-const INVALID: &str = r#"Bearer realm="authd", error="invalid_token""#;
-const STEP_UP: &str = r#"Bearer realm="authd", error="insufficient_user_authentication""#;
+pub(crate) const MISSING: &str = r#"Bearer realm="authd""#;
+pub(crate) const INVALID: &str = r#"Bearer realm="authd", error="invalid_token""#;
+pub(crate) const STEP_UP: &str =
+    r#"Bearer realm="authd", error="insufficient_user_authentication""#;
 
 fn bearer(token: &str) -> String {
     format!("Bearer {token}")

