@@ -117,6 +117,18 @@ fn denied(response: CheckResponse) -> (i32, Option<String>, i32) {
     (denied.status.unwrap().code, challenge, code)
 }
 
+/// Asserts the decision counters of `api` (`grpc` or `http`): one `(outcome, reason,
+/// count)` each.
+pub(crate) fn assert_decisions(app: &TestApp, api: &str, expected: &[(&str, &str, f64)]) {
+    let metrics = app.handle.render_metrics();
+    for (outcome, reason, n) in expected {
+        let series = format!(
+            r#"authd_authz_decisions_total{{api="{api}",outcome="{outcome}",reason="{reason}"}}"#
+        );
+        assert_eq!(metric(&metrics, &series), Some(*n), "{series}\n{metrics}");
+    }
+}
+
 const PASSWORD: &str = "a fine password";
 pub(crate) const MISSING: &str = r#"Bearer realm="authd""#;
 pub(crate) const INVALID: &str = r#"Bearer realm="authd", error="invalid_token""#;

