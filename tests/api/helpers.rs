@@ -540,15 +540,21 @@ pub fn service_url(var: &str, test: &str) -> Option<String> {
     match std::env::var(var) {
         Ok(url) if !url.is_empty() => Some(url),
         _ => {
-            let required = std::env::var("AUTHD_TEST_REQUIRE_SERVICES").is_ok_and(|v| v == "1");
-            assert!(
-                !required,
-                "{var} is not set and AUTHD_TEST_REQUIRE_SERVICES=1: cannot run {test}"
-            );
-            eprintln!("skipped {test}: {var} is not set");
+            skipped(test, &format!("{var} is not set"));
             None
         }
     }
+}
+
+/// `test` cannot run because `what` (e.g. "nginx is not installed"): says it is
+/// skipped (one line), or fails it under `AUTHD_TEST_REQUIRE_SERVICES=1` (as in CI).
+pub fn skipped(test: &str, what: &str) {
+    let required = std::env::var("AUTHD_TEST_REQUIRE_SERVICES").is_ok_and(|v| v == "1");
+    assert!(
+        !required,
+        "{what} and AUTHD_TEST_REQUIRE_SERVICES=1: cannot run {test}"
+    );
+    eprintln!("skipped {test}: {what}");
 }
 
 /// `AUTHD_TEST_REDIS_URL`, e.g. `redis://127.0.0.1:6379`.
