@@ -113,6 +113,13 @@ pub(super) async fn open_sqlite_readers(settings: &SqliteSettings) -> anyhow::Re
     .with_context(|| format!("opening SQLite readers on {}", settings.path.display()))
 }
 
+/// Pages the WAL grows by before the writer copies it into the database file (about
+/// 40 MB; SQLite's default is 1,000). A page many commits change (the end of the
+/// sessions table and of its time-ordered indexes) is copied once per checkpoint, so
+/// ten times rarer checkpoints copy far fewer pages per write: 1.12 times the logins a
+/// second on one core at 1,000 rounds (docs/operations.md).
+pub(super) const WAL_AUTOCHECKPOINT_PAGES: u32 = 10_000;
+
 fn sqlite_options(settings: &SqliteSettings) -> SqliteConnectOptions {
     SqliteConnectOptions::new()
         .filename(&settings.path)
@@ -174,10 +181,12 @@ pub(super) async fn open_sqlite_writer(
     settings: &SqliteSettings,
 ) -> anyhow::Result<SqliteConnection> {
     restrict_permissions(&settings.path)?;
-    let mut conn =
-        SqliteConnection::connect_with(&sqlite_options(settings).create_if_missing(true))
-            .await
-            .with_context(|| format!("opening SQLite database {}", settings.path.display()))?;
+    let options = sqlite_options(settings)
+        .create_if_missing(true)
+        .pragma("wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES.to_string());
+    let mut conn = SqliteConnection::connect_with(&options)
+        .await
+        .with_context(|| format!("opening SQLite database {}", settings.path.display()))?;
     sqlx::migrate!("migrations/sqlite")
         .run(&mut conn)
         .await

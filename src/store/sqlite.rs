@@ -526,14 +526,17 @@ mod tests {
     }
 
     async fn open_with(dir: &tempfile::TempDir, metrics: &Metrics) -> SqliteStore {
-        let settings = SqliteSettings {
+        SqliteStore::open(settings(dir), metrics).await.unwrap()
+    }
+
+    fn settings(dir: &tempfile::TempDir) -> SqliteSettings {
+        SqliteSettings {
             path: dir.path().join("t.db"),
             readers: 2,
             acquire_timeout: Duration::from_secs(5),
             max_batch: 64,
             statement_timeout: Duration::from_secs(5),
-        };
-        SqliteStore::open(settings, metrics).await.unwrap()
+        }
     }
 
     fn user(i: usize, name: &str) -> NewUser {
@@ -670,6 +673,18 @@ mod tests {
         }
         conn.close().await.unwrap();
         store.close().await;
+    }
+
+    // Only the writer commits, so only its connection checkpoints.
+    #[tokio::test]
+    async fn the_writer_checkpoints_the_wal_every_ten_thousand_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = open_sqlite_writer(&settings(&dir)).await.unwrap();
+        let pages: i64 = sqlx::query_scalar("PRAGMA wal_autocheckpoint")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(pages, 10_000);
     }
 
     #[tokio::test]
