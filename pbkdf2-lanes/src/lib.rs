@@ -77,8 +77,14 @@
 //! stream, 2 to about 13 on two to eight streams, and a full 32 on two vectors;
 //! where the crossovers fall between varies from one start to the next by the
 //! noise. Sustained (`authd hash-bench`, 100,000 rounds, 64 jobs), the same
-//! CPU does 16.7 to 17.8 ns on two vectors, 18.8 to 19.4 on one, 20.4 to 22 on
-//! four to six SHA-NI streams.
+//! CPU does 15.3 to 17.8 ns on two vectors, 18.8 to 19.4 on one, 20.4 to 22 on
+//! four to six SHA-NI streams. In a quieter run the calibration gave SHA-NI
+//! 35.7, 21.2, 18.1 and 17.3 ns for one to four streams and 16.5 to 16.9 for
+//! five to eight, one vector 18.5 and two 15.1, against 35.8 ns per block for
+//! OpenSSL's single stream (`openssl speed -evp sha256 -bytes 16384`): two
+//! vectors at 0.43 times OpenSSL's cost, 1.14 times four SHA-NI streams'
+//! throughput. Both run on the same vector pipes here (a 512-bit operation
+//! takes a 256-bit unit twice, and `sha256rnds2` issues on those units too).
 //!
 //! A job with 0 rounds is refused with [`Error::ZeroRounds`] (PBKDF2 requires
 //! c ≥ 1) before anything is computed; nothing here panics on any input.
