@@ -1,5 +1,14 @@
-//! Refresh tokens: opaque, 256-bit, base64url (43 characters), stored only as a
-//! SHA-256 digest.
+//! Refresh tokens: opaque, base64url, stored only as a key derived from a SHA-256
+//! digest.
+//!
+//! A token is its session's time of issue (six bytes: milliseconds since the Unix
+//! epoch) and 32 secret bytes: 51 characters. The store keeps, for each token, the
+//! time of issue in hex followed by the hex SHA-256 digest of the whole token: keys
+//! then sort by the time their session began, so each Login adds its key at the end
+//! of the store's index instead of at a random page of it (with SQLite, a page
+//! written to the WAL and read back for every Login). Tokens issued before they
+//! carried their time (32 random bytes, 43 characters) keep working: their key is
+//! the digest alone, as it always was, and their rotations stay in that form.
 //!
 //! A session's first refresh token is random. Each one after is derived from the
 //! one it replaces with the session's rotation key (HMAC-SHA256, a random key per
@@ -10,7 +19,8 @@
 //!
 //! A refresh token is a secret: its `Debug` is redacted, and only [`RefreshToken::expose`]
 //! gives the text, for the response. A high-entropy secret needs no slow hash: the
-//! digest alone cannot be turned back into the token.
+//! digest alone cannot be turned back into the token. The time of issue is no
+//! secret (the login's access token carries it as `iat`).
 
 use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD};
 use hmac::{Hmac, KeyInit, Mac};
@@ -19,47 +29,113 @@ use std::fmt;
 
 /// Bytes of randomness in a refresh token (and in a rotation key).
 pub const TOKEN_BYTES: usize = 32;
-/// Characters of a refresh token: 32 bytes in unpadded base64url.
-pub const TOKEN_CHARS: usize = 43;
+/// Bytes of a token's time of issue: milliseconds since the Unix epoch, big-endian.
+const MINTED_BYTES: usize = 6;
+/// Characters of a refresh token: its time of issue and 32 random bytes in
+/// unpadded base64url.
+pub const TOKEN_CHARS: usize = 51;
+/// Characters of a refresh token issued before tokens carried their time of issue:
+/// 32 random bytes alone. The store still finds them.
+pub const LEGACY_TOKEN_CHARS: usize = 43;
 
-/// A refresh token (its 32 bytes).
+/// A refresh token: the session's time of issue (absent in a legacy token) and
+/// its 32 secret bytes.
 #[derive(Clone, PartialEq, Eq)]
-pub struct RefreshToken([u8; TOKEN_BYTES]);
+pub struct RefreshToken {
+    minted: Option<[u8; MINTED_BYTES]>,
+    secret: [u8; TOKEN_BYTES],
+}
 
 impl RefreshToken {
-    /// A new random token (a session's first).
+    /// A new random token (a session's first), stamped with the current time.
     pub fn random() -> Self {
-        let mut bytes = [0u8; TOKEN_BYTES];
-        rand::fill(&mut bytes);
-        Self(bytes)
+        let millis = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        Self::minted_at(millis)
+    }
+
+    fn minted_at(millis: u64) -> Self {
+        let mut secret = [0u8; TOKEN_BYTES];
+        rand::fill(&mut secret);
+        let mut minted = [0u8; MINTED_BYTES];
+        minted.copy_from_slice(&millis.to_be_bytes()[8 - MINTED_BYTES..]);
+        Self {
+            minted: Some(minted),
+            secret,
+        }
     }
 
     /// Parses a token as a client sent it; `None` when it cannot be one of ours.
     pub fn parse(text: &str) -> Option<Self> {
-        if text.len() != TOKEN_CHARS {
-            return None;
+        match text.len() {
+            TOKEN_CHARS => {
+                let bytes = URL_SAFE_NO_PAD.decode(text).ok()?;
+                let (minted, secret) = bytes.split_at_checked(MINTED_BYTES)?;
+                Some(Self {
+                    minted: Some(minted.try_into().ok()?),
+                    secret: secret.try_into().ok()?,
+                })
+            }
+            LEGACY_TOKEN_CHARS => {
+                let bytes = URL_SAFE_NO_PAD.decode(text).ok()?;
+                Some(Self {
+                    minted: None,
+                    secret: bytes.try_into().ok()?,
+                })
+            }
+            _ => None,
         }
-        let bytes = URL_SAFE_NO_PAD.decode(text).ok()?;
-        Some(Self(bytes.try_into().ok()?))
     }
 
-    /// The token after this one, in the session whose rotation key is `key`.
+    /// The token after this one, in the session whose rotation key is `key`: the
+    /// same time of issue (so the store keeps a session's keys together), new
+    /// secret bytes.
     pub fn next(&self, key: &RotationKey) -> Self {
         let mut mac =
             <Hmac<Sha256> as KeyInit>::new_from_slice(&key.0).expect("HMAC accepts any key length");
         mac.update(b"authd refresh token rotation\0");
-        mac.update(&self.0);
-        Self(mac.finalize().into_bytes().into())
+        if let Some(minted) = &self.minted {
+            mac.update(minted);
+        }
+        mac.update(&self.secret);
+        Self {
+            minted: self.minted,
+            secret: mac.finalize().into_bytes().into(),
+        }
     }
 
-    /// The hex SHA-256 digest the store keeps.
+    /// The key the store finds the token by. A legacy token's is the hex SHA-256
+    /// digest of its bytes (64 characters); a current token's is its time of issue
+    /// in hex, then the digest of all its bytes (76 characters). Keys then sort by
+    /// the time their session began, so a new session's key lands at the end of
+    /// the store's index instead of at a random page of it.
     pub fn digest(&self) -> String {
-        hex::encode(Sha256::digest(self.0))
+        match &self.minted {
+            None => hex::encode(Sha256::digest(self.secret)),
+            Some(minted) => {
+                let digest = Sha256::new()
+                    .chain_update(minted)
+                    .chain_update(self.secret)
+                    .finalize();
+                let mut key = hex::encode(minted);
+                key.push_str(&hex::encode(digest));
+                key
+            }
+        }
     }
 
     /// The text of the token, for the response that hands it out.
     pub fn expose(&self) -> String {
-        URL_SAFE_NO_PAD.encode(self.0)
+        match &self.minted {
+            None => URL_SAFE_NO_PAD.encode(self.secret),
+            Some(minted) => {
+                let mut bytes = [0u8; MINTED_BYTES + TOKEN_BYTES];
+                bytes[..MINTED_BYTES].copy_from_slice(minted);
+                bytes[MINTED_BYTES..].copy_from_slice(&self.secret);
+                URL_SAFE_NO_PAD.encode(bytes)
+            }
+        }
     }
 }
 
@@ -103,21 +179,84 @@ impl fmt::Debug for RotationKey {
 mod tests {
     use super::*;
 
+    /// A token of the form issued before tokens carried their time of issue.
+    fn legacy() -> RefreshToken {
+        let mut secret = [0u8; TOKEN_BYTES];
+        rand::fill(&mut secret);
+        RefreshToken::parse(&URL_SAFE_NO_PAD.encode(secret)).unwrap()
+    }
+
     #[test]
-    fn tokens_round_trip_and_are_43_characters() {
+    fn tokens_round_trip_and_are_51_characters() {
         let t = RefreshToken::random();
         let text = t.expose();
         assert_eq!(text.len(), TOKEN_CHARS);
         assert_eq!(RefreshToken::parse(&text), Some(t.clone()));
-        assert_eq!(t.digest().len(), 64);
+        assert_eq!(t.digest().len(), 76);
         assert_ne!(RefreshToken::random(), t);
     }
 
     #[test]
-    fn malformed_tokens_are_refused() {
-        for bad in ["", "abc", &"A".repeat(42), &"A".repeat(44), &"!".repeat(43)] {
-            assert!(RefreshToken::parse(bad).is_none(), "{bad:?}");
+    fn keys_sort_by_the_time_of_issue_and_keep_it_through_rotations() {
+        let key = RotationKey::random();
+        let (early, late) = (
+            RefreshToken::minted_at(1_800_000_000_000),
+            RefreshToken::minted_at(1_800_000_000_001),
+        );
+        // The later token's key sorts after, whatever the secret bytes.
+        for _ in 0..32 {
+            let early = RefreshToken::minted_at(1_800_000_000_000);
+            assert!(early.digest() < late.digest());
         }
+        assert!(
+            early
+                .digest()
+                .starts_with(&hex::encode(&1_800_000_000_000u64.to_be_bytes()[2..]))
+        );
+        let rotated = early.next(&key);
+        assert_eq!(rotated.expose().len(), TOKEN_CHARS);
+        assert_eq!(rotated.digest()[..12], early.digest()[..12]);
+        assert_ne!(rotated.digest(), early.digest());
+        // The digest covers the time of issue: the same secret at another time is
+        // another key.
+        let moved = RefreshToken {
+            minted: late.minted,
+            secret: early.secret,
+        };
+        assert_ne!(moved.digest()[12..], early.digest()[12..]);
+    }
+
+    #[test]
+    fn legacy_tokens_keep_their_digest_and_their_rotations() {
+        let key = RotationKey::random();
+        let old = legacy();
+        assert_eq!(old.expose().len(), LEGACY_TOKEN_CHARS);
+        assert_eq!(old.digest(), hex::encode(Sha256::digest(old.secret)));
+        // Rotated as before this format existed: HMAC of the label and the 32 bytes.
+        let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(&key.0).unwrap();
+        mac.update(b"authd refresh token rotation\0");
+        mac.update(&old.secret);
+        let expected: [u8; TOKEN_BYTES] = mac.finalize().into_bytes().into();
+        let next = old.next(&key);
+        assert_eq!(next.expose(), URL_SAFE_NO_PAD.encode(expected));
+        assert_eq!(next.digest().len(), 64);
+    }
+
+    #[test]
+    fn malformed_tokens_are_refused() {
+        let bad_lengths = [0, 3, 42, 44, 50, 52, 64];
+        for len in bad_lengths {
+            assert!(RefreshToken::parse(&"A".repeat(len)).is_none(), "{len}");
+        }
+        for bad in [
+            "!".repeat(43),
+            "!".repeat(51),
+            format!("{}=", "A".repeat(50)),
+        ] {
+            assert!(RefreshToken::parse(&bad).is_none(), "{bad:?}");
+        }
+        // Characters past the last full byte must be zero bits (canonical base64).
+        assert!(RefreshToken::parse(&format!("{}B", "A".repeat(50))).is_none());
     }
 
     #[test]
@@ -139,8 +278,9 @@ mod tests {
 
     #[test]
     fn debug_never_shows_the_secret() {
-        let t = RefreshToken::random();
-        assert!(!format!("{t:?}").contains(&t.expose()));
+        for t in [RefreshToken::random(), legacy()] {
+            assert!(!format!("{t:?}").contains(&t.expose()));
+        }
         let k = RotationKey::random();
         assert!(!format!("{k:?}").contains(&k.to_hex()));
     }

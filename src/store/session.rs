@@ -9,7 +9,8 @@
 //! conditional `UPDATE … WHERE refresh_digest = …` (or `ended_at IS NULL`) whose
 //! count of affected rows says whether this request won.
 //!
-//! Refresh tokens are never stored: only their SHA-256 digests (hex), and each
+//! Refresh tokens are never stored: only their keys (the session's time of issue
+//! and their SHA-256 digest, in hex; see `refresh`), and each
 //! session's rotation key, which derives a session's next token from the one
 //! presented (`refresh`): so a Refresh repeated with the token just rotated (a
 //! retry, or two requests at once) is answered with the same next token. Exactly

@@ -29,6 +29,7 @@ crate::backend_tests!(
     a_password_change_ends_every_session,
     a_password_change_checks_the_current_password_and_the_new_one,
     a_database_of_the_previous_schema_is_upgraded_in_place,
+    refresh_tokens_of_the_earlier_form_keep_working,
 );
 
 async fn refresh(app: &mut TestApp, token: &str) -> Result<RefreshResponse, Status> {
@@ -114,7 +115,11 @@ fn assert_unauthenticated<T: std::fmt::Debug>(result: Result<T, Status>) {
 async fn login_starts_a_session_and_refresh_rotates_its_tokens(db: TestDb) {
     let mut app = spawn_app_on(&db, |_| {}).await;
     let login = user_with_session(&mut app, "rosa").await;
-    assert_eq!(login.refresh_token.len(), 43, "256 bits in base64url");
+    assert_eq!(
+        login.refresh_token.len(),
+        51,
+        "the time of issue and 256 bits in base64url"
+    );
     assert!(
         login
             .refresh_token
@@ -330,8 +335,13 @@ async fn bad_tokens_are_unauthenticated_and_missing_ones_invalid(db: TestDb) {
     use jsonwebtoken::{Algorithm, EncodingKey, Header};
     let mut app = spawn_app_on(&db, |_| {}).await;
     let login = user_with_session(&mut app, "abel").await;
-    let forged_refresh = "A".repeat(43);
-    for bad in ["garbage", forged_refresh.as_str(), &"x".repeat(2000)] {
+    let (forged_refresh, forged_earlier) = ("A".repeat(51), "A".repeat(43));
+    for bad in [
+        "garbage",
+        &forged_refresh,
+        &forged_earlier,
+        &"x".repeat(2000),
+    ] {
         assert_unauthenticated(refresh(&mut app, bad).await);
         assert_unauthenticated(logout(&mut app, bad, "", false).await);
         assert_unauthenticated(logout(&mut app, bad, "", true).await);
@@ -461,6 +471,55 @@ async fn a_database_of_the_previous_schema_is_upgraded_in_place(db: TestDb) {
     let login = app.login("egon", PASSWORD).await.unwrap();
     let rotated = refresh(&mut app, &login.refresh_token).await.unwrap();
     app.validate(&rotated.access_token).await.unwrap();
+    assert_eq!(
+        logout(&mut app, &rotated.refresh_token, "", false)
+            .await
+            .unwrap(),
+        1
+    );
+}
+
+/// A refresh token as authd issued them before tokens carried their time of issue
+/// (32 bytes, 43 characters), and the key the store kept for it: its SHA-256 digest.
+const EARLIER_TOKEN: &str = "LegacyRefreshTokenFromBeforeTheTimeOfIssue0";
+const EARLIER_DIGEST: &str = "892ec07e04edbcb4d4af5bbfb1073e49611a98a178f09806daf7d6aee50d61c3";
+
+async fn refresh_tokens_of_the_earlier_form_keep_working(db: TestDb) {
+    use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD};
+    use sha2::{Digest as _, Sha256};
+    let bytes = URL_SAFE_NO_PAD.decode(EARLIER_TOKEN).unwrap();
+    assert_eq!(hex::encode(Sha256::digest(&bytes)), EARLIER_DIGEST);
+
+    let mut app = spawn_app_on(&db, |_| {}).await;
+    let login = user_with_session(&mut app, "greta").await;
+    // The session's token becomes one of the earlier form, as a session begun
+    // before the upgrade has.
+    db.execute(
+        "UPDATE sessions SET refresh_digest = \
+         '892ec07e04edbcb4d4af5bbfb1073e49611a98a178f09806daf7d6aee50d61c3'",
+    )
+    .await;
+    let other = app.login("greta", PASSWORD).await.unwrap();
+    assert_unauthenticated(refresh(&mut app, &login.refresh_token).await);
+
+    // It refreshes, and its rotations keep its form.
+    let first = refresh(&mut app, EARLIER_TOKEN).await.unwrap();
+    assert_eq!(first.session_id, login.session_id);
+    assert_eq!(first.refresh_token.len(), 43);
+    // A retry within the grace gets the same token again.
+    let retried = refresh(&mut app, EARLIER_TOKEN).await.unwrap();
+    assert_eq!(retried.refresh_token, first.refresh_token);
+    let second = refresh(&mut app, &first.refresh_token).await.unwrap();
+    assert_eq!(second.refresh_token.len(), 43);
+    app.validate(&second.access_token).await.unwrap();
+
+    // Rotated twice, presented again: reuse ends its session, and only it.
+    assert_unauthenticated(refresh(&mut app, EARLIER_TOKEN).await);
+    assert_unauthenticated(app.validate(&second.access_token).await);
+    assert_eq!(sessions_ended(&app, "reuse"), 1.0);
+    app.validate(&other.access_token).await.unwrap();
+    let rotated = refresh(&mut app, &other.refresh_token).await.unwrap();
+    assert_eq!(rotated.refresh_token.len(), 51);
     assert_eq!(
         logout(&mut app, &rotated.refresh_token, "", false)
             .await
