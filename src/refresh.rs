@@ -1,8 +1,8 @@
 //! Refresh tokens: opaque, base64url, stored only as a key derived from a SHA-256
 //! digest.
 //!
-//! A token is its session's time of issue (six bytes: milliseconds since the Unix
-//! epoch) and 32 secret bytes: 51 characters. The store keeps, for each token, the
+//! A token is its session's time of issue (its `created_at`, six bytes:
+//! milliseconds since the Unix epoch) and 32 secret bytes: 51 characters. The store keeps, for each token, the
 //! time of issue in hex followed by the hex SHA-256 digest of the whole token: keys
 //! then sort by the time their session began, so each Login adds its key at the end
 //! of the store's index instead of at a random page of it (with SQLite, a page
@@ -47,19 +47,13 @@ pub struct RefreshToken {
 }
 
 impl RefreshToken {
-    /// A new random token (a session's first), stamped with the current time.
-    pub fn random() -> Self {
-        let millis = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        Self::minted_at(millis)
-    }
-
-    fn minted_at(millis: u64) -> Self {
+    /// A session's first token: its time of issue (the session's `created_at`, in
+    /// milliseconds since the Unix epoch; 0 for a time before it) and 32 random bytes.
+    pub fn issued_at(millis: i64) -> Self {
         let mut secret = [0u8; TOKEN_BYTES];
         rand::fill(&mut secret);
         let mut minted = [0u8; MINTED_BYTES];
-        minted.copy_from_slice(&millis.to_be_bytes()[8 - MINTED_BYTES..]);
+        minted.copy_from_slice(&millis.max(0).to_be_bytes()[8 - MINTED_BYTES..]);
         Self {
             minted: Some(minted),
             secret,
@@ -179,6 +173,9 @@ impl fmt::Debug for RotationKey {
 mod tests {
     use super::*;
 
+    /// A time of issue: 2027-01-15T08:00:00Z.
+    const NOW: i64 = 1_800_000_000_000;
+
     /// A token of the form issued before tokens carried their time of issue.
     fn legacy() -> RefreshToken {
         let mut secret = [0u8; TOKEN_BYTES];
@@ -188,30 +185,33 @@ mod tests {
 
     #[test]
     fn tokens_round_trip_and_are_51_characters() {
-        let t = RefreshToken::random();
+        let t = RefreshToken::issued_at(NOW);
         let text = t.expose();
         assert_eq!(text.len(), TOKEN_CHARS);
         assert_eq!(RefreshToken::parse(&text), Some(t.clone()));
         assert_eq!(t.digest().len(), 76);
-        assert_ne!(RefreshToken::random(), t);
+        assert_ne!(RefreshToken::issued_at(NOW), t);
     }
 
     #[test]
     fn keys_sort_by_the_time_of_issue_and_keep_it_through_rotations() {
         let key = RotationKey::random();
         let (early, late) = (
-            RefreshToken::minted_at(1_800_000_000_000),
-            RefreshToken::minted_at(1_800_000_000_001),
+            RefreshToken::issued_at(NOW),
+            RefreshToken::issued_at(NOW + 1),
         );
         // The later token's key sorts after, whatever the secret bytes.
         for _ in 0..32 {
-            let early = RefreshToken::minted_at(1_800_000_000_000);
+            let early = RefreshToken::issued_at(NOW);
             assert!(early.digest() < late.digest());
         }
+        // 1,800,000,000,000 ms is 0x01a3185c5000.
+        assert!(early.digest().starts_with("01a3185c5000"));
+        // A time before the epoch is 0.
         assert!(
-            early
+            RefreshToken::issued_at(-5)
                 .digest()
-                .starts_with(&hex::encode(&1_800_000_000_000u64.to_be_bytes()[2..]))
+                .starts_with("000000000000")
         );
         let rotated = early.next(&key);
         assert_eq!(rotated.expose().len(), TOKEN_CHARS);
@@ -262,7 +262,7 @@ mod tests {
     #[test]
     fn the_next_token_depends_on_the_key_and_the_token() {
         let (k1, k2) = (RotationKey::random(), RotationKey::random());
-        let t = RefreshToken::random();
+        let t = RefreshToken::issued_at(NOW);
         assert_eq!(t.next(&k1), t.next(&k1));
         assert_ne!(t.next(&k1), t.next(&k2));
         assert_ne!(t.next(&k1), t);
@@ -278,7 +278,7 @@ mod tests {
 
     #[test]
     fn debug_never_shows_the_secret() {
-        for t in [RefreshToken::random(), legacy()] {
+        for t in [RefreshToken::issued_at(NOW), legacy()] {
             assert!(!format!("{t:?}").contains(&t.expose()));
         }
         let k = RotationKey::random();
