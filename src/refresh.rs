@@ -2,20 +2,22 @@
 //! digest.
 //!
 //! A token is its session's time of issue (its `created_at`, six bytes:
-//! milliseconds since the Unix epoch) and 32 secret bytes: 51 characters. The store keeps, for each token, the
-//! time of issue in hex followed by the hex SHA-256 digest of the whole token: keys
-//! then sort by the time their session began, so each Login adds its key at the end
-//! of the store's index instead of at a random page of it (with SQLite, a page
-//! written to the WAL and read back for every Login). Tokens issued before they
-//! carried their time (32 random bytes, 43 characters) keep working: their key is
-//! the digest alone, as it always was, and their rotations stay in that form.
+//! milliseconds since the Unix epoch) and 32 secret bytes: 51 characters. The
+//! store keeps, for each token, the time of issue in hex followed by the hex
+//! SHA-256 digest of the whole token: keys then sort by the time their session
+//! began, so each Login adds its key at the end of the store's index instead of at
+//! a random page of it (with SQLite, a page written to the WAL and read back for
+//! every Login). Tokens issued before they carried their time (32 random bytes, 43
+//! characters) keep working: their key is the digest alone, as it always was, and
+//! their rotations stay in that form.
 //!
-//! A session's first refresh token is random. Each one after is derived from the
-//! one it replaces with the session's rotation key (HMAC-SHA256, a random key per
-//! session, kept in the store): so a Refresh that is retried, or sent twice at
-//! once, with the token just rotated is answered with the very token its first
-//! answer carried, instead of a second, diverging one (see docs/sessions.md). A
-//! token cannot be derived without both the token before it and the session's key.
+//! A session's first refresh token has random secret bytes. Each one after is
+//! derived from the one it replaces with the session's rotation key (HMAC-SHA256, a
+//! random key per session, kept in the store): so a Refresh that is retried, or
+//! sent twice at once, with the token just rotated is answered with the very token
+//! its first answer carried, instead of a second, diverging one (see
+//! docs/sessions.md). A token cannot be derived without both the token before it
+//! and the session's key.
 //!
 //! A refresh token is a secret: its `Debug` is redacted, and only [`RefreshToken::expose`]
 //! gives the text, for the response. A high-entropy secret needs no slow hash: the
