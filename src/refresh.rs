@@ -32,7 +32,7 @@ use std::fmt;
 /// Bytes of randomness in a refresh token (and in a rotation key).
 pub const TOKEN_BYTES: usize = 32;
 /// Bytes of a token's time of issue: milliseconds since the Unix epoch, big-endian.
-const MINTED_BYTES: usize = 6;
+const ISSUED_BYTES: usize = 6;
 /// Characters of a refresh token: its time of issue and 32 random bytes in
 /// unpadded base64url.
 pub const TOKEN_CHARS: usize = 51;
@@ -44,7 +44,7 @@ pub const LEGACY_TOKEN_CHARS: usize = 43;
 /// its 32 secret bytes.
 #[derive(Clone, PartialEq, Eq)]
 pub struct RefreshToken {
-    minted: Option<[u8; MINTED_BYTES]>,
+    issued: Option<[u8; ISSUED_BYTES]>,
     secret: [u8; TOKEN_BYTES],
 }
 
@@ -54,34 +54,29 @@ impl RefreshToken {
     pub fn issued_at(millis: i64) -> Self {
         let mut secret = [0u8; TOKEN_BYTES];
         rand::fill(&mut secret);
-        let mut minted = [0u8; MINTED_BYTES];
-        minted.copy_from_slice(&millis.max(0).to_be_bytes()[8 - MINTED_BYTES..]);
+        let mut issued = [0u8; ISSUED_BYTES];
+        issued.copy_from_slice(&millis.max(0).to_be_bytes()[8 - ISSUED_BYTES..]);
         Self {
-            minted: Some(minted),
+            issued: Some(issued),
             secret,
         }
     }
 
     /// Parses a token as a client sent it; `None` when it cannot be one of ours.
+    /// Its length says its form; its text must be canonical base64url.
     pub fn parse(text: &str) -> Option<Self> {
-        match text.len() {
-            TOKEN_CHARS => {
-                let bytes = URL_SAFE_NO_PAD.decode(text).ok()?;
-                let (minted, secret) = bytes.split_at_checked(MINTED_BYTES)?;
-                Some(Self {
-                    minted: Some(minted.try_into().ok()?),
-                    secret: secret.try_into().ok()?,
-                })
-            }
-            LEGACY_TOKEN_CHARS => {
-                let bytes = URL_SAFE_NO_PAD.decode(text).ok()?;
-                Some(Self {
-                    minted: None,
-                    secret: bytes.try_into().ok()?,
-                })
-            }
-            _ => None,
-        }
+        let issued_bytes = match text.len() {
+            TOKEN_CHARS => ISSUED_BYTES,
+            LEGACY_TOKEN_CHARS => 0,
+            _ => return None,
+        };
+        let bytes = URL_SAFE_NO_PAD.decode(text).ok()?;
+        let (issued, secret) = bytes.split_at_checked(issued_bytes)?;
+        Some(Self {
+            // Empty in a legacy token, so no time of issue.
+            issued: issued.try_into().ok(),
+            secret: secret.try_into().ok()?,
+        })
     }
 
     /// The token after this one, in the session whose rotation key is `key`: the
@@ -91,44 +86,46 @@ impl RefreshToken {
         let mut mac =
             <Hmac<Sha256> as KeyInit>::new_from_slice(&key.0).expect("HMAC accepts any key length");
         mac.update(b"authd refresh token rotation\0");
-        if let Some(minted) = &self.minted {
-            mac.update(minted);
+        if let Some(issued) = &self.issued {
+            mac.update(issued);
         }
         mac.update(&self.secret);
         Self {
-            minted: self.minted,
+            issued: self.issued,
             secret: mac.finalize().into_bytes().into(),
         }
     }
 
     /// The key the store finds the token by. A legacy token's is the hex SHA-256
-    /// digest of its bytes (64 characters); a current token's is its time of issue
-    /// in hex, then the digest of all its bytes (76 characters). Keys then sort by
+    /// digest of its bytes (64 characters); a current token's is its time of issue,
+    /// then the digest of all its bytes, in hex (76 characters). Keys then sort by
     /// the time their session began, so a new session's key lands at the end of
     /// the store's index instead of at a random page of it.
-    pub fn digest(&self) -> String {
-        match &self.minted {
+    pub fn store_key(&self) -> String {
+        match &self.issued {
             None => hex::encode(Sha256::digest(self.secret)),
-            Some(minted) => {
+            Some(issued) => {
+                // The time of issue, then a SHA-256 digest (32 bytes).
+                let mut key = [0u8; ISSUED_BYTES + 32];
+                key[..ISSUED_BYTES].copy_from_slice(issued);
                 let digest = Sha256::new()
-                    .chain_update(minted)
+                    .chain_update(issued)
                     .chain_update(self.secret)
                     .finalize();
-                let mut key = hex::encode(minted);
-                key.push_str(&hex::encode(digest));
-                key
+                key[ISSUED_BYTES..].copy_from_slice(&digest);
+                hex::encode(key)
             }
         }
     }
 
     /// The text of the token, for the response that hands it out.
     pub fn expose(&self) -> String {
-        match &self.minted {
+        match &self.issued {
             None => URL_SAFE_NO_PAD.encode(self.secret),
-            Some(minted) => {
-                let mut bytes = [0u8; MINTED_BYTES + TOKEN_BYTES];
-                bytes[..MINTED_BYTES].copy_from_slice(minted);
-                bytes[MINTED_BYTES..].copy_from_slice(&self.secret);
+            Some(issued) => {
+                let mut bytes = [0u8; ISSUED_BYTES + TOKEN_BYTES];
+                bytes[..ISSUED_BYTES].copy_from_slice(issued);
+                bytes[ISSUED_BYTES..].copy_from_slice(&self.secret);
                 URL_SAFE_NO_PAD.encode(bytes)
             }
         }
@@ -191,7 +188,7 @@ mod tests {
         let text = t.expose();
         assert_eq!(text.len(), TOKEN_CHARS);
         assert_eq!(RefreshToken::parse(&text), Some(t.clone()));
-        assert_eq!(t.digest().len(), 76);
+        assert_eq!(t.store_key().len(), 76);
         assert_ne!(RefreshToken::issued_at(NOW), t);
     }
 
@@ -205,27 +202,27 @@ mod tests {
         // The later token's key sorts after, whatever the secret bytes.
         for _ in 0..32 {
             let early = RefreshToken::issued_at(NOW);
-            assert!(early.digest() < late.digest());
+            assert!(early.store_key() < late.store_key());
         }
         // 1,800,000,000,000 ms is 0x01a3185c5000.
-        assert!(early.digest().starts_with("01a3185c5000"));
+        assert!(early.store_key().starts_with("01a3185c5000"));
         // A time before the epoch is 0.
         assert!(
             RefreshToken::issued_at(-5)
-                .digest()
+                .store_key()
                 .starts_with("000000000000")
         );
         let rotated = early.next(&key);
         assert_eq!(rotated.expose().len(), TOKEN_CHARS);
-        assert_eq!(rotated.digest()[..12], early.digest()[..12]);
-        assert_ne!(rotated.digest(), early.digest());
+        assert_eq!(rotated.store_key()[..12], early.store_key()[..12]);
+        assert_ne!(rotated.store_key(), early.store_key());
         // The digest covers the time of issue: the same secret at another time is
         // another key.
         let moved = RefreshToken {
-            minted: late.minted,
+            issued: late.issued,
             secret: early.secret,
         };
-        assert_ne!(moved.digest()[12..], early.digest()[12..]);
+        assert_ne!(moved.store_key()[12..], early.store_key()[12..]);
     }
 
     #[test]
@@ -233,7 +230,7 @@ mod tests {
         let key = RotationKey::random();
         let old = legacy();
         assert_eq!(old.expose().len(), LEGACY_TOKEN_CHARS);
-        assert_eq!(old.digest(), hex::encode(Sha256::digest(old.secret)));
+        assert_eq!(old.store_key(), hex::encode(Sha256::digest(old.secret)));
         // Rotated as before this format existed: HMAC of the label and the 32 bytes.
         let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(&key.0).unwrap();
         mac.update(b"authd refresh token rotation\0");
@@ -241,7 +238,7 @@ mod tests {
         let expected: [u8; TOKEN_BYTES] = mac.finalize().into_bytes().into();
         let next = old.next(&key);
         assert_eq!(next.expose(), URL_SAFE_NO_PAD.encode(expected));
-        assert_eq!(next.digest().len(), 64);
+        assert_eq!(next.store_key().len(), 64);
     }
 
     #[test]

@@ -453,7 +453,7 @@ impl Accounts {
                 user_id: session.user_id.clone(),
                 password_version: user.password_version,
                 rotation_key: RotationKey::random(),
-                refresh_digest: refresh_token.digest(),
+                refresh_digest: refresh_token.store_key(),
                 created_at: now,
                 expires_at: session.expires_at,
                 client_addr: caller.client.map(|ip| ip.to_string()),
@@ -577,7 +577,7 @@ impl Accounts {
         let mut ended = Vec::new();
         let mut named = Vec::new();
         if let Some(token) = refresh {
-            let digest = token.digest();
+            let digest = token.store_key();
             match (self.store)
                 .end_by_digest(&digest, all, now, millis(RETRY_GRACE))
                 .await?

@@ -317,7 +317,7 @@ macro_rules! session_ops {
             conn: &mut $conn,
             r: &Rotation,
         ) -> Result<Refreshed, sqlx::Error> {
-            let digest = r.presented.digest();
+            let digest = r.presented.store_key();
             // 1. The token that works now: rotate from it, if this request wins.
             let current = sqlx::query(sql::FIND_CURRENT)
                 .bind(digest.as_str())
@@ -335,7 +335,7 @@ macro_rules! session_ops {
                     .execute(&mut *conn)
                     .await?;
                 let won = sqlx::query(sql::ROTATE_CURRENT)
-                    .bind(next.digest())
+                    .bind(next.store_key())
                     .bind(r.now)
                     .bind(id.as_str())
                     .bind(digest.as_str())
@@ -376,7 +376,7 @@ macro_rules! session_ops {
                 if within_grace {
                     let next = r.presented.next(&rotation_key(&row)?);
                     let current: String = row.try_get("refresh_digest")?;
-                    if next.digest() == current {
+                    if next.store_key() == current {
                         return Ok(Refreshed::Rotated {
                             session: live(&row)?,
                             refresh_token: next,
