@@ -108,11 +108,7 @@ impl RefreshToken {
                 // The time of issue, then a SHA-256 digest (32 bytes).
                 let mut key = [0u8; ISSUED_BYTES + 32];
                 key[..ISSUED_BYTES].copy_from_slice(issued);
-                let digest = Sha256::new()
-                    .chain_update(issued)
-                    .chain_update(self.secret)
-                    .finalize();
-                key[ISSUED_BYTES..].copy_from_slice(&digest);
+                key[ISSUED_BYTES..].copy_from_slice(&Sha256::digest(self.bytes(issued)));
                 hex::encode(key)
             }
         }
@@ -122,13 +118,17 @@ impl RefreshToken {
     pub fn expose(&self) -> String {
         match &self.issued {
             None => URL_SAFE_NO_PAD.encode(self.secret),
-            Some(issued) => {
-                let mut bytes = [0u8; ISSUED_BYTES + TOKEN_BYTES];
-                bytes[..ISSUED_BYTES].copy_from_slice(issued);
-                bytes[ISSUED_BYTES..].copy_from_slice(&self.secret);
-                URL_SAFE_NO_PAD.encode(bytes)
-            }
+            Some(issued) => URL_SAFE_NO_PAD.encode(self.bytes(issued)),
         }
+    }
+
+    /// A current token's bytes, as its text encodes them: its time of issue, then
+    /// its secret.
+    fn bytes(&self, issued: &[u8; ISSUED_BYTES]) -> [u8; ISSUED_BYTES + TOKEN_BYTES] {
+        let mut bytes = [0u8; ISSUED_BYTES + TOKEN_BYTES];
+        bytes[..ISSUED_BYTES].copy_from_slice(issued);
+        bytes[ISSUED_BYTES..].copy_from_slice(&self.secret);
+        bytes
     }
 }
 

@@ -577,9 +577,9 @@ impl Accounts {
         let mut ended = Vec::new();
         let mut named = Vec::new();
         if let Some(token) = refresh {
-            let digest = token.store_key();
+            let key = token.store_key();
             match (self.store)
-                .end_by_digest(&digest, all, now, millis(RETRY_GRACE))
+                .end_by_digest(&key, all, now, millis(RETRY_GRACE))
                 .await?
             {
                 LoggedOut::Ended(outcome) => {

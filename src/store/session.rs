@@ -3,15 +3,16 @@
 //! Both backends run the same statements, through the same code. The one read,
 //! [`ended_since`], is generic over the database and runs on either backend's
 //! connections; the writes ([`session_ops`] is instantiated once per connection
-//! type) run inside one transaction per operation: SQLite's batching writer (which runs every write of a batch in its
-//! transaction, one after the other) and a PostgreSQL transaction. Races between
+//! type) run inside one transaction per operation: SQLite's batching writer
+//! (which runs every write of a batch in its transaction, one after the other) and
+//! a PostgreSQL transaction. Races between
 //! requests, on one replica or many, are decided by the database: every change is a
 //! conditional `UPDATE … WHERE refresh_digest = …` (or `ended_at IS NULL`) whose
 //! count of affected rows says whether this request won.
 //!
 //! Refresh tokens are never stored: only their keys (the session's time of issue
-//! and their SHA-256 digest, in hex; see `refresh`), and each
-//! session's rotation key, which derives a session's next token from the one
+//! and their SHA-256 digest, in hex, in the `refresh_digest` column; see
+//! `refresh`), and each session's rotation key, which derives a session's next token from the one
 //! presented (`refresh`): so a Refresh repeated with the token just rotated (a
 //! retry, or two requests at once) is answered with the same next token. Exactly
 //! one request performs a rotation (its conditional `UPDATE` affects the row); the
@@ -66,7 +67,8 @@ pub struct NewSession {
     /// while it is still the user's.
     pub password_version: i64,
     pub rotation_key: RotationKey,
-    /// Hex SHA-256 of the refresh token.
+    /// The refresh token's store key ([`RefreshToken::store_key`]), for the
+    /// `refresh_digest` column.
     pub refresh_digest: String,
     pub created_at: i64,
     pub expires_at: i64,
@@ -317,10 +319,10 @@ macro_rules! session_ops {
             conn: &mut $conn,
             r: &Rotation,
         ) -> Result<Refreshed, sqlx::Error> {
-            let digest = r.presented.store_key();
+            let presented = r.presented.store_key();
             // 1. The token that works now: rotate from it, if this request wins.
             let current = sqlx::query(sql::FIND_CURRENT)
-                .bind(digest.as_str())
+                .bind(presented.as_str())
                 .fetch_optional(&mut *conn)
                 .await?;
             if let Some(row) = current {
@@ -331,14 +333,14 @@ macro_rules! session_ops {
                 let id: String = row.try_get("id")?;
                 let next = r.presented.next(&rotation_key(&row)?);
                 sqlx::query(sql::RETIRE_PREVIOUS)
-                    .bind(digest.as_str())
+                    .bind(presented.as_str())
                     .execute(&mut *conn)
                     .await?;
                 let won = sqlx::query(sql::ROTATE_CURRENT)
                     .bind(next.store_key())
                     .bind(r.now)
                     .bind(id.as_str())
-                    .bind(digest.as_str())
+                    .bind(presented.as_str())
                     .execute(&mut *conn)
                     .await?
                     .rows_affected()
@@ -354,7 +356,7 @@ macro_rules! session_ops {
             }
             // 2. The token just rotated: the same answer within the grace, else reuse.
             let previous = sqlx::query(sql::FIND_BY_PREVIOUS)
-                .bind(digest.as_str())
+                .bind(presented.as_str())
                 .fetch_optional(&mut *conn)
                 .await?;
             if let Some(row) = previous {
@@ -395,7 +397,7 @@ macro_rules! session_ops {
             }
             // 3. A token rotated out before that: reuse.
             let retired: Option<String> = sqlx::query_scalar(sql::FIND_RETIRED)
-                .bind(digest.as_str())
+                .bind(presented.as_str())
                 .fetch_optional(&mut *conn)
                 .await?;
             if let Some(id) = retired {
