@@ -30,6 +30,7 @@ crate::backend_tests!(
     a_password_change_checks_the_current_password_and_the_new_one,
     a_database_of_the_previous_schema_is_upgraded_in_place,
     refresh_tokens_of_the_earlier_form_keep_working,
+    concurrent_refreshes_of_a_token_of_the_earlier_form_rotate_it_once,
 );
 
 async fn refresh(app: &mut TestApp, token: &str) -> Result<RefreshResponse, Status> {
@@ -483,6 +484,11 @@ async fn a_database_of_the_previous_schema_is_upgraded_in_place(db: TestDb) {
 /// (32 bytes, 43 characters), and the key the store kept for it: its SHA-256 digest.
 const EARLIER_TOKEN: &str = "LegacyRefreshTokenFromBeforeTheTimeOfIssue0";
 const EARLIER_DIGEST: &str = "892ec07e04edbcb4d4af5bbfb1073e49611a98a178f09806daf7d6aee50d61c3";
+/// Makes every session's refresh token `EARLIER_TOKEN`, as a session begun before
+/// the upgrade has (the statement must be static text: it spells `EARLIER_DIGEST`,
+/// which `refresh_tokens_of_the_earlier_form_keep_working` checks it against).
+const TO_THE_EARLIER_FORM: &str = "UPDATE sessions SET refresh_digest = \
+     '892ec07e04edbcb4d4af5bbfb1073e49611a98a178f09806daf7d6aee50d61c3'";
 
 async fn refresh_tokens_of_the_earlier_form_keep_working(db: TestDb) {
     use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD};
@@ -494,11 +500,8 @@ async fn refresh_tokens_of_the_earlier_form_keep_working(db: TestDb) {
     let login = user_with_session(&mut app, "greta").await;
     // The session's token becomes one of the earlier form, as a session begun
     // before the upgrade has.
-    db.execute(
-        "UPDATE sessions SET refresh_digest = \
-         '892ec07e04edbcb4d4af5bbfb1073e49611a98a178f09806daf7d6aee50d61c3'",
-    )
-    .await;
+    assert!(TO_THE_EARLIER_FORM.contains(EARLIER_DIGEST));
+    db.execute(TO_THE_EARLIER_FORM).await;
     let other = app.login("greta", PASSWORD).await.unwrap();
     assert_unauthenticated(refresh(&mut app, &login.refresh_token).await);
 
@@ -526,6 +529,37 @@ async fn refresh_tokens_of_the_earlier_form_keep_working(db: TestDb) {
             .unwrap(),
         1
     );
+}
+
+/// Fifty refreshes at once of a token of the earlier form, over twenty connections
+/// from addresses of their own: one rotation, one next token for all of them (still
+/// of the earlier form), no reuse.
+async fn concurrent_refreshes_of_a_token_of_the_earlier_form_rotate_it_once(db: TestDb) {
+    let mut app = spawn_app_on(&db, |_| {}).await;
+    user_with_session(&mut app, "hanna").await;
+    db.execute(TO_THE_EARLIER_FORM).await;
+    let mut clients = Vec::new();
+    for n in 0..20u8 {
+        let source = std::net::Ipv4Addr::new(127, 0, 0, 10 + n);
+        clients.push(crate::helpers::connect_from(app.addr, source).await);
+    }
+    let attempts = (0..50).map(|i| {
+        let mut client = clients[i % clients.len()].clone();
+        async move { refresh_on(&mut client, EARLIER_TOKEN).await }
+    });
+    let answers: Vec<_> = join_all(attempts)
+        .await
+        .into_iter()
+        .map(|r| r.expect("every request with the token just rotated gets the answer"))
+        .collect();
+    let text = app.handle.render_metrics();
+    assert_eq!(metric(&text, "authd_sessions_refreshed_total"), Some(1.0));
+    let winner = &answers[0].refresh_token;
+    assert_eq!(winner.len(), 43);
+    assert!(answers.iter().all(|a| &a.refresh_token == winner));
+    let next = refresh(&mut app, winner).await.unwrap();
+    app.validate(&next.access_token).await.unwrap();
+    assert_eq!(sessions_ended(&app, "reuse"), 0.0);
 }
 
 /// PostgreSQL: a session ended on one replica is refused by another sharing the
