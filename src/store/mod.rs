@@ -35,6 +35,8 @@
 //! - `session`: sessions' rows, statements and the rotation rule.
 //! - `sqlite`: the reader pool and the one batching writer task.
 //! - `sqlite_writes`: each kind of write that task applies, and its transaction.
+//! - `sqlite_runs`: runs of consecutive inserts of one kind, sent to the writer's
+//!   connection as one query.
 //! - `postgres`: operations on a PostgreSQL pool.
 //! - this file: [`Store`], the errors, and the metrics and spans of every operation.
 
@@ -45,6 +47,7 @@ mod kept;
 mod postgres;
 mod session;
 mod sqlite;
+mod sqlite_runs;
 mod sqlite_writes;
 mod users;
 

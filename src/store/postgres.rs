@@ -34,11 +34,7 @@ use sqlx::{Connection, PgConnection, Postgres};
 
 /// The session statements on a pooled connection.
 mod ops {
-    super::session_ops!(
-        sqlx::PgConnection,
-        sqlx::postgres::PgRow,
-        crate::store::session::sql::INSERT_SESSION_LOCKING
-    );
+    super::session_ops!(sqlx::PgConnection, sqlx::postgres::PgRow);
     super::admin::admin_ops!(sqlx::PgConnection);
     super::factor::factor_ops!(sqlx::PgConnection);
 }
@@ -121,9 +117,11 @@ impl PostgresStore {
 
     pub(crate) async fn insert_session(&self, session: NewSession) -> Result<bool, StoreError> {
         let mut conn = self.conns.lease().await?;
-        let inserted = within(self.conns.limit(), ops::insert_session(&mut conn, &session)).await?;
+        let insert =
+            session::bind_new_session(sqlx::query(session::sql::INSERT_SESSION_LOCKING), &session);
+        let inserted = within(self.conns.limit(), insert.execute(&mut *conn)).await?;
         conn.finish();
-        Ok(inserted?)
+        Ok(inserted?.rows_affected() == 1)
     }
 
     pub(crate) async fn rotate(&self, rotation: Rotation) -> Result<Refreshed, StoreError> {

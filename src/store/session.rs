@@ -20,7 +20,9 @@
 
 use super::{StoreError, connection::Connections};
 use crate::refresh::{RefreshToken, RotationKey};
-use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row as _, Type};
+use sqlx::{
+    ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row as _, Type, query::Query,
+};
 
 /// Why a session ended: the `end_reason` column and the `reason` label of
 /// `authd_sessions_ended_total`.
@@ -245,37 +247,42 @@ where
     Ok(ended)
 }
 
+/// `query` (a form of `INSERT_SESSION`, or copies of it) with `s`'s values added as
+/// its next nine arguments, those of `$1` to `$9`.
+pub(super) fn bind_new_session<DB>(
+    query: Query<'static, DB, DB::Arguments>,
+    s: &NewSession,
+) -> Query<'static, DB, DB::Arguments>
+where
+    DB: Database,
+    for<'a> &'a str: Encode<'a, DB> + Type<DB>,
+    for<'a> String: Encode<'a, DB> + Type<DB>,
+    for<'a> i64: Encode<'a, DB> + Type<DB>,
+    for<'a> Option<&'a str>: Encode<'a, DB> + Type<DB>,
+{
+    query
+        .bind(s.id.as_str())
+        .bind(s.user_id.as_str())
+        .bind(s.rotation_key.to_hex())
+        .bind(s.refresh_digest.as_str())
+        .bind(s.created_at)
+        .bind(s.expires_at)
+        .bind(s.password_version)
+        .bind(s.client_addr.as_deref())
+        .bind(s.amr.as_str())
+}
+
 /// The session operations, written once for a connection type (`SqliteConnection`,
-/// `PgConnection`) and its form of Login's insert. Each runs inside a transaction
-/// its caller holds.
+/// `PgConnection`). Each runs inside a transaction its caller holds. Login's insert
+/// is not one of them: SQLite's writer sends runs of it (`sqlite_runs`), PostgreSQL
+/// its locking form alone.
 macro_rules! session_ops {
-    ($conn:ty, $row:ty, $insert:expr) => {
+    ($conn:ty, $row:ty) => {
         use sqlx::Row as _;
         use $crate::refresh::RotationKey;
         use $crate::store::session::{
-            EndReason, Ended, LiveSession, LoggedOut, NewSession, Purged, Refreshed, Rotation, sql,
+            EndReason, Ended, LiveSession, LoggedOut, Purged, Refreshed, Rotation, sql,
         };
-
-        /// `false`: the user's password is no longer at the version verified (or the
-        /// user is gone), and nothing was stored.
-        pub(crate) async fn insert_session(
-            conn: &mut $conn,
-            s: &NewSession,
-        ) -> Result<bool, sqlx::Error> {
-            let done = sqlx::query($insert)
-                .bind(s.id.as_str())
-                .bind(s.user_id.as_str())
-                .bind(s.rotation_key.to_hex())
-                .bind(s.refresh_digest.as_str())
-                .bind(s.created_at)
-                .bind(s.expires_at)
-                .bind(s.password_version)
-                .bind(s.client_addr.as_deref())
-                .bind(s.amr.as_str())
-                .execute(&mut *conn)
-                .await?;
-            Ok(done.rows_affected() == 1)
-        }
 
         /// The live session a `FIND_CURRENT` or `FIND_BY_PREVIOUS` row describes.
         fn live(row: &$row) -> Result<LiveSession, sqlx::Error> {

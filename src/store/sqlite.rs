@@ -517,19 +517,23 @@ async fn commit(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use futures::future::join_all;
 
-    async fn open(dir: &tempfile::TempDir) -> SqliteStore {
+    pub(in crate::store) async fn open(dir: &tempfile::TempDir) -> SqliteStore {
         open_with(dir, &Metrics::new()).await
     }
 
-    async fn open_with(dir: &tempfile::TempDir, metrics: &Metrics) -> SqliteStore {
+    pub(in crate::store) async fn open_with(
+        dir: &tempfile::TempDir,
+        metrics: &Metrics,
+    ) -> SqliteStore {
         SqliteStore::open(settings(dir), metrics).await.unwrap()
     }
 
-    fn settings(dir: &tempfile::TempDir) -> SqliteSettings {
+    /// A database in `dir`: two readers, batches of at most 64 writes.
+    pub(in crate::store) fn settings(dir: &tempfile::TempDir) -> SqliteSettings {
         SqliteSettings {
             path: dir.path().join("t.db"),
             readers: 2,
@@ -539,7 +543,7 @@ mod tests {
         }
     }
 
-    fn user(i: usize, name: &str) -> NewUser {
+    pub(in crate::store) fn user(i: usize, name: &str) -> NewUser {
         NewUser {
             id: format!("id-{i}"),
             username: Username::parse(name).unwrap(),

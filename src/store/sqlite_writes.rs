@@ -7,8 +7,8 @@ use super::{
     factor,
     factor::{FactorAnswer, FactorWrite},
     session::{EndReason, Ended, LoggedOut, NewSession, Purged, Refreshed, Rotation, session_ops},
-    unix_millis,
-    users::{NewUser, insert_user_query, password_hash_query},
+    sqlite_runs, unix_millis,
+    users::{NewUser, password_hash_query},
 };
 use sqlx::SqliteConnection;
 use tokio::sync::oneshot;
@@ -100,18 +100,16 @@ pub(super) enum Answer {
 
 /// The session statements on the writer's connection.
 mod ops {
-    super::session_ops!(
-        sqlx::SqliteConnection,
-        sqlx::sqlite::SqliteRow,
-        crate::store::session::sql::INSERT_SESSION
-    );
+    super::session_ops!(sqlx::SqliteConnection, sqlx::sqlite::SqliteRow);
     super::admin::admin_ops!(sqlx::SqliteConnection);
     super::factor::factor_ops!(sqlx::SqliteConnection);
 }
 
-/// Runs every write of the batch inside one transaction. A duplicate username is an
-/// outcome of that write alone (the insert does nothing), not a failure of the batch,
-/// so two registrations of one name in the same batch give exactly one winner.
+/// Runs every write of the batch inside one transaction, in order. A duplicate
+/// username is an outcome of that write alone (the insert does nothing), not a
+/// failure of the batch, so two registrations of one name in the same batch give
+/// exactly one winner. Consecutive session inserts, and consecutive user inserts,
+/// go to the connection's thread as runs (`sqlite_runs`).
 pub(super) async fn apply(
     conn: &mut SqliteConnection,
     batch: &[(Write, Reply)],
@@ -119,89 +117,123 @@ pub(super) async fn apply(
     sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await?;
     let now = unix_millis();
     let mut outcomes = Vec::with_capacity(batch.len());
-    for (write, _) in batch {
-        let outcome = match write {
-            Write::Insert(user) => {
-                let inserted = insert_user_query(user, now).execute(&mut *conn).await?;
-                if inserted.rows_affected() == 1 {
-                    Ok(Answer::Done)
-                } else {
-                    Err(StoreError::Duplicate)
-                }
+    let mut rest = batch;
+    while let Some((write, _)) = rest.first() {
+        let taken = match write {
+            Write::InsertSession(_) => {
+                let sessions: Vec<&NewSession> = rest
+                    .iter()
+                    .map_while(|(write, _)| match write {
+                        Write::InsertSession(session) => Some(session),
+                        _ => None,
+                    })
+                    .collect();
+                let stored = sqlite_runs::insert_sessions(conn, &sessions).await?;
+                outcomes.extend(stored.into_iter().map(|s| Ok(Answer::Wrote(s))));
+                sessions.len()
             }
-            Write::UpdateHash { id, hash, version } => {
-                password_hash_query(id, hash, *version, false, now)
-                    .execute(&mut *conn)
-                    .await?;
-                Ok(Answer::Done)
+            Write::Insert(_) => {
+                let users: Vec<&NewUser> = rest
+                    .iter()
+                    .map_while(|(write, _)| match write {
+                        Write::Insert(user) => Some(user),
+                        _ => None,
+                    })
+                    .collect();
+                let inserted = sqlite_runs::insert_users(conn, &users, now).await?;
+                outcomes.extend(inserted.into_iter().map(|inserted| match inserted {
+                    true => Ok(Answer::Done),
+                    false => Err(StoreError::Duplicate),
+                }));
+                users.len()
             }
-            Write::InsertSession(session) => {
-                Ok(Answer::Wrote(ops::insert_session(conn, session).await?))
+            write => {
+                outcomes.push(apply_one(conn, write, now).await?);
+                1
             }
-            Write::Rotate(rotation) => Ok(Answer::Refreshed(ops::rotate(conn, rotation).await?)),
-            Write::EndByDigest {
-                digest,
-                all,
-                now,
-                grace_ms,
-            } => Ok(Answer::LoggedOut(
-                ops::end_by_digest(conn, digest, *all, *now, *grace_ms).await?,
-            )),
-            Write::EndById {
-                id,
-                user_id,
-                all,
-                now,
-            } => Ok(Answer::Ended(
-                ops::end_by_id(conn, id, user_id, *all, *now).await?,
-            )),
-            Write::ChangePassword {
-                id,
-                hash,
-                version,
-                now,
-            } => {
-                let changed = password_hash_query(id, hash, *version, true, *now)
-                    .execute(&mut *conn)
-                    .await?
-                    .rows_affected()
-                    == 1;
-                Ok(Answer::EndedIds(if changed {
-                    Some(ops::end_user_sessions(conn, id, EndReason::PasswordChange, *now).await?)
-                } else {
-                    None
-                }))
-            }
-            Write::Purge {
-                now,
-                ended_before,
-                limit,
-            } => Ok(Answer::Purged(
-                ops::purge(conn, *now, *ended_before, *limit).await?,
-            )),
-            Write::Disable { id, reason, now } => {
-                Ok(Answer::Revoked(ops::disable(conn, id, reason, *now).await?))
-            }
-            Write::Enable { id, now } => Ok(Answer::Enabled(ops::enable(conn, id, *now).await?)),
-            Write::Delete { id, now } => Ok(Answer::Revoked(ops::delete(conn, id, *now).await?)),
-            Write::PurgeCutoffs { before, limit } => Ok(Answer::Count(
-                ops::purge_cutoffs(conn, *before, *limit).await?,
-            )),
-            Write::EndSessionsOf { user_id, ids, now } => Ok(Answer::Ids(
-                ops::end_sessions_of(conn, user_id, ids, *now).await?,
-            )),
-            Write::SetPassword {
-                user_id,
-                hash,
-                end_sessions,
-                now,
-            } => Ok(Answer::EndedIds(
-                ops::set_password(conn, user_id, hash, *end_sessions, *now).await?,
-            )),
-            Write::Factor(w) => Ok(Answer::Factor(ops::factor_write(conn, w).await?)),
         };
-        outcomes.push(outcome);
+        rest = &rest[taken..];
     }
     sqlx::query("COMMIT").execute(&mut *conn).await?;
     Ok(outcomes)
+}
+
+/// One write of a kind that goes alone.
+async fn apply_one(
+    conn: &mut SqliteConnection,
+    write: &Write,
+    now: i64,
+) -> Result<Result<Answer, StoreError>, sqlx::Error> {
+    Ok(match write {
+        Write::Insert(_) | Write::InsertSession(_) => {
+            unreachable!("inserts go in runs (`apply`)")
+        }
+        Write::UpdateHash { id, hash, version } => {
+            password_hash_query(id, hash, *version, false, now)
+                .execute(&mut *conn)
+                .await?;
+            Ok(Answer::Done)
+        }
+        Write::Rotate(rotation) => Ok(Answer::Refreshed(ops::rotate(conn, rotation).await?)),
+        Write::EndByDigest {
+            digest,
+            all,
+            now,
+            grace_ms,
+        } => Ok(Answer::LoggedOut(
+            ops::end_by_digest(conn, digest, *all, *now, *grace_ms).await?,
+        )),
+        Write::EndById {
+            id,
+            user_id,
+            all,
+            now,
+        } => Ok(Answer::Ended(
+            ops::end_by_id(conn, id, user_id, *all, *now).await?,
+        )),
+        Write::ChangePassword {
+            id,
+            hash,
+            version,
+            now,
+        } => {
+            let changed = password_hash_query(id, hash, *version, true, *now)
+                .execute(&mut *conn)
+                .await?
+                .rows_affected()
+                == 1;
+            Ok(Answer::EndedIds(if changed {
+                Some(ops::end_user_sessions(conn, id, EndReason::PasswordChange, *now).await?)
+            } else {
+                None
+            }))
+        }
+        Write::Purge {
+            now,
+            ended_before,
+            limit,
+        } => Ok(Answer::Purged(
+            ops::purge(conn, *now, *ended_before, *limit).await?,
+        )),
+        Write::Disable { id, reason, now } => {
+            Ok(Answer::Revoked(ops::disable(conn, id, reason, *now).await?))
+        }
+        Write::Enable { id, now } => Ok(Answer::Enabled(ops::enable(conn, id, *now).await?)),
+        Write::Delete { id, now } => Ok(Answer::Revoked(ops::delete(conn, id, *now).await?)),
+        Write::PurgeCutoffs { before, limit } => Ok(Answer::Count(
+            ops::purge_cutoffs(conn, *before, *limit).await?,
+        )),
+        Write::EndSessionsOf { user_id, ids, now } => Ok(Answer::Ids(
+            ops::end_sessions_of(conn, user_id, ids, *now).await?,
+        )),
+        Write::SetPassword {
+            user_id,
+            hash,
+            end_sessions,
+            now,
+        } => Ok(Answer::EndedIds(
+            ops::set_password(conn, user_id, hash, *end_sessions, *now).await?,
+        )),
+        Write::Factor(w) => Ok(Answer::Factor(ops::factor_write(conn, w).await?)),
+    })
 }

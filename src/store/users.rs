@@ -17,7 +17,7 @@ use sqlx::{
 
 /// The users' statements. `$N` placeholders are PostgreSQL's and are also understood
 /// by SQLite, so each statement is written once.
-mod sql {
+pub(super) mod sql {
     /// The user, its cutoff, and whether its second factor is on.
     macro_rules! find_user {
         ($by:literal) => {
@@ -59,7 +59,22 @@ where
     for<'a> &'a str: Encode<'a, DB> + Type<DB>,
     for<'a> i64: Encode<'a, DB> + Type<DB>,
 {
-    sqlx::query(sql::INSERT_USER)
+    bind_new_user(sqlx::query(sql::INSERT_USER), user, now)
+}
+
+/// `query` (`INSERT_USER`, or copies of it) with `user`'s values added as its next
+/// five arguments, those of `$1` to `$5`.
+pub(super) fn bind_new_user<DB>(
+    query: Query<'static, DB, DB::Arguments>,
+    user: &NewUser,
+    now: i64,
+) -> Query<'static, DB, DB::Arguments>
+where
+    DB: Database,
+    for<'a> &'a str: Encode<'a, DB> + Type<DB>,
+    for<'a> i64: Encode<'a, DB> + Type<DB>,
+{
+    query
         .bind(user.id.as_str())
         .bind(user.username.as_str())
         .bind(user.password_hash.as_str())
