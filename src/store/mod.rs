@@ -35,8 +35,9 @@
 //! - `session`: sessions' rows, statements and the rotation rule.
 //! - `sqlite`: the reader pool and the one batching writer task.
 //! - `sqlite_writes`: each kind of write that task applies, and its transaction.
-//! - `sqlite_runs`: runs of consecutive inserts of one kind, sent to the writer's
-//!   connection as one query.
+//! - `sqlite_runs`: runs of one statement sent to a connection as one query: the
+//!   writer's consecutive inserts, the gathered reads of users.
+//! - `sqlite_lookups`: reads of users by name, gathered into batches.
 //! - `postgres`: operations on a PostgreSQL pool.
 //! - this file: [`Store`], the errors, and the metrics and spans of every operation.
 
@@ -47,6 +48,7 @@ mod kept;
 mod postgres;
 mod session;
 mod sqlite;
+mod sqlite_lookups;
 mod sqlite_runs;
 mod sqlite_writes;
 mod users;

@@ -28,6 +28,7 @@ use super::{
     },
     factor::{FactorAnswer, FactorWrite},
     session::{self, Ended, EndedSession, LoggedOut, NewSession, Purged, Refreshed, Rotation},
+    sqlite_lookups::Lookups,
     sqlite_writes::{Answer, Reply, Write, apply},
     users::{self, NewUser, User},
 };
@@ -98,7 +99,10 @@ enum Command {
 
 pub struct SqliteStore {
     /// The read-only connections.
-    readers: Connections<Sqlite>,
+    readers: Arc<Connections<Sqlite>>,
+    /// Reads of users by name, gathered (`sqlite_lookups`).
+    lookups: Lookups,
+    lookups_task: Mutex<Option<JoinHandle<()>>>,
     writer: mpsc::Sender<Command>,
     writer_task: Mutex<Option<JoinHandle<()>>>,
     stats: Arc<WriterStats>,
@@ -130,8 +134,18 @@ impl SqliteStore {
             stats.clone(),
             writer_metrics,
         ));
+        let readers = Arc::new(Connections::new(
+            readers,
+            metrics,
+            "sqlite",
+            settings.statement_timeout,
+        ));
+        let limit = operation_limit(settings.statement_timeout);
+        let (lookups, lookups_task) = Lookups::start(readers.clone(), limit);
         Ok(Self {
-            readers: Connections::new(readers, metrics, "sqlite", settings.statement_timeout),
+            readers,
+            lookups,
+            lookups_task: Mutex::new(Some(lookups_task)),
             writer: tx,
             writer_task: Mutex::new(Some(task)),
             stats,
@@ -362,7 +376,7 @@ impl SqliteStore {
     }
 
     pub(crate) async fn find_user(&self, username: &Username) -> Result<Option<User>, StoreError> {
-        users::find(&self.readers, username).await
+        self.lookups.find(username).await
     }
 
     pub(crate) async fn max_hash_iterations(&self) -> Result<u32, StoreError> {
@@ -395,6 +409,13 @@ impl SqliteStore {
         if let Err(e) = task.await {
             tracing::error!(error = %e, "the SQLite writer task failed");
         }
+        // Lookups still queued are refused; batches under way finish or fail as the
+        // readers close.
+        let gathering = self.lookups_task.lock().expect("lookups task lock").take();
+        if let Some(gathering) = gathering {
+            gathering.abort();
+            let _ = gathering.await;
+        }
         self.readers.close().await;
     }
 
@@ -407,7 +428,7 @@ impl SqliteStore {
     }
 }
 
-fn closed() -> StoreError {
+pub(super) fn closed() -> StoreError {
     StoreError::Unavailable("the database is closed (shutting down)".into())
 }
 

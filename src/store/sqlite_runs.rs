@@ -1,5 +1,6 @@
-//! Runs of one kind of insert that the SQLite writer sends to its connection's
-//! thread as one query.
+//! Runs of one statement sent to a SQLite connection's thread as one query: the
+//! writer's consecutive inserts of one kind, and the gathered reads of users by
+//! name (`sqlite_lookups`).
 //!
 //! sqlx serves each SQLite connection from a thread of its own, and each query is a
 //! round trip to that thread: the writer task wakes it, it runs the statement and
@@ -10,6 +11,8 @@
 //! consecutive session inserts, or of user inserts, goes as one query of up to
 //! [`LONGEST`] copies of the one statement, each with its own parameters. SQLite's
 //! work is that of the single inserts, in the same order and the same transaction.
+//! Reads of users by name go the same way, each statement's row (or none) told
+//! apart by the end of that statement.
 //!
 //! The texts are made once, for runs of 1, 2, 4, … [`LONGEST`] statements, so the
 //! connection's statement cache holds a few of them; a run is sent as the longest of
@@ -17,10 +20,16 @@
 
 use super::{
     session::{NewSession, bind_new_session, sql::INSERT_SESSION},
-    users::{NewUser, bind_new_user, sql::INSERT_USER},
+    users::{
+        NewUser, User, bind_new_user,
+        sql::{FIND_USER, INSERT_USER},
+        user_from_row,
+    },
 };
 use futures_util::TryStreamExt as _;
-use sqlx::{AssertSqlSafe, Executor as _, Sqlite, SqliteConnection, sqlite::SqliteArguments};
+use sqlx::{
+    AssertSqlSafe, Either, Executor as _, Sqlite, SqliteConnection, sqlite::SqliteArguments,
+};
 use std::sync::{Arc, LazyLock};
 
 type SqliteQuery = sqlx::query::Query<'static, Sqlite, SqliteArguments>;
@@ -80,6 +89,7 @@ fn repeat(statement: &str, params: usize, n: usize) -> String {
 
 static SESSIONS: LazyLock<Repeated> = LazyLock::new(|| Repeated::new(INSERT_SESSION, 9));
 static USERS: LazyLock<Repeated> = LazyLock::new(|| Repeated::new(INSERT_USER, 5));
+static LOOKUPS: LazyLock<Repeated> = LazyLock::new(|| Repeated::new(FIND_USER, 1));
 
 /// Runs `inserts` (each bound as the next statement's arguments by `bind`) in
 /// queries of `repeated`, and returns the rows each statement changed, in order.
@@ -127,6 +137,38 @@ pub(super) async fn insert_users(
 ) -> Result<Vec<bool>, sqlx::Error> {
     let changed = run(conn, &USERS, users, |q, u| bind_new_user(q, u, now)).await?;
     Ok(changed.into_iter().map(|n| n == 1).collect())
+}
+
+/// The user named by each of `names` (`FIND_USER`), in order.
+pub(super) async fn find_users(
+    conn: &mut SqliteConnection,
+    names: &[&str],
+) -> Result<Vec<Option<User>>, sqlx::Error> {
+    let mut users = Vec::with_capacity(names.len());
+    let mut rest = names;
+    while !rest.is_empty() {
+        let (text, n) = LOOKUPS.longest_for(rest.len());
+        let (these, after) = rest.split_at(n);
+        let query = (these.iter()).fold(sqlx::query(AssertSqlSafe(text)), |q, name| q.bind(*name));
+        let mut steps = conn.fetch_many(query);
+        let mut found = None;
+        let before = users.len();
+        while let Some(step) = steps.try_next().await? {
+            match step {
+                // A username is unique: one row at most per statement.
+                Either::Right(row) => found = Some(user_from_row(&row)?),
+                Either::Left(_) => users.push(found.take()),
+            }
+        }
+        if users.len() - before != n {
+            return Err(sqlx::Error::Protocol(format!(
+                "a reader ran {} of the {n} statements of a run",
+                users.len() - before
+            )));
+        }
+        rest = after;
+    }
+    Ok(users)
 }
 
 #[cfg(test)]

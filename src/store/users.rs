@@ -116,7 +116,7 @@ where
     sqlx::query(by).bind(key)
 }
 
-fn user_from_row<'r, R>(row: &'r R) -> Result<User, sqlx::Error>
+pub(super) fn user_from_row<'r, R>(row: &'r R) -> Result<User, sqlx::Error>
 where
     R: Row,
     &'r str: ColumnIndex<R>,
