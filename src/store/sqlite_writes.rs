@@ -121,25 +121,19 @@ pub(super) async fn apply(
     while let Some((write, _)) = rest.first() {
         let taken = match write {
             Write::InsertSession(_) => {
-                let sessions: Vec<&NewSession> = rest
-                    .iter()
-                    .map_while(|(write, _)| match write {
-                        Write::InsertSession(session) => Some(session),
-                        _ => None,
-                    })
-                    .collect();
+                let sessions = run_of(rest, |write| match write {
+                    Write::InsertSession(session) => Some(session),
+                    _ => None,
+                });
                 let stored = sqlite_runs::insert_sessions(conn, &sessions).await?;
                 outcomes.extend(stored.into_iter().map(|s| Ok(Answer::Wrote(s))));
                 sessions.len()
             }
             Write::Insert(_) => {
-                let users: Vec<&NewUser> = rest
-                    .iter()
-                    .map_while(|(write, _)| match write {
-                        Write::Insert(user) => Some(user),
-                        _ => None,
-                    })
-                    .collect();
+                let users = run_of(rest, |write| match write {
+                    Write::Insert(user) => Some(user),
+                    _ => None,
+                });
                 let inserted = sqlite_runs::insert_users(conn, &users, now).await?;
                 outcomes.extend(inserted.into_iter().map(|inserted| match inserted {
                     true => Ok(Answer::Done),
@@ -156,6 +150,14 @@ pub(super) async fn apply(
     }
     sqlx::query("COMMIT").execute(&mut *conn).await?;
     Ok(outcomes)
+}
+
+/// The writes at the start of `writes` that `pick` takes, up to the first it does not.
+fn run_of<'a, T>(
+    writes: &'a [(Write, Reply)],
+    pick: impl Fn(&'a Write) -> Option<&'a T>,
+) -> Vec<&'a T> {
+    writes.iter().map_while(|(write, _)| pick(write)).collect()
 }
 
 /// One write of a kind that goes alone.
