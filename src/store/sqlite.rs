@@ -16,8 +16,9 @@
 //!
 //! The database holds password hashes: `connection` opens it (file permissions, WAL,
 //! migrations). The reads are written once for both backends (`users`, `session`)
-//! and run on the reader pool; what is here is the writer task (what it writes is
-//! `sqlite_writes`).
+//! and run on the reader pool, but for the reads of users by name, which are
+//! gathered into batches (`sqlite_lookups`); what is here is the writer task (what
+//! it writes is `sqlite_writes`, sending runs of inserts as `sqlite_runs` does).
 
 use super::{
     StoreError,
