@@ -210,24 +210,35 @@ async fn concurrent_refreshes_of_one_token_rotate_it_once(db: TestDb) {
     for _ in 0..4 {
         clients.push(AuthServiceClient::new(app.channel().await));
     }
-    let attempts = (0..16).map(|i| {
+    refreshed_at_once_rotate_once(&mut app, &clients, &login.refresh_token, 16).await;
+}
+
+/// Sends `n` refreshes of `token` at once over `clients`: every one is answered, one
+/// rotation won and every answer carries its refresh token, and the session goes on
+/// from that token with no reuse. Returns that token.
+async fn refreshed_at_once_rotate_once(
+    app: &mut TestApp,
+    clients: &[AuthServiceClient<Channel>],
+    token: &str,
+    n: usize,
+) -> String {
+    let attempts = (0..n).map(|i| {
         let mut client = clients[i % clients.len()].clone();
-        let token = login.refresh_token.clone();
-        async move { refresh_on(&mut client, &token).await }
+        async move { refresh_on(&mut client, token).await }
     });
-    let results = join_all(attempts).await;
-    let answers: Vec<_> = results
+    let answers: Vec<_> = join_all(attempts)
+        .await
         .into_iter()
         .map(|r| r.expect("every request with the token just rotated gets the answer"))
         .collect();
-    // One rotation won; every request got its refresh token.
     let text = app.handle.render_metrics();
     assert_eq!(metric(&text, "authd_sessions_refreshed_total"), Some(1.0));
-    let winner = &answers[0].refresh_token;
-    assert!(answers.iter().all(|a| &a.refresh_token == winner));
-    let next = refresh(&mut app, winner).await.unwrap();
+    let winner = answers[0].refresh_token.clone();
+    assert!(answers.iter().all(|a| a.refresh_token == winner));
+    let next = refresh(app, &winner).await.unwrap();
     app.validate(&next.access_token).await.unwrap();
-    assert_eq!(sessions_ended(&app, "reuse"), 0.0);
+    assert_eq!(sessions_ended(app, "reuse"), 0.0);
+    winner
 }
 
 async fn logout_by_refresh_token_ends_the_session_and_then_acts_no_more(db: TestDb) {
@@ -543,23 +554,8 @@ async fn concurrent_refreshes_of_a_token_of_the_earlier_form_rotate_it_once(db: 
         let source = std::net::Ipv4Addr::new(127, 0, 0, 10 + n);
         clients.push(crate::helpers::connect_from(app.addr, source).await);
     }
-    let attempts = (0..50).map(|i| {
-        let mut client = clients[i % clients.len()].clone();
-        async move { refresh_on(&mut client, EARLIER_TOKEN).await }
-    });
-    let answers: Vec<_> = join_all(attempts)
-        .await
-        .into_iter()
-        .map(|r| r.expect("every request with the token just rotated gets the answer"))
-        .collect();
-    let text = app.handle.render_metrics();
-    assert_eq!(metric(&text, "authd_sessions_refreshed_total"), Some(1.0));
-    let winner = &answers[0].refresh_token;
+    let winner = refreshed_at_once_rotate_once(&mut app, &clients, EARLIER_TOKEN, 50).await;
     assert_eq!(winner.len(), 43);
-    assert!(answers.iter().all(|a| &a.refresh_token == winner));
-    let next = refresh(&mut app, winner).await.unwrap();
-    app.validate(&next.access_token).await.unwrap();
-    assert_eq!(sessions_ended(&app, "reuse"), 0.0);
 }
 
 /// PostgreSQL: a session ended on one replica is refused by another sharing the
