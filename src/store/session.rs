@@ -3,18 +3,19 @@
 //! Both backends run the same statements, through the same code. The one read,
 //! [`ended_since`], is generic over the database and runs on either backend's
 //! connections; the writes ([`session_ops`] is instantiated once per connection
-//! type) run inside one transaction per operation: SQLite's batching writer
-//! (which runs every write of a batch in its transaction, one after the other) and
-//! a PostgreSQL transaction. Races between
+//! type, Login's insert is bound by [`bind_new_session`]) run inside one transaction
+//! per operation: SQLite's batching writer (which runs every write of a batch in its
+//! transaction, one after the other) and a PostgreSQL transaction. Races between
 //! requests, on one replica or many, are decided by the database: every change is a
 //! conditional `UPDATE … WHERE refresh_digest = …` (or `ended_at IS NULL`) whose
 //! count of affected rows says whether this request won.
 //!
 //! Refresh tokens are never stored: only their keys (the session's time of issue
 //! and their SHA-256 digest, in hex, in the `refresh_digest` column; see
-//! `refresh`), and each session's rotation key, which derives a session's next token from the one
-//! presented (`refresh`): so a Refresh repeated with the token just rotated (a
-//! retry, or two requests at once) is answered with the same next token. Exactly
+//! `refresh`), and each session's rotation key, which derives a session's next
+//! token from the one presented (`refresh`): so a Refresh repeated with the token
+//! just rotated (a retry, or two requests at once) is answered with the same next
+//! token. Exactly
 //! one request performs a rotation (its conditional `UPDATE` affects the row); the
 //! others find the token one step back and are given the winner's result.
 
