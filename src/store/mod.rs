@@ -77,6 +77,18 @@ pub enum StoreError {
     Other(#[from] anyhow::Error),
 }
 
+impl StoreError {
+    /// This error as told to each of the many operations it failed at once (a
+    /// batch): an unavailable database stays one (with its reason); anything else
+    /// becomes `failed`, its cause logged once by whoever met it.
+    pub(crate) fn for_each_of_many(&self, failed: &'static str) -> StoreError {
+        match self {
+            StoreError::Unavailable(why) => StoreError::Unavailable(why.clone()),
+            _ => StoreError::Other(anyhow::anyhow!(failed)),
+        }
+    }
+}
+
 impl From<sqlx::Error> for StoreError {
     fn from(err: sqlx::Error) -> Self {
         match &err {

@@ -444,18 +444,11 @@ async fn run_writer(
     let mut batch = Vec::with_capacity(max_batch);
     let mut close_reply = None;
     while close_reply.is_none() {
-        if commands.recv_many(&mut received, max_batch).await == 0 {
+        // On a busy runtime the writes queued meanwhile join this transaction
+        // instead of waiting for the next (one fsync and one write of each page for
+        // all of them); on an idle one the commit starts at once.
+        if !take_queued(&mut commands, &mut received, max_batch).await {
             break; // every sender is gone
-        }
-        // Let the requests the runtime is about to run queue their writes first: on
-        // a busy runtime they join this transaction instead of waiting for the next
-        // (one fsync and one write of each page for all of them); on an idle one
-        // nothing is waiting and the commit starts at once.
-        tokio::task::yield_now().await;
-        while received.len() < max_batch
-            && let Ok(command) = commands.try_recv()
-        {
-            received.push(command);
         }
         let mut pings = Vec::new();
         for command in received.drain(..) {
@@ -495,6 +488,27 @@ async fn run_writer(
     }
 }
 
+/// Waits for at least one item of `queue`, lets the requests the runtime is about to
+/// run queue theirs (one yield), and takes what is queued, up to `max` in `into`:
+/// what the writer commits and the lookups read together. `false` once every
+/// sender is gone.
+pub(super) async fn take_queued<T>(
+    queue: &mut mpsc::Receiver<T>,
+    into: &mut Vec<T>,
+    max: usize,
+) -> bool {
+    if queue.recv_many(into, max).await == 0 {
+        return false;
+    }
+    tokio::task::yield_now().await;
+    while into.len() < max
+        && let Ok(item) = queue.try_recv()
+    {
+        into.push(item);
+    }
+    true
+}
+
 type Pending = (Write, Reply);
 
 /// Commits a batch in one transaction and answers every write in it.
@@ -521,17 +535,9 @@ async fn commit(
             let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
             tracing::error!(error = %e, writes = size, "an SQLite write transaction failed");
             // Every write of the batch fails the same way; StoreError is not Clone.
-            let why = match StoreError::from(e) {
-                StoreError::Unavailable(why) => Some(why),
-                _ => None,
-            };
+            let e = StoreError::from(e);
             for (_, reply) in batch.drain(..) {
-                let err = match &why {
-                    Some(why) => StoreError::Unavailable(why.clone()),
-                    None => {
-                        StoreError::Other(anyhow::anyhow!("an SQLite write transaction failed"))
-                    }
-                };
+                let err = e.for_each_of_many("an SQLite write transaction failed");
                 let _ = reply.send(Err(err));
             }
         }

@@ -14,7 +14,7 @@
 use super::{
     StoreError,
     connection::{Connections, Lease, within},
-    sqlite::closed,
+    sqlite::{closed, take_queued},
     sqlite_runs::{self, LONGEST},
     users::User,
 };
@@ -73,14 +73,7 @@ async fn gather(
     limit: Duration,
 ) {
     let mut batch = Vec::with_capacity(LONGEST);
-    while queued.recv_many(&mut batch, LONGEST).await > 0 {
-        // Let the requests the runtime is about to run queue their lookups first.
-        tokio::task::yield_now().await;
-        while batch.len() < LONGEST
-            && let Ok(lookup) = queued.try_recv()
-        {
-            batch.push(lookup);
-        }
+    while take_queued(&mut queued, &mut batch, LONGEST).await {
         let lookups = std::mem::replace(&mut batch, Vec::with_capacity(LONGEST));
         match readers.lease().await {
             Ok(conn) => {
@@ -112,11 +105,7 @@ async fn answer(mut conn: Lease<Sqlite>, lookups: Vec<Lookup>, limit: Duration) 
 fn fail(lookups: Vec<Lookup>, e: &StoreError) {
     tracing::warn!(error = %e, lookups = lookups.len(), "a batch of user lookups failed");
     for lookup in lookups {
-        let err = match e {
-            StoreError::Unavailable(why) => StoreError::Unavailable(why.clone()),
-            _ => StoreError::Other(anyhow::anyhow!("reading a user failed")),
-        };
-        let _ = lookup.reply.send(Err(err));
+        let _ = (lookup.reply).send(Err(e.for_each_of_many("reading a user failed")));
     }
 }
 
