@@ -55,6 +55,26 @@ impl Repeated {
         Self { texts }
     }
 
+    /// The queries that run one statement for each of `items` (its values bound by
+    /// `bind`), in order, each with how many statements it holds.
+    fn queries<'a, T>(
+        &'a self,
+        items: &'a [T],
+        bind: impl Fn(SqliteQuery, &T) -> SqliteQuery + 'a,
+    ) -> impl Iterator<Item = (SqliteQuery, usize)> + 'a {
+        let mut rest = items;
+        std::iter::from_fn(move || {
+            if rest.is_empty() {
+                return None;
+            }
+            let (text, n) = self.longest_for(rest.len());
+            let (these, after) = rest.split_at(n);
+            rest = after;
+            let query = (these.iter()).fold(sqlx::query(AssertSqlSafe(text)), &bind);
+            Some((query, n))
+        })
+    }
+
     /// The longest text for at most `n` statements (`n` ≥ 1), and how many it holds.
     fn longest_for(&self, n: usize) -> (Arc<str>, usize) {
         let power = n.min(LONGEST).ilog2() as usize;
@@ -100,22 +120,24 @@ async fn run<T>(
     bind: impl Fn(SqliteQuery, &T) -> SqliteQuery,
 ) -> Result<Vec<u64>, sqlx::Error> {
     let mut changed = Vec::with_capacity(inserts.len());
-    let mut rest = inserts;
-    while !rest.is_empty() {
-        let (text, n) = repeated.longest_for(rest.len());
-        let (these, after) = rest.split_at(n);
-        let query = (these.iter()).fold(sqlx::query(AssertSqlSafe(text)), |q, i| bind(q, i));
+    for (query, n) in repeated.queries(inserts, |q, insert| bind(q, insert)) {
         let done: Vec<_> = conn.execute_many(query).try_collect().await?;
-        if done.len() != n {
-            return Err(sqlx::Error::Protocol(format!(
-                "the SQLite writer ran {} of the {n} statements of a run",
-                done.len()
-            )));
-        }
+        ran_all(done.len(), n)?;
         changed.extend(done.iter().map(|d| d.rows_affected()));
-        rest = after;
     }
     Ok(changed)
+}
+
+/// A run's query ran `ran` of its `n` statements: all of them, or an error (the
+/// outcomes would no longer match the writes).
+fn ran_all(ran: usize, n: usize) -> Result<(), sqlx::Error> {
+    if ran == n {
+        Ok(())
+    } else {
+        Err(sqlx::Error::Protocol(format!(
+            "SQLite ran {ran} of the {n} statements of a run"
+        )))
+    }
 }
 
 /// Inserts each session of `sessions` while its user's password is at the version
@@ -145,14 +167,9 @@ pub(super) async fn find_users(
     names: &[&str],
 ) -> Result<Vec<Option<User>>, sqlx::Error> {
     let mut users = Vec::with_capacity(names.len());
-    let mut rest = names;
-    while !rest.is_empty() {
-        let (text, n) = LOOKUPS.longest_for(rest.len());
-        let (these, after) = rest.split_at(n);
-        let query = (these.iter()).fold(sqlx::query(AssertSqlSafe(text)), |q, name| q.bind(*name));
+    for (query, n) in LOOKUPS.queries(names, |q, name| q.bind(*name)) {
         let mut steps = conn.fetch_many(query);
-        let mut found = None;
-        let before = users.len();
+        let (mut found, before) = (None, users.len());
         while let Some(step) = steps.try_next().await? {
             match step {
                 // A username is unique: one row at most per statement.
@@ -160,13 +177,7 @@ pub(super) async fn find_users(
                 Either::Left(_) => users.push(found.take()),
             }
         }
-        if users.len() - before != n {
-            return Err(sqlx::Error::Protocol(format!(
-                "a reader ran {} of the {n} statements of a run",
-                users.len() - before
-            )));
-        }
-        rest = after;
+        ran_all(users.len() - before, n)?;
     }
     Ok(users)
 }
