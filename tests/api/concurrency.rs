@@ -10,7 +10,9 @@
 //!   session verified against the old password survives it;
 //! - Register costs the same whether the name is taken or not, so a deadline cannot
 //!   tell them apart, and one client can make only so many;
-//! - credentials of an ended session end nothing.
+//! - credentials of an ended session end nothing;
+//! - many users logging in at once each get their own session and token, whatever
+//!   batch their lookup and their session's insert share with the others.
 //!
 //! Every verdict is a count (hashes reached, answers by code, sessions alive), never
 //! a time: throttle delays are hours long beside the tests.
@@ -49,6 +51,7 @@ crate::backend_tests!(
     the_owner_logging_in_eight_times_at_once_always_succeeds,
     no_session_verified_against_the_old_password_outlives_a_password_change,
     a_taken_and_a_free_name_answer_alike_under_a_short_deadline,
+    fifty_users_logging_in_at_once_from_twenty_addresses_each_get_their_own_session,
 );
 
 /// The throttle's defaults, with delays hours long (no verdict depends on how long
@@ -230,6 +233,51 @@ async fn the_owner_logging_in_eight_times_at_once_always_succeeds(db: TestDb) {
         validate(&owner, &session.unwrap().access_token)
             .await
             .unwrap();
+    }
+}
+
+/// Fifty users log in at once over twenty connections from addresses of their own,
+/// and ten of them also with a wrong password: every right login succeeds with its
+/// own user's id and a token of that user, every wrong one fails.
+async fn fifty_users_logging_in_at_once_from_twenty_addresses_each_get_their_own_session(
+    db: TestDb,
+) {
+    let mut app = spawn_app_on(&db, throttled).await;
+    let name = |i: usize| format!("crowd{i}");
+    let password = |i: usize| format!("{PASSWORD} {i}");
+    let mut ids = Vec::new();
+    for i in 0..50 {
+        ids.push(app.register(&name(i), &password(i)).await.unwrap());
+    }
+    let mut clients = Vec::new();
+    for n in 0..20 {
+        clients.push(connect_from(app.addr, address(n)).await);
+    }
+    let attempts = (0..60).map(|i| {
+        let client = &clients[i % clients.len()];
+        let (user, password) = match i {
+            0..50 => (i, password(i)),
+            _ => (i - 50, "not the password".to_owned()),
+        };
+        let name = name(user);
+        async move { login(client, &name, &password).await }
+    });
+    let answers = join_all(attempts).await;
+    let codes = tally(&answers);
+    assert_eq!(count(&codes, "Ok"), 50, "{codes:?}");
+    assert_eq!(count(&codes, "Unauthenticated"), 10, "{codes:?}");
+    for (i, answer) in answers.into_iter().take(50).enumerate() {
+        let session = answer.unwrap();
+        assert_eq!(session.user_id, ids[i], "login {i}");
+        let token = (clients[0].clone())
+            .validate_token(ValidateTokenRequest {
+                access_token: session.access_token,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!((token.user_id, token.username), (ids[i].clone(), name(i)));
     }
 }
 
