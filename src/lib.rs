@@ -140,7 +140,7 @@ pub use clock::ManualClock;
 pub use credentials::Password;
 pub use health::check as health_check;
 pub use password::{bench as hash_bench, hash_now};
-pub use priority::lower as lower_priority;
+pub use priority::{Policy as ThreadPolicy, lower_with_policy};
 pub use ratelimit::{Backend as RateLimitBackend, RegisterLimit};
 pub use redis::FailureMode;
 pub use second_factor::DataKeys;

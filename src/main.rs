@@ -35,11 +35,13 @@ fn main() -> ExitCode {
         );
     }
     // The workers answer AuthService requests below the priority of the thread that
-    // answers probes (the health-only port's, started from this one), above hashing.
+    // answers probes (the health-only port's, started from this one), above hashing,
+    // under the policy configured.
     let nice = cli.config.server.runtime_thread_nice;
+    let policy = cli.config.server.runtime_thread_policy;
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .on_thread_start(move || authd::lower_priority(nice, "runtime"))
+        .on_thread_start(move || authd::lower_with_policy(nice, policy, "runtime"))
         .build()
     {
         Ok(rt) => rt,

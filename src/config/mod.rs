@@ -342,6 +342,11 @@ mod tests {
         assert_eq!(c.tokens.token_clock_skew, crate::token::DEFAULT_CLOCK_SKEW);
         assert_eq!(c.tokens.token_keys_reload, Duration::from_secs(10));
         assert!(c.tokens.token_audience.is_empty());
+        assert_eq!(c.server.runtime_thread_nice, 5);
+        assert_eq!(
+            c.server.runtime_thread_policy,
+            crate::priority::Policy::Normal
+        );
         assert_eq!(
             c.telemetry.metrics_listen,
             MetricsListen(Some("0.0.0.0:9090".parse().unwrap()))

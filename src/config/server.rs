@@ -7,7 +7,7 @@
 //! TLS has a group of its own (`tls`); the metrics port belongs to `telemetry`.
 
 use super::parse::{MetricsListen, positive_duration};
-use crate::transport::Limits;
+use crate::{priority::Policy, transport::Limits};
 use clap::Args;
 use std::{net::SocketAddr, time::Duration};
 
@@ -88,6 +88,16 @@ pub struct ServerConfig {
     #[arg(long, env = "AUTHD_RUNTIME_THREAD_NICE", default_value_t = 5,
           value_parser = clap::value_parser!(u8).range(0..=19), global = true, display_order = 38)]
     pub runtime_thread_nice: u8,
+
+    /// Scheduling policy of the threads that answer AuthService requests: normal
+    /// (`SCHED_OTHER`: a thread woken by an answer or a packet may preempt the
+    /// running one at once) or batch (`SCHED_BATCH`: it waits for the running one
+    /// to block or end its turn, so SQLite's threads hand a statement's rows over
+    /// in one go: more Logins a second on a saturated core, a longer wait for the
+    /// core at times).
+    #[arg(long, env = "AUTHD_RUNTIME_THREAD_POLICY", value_enum, default_value_t = Policy::Normal,
+          global = true, display_order = 95)]
+    pub runtime_thread_policy: Policy,
 
     /// How often health checks the database.
     #[arg(long, env = "AUTHD_HEALTH_INTERVAL", default_value = "5s",

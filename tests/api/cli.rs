@@ -1,5 +1,6 @@
 //! The `authd` binary itself: `--help`, refusing bad configuration with one line,
-//! `authd migrate`, and a SIGTERM that drains and exits 0 without logging secrets.
+//! `authd migrate`, a SIGTERM that drains and exits 0 without logging secrets, and
+//! the scheduling of its threads.
 
 use crate::helpers::{TEST_KEY, TEST_KID, key_spec, login, register};
 use authd::pb::auth_service_client::AuthServiceClient;
@@ -372,5 +373,77 @@ async fn sigterm_drains_and_exits_zero_without_logging_secrets() {
         &key[TEST_KID.len() + 1..],
     ] {
         assert!(!all.contains(secret), "a secret was logged:\n{all}");
+    }
+}
+
+/// Each thread of a running process, from `/proc`: its name, nice value and
+/// scheduling policy (0 `SCHED_OTHER`, 3 `SCHED_BATCH`).
+#[cfg(target_os = "linux")]
+fn threads_of(pid: u32) -> Vec<(String, i64, u32)> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.unwrap().path().join("stat")).ok())
+        .map(|stat| {
+            // "tid (name) state …": the fields after the name, numbered from 3.
+            let (head, rest) = stat.rsplit_once(") ").unwrap();
+            let name = head.split_once(" (").unwrap().1.to_owned();
+            let fields: Vec<&str> = rest.split(' ').collect();
+            (
+                name,
+                fields[19 - 3].parse().unwrap(),
+                fields[41 - 3].parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn the_runtime_threads_run_below_probes_above_hashing_and_as_a_batch_if_asked() {
+    const SCHED_OTHER: u32 = 0;
+    const SCHED_BATCH: u32 = 3;
+    for (envs, policy) in [
+        (vec![], SCHED_OTHER),
+        (
+            vec![("AUTHD_RUNTIME_THREAD_POLICY", "batch".to_owned())],
+            SCHED_BATCH,
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let running = spawn_authd(dir.path(), &envs);
+        // A registration and a login: the runtime has hashed and used the database.
+        let mut client = AuthServiceClient::connect(format!("http://{}", running.addr))
+            .await
+            .unwrap();
+        register(&mut client, "nadia", "a fine password")
+            .await
+            .unwrap();
+        login(&mut client, "nadia", "a fine password")
+            .await
+            .unwrap();
+        let threads = threads_of(running.child.id());
+        let of = |prefix: &str| -> Vec<(i64, u32)> {
+            let found: Vec<_> = threads
+                .iter()
+                .filter(|(name, ..)| name.starts_with(prefix))
+                .map(|(_, nice, policy)| (*nice, *policy))
+                .collect();
+            assert!(!found.is_empty(), "no {prefix} thread in {threads:?}");
+            found
+        };
+        assert!(
+            of("tokio-").iter().all(|t| *t == (5, policy)),
+            "{threads:?}"
+        );
+        assert!(
+            of("authd-health").iter().all(|t| *t == (0, SCHED_OTHER)),
+            "{threads:?}"
+        );
+        assert!(
+            of("authd-hash-").iter().all(|t| *t == (10, SCHED_OTHER)),
+            "{threads:?}"
+        );
+        let (status, _) = running.terminate().await;
+        assert!(status.success());
     }
 }
