@@ -54,7 +54,7 @@ pub fn lower_with_policy(nice: u8, policy: Policy, what: &str) {
     lower(nice, what);
     #[cfg(target_os = "linux")]
     if policy == Policy::Batch
-        && let Err(e) = batch(nice)
+        && let Err(e) = batch()
     {
         tracing::debug!(error = %e, threads = what, "cannot schedule the threads as a batch");
     }
@@ -62,20 +62,22 @@ pub fn lower_with_policy(nice: u8, policy: Policy, what: &str) {
     let _ = policy;
 }
 
-/// Puts the calling thread under `SCHED_BATCH`, its nice value kept at `nice`.
+/// Puts the calling thread under `SCHED_BATCH`, its nice value left as it is.
 #[cfg(target_os = "linux")]
-fn batch(nice: u8) -> Result<(), String> {
+fn batch() -> Result<(), String> {
     use thread_priority::{
         NormalThreadSchedulePolicy, ThreadPriority, ThreadPriorityValue, ThreadSchedulePolicy,
         set_thread_priority_and_policy, thread_native_id,
     };
+    let thread = rustix::thread::gettid();
+    let nice = rustix::process::getpriority_process(Some(thread)).map_err(|e| e.to_string())?;
     let policy = ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Batch);
     // The crate sets a normal policy's nice value with it, mapped from a portable
-    // priority (0 to 99): the priority it maps onto `nice` leaves that value as it is.
+    // priority (0 to 99): the priority it maps onto the thread's own nice value.
     let priority = (0..=u8::from(ThreadPriorityValue::MAX))
         .filter_map(|p| ThreadPriorityValue::try_from(p).ok())
         .map(ThreadPriority::Crossplatform)
-        .find(|p| p.to_posix(policy).ok() == Some(i32::from(nice)))
+        .find(|p| p.to_posix(policy).ok() == Some(nice))
         .ok_or_else(|| format!("no priority maps onto nice {nice}"))?;
     set_thread_priority_and_policy(thread_native_id(), priority, policy).map_err(|e| e.to_string())
 }
