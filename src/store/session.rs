@@ -15,9 +15,9 @@
 //! `refresh`), and each session's rotation key, which derives a session's next
 //! token from the one presented (`refresh`): so a Refresh repeated with the token
 //! just rotated (a retry, or two requests at once) is answered with the same next
-//! token. Exactly
-//! one request performs a rotation (its conditional `UPDATE` affects the row); the
-//! others find the token one step back and are given the winner's result.
+//! token. Exactly one request performs a rotation (its conditional `UPDATE` affects
+//! the row); the others find the token one step back and are given the winner's
+//! result.
 
 use super::{StoreError, connection::Connections};
 use crate::refresh::{RefreshToken, RotationKey};

@@ -5,10 +5,10 @@
 //! [`password_hash_query`]) and run by each backend its own way (SQLite's batching
 //! writer, a PostgreSQL pooled connection); the reads ([`find`],
 //! [`max_hash_iterations`]) run on whichever backend's [`Connections`], generic over
-//! the database (SQLite gathers its reads by name: `sqlite_lookups`). Usernames are stored
-//! lowercased, so the UNIQUE (username) constraint is case-insensitive. A password
-//! change takes the next `password_version`; a rehash keeps it, and neither writes
-//! unless the version is still the one verified.
+//! the database (SQLite gathers its reads by name: `sqlite_lookups`). Usernames are
+//! stored lowercased, so the UNIQUE (username) constraint is case-insensitive. A
+//! password change takes the next `password_version`; a rehash keeps it, and
+//! neither writes unless the version is still the one verified.
 
 use super::{StoreError, connection::Connections};
 use crate::credentials::Username;
