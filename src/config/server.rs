@@ -93,8 +93,8 @@ pub struct ServerConfig {
     /// (`SCHED_OTHER`: a thread woken by an answer or a packet may preempt the
     /// running one at once) or batch (`SCHED_BATCH`: it waits for the running one
     /// to block or end its turn, so SQLite's threads hand a statement's rows over
-    /// in one go: more Logins a second on a saturated core, a longer wait for the
-    /// core at times).
+    /// in one go: more Logins a second on a saturated core; before Linux 6.6, a
+    /// longer wait for the core behind a busy hashing thread).
     #[arg(long, env = "AUTHD_RUNTIME_THREAD_POLICY", value_enum, default_value_t = Policy::Normal,
           global = true, display_order = 95)]
     pub runtime_thread_policy: Policy,
