@@ -10,6 +10,7 @@ use std::{
     sync::mpsc,
     time::Duration,
 };
+use tonic::transport::Channel;
 
 fn authd() -> Command {
     crate::helpers::authd_command()
@@ -286,6 +287,26 @@ pub(crate) fn spawn_authd_command(
 }
 
 impl Running {
+    /// A client of its gRPC port.
+    pub(crate) async fn client(&self) -> AuthServiceClient<Channel> {
+        AuthServiceClient::connect(format!("http://{}", self.addr))
+            .await
+            .unwrap()
+    }
+
+    /// A client, and the access token of `username`, registered with `password` and
+    /// then logged in.
+    pub(crate) async fn signed_in(
+        &self,
+        username: &str,
+        password: &str,
+    ) -> (AuthServiceClient<Channel>, String) {
+        let mut client = self.client().await;
+        register(&mut client, username, password).await.unwrap();
+        let token = login(&mut client, username, password).await.unwrap();
+        (client, token.access_token)
+    }
+
     /// Sends SIGTERM and waits for the exit; returns the whole log.
     pub(crate) async fn terminate(mut self) -> (std::process::ExitStatus, Vec<String>) {
         let killed = Command::new("kill")
@@ -310,16 +331,7 @@ impl Running {
 async fn without_configured_keys_a_random_key_is_used_with_a_warning() {
     let dir = tempfile::tempdir().unwrap();
     let running = spawn_authd(dir.path(), &[]);
-    let mut client = AuthServiceClient::connect(format!("http://{}", running.addr))
-        .await
-        .unwrap();
-    register(&mut client, "walter", "a fine password")
-        .await
-        .unwrap();
-    let token = login(&mut client, "walter", "a fine password")
-        .await
-        .unwrap()
-        .access_token;
+    let (_client, token) = running.signed_in("walter", "a fine password").await;
     let header = jsonwebtoken::decode_header(&token).unwrap();
     assert!(header.kid.unwrap().starts_with("ephemeral-"));
     let (status, log) = running.terminate().await;
@@ -342,15 +354,8 @@ async fn sigterm_drains_and_exits_zero_without_logging_secrets() {
             ("AUTHD_LOG", "debug".into()),
         ],
     );
-    let mut client = AuthServiceClient::connect(format!("http://{}", running.addr))
-        .await
-        .unwrap();
     let password = "sup3r-secret-passw0rd";
-    register(&mut client, "oscar", password).await.unwrap();
-    let token = login(&mut client, "oscar", password)
-        .await
-        .unwrap()
-        .access_token;
+    let (mut client, token) = running.signed_in("oscar", password).await;
     assert!(
         login(&mut client, "oscar", "wrong-passw0rd-guess")
             .await
@@ -412,15 +417,7 @@ async fn the_runtime_threads_run_below_probes_above_hashing_and_as_a_batch_if_as
         let dir = tempfile::tempdir().unwrap();
         let running = spawn_authd(dir.path(), &envs);
         // A registration and a login: the runtime has hashed and used the database.
-        let mut client = AuthServiceClient::connect(format!("http://{}", running.addr))
-            .await
-            .unwrap();
-        register(&mut client, "nadia", "a fine password")
-            .await
-            .unwrap();
-        login(&mut client, "nadia", "a fine password")
-            .await
-            .unwrap();
+        running.signed_in("nadia", "a fine password").await;
         let threads = threads_of(running.child.id());
         let of = |prefix: &str| -> Vec<(i64, u32)> {
             let found: Vec<_> = threads

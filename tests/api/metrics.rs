@@ -12,9 +12,7 @@ use crate::{
 };
 use authd::{
     config::{DatabaseUrl, MetricsListen},
-    pb::{
-        LoginRequest, RegisterRequest, ValidateTokenRequest, auth_service_client::AuthServiceClient,
-    },
+    pb::{LoginRequest, RegisterRequest, ValidateTokenRequest},
 };
 use prometheus_parse::{Scrape, Value};
 use std::{
@@ -487,9 +485,7 @@ async fn a_login_is_logged_once_with_its_user_and_no_secret() {
     let dir = tempfile::tempdir().unwrap();
     let key = key_spec(TEST_KID, TEST_KEY);
     let running = spawn_authd(dir.path(), &[("AUTHD_TOKEN_KEYS", key.clone())]);
-    let mut client = AuthServiceClient::connect(format!("http://{}", running.addr))
-        .await
-        .unwrap();
+    let mut client = running.client().await;
     let password = "n0t-f0r-the-l0gs";
     let wrong = "n0r-th1s-0ne-either";
     let user_id = register(&mut client, "dave", password).await.unwrap();

@@ -6,11 +6,9 @@
 use crate::{
     cli::spawn_authd,
     helpers::{
-        PgSchema, TEST_KEY, TEST_KID, authd_command, key_spec, login, postgres_url, redis_url,
-        register, unique_name,
+        PgSchema, TEST_KEY, TEST_KID, authd_command, key_spec, postgres_url, redis_url, unique_name,
     },
 };
-use authd::pb::auth_service_client::AuthServiceClient;
 use std::process::Output;
 
 /// A secret no output may contain.
@@ -245,16 +243,7 @@ async fn the_file_forms_are_read_at_start_and_never_logged() {
             ("AUTHD_LOG", "debug".into()),
         ],
     );
-    let mut client = AuthServiceClient::connect(format!("http://{}", running.addr))
-        .await
-        .unwrap();
-    register(&mut client, "olga", "a fine password")
-        .await
-        .unwrap();
-    let token = login(&mut client, "olga", "a fine password")
-        .await
-        .unwrap()
-        .access_token;
+    let (_client, token) = running.signed_in("olga", "a fine password").await;
     // Signed with the key from the file.
     assert_eq!(
         jsonwebtoken::decode_header(&token).unwrap().kid.as_deref(),

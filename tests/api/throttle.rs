@@ -503,9 +503,7 @@ async fn the_audit_trail_has_every_outcome_and_no_secret() {
             ("AUTHD_LOGIN_DELAY_MAX", "2h".into()),
         ],
     );
-    let mut client = AuthServiceClient::connect(format!("http://{}", running.addr))
-        .await
-        .unwrap();
+    let mut client = running.client().await;
     let password = "sup3r-secret-passw0rd";
     let user_id = client
         .register(RegisterRequest {

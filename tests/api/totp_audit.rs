@@ -11,7 +11,7 @@ use crate::{
 };
 use authd::pb::{
     BeginTotpEnrollmentRequest, CompleteLoginRequest, ConfirmTotpEnrollmentRequest,
-    DisableTotpRequest, LoginRequest, RegisterRequest, auth_service_client::AuthServiceClient,
+    DisableTotpRequest, LoginRequest, RegisterRequest,
 };
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -32,9 +32,7 @@ async fn the_audit_trail_tells_every_second_factor_outcome_and_no_secret() {
             ("AUTHD_DATA_KEYS", K1.into()),
         ],
     );
-    let mut client = AuthServiceClient::connect(format!("http://{}", running.addr))
-        .await
-        .unwrap();
+    let mut client = running.client().await;
     let password = "a fine password";
     let register = RegisterRequest {
         username: "agnes".into(),

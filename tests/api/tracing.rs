@@ -9,7 +9,7 @@ use crate::{
     cli::spawn_authd,
     helpers::{login, register, spawn_app_with},
 };
-use authd::pb::{LoginRequest, auth_service_client::AuthServiceClient};
+use authd::pb::LoginRequest;
 use opentelemetry_proto::tonic::{
     collector::trace::v1::{
         ExportTraceServiceRequest, ExportTraceServiceResponse,
@@ -349,9 +349,7 @@ async fn request_log_lines_carry_the_trace_id() {
         dir.path(),
         &[("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{addr}"))],
     );
-    let mut client = AuthServiceClient::connect(format!("http://{}", running.addr))
-        .await
-        .unwrap();
+    let mut client = running.client().await;
     register(&mut client, "grace", "correct horse")
         .await
         .unwrap();
@@ -386,9 +384,7 @@ async fn log_lines_never_name_a_trace_the_sampler_left_out() {
             ("OTEL_TRACES_SAMPLER", "always_off".into()),
         ],
     );
-    let mut client = AuthServiceClient::connect(format!("http://{}", running.addr))
-        .await
-        .unwrap();
+    let mut client = running.client().await;
     register(&mut client, "ivan", "correct horse")
         .await
         .unwrap();

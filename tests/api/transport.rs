@@ -511,9 +511,7 @@ async fn accept_failures_back_off_instead_of_spinning() {
         "{failures} failed accepts in 2 s: no back-off"
     );
     // And the gRPC port, whose cap kept it within the limit, still serves.
-    let mut client = AuthServiceClient::connect(format!("http://{}", running.addr))
-        .await
-        .unwrap();
+    let mut client = running.client().await;
     crate::helpers::register(&mut client, "survivor", "a fine password")
         .await
         .unwrap();
