@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end smoke test of three authd replicas on this machine's PostgreSQL and
-# Redis, started by scripts/replicas.sh from the release binaries:
+# Redis, started by scripts/replicas.sh from the release binaries (with --debug,
+# from the dev profile's, which `cargo test` has already built: what CI runs):
 #
 #   1. `authd health` reports SERVING on every replica (and names what is wrong on
 #      a closed port and for an unknown service);
@@ -13,13 +14,14 @@
 # Everything it makes is removed on exit, whatever happens: the processes it started,
 # the PostgreSQL schema, the Redis keys (under a prefix of its own) and its temp dir.
 #
-#   scripts/smoke-replicas.sh [--postgres URL] [--redis URL] [--base-port PORT]
+#   scripts/smoke-replicas.sh [--postgres URL] [--redis URL] [--base-port PORT] [--debug]
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 postgres_url="${AUTHD_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}"
 redis_url="${AUTHD_TEST_REDIS_URL:-redis://127.0.0.1:6379}"
 base_port=""
+profile=release
 limit=12
 logins=30
 
@@ -28,6 +30,7 @@ while [[ $# -gt 0 ]]; do
         --postgres) postgres_url="$2"; shift 2 ;;
         --redis) redis_url="$2"; shift 2 ;;
         --base-port) base_port="$2"; shift 2 ;;
+        --debug) profile=debug; shift ;;
         -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
         *) echo "smoke-replicas.sh: unknown argument: $1" >&2; exit 2 ;;
     esac
@@ -41,11 +44,15 @@ while IFS= read -r var; do
     unset "$var"
 done < <(compgen -e | grep '^AUTHD_' | grep -v '^AUTHD_TEST_' || true)
 
-step "build (release): authd and examples/smoke.rs"
-(cd "$root" && cargo build --release --locked --bin authd --example smoke)
+step "build ($profile): authd and examples/smoke.rs"
+if [[ $profile == release ]]; then
+    (cd "$root" && cargo build --release --locked --bin authd --example smoke)
+else
+    (cd "$root" && cargo build --locked --bin authd --example smoke)
+fi
 target_dir="${CARGO_TARGET_DIR:-$root/target}"
-authd="$target_dir/release/authd"
-smoke="$target_dir/release/examples/smoke"
+authd="$target_dir/$profile/authd"
+smoke="$target_dir/$profile/examples/smoke"
 
 run_id="$$_$(date +%s)_$RANDOM"
 schema="authd_smoke_$run_id"
