@@ -183,7 +183,9 @@ fn cpu_seconds() -> f64 {
 
 /// The core clock in GHz, from a chain of dependent 1-cycle `add`s timed in
 /// CPU time (hardware counters are often unavailable in virtual machines);
-/// used to express the results in cycles. Median of five.
+/// used to express the results in cycles. Median of five. Each `add` takes its
+/// operand from a register: some Intel cores fold an immediate into the next
+/// `add` when renaming, and ran a chain of `add x, 1` several per cycle.
 #[cfg(target_arch = "x86_64")]
 fn clock_ghz() -> Option<f64> {
     let mut v: Vec<f64> = (0..5)
@@ -191,17 +193,18 @@ fn clock_ghz() -> Option<f64> {
             let n: u64 = 50_000_000;
             let t = cpu_seconds();
             let mut x: u64 = 0;
-            // SAFETY: the loop only reads and writes the two registers given
+            // SAFETY: the loop only reads and writes the three registers given
             // to it; it touches no memory and leaves the flags clobbered,
             // which `asm!` assumes by default.
             unsafe {
                 std::arch::asm!(
                     "2:",
-                    "add {x}, 1", "add {x}, 1", "add {x}, 1", "add {x}, 1", "add {x}, 1",
-                    "add {x}, 1", "add {x}, 1", "add {x}, 1", "add {x}, 1", "add {x}, 1",
+                    "add {x}, {y}", "add {x}, {y}", "add {x}, {y}", "add {x}, {y}", "add {x}, {y}",
+                    "add {x}, {y}", "add {x}, {y}", "add {x}, {y}", "add {x}, {y}", "add {x}, {y}",
                     "dec {n}",
                     "jnz 2b",
                     x = inout(reg) x,
+                    y = in(reg) black_box(1u64),
                     n = inout(reg) n => _,
                     options(nomem, nostack),
                 );
