@@ -45,11 +45,9 @@ while IFS= read -r var; do
 done < <(compgen -e | grep '^AUTHD_' | grep -v '^AUTHD_TEST_' || true)
 
 step "build ($profile): authd and examples/smoke.rs"
-if [[ $profile == release ]]; then
-    (cd "$root" && cargo build --release --locked --bin authd --example smoke)
-else
-    (cd "$root" && cargo build --locked --bin authd --example smoke)
-fi
+build=(cargo build --locked --bin authd --example smoke)
+[[ $profile == debug ]] || build+=(--release)
+(cd "$root" && "${build[@]}")
 target_dir="${CARGO_TARGET_DIR:-$root/target}"
 authd="$target_dir/$profile/authd"
 smoke="$target_dir/$profile/examples/smoke"
