@@ -8,10 +8,11 @@
 #    EdDSA ring: decisions per second and their ratio (the target: Check within 20%),
 #    three alternated pairs against one server: the medians, and the median ratio.
 # 2. Check in open loop at half the rate it reached, over one connection: its p99
-#    (the target: <= 1 ms), three runs, their median and range. The host can take a
-#    core away for several milliseconds a few times in ten seconds; at tens of
-#    thousands of requests a second a few such pauses alone make a 1 % tail, so one
-#    run's p99 says as much about the host as about authd.
+#    (the target: <= 1 ms), three runs, their median and range; beside it authd's
+#    own p99 and how late the client sent at p99. The host can take a core away for
+#    several milliseconds a few times in ten seconds; at tens of thousands of
+#    requests a second a few such pauses alone make a 1 % tail, so one run's p99
+#    says as much about the host as about authd.
 # 3. nginx auth_request in front of an upstream (nginx itself answering 200), against
 #    the same nginx proxying the same upstream without it: wrk's latency, so the
 #    difference is what the forward-auth round trip adds (needs nginx and wrk, Debian's
@@ -28,13 +29,14 @@ HS_SECRET=$(head -c 32 /dev/urandom | base64 -w0)
 HS256="hs:hs256:$HS_SECRET"
 EDDSA="$("$AUTHD" keygen --alg ed25519 --kid ed)"
 
-# run SCENARIO [authbench options…]: "qps p99_ms" against the server started last.
+# run SCENARIO [authbench options…]: "qps p99_ms late_p99_ms" against the server
+# started last (late: how late an open loop's client sent, at p99; 0 in a closed loop).
 run() {
   local scenario=$1
   shift
   taskset -c 1 "$AUTHBENCH" "$scenario" --target "http://127.0.0.1:$PORT" \
     --users 20 --warmup "${WARMUP}s" --duration "${DURATION}s" --json "$@" |
-    python3 -c 'import json,sys; r=json.load(sys.stdin); l=r["ok_latency_ms"] or {}; print("%.0f %.3f" % (r["ok_qps"], l.get("p99", 0)))'
+    python3 -c 'import json,sys; r=json.load(sys.stdin); l=r["ok_latency_ms"] or {}; s=r.get("send_late_ms") or {}; print("%.0f %.3f %.3f" % (r["ok_qps"], l.get("p99", 0), s.get("p99", 0)))'
 }
 
 # check_buckets: authd's own histogram of Check durations (cumulative counts by
@@ -65,8 +67,8 @@ for le in sorted(after):
 PY
 }
 
-echo "| ring | ValidateToken/s | Check/s | Check / ValidateToken, median of 3 pairs (range) | Check p99 at half that rate, median of 3 (range), ms | the server's own p99 then, ms |"
-echo "|---|---:|---:|---:|---:|---:|"
+echo "| ring | ValidateToken/s | Check/s | Check / ValidateToken, median of 3 pairs (range) | Check p99 at half that rate, median of 3 (range), ms | the server's own p99 then, ms | the client's send lateness p99 then, ms |"
+echo "|---|---:|---:|---:|---:|---:|---:|"
 median='import sys; v=sorted(map(float, sys.argv[2:])); print(sys.argv[1] % (v[1], v[0], v[2]))'
 middle='import sys; print("%.0f" % sorted(map(float, sys.argv[1:]))[1])'
 for ring in HS256 EdDSA; do
@@ -82,11 +84,13 @@ for ring in HS256 EdDSA; do
   checks=()
   ratios=()
   for _ in 1 2 3; do
-    validate=$(run validate -c 64)
-    check=$(run check -c 64)
-    validates+=("${validate% *}")
-    checks+=("${check% *}")
-    ratios+=("$(python3 -c "print(${check% *} / ${validate% *})")")
+    out=$(run validate -c 64)
+    read -r validate _ <<<"$out"
+    out=$(run check -c 64)
+    read -r check _ <<<"$out"
+    validates+=("$validate")
+    checks+=("$check")
+    ratios+=("$(python3 -c "print($check / $validate)")")
   done
   validate=$(python3 -c "$middle" "${validates[@]}")
   check=$(python3 -c "$middle" "${checks[@]}")
@@ -96,16 +100,20 @@ for ring in HS256 EdDSA; do
   # its Check calls (authbench's open-loop default opens one per 200 requests/s).
   p99s=()
   owns=()
+  lates=()
   for _ in 1 2 3; do
     before=$(check_buckets)
-    open=$(run check --rate "$half" --connections 1)
-    p99s+=("${open#* }")
+    out=$(run check --rate "$half" --connections 1)
+    read -r _ open_p99 open_late <<<"$out"
+    p99s+=("$open_p99")
+    lates+=("$open_late")
     owns+=("$(server_p99 "$before" "$(check_buckets)")")
   done
   stop
   p99=$(python3 -c "$median" "%.3f (%.3f–%.3f)" "${p99s[@]}")
   own=$(python3 -c "$median" "≤ %g (%g–%g)" "${owns[@]}")
-  echo "| $ring | $validate | $check | $ratio | $p99 at $half/s | $own |"
+  late=$(python3 -c "$median" "%.3f (%.3f–%.3f)" "${lates[@]}")
+  echo "| $ring | $validate | $check | $ratio | $p99 at $half/s | $own | $late |"
 done
 
 if ! command -v nginx >/dev/null && ! [ -x /usr/sbin/nginx ] || ! command -v wrk >/dev/null; then

@@ -105,6 +105,15 @@ async fn an_open_loop_sends_its_schedule_and_leaves_out_the_warmup() {
     // The schedule sends at 0, 5, …, 45 ms during a 50 ms warm-up: 10 requests.
     assert_eq!(report.warmup_requests, 10);
     assert_eq!(report.codes.get(Code::Ok), 30, "{}", report.to_text());
+    // Each measured send's lateness is in the report, and is part of its latency.
+    let late = report
+        .send_late_ms
+        .expect("an open loop reports its lateness");
+    let latency = report.latency_ms.expect("30 requests measured");
+    assert!(
+        late.min <= late.max && late.max <= latency.max,
+        "{late:?} {latency:?}"
+    );
 }
 
 #[tokio::test]

@@ -103,6 +103,9 @@ pub struct Recorder {
     first_ok: Option<Instant>,
     last_ok: Option<Instant>,
     first_client_error: Option<String>,
+    /// An open loop's measured sends: how long after its due time each was handed
+    /// to its connection (none for a closed loop).
+    send_late: Option<Histogram<u64>>,
 }
 
 impl Recorder {
@@ -118,6 +121,7 @@ impl Recorder {
             first_ok: None,
             last_ok: None,
             first_client_error: None,
+            send_late: None,
         }
     }
 
@@ -157,6 +161,11 @@ impl Recorder {
         }
     }
 
+    /// Keeps an open loop's lateness of its measured sends (microseconds).
+    pub fn note_send_lateness(&mut self, late: Histogram<u64>) {
+        self.send_late = Some(late);
+    }
+
     /// Adds everything `other` recorded (made for the same mix and bound) to this one.
     pub fn merge(&mut self, other: &Recorder) {
         for (mine, theirs) in self.ops.iter_mut().zip(&other.ops) {
@@ -175,6 +184,12 @@ impl Recorder {
         if self.first_client_error.is_none() {
             self.first_client_error
                 .clone_from(&other.first_client_error);
+        }
+        match (&mut self.send_late, &other.send_late) {
+            // Both made by open loops of the same bound, so adding cannot fail.
+            (Some(mine), Some(theirs)) => mine.add(theirs).expect("histograms with equal bounds"),
+            (None, Some(theirs)) => self.send_late = Some(theirs.clone()),
+            _ => {}
         }
     }
 
@@ -320,6 +335,11 @@ pub struct Report {
     pub client_errors: ClientErrors,
     /// The first client-side error's message, to tell what went wrong.
     pub first_client_error: Option<String>,
+    /// Open loop only: how long after its due time each measured request was handed
+    /// to its connection. It is part of every latency above (they count from the due
+    /// time); a high tail here is the client's, or its host's, not the server's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub send_late_ms: Option<Latency>,
     /// Per operation, for a mix of more than one.
     #[serde(
         skip_serializing_if = "Vec::is_empty",
@@ -374,6 +394,7 @@ impl Report {
             codes: whole.codes,
             client_errors: whole.client_errors,
             first_client_error: recorder.first_client_error.clone(),
+            send_late_ms: recorder.send_late.as_ref().and_then(latency_summary),
             operations,
         }
     }
@@ -446,6 +467,14 @@ impl Report {
         for (op, r) in &self.operations {
             row(&format!("{op}"), &r.latency_ms);
             row(&format!("{op} successful"), &r.ok_latency_ms);
+        }
+        if self.send_late_ms.is_some() {
+            row("sent late", &self.send_late_ms);
+            let _ = writeln!(
+                out,
+                "(sent late: how long after its due time the client handed each request \
+                 to its connection; part of the latencies above)"
+            );
         }
         out.push('\n');
 

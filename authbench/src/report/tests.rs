@@ -169,4 +169,49 @@ fn every_recorded_request_is_counted_once() {
     let text = report.to_text();
     assert!(text.contains("RESOURCE_EXHAUSTED"), "{text}");
     assert!(text.contains("client: timeout"), "{text}");
+    // A closed loop sends when an answer comes: it has no due times to be late for.
+    assert_eq!(report.send_late_ms, None);
+    assert!(json.get("send_late_ms").is_none(), "{json}");
+    assert!(!text.contains("sent late"), "{text}");
+}
+
+#[test]
+fn an_open_loops_lateness_is_reported_and_merged() {
+    let mix: Mix = "validate=1".parse().unwrap();
+    let mut merged = Recorder::new(&mix, Duration::from_secs(60));
+    let t0 = Instant::now();
+    merged.record(
+        Operation::Validate,
+        Outcome::Status(Code::Ok),
+        t0,
+        t0 + Duration::from_millis(1),
+    );
+    // Lateness in microseconds: 98 sends on time (the floor, 1 µs), one 2 ms late,
+    // one 9 ms late.
+    let mut late = Histogram::new_with_bounds(1, 60_000_000, 3).unwrap();
+    late.record_n(1, 98).unwrap();
+    late.record(2_000).unwrap();
+    late.record(9_000).unwrap();
+    let mut shard = Recorder::new(&mix, Duration::from_secs(60));
+    shard.note_send_lateness(late);
+    merged.merge(&shard);
+    let mut info = info(&mix);
+    info.load = LoadInfo::Open { rate: 100.0 };
+
+    let report = Report::new(&info, &merged);
+    let send_late = report.send_late_ms.expect("an open loop's lateness");
+    assert!(close(send_late.p50, 0.001), "{send_late:?}");
+    assert!(close(send_late.p99, 2.0), "{send_late:?}");
+    assert!(close(send_late.max, 9.0), "{send_late:?}");
+    let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+    assert!(
+        close(json["send_late_ms"]["max"].as_f64().unwrap(), 9.0),
+        "{json}"
+    );
+    let text = report.to_text();
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("sent late"))
+        .expect(&text);
+    assert!(row.contains(" 2.00 ") && row.contains(" 9.0"), "{row}");
 }

@@ -13,12 +13,13 @@ use super::{
 };
 use crate::schedule;
 use anyhow::Context as _;
+use hdrhistogram::Histogram;
 use std::{
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
     },
-    time::Instant,
+    time::{Duration, Instant},
 };
 use tokio::task::JoinSet;
 
@@ -114,18 +115,27 @@ async fn closed_worker(shared: Arc<Shared>, clock: Arc<Clock>, id: usize, mut cl
 /// next send is due, then sends every request due by then, each counted from its
 /// own due time. A runtime that falls behind (busy with answers) sends what it owes
 /// as soon as it is back, so its lateness shows as latency, never as a lower rate.
+///
+/// Returns that lateness of the measured sends (microseconds, up to `highest`): how
+/// long after its due time each was handed to its connection, so a report can tell
+/// the client's own delay (its core busy, or taken away by its host) from the
+/// server's.
 pub(super) async fn open_loop(
     shared: &Arc<Shared>,
     start: Instant,
     plan: &Plan,
     rate: f64,
-) -> anyhow::Result<()> {
+    highest: Duration,
+) -> anyhow::Result<Histogram<u64>> {
     let warmup_sends = schedule::sends_before(plan.warmup, rate);
     let total = match plan.stop {
         Stop::Requests(n) => warmup_sends + n,
         Stop::Duration(d) => schedule::sends_before(plan.warmup + d, rate),
     };
     let mut pacer = Pacer::new(rate).context("creating the open loop's timer")?;
+    let highest_micros = u64::try_from(highest.as_micros()).unwrap_or(u64::MAX);
+    let mut late = Histogram::new_with_bounds(1, highest_micros.max(2), 3)
+        .context("creating the histogram of send lateness")?;
     let mut in_flight = JoinSet::new();
     let mut sent = 0;
     while sent < total {
@@ -135,10 +145,17 @@ pub(super) async fn open_loop(
         }
         // Every send due by now goes out in this turn (so that h2 writes them
         // together), each counted from its own due time.
-        let due = schedule::sends_before(start.elapsed(), rate).min(total);
+        let now = Instant::now();
+        let due = schedule::sends_before(now.saturating_duration_since(start), rate).min(total);
         for k in sent..due {
             let intended = schedule::intended_send_time(start, k, rate);
-            in_flight.spawn(send(shared.clone(), k, intended, k >= warmup_sends));
+            let measured = k >= warmup_sends;
+            if measured {
+                let micros = now.saturating_duration_since(intended).as_micros();
+                // Below 1 µs is below the histogram's floor; it rounds up to it.
+                late.saturating_record(u64::try_from(micros).unwrap_or(u64::MAX).max(1));
+            }
+            in_flight.spawn(send(shared.clone(), k, intended, measured));
         }
         sent = sent.max(due);
         if sent == total {
@@ -156,7 +173,7 @@ pub(super) async fn open_loop(
     while let Some(done) = in_flight.join_next().await {
         done.context("a request task panicked")?;
     }
-    Ok(())
+    Ok(late)
 }
 
 /// Send `k` of an open loop, due at `intended`: performed on its connection and
@@ -178,7 +195,6 @@ async fn send(shared: Arc<Shared>, k: u64, intended: Instant, measured: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn a_closed_loop_clock_counts_measured_requests_exactly() {

@@ -29,7 +29,8 @@
 //! - `http`: HTTP/1.1 connections, and the wait until `GET /health` answers;
 //! - `setup`: the users and tokens the mix needs, prepared first;
 //! - `request`: one request sent, classified and recorded;
-//! - `loops`: the closed and the open loop, and the closed loop's clock;
+//! - `loops`: the closed and the open loop (which counts how late it sent), and the
+//!   closed loop's clock;
 //! - `pacer`: the open loop's sleep until its next send, with microsecond grain;
 //! - `status`: a failure told apart (server's status or client's) and described,
 //!   and an HTTP status as the gRPC code it stands for.
@@ -142,6 +143,7 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
             Stop::Duration(d) => Goal::Duration(d),
         },
     );
+    let mut send_late = None;
     match plan.load {
         Load::Closed { concurrency } => {
             let clock = Arc::new(Clock::new(warm_end, plan.stop));
@@ -157,13 +159,18 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
             };
             closed_loop(&shared, &clock, clients).await?;
         }
-        Load::Open { rate } => open_loop(&shared, start, plan, rate).await?,
+        Load::Open { rate } => {
+            send_late = Some(open_loop(&shared, start, plan, rate, highest).await?)
+        }
     }
     progress.finish();
 
     let mut recorder = Recorder::new(&mix, highest);
     for shard in &shared.recorders {
         recorder.merge(&lock(shard));
+    }
+    if let Some(late) = send_late {
+        recorder.note_send_lateness(late);
     }
     let info = RunInfo {
         scenario: plan.scenario,
