@@ -378,7 +378,8 @@ impl Application {
         self.health_addr
     }
 
-    /// Where the admin API answers (`None` while `AUTHD_ADMIN_LISTEN` is off).
+    /// A handle on the application's internals that stays valid once it runs
+    /// (`run_until_stopped` takes the application itself).
     pub fn handle(&self) -> AppHandle {
         AppHandle {
             accounts: self.accounts.clone(),
