@@ -26,8 +26,8 @@ use std::{path::PathBuf, time::Duration};
 /// hide its queue; on Linux a kernel timer (timerfd) wakes the client when requests
 /// are due, to the microsecond, so the client's timer does not count as latency
 /// (elsewhere the runtime's timer, with its millisecond grain). Its report adds how
-/// late the client sent each request (`sent late`, part of every latency): a tail
-/// there is the client's, not the server's.
+/// late the client started each request (`sent late`, part of every latency): a
+/// tail there is the client's, or its host's, not the server's.
 /// Requests sent during --warmup are left out of the report.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "authbench", version, max_term_width = 100)]

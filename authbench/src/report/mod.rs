@@ -103,8 +103,8 @@ pub struct Recorder {
     first_ok: Option<Instant>,
     last_ok: Option<Instant>,
     first_client_error: Option<String>,
-    /// An open loop's measured sends: how long after its due time each was handed
-    /// to its connection (none for a closed loop).
+    /// An open loop's measured sends: how long after its due time each was started
+    /// (none for a closed loop).
     send_late: Option<Histogram<u64>>,
 }
 
@@ -335,9 +335,9 @@ pub struct Report {
     pub client_errors: ClientErrors,
     /// The first client-side error's message, to tell what went wrong.
     pub first_client_error: Option<String>,
-    /// Open loop only: how long after its due time each measured request was handed
-    /// to its connection. It is part of every latency above (they count from the due
-    /// time); a high tail here is the client's, or its host's, not the server's.
+    /// Open loop only: how long after its due time the client started each measured
+    /// request. It is part of every latency above (they count from the due time); a
+    /// high tail here is the client's, or its host's, not the server's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub send_late_ms: Option<Latency>,
     /// Per operation, for a mix of more than one.
@@ -472,8 +472,8 @@ impl Report {
             row("sent late", &self.send_late_ms);
             let _ = writeln!(
                 out,
-                "(sent late: how long after its due time the client handed each request \
-                 to its connection; part of the latencies above)"
+                "(sent late: how long after its due time the client started each request; \
+                 part of the latencies above)"
             );
         }
         out.push('\n');

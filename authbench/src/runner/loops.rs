@@ -117,8 +117,8 @@ async fn closed_worker(shared: Arc<Shared>, clock: Arc<Clock>, id: usize, mut cl
 /// as soon as it is back, so its lateness shows as latency, never as a lower rate.
 ///
 /// Returns that lateness of the measured sends (microseconds, up to `highest`): how
-/// long after its due time each was handed to its connection, so a report can tell
-/// the client's own delay (its core busy, or taken away by its host) from the
+/// long after its due time each was started (its task spawned), so a report can
+/// tell the client's own delay (its core busy, or taken away by its host) from the
 /// server's.
 pub(super) async fn open_loop(
     shared: &Arc<Shared>,
