@@ -44,14 +44,10 @@ struct OpRecorder {
 }
 
 impl OpRecorder {
-    fn new(highest_micros: u64) -> Self {
-        let histogram = || {
-            Histogram::new_with_bounds(1, highest_micros.max(2), 3)
-                .expect("1 µs to a positive bound at 3 digits is a valid histogram")
-        };
+    fn new(highest: Duration) -> Self {
         Self {
-            all: histogram(),
-            ok: histogram(),
+            all: micros_histogram(highest),
+            ok: micros_histogram(highest),
             codes: [0; CODES],
             connection: 0,
             timeout: 0,
@@ -111,8 +107,7 @@ pub struct Recorder {
 impl Recorder {
     /// A recorder for the operations of `mix`, clamping latencies above `highest`.
     pub fn new(mix: &Mix, highest: Duration) -> Self {
-        let highest_micros = u64::try_from(highest.as_micros()).unwrap_or(u64::MAX);
-        let ops = Operation::ALL.map(|op| mix.uses(op).then(|| OpRecorder::new(highest_micros)));
+        let ops = Operation::ALL.map(|op| mix.uses(op).then(|| OpRecorder::new(highest)));
         Self {
             ops,
             first_send: None,
@@ -131,10 +126,7 @@ impl Recorder {
             debug_assert!(false, "{op} is not in the mix this recorder was made for");
             return;
         };
-        let micros =
-            u64::try_from(done.saturating_duration_since(sent).as_micros()).unwrap_or(u64::MAX);
-        // Below 1 µs is below the histogram's floor; it rounds up to it.
-        let micros = micros.max(1);
+        let micros = micros(done.saturating_duration_since(sent));
         stats.all.saturating_record(micros);
         match outcome {
             Outcome::Status(code) => {
@@ -358,7 +350,7 @@ impl Report {
             .collect();
         let mut total = match present.first() {
             Some((_, stats)) => OpRecorder::empty_like(stats),
-            None => OpRecorder::new(2),
+            None => OpRecorder::new(Duration::from_micros(2)),
         };
         let mut operations = Vec::new();
         for (op, stats) in present {
@@ -579,6 +571,23 @@ pub fn ratio(part: u64, whole: u64) -> f64 {
     } else {
         part as f64 / whole as f64
     }
+}
+
+/// A histogram of microseconds from 1 µs to `highest` (at least 2 µs; values above
+/// it are recorded as it), at 3 significant digits: the form of every histogram of a
+/// report, so any two of a run add up.
+pub fn micros_histogram(highest: Duration) -> Histogram<u64> {
+    let highest = u64::try_from(highest.as_micros()).unwrap_or(u64::MAX);
+    Histogram::new_with_bounds(1, highest.max(2), 3)
+        .expect("1 µs to a bound of 2 µs or more at 3 digits is a valid histogram")
+}
+
+/// `duration` in whole microseconds as a histogram records it: below 1 µs, the
+/// histograms' floor, it rounds up to it; beyond `u64`, it saturates.
+pub fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros())
+        .unwrap_or(u64::MAX)
+        .max(1)
 }
 
 /// The latency at quantile `q` (0 to 1) of a histogram of microseconds, in

@@ -11,7 +11,7 @@ use super::{
     plan::{Plan, Stop},
     request::{Client, Shared},
 };
-use crate::schedule;
+use crate::{report, schedule};
 use anyhow::Context as _;
 use hdrhistogram::Histogram;
 use std::{
@@ -133,9 +133,7 @@ pub(super) async fn open_loop(
         Stop::Duration(d) => schedule::sends_before(plan.warmup + d, rate),
     };
     let mut pacer = Pacer::new(rate).context("creating the open loop's timer")?;
-    let highest_micros = u64::try_from(highest.as_micros()).unwrap_or(u64::MAX);
-    let mut late = Histogram::new_with_bounds(1, highest_micros.max(2), 3)
-        .context("creating the histogram of send lateness")?;
+    let mut late = report::micros_histogram(highest);
     let mut in_flight = JoinSet::new();
     let mut sent = 0;
     while sent < total {
@@ -151,9 +149,7 @@ pub(super) async fn open_loop(
             let intended = schedule::intended_send_time(start, k, rate);
             let measured = k >= warmup_sends;
             if measured {
-                let micros = now.saturating_duration_since(intended).as_micros();
-                // Below 1 µs is below the histogram's floor; it rounds up to it.
-                late.saturating_record(u64::try_from(micros).unwrap_or(u64::MAX).max(1));
+                late.saturating_record(report::micros(now.saturating_duration_since(intended)));
             }
             in_flight.spawn(send(shared.clone(), k, intended, measured));
         }
