@@ -390,13 +390,14 @@ impl Store {
         timed!(self, change_password, s => s.change_password(id, hash, version, now).await)
     }
 
-    /// Sessions ended after `after` (ended_at, id), in that order, at most `limit`.
+    /// Sessions ended after `after` (ended_at, id), in that order, at most `limit`
+    /// (read through the readers: with SQLite's WAL they see every committed write).
     pub async fn ended_since(
         &self,
         after: (i64, &str),
         limit: i64,
     ) -> Result<Vec<EndedSession>, StoreError> {
-        timed!(self, ended_sessions, s => s.ended_since(after, limit).await)
+        timed!(self, ended_sessions, s => session::ended_since(s.readers(), after, limit).await)
     }
 
     /// Deletes up to `limit` sessions that expired by `now`, and up to `limit`
@@ -412,7 +413,7 @@ impl Store {
 
     /// The account `key` names, its live sessions counted at `now`.
     pub async fn account(&self, key: &AccountKey, now: i64) -> Result<Option<Account>, StoreError> {
-        timed!(self, get_account, s => s.account(key, now).await)
+        timed!(self, get_account, s => admin::account(s.readers(), key, now).await)
     }
 
     /// A page of accounts in username order (byte order).
@@ -454,7 +455,7 @@ impl Store {
         after: (i64, &str),
         limit: i64,
     ) -> Result<Vec<Cutoff>, StoreError> {
-        timed!(self, cutoffs, s => s.cutoffs_since(after, limit).await)
+        timed!(self, cutoffs, s => admin::cutoffs_since(s.readers(), after, limit).await)
     }
 
     /// The live sessions of `user_id` at `now`, newest first, at most `limit`.
@@ -464,7 +465,7 @@ impl Store {
         now: i64,
         limit: i64,
     ) -> Result<Vec<SessionInfo>, StoreError> {
-        timed!(self, live_sessions, s => s.live_sessions(user_id, now, limit).await)
+        timed!(self, live_sessions, s => admin::live_sessions(s.readers(), user_id, now, limit).await)
     }
 
     /// Ends the named live sessions of `user_id` (every one when `ids` is empty);

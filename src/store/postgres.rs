@@ -15,16 +15,16 @@
 //! by PostgreSQL and the connection stays usable; authd also stops waiting on its
 //! own shortly after (`connection::operation_limit`), for a peer that stopped
 //! answering. Connecting and migrating are `connection`'s; the reads are written
-//! once for both backends (`users`, `session`); what is here are the writes.
+//! once for both backends (`users`, `session`, `admin`, `factor`); what is here
+//! are the writes.
 
 use super::{
     StoreError,
-    admin::{self, Account, AccountKey, Change, Cutoff, PageQuery, Revoked, SessionInfo},
+    admin::{self, Account, Change, PageQuery, Revoked},
     connection::{Connections, PostgresSettings, connect_postgres, migrate_postgres, within},
     factor::{self, FactorAnswer, FactorWrite},
     session::{
-        self, EndReason, Ended, EndedSession, LoggedOut, NewSession, Purged, Refreshed, Rotation,
-        session_ops,
+        self, EndReason, Ended, LoggedOut, NewSession, Purged, Refreshed, Rotation, session_ops,
     },
     unix_millis,
     users::{self, NewUser, User, insert_user_query, password_hash_query},
@@ -184,14 +184,6 @@ impl PostgresStore {
         in_transaction!(self, |tx| ops::purge(tx, now, ended_before, limit).await?)
     }
 
-    pub(crate) async fn ended_since(
-        &self,
-        after: (i64, &str),
-        limit: i64,
-    ) -> Result<Vec<EndedSession>, StoreError> {
-        session::ended_since(&self.conns, after, limit).await
-    }
-
     /// The update takes the user's row lock first, as a password change does: a
     /// Login's insert (FOR SHARE) committed before, and its session is ended here,
     /// or it waits, and then finds the new version.
@@ -256,37 +248,12 @@ impl PostgresStore {
         &self.conns
     }
 
-    pub(crate) async fn live_sessions(
-        &self,
-        user_id: &str,
-        now: i64,
-        limit: i64,
-    ) -> Result<Vec<SessionInfo>, StoreError> {
-        admin::live_sessions(&self.conns, user_id, now, limit).await
-    }
-
-    pub(crate) async fn account(
-        &self,
-        key: &AccountKey,
-        now: i64,
-    ) -> Result<Option<Account>, StoreError> {
-        admin::account(&self.conns, key, now).await
-    }
-
     pub(crate) async fn accounts_page(
         &self,
         query: &PageQuery,
         now: i64,
     ) -> Result<Vec<Account>, StoreError> {
         admin::page(&self.conns, admin::sql::PAGE_POSTGRES, query, now).await
-    }
-
-    pub(crate) async fn cutoffs_since(
-        &self,
-        after: (i64, &str),
-        limit: i64,
-    ) -> Result<Vec<Cutoff>, StoreError> {
-        admin::cutoffs_since(&self.conns, after, limit).await
     }
 
     pub(crate) async fn probe(&self) -> Result<u32, StoreError> {

@@ -15,20 +15,21 @@
 //! writer finishes what it started), as with any database that stops answering.
 //!
 //! The database holds password hashes: `connection` opens it (file permissions, WAL,
-//! migrations). The reads are written once for both backends (`users`, `session`)
-//! and run on the reader pool, but for the reads of users by name, which are
-//! gathered into batches (`sqlite_lookups`); what is here is the writer task (what
-//! it writes is `sqlite_writes`, sending runs of inserts as `sqlite_runs` does).
+//! migrations). The reads are written once for both backends (`users`, `session`,
+//! `admin`, `factor`) and run on the reader pool, but for the reads of users by
+//! name, which are gathered into batches (`sqlite_lookups`); what is here is the
+//! writer task (what it writes is `sqlite_writes`, sending runs of inserts as
+//! `sqlite_runs` does).
 
 use super::{
     StoreError,
-    admin::{self, Account, AccountKey, Change, Cutoff, PageQuery, Revoked, SessionInfo},
+    admin::{self, Account, Change, PageQuery, Revoked},
     connection::{
         Connections, SqliteSettings, open_sqlite_readers, open_sqlite_writer, operation_limit,
         within,
     },
     factor::{FactorAnswer, FactorWrite},
-    session::{self, Ended, EndedSession, LoggedOut, NewSession, Purged, Refreshed, Rotation},
+    session::{Ended, LoggedOut, NewSession, Purged, Refreshed, Rotation},
     sqlite_lookups::Lookups,
     sqlite_writes::{Answer, Reply, Write, apply},
     users::{self, NewUser, User},
@@ -319,46 +320,12 @@ impl SqliteStore {
         &self.readers
     }
 
-    pub(crate) async fn live_sessions(
-        &self,
-        user_id: &str,
-        now: i64,
-        limit: i64,
-    ) -> Result<Vec<SessionInfo>, StoreError> {
-        admin::live_sessions(&self.readers, user_id, now, limit).await
-    }
-
-    pub(crate) async fn account(
-        &self,
-        key: &AccountKey,
-        now: i64,
-    ) -> Result<Option<Account>, StoreError> {
-        admin::account(&self.readers, key, now).await
-    }
-
     pub(crate) async fn accounts_page(
         &self,
         query: &PageQuery,
         now: i64,
     ) -> Result<Vec<Account>, StoreError> {
         admin::page(&self.readers, admin::sql::PAGE_SQLITE, query, now).await
-    }
-
-    pub(crate) async fn cutoffs_since(
-        &self,
-        after: (i64, &str),
-        limit: i64,
-    ) -> Result<Vec<Cutoff>, StoreError> {
-        admin::cutoffs_since(&self.readers, after, limit).await
-    }
-
-    /// A read through the reader pool (WAL: it sees every committed write).
-    pub(crate) async fn ended_since(
-        &self,
-        after: (i64, &str),
-        limit: i64,
-    ) -> Result<Vec<EndedSession>, StoreError> {
-        session::ended_since(&self.readers, after, limit).await
     }
 
     pub(crate) async fn update_password_hash(
@@ -547,6 +514,7 @@ async fn commit(
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
+    use crate::store::session;
     use futures::future::join_all;
 
     pub(in crate::store) async fn open(dir: &tempfile::TempDir) -> SqliteStore {
