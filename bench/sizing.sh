@@ -179,18 +179,17 @@ done
 
 echo "== memory" >&2
 ITERATIONS=100000
-start_pinned "$AUTHD" "sqlite://$WORK/memory-idle.db" AUTHD_HASH_QUEUE=4096
+start_pinned "$AUTHD" "sqlite://$WORK/memory-idle.db"
 IDLE_RSS=$(peak_rss_mb)
 taskset -c 1 "$AUTHBENCH" health --target "http://127.0.0.1:$PORT" --connections 1000 \
     --concurrency 1000 --requests 20000 --json >/dev/null
 CONN_RSS=$(peak_rss_mb)
 stop
-# in_flight N: peak RSS with N logins in flight on 10 connections: a queue and a
-# queue wait long enough to admit them all, so each answered login is replaced by
-# one more waiting for its hash (about 350 are answered a second at 100k rounds).
+# in_flight N: peak RSS with N logins in flight on 10 connections: deadlines long
+# enough to admit them all, so each answered login is replaced by one more waiting
+# for its hash (about 350 are answered a second at 100k rounds).
 in_flight() {
-    start_pinned "$AUTHD" "sqlite://$WORK/memory-$1.db" AUTHD_HASH_QUEUE=4096 \
-        AUTHD_MAX_IN_FLIGHT=8192 AUTHD_HASH_QUEUE_WAIT=60s
+    start_pinned "$AUTHD" "sqlite://$WORK/memory-$1.db"
     taskset -c 1 "$AUTHBENCH" login --target "http://127.0.0.1:$PORT" --connections 10 \
         --users 10 --concurrency "$1" --duration 4s --timeout 60s --json >/dev/null || true
     peak_rss_mb
@@ -321,8 +320,8 @@ w(f"| 2,000 logins in flight, 10 connections | {many} |")
 w("")
 w(f"About **{(conn - idle) * 1024 / 1000:.0f} KB per connection** and "
   f"**{(many - few) * 1024 / 1900:.1f} KB per request in flight**. "
-  "Requests in flight are bounded (\`AUTHD_MAX_IN_FLIGHT\`, \`AUTHD_HASH_QUEUE\`), and so "
-  "is the memory they hold.")
+  "Requests in flight are bounded (\`AUTHD_MAX_IN_FLIGHT\`), and so is the memory "
+  "they hold.")
 w("")
 w("## Choosing the rounds")
 w("")

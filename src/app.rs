@@ -317,11 +317,9 @@ impl Application {
         }
         let trust_forwarded_for = config.limits.trust_forwarded_for;
         let admission = Admission::new(
-            config.overload.admission(
-                MAX_MESSAGE_BYTES + GRPC_FRAME_HEADER,
-                trust_forwarded_for,
-                accounts.hasher().pool().busy_floor(),
-            ),
+            config
+                .overload
+                .admission(MAX_MESSAGE_BYTES + GRPC_FRAME_HEADER, trust_forwarded_for),
             metrics.overload.clone(),
         );
         let pushback = Pushback::new(
@@ -623,7 +621,8 @@ impl Application {
             hash_backend = accounts.hasher().pool().engine().backend().name(),
             hash_lanes = accounts.hasher().pool().engine().lanes(),
             hash_kernels = %accounts.hasher().pool().engine().plan(),
-            hash_queue = config.passwords.hash_queue(),
+            max_in_flight = config.overload.max_in_flight,
+            max_wait = ?config.overload.max_wait,
             max_connections = limits.max_connections,
             tls = match (&tls, &config.tls.tls_client_ca) {
                 (None, _) => "off",

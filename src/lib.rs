@@ -22,9 +22,10 @@
 //!     access           mutual TLS allow-list: identity per method (PERMISSION_DENIED)
 //!   ratelimit          per-rule sliding windows, on Redis or in process (its layer
 //!                      rejects, never queues)
-//!   layers::admission  whole request first, share per client, in-flight cap and
-//!                      its bound by time (layers::pace), deadline, drain (reject,
-//!                      never queue)
+//!   layers::admission  the one decision on load: admitted when it can be answered
+//!                      before its deadline, at the pace measured (layers::pace);
+//!                      whole request first, memory bounds, drain (reject, never
+//!                      queue what cannot be served in time)
 //!   codec              protobuf decoding; malformed -> INVALID_ARGUMENT, generic
 //!   grpc               proto <-> domain, for auth.v1.AuthService
 //!   extauthz           external authorization: Envoy's Check (gRPC) and HTTP
@@ -42,8 +43,8 @@
 //!     refresh          refresh tokens (random, rotated, stored as a digest)
 //!     second_factor    TOTP codes, recovery codes, Login's challenges, and the data
 //!                      keys that seal TOTP secrets at rest
-//!     password         the PBKDF2 policy, on a pool of hashing threads behind a queue
-//!                      bounded by time and count, fair between clients; `authd hash-bench`
+//!     password         the PBKDF2 policy, on a pool of hashing threads behind a
+//!                      first-in, first-out queue; `authd hash-bench`
 //!     priority         the OS scheduling priority of the runtime's and the hashing threads
 //!     token            JWT EdDSA / HS256 with a key ring (kid -> key), the key file,
 //!                      the JWKS document

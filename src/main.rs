@@ -34,6 +34,15 @@ fn main() -> ExitCode {
              /proc/PID/cmdline): set them through the environment or a file instead"
         );
     }
+    let deprecated = cli.config.deprecated_options();
+    if !deprecated.is_empty() {
+        tracing::warn!(
+            options = deprecated.join(", "),
+            "these options no longer have any effect and will be removed: requests are \
+             admitted when they can be answered before their deadline (AUTHD_MAX_WAIT \
+             without one), and AUTHD_MAX_IN_FLIGHT bounds memory (see docs/operations.md)"
+        );
+    }
     // The workers answer AuthService requests below the priority of the thread that
     // answers probes (the health-only port's, started from this one), above hashing,
     // under the policy configured.

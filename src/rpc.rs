@@ -191,6 +191,13 @@ impl Rpc {
         )
     }
 
+    /// Whether the RPC hashes a password (a PBKDF2 derivation of hundreds of
+    /// milliseconds at the default cost): admission control measures how fast these
+    /// are answered apart from the others, which take microseconds.
+    pub(crate) fn hashes_a_password(self) -> bool {
+        matches!(self, Rpc::Register | Rpc::Login | Rpc::ChangePassword)
+    }
+
     /// The method called `name` (case-insensitively) among [`Rpc::NAMED_METHODS`],
     /// for rate-limit rules and the allow-list.
     pub(crate) fn auth_method(name: &str) -> Option<Rpc> {

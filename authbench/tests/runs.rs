@@ -135,11 +135,10 @@ async fn a_run_bounded_by_time_accounts_for_what_it_sent() {
 
 #[tokio::test]
 async fn refusals_of_a_full_server_are_counted_as_resource_exhausted() {
-    // One hash thread and room for one waiting job: of 20 registrations sent at once,
-    // all but about two are refused at once.
+    // Room for one request in flight: of 20 registrations sent at once, all but one
+    // are refused at once.
     let app = spawn_app_with(|c| {
-        c.passwords.hash_threads = Some(1);
-        c.passwords.hash_queue = Some(1);
+        c.overload.max_in_flight = 1;
         c.passwords.pbkdf2_iterations = 200_000;
     })
     .await;

@@ -18,7 +18,7 @@ use crate::{
     error::Error,
     store::{Account, AccountKey, Change, EndReason, PageQuery, Revoked, SessionInfo, unix_millis},
 };
-use std::{net::IpAddr, time::Instant};
+use std::time::Instant;
 
 /// The most sessions ListSessions returns, and EndSessions ends by name.
 pub const MAX_SESSIONS: i64 = 1000;
@@ -151,11 +151,8 @@ impl Accounts {
         password: Password,
         keep_sessions: bool,
         deadline: Option<Instant>,
-        client: Option<IpAddr>,
     ) -> Result<usize, Error> {
-        self.hasher.check_room(client, deadline)?;
-        let slot = self.hasher.reserve(client, deadline)?;
-        let hash = self.hasher.hash(slot, password, deadline).await?;
+        let hash = self.hasher.hash(password, deadline).await?;
         let now = unix_millis();
         let ended = (self
             .store

@@ -52,7 +52,6 @@ use crate::{
 };
 use prometheus::{Gauge, IntCounter};
 use std::{
-    net::IpAddr,
     sync::{Arc, Mutex},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
@@ -242,18 +241,15 @@ impl Accounts {
         deadline: Option<Instant>,
         caller: &Caller,
     ) -> Result<String, Error> {
-        // When the pool is full, the request is refused before it costs a query.
-        self.hasher.check_room(caller.client, deadline)?;
-        // A read that proves the database answers before a place in the pool is
-        // taken (a database that is gone makes requests fail, never fill the pool).
+        // A read that proves the database answers before the hash is queued (a
+        // database that is gone makes requests fail, never fill the hash queue).
         // Its answer is not used: a taken name costs the same hash and the same
         // insert as a free one, and answers only when the insert does, so neither
         // time nor a deadline tells the two apart (a deadline that passes in the
         // queue refuses both before the hash). The insert decides, also between
         // concurrent registrations of one name.
         self.store.find_user(&username).await?;
-        let slot = self.hasher.reserve(caller.client, deadline)?;
-        let password_hash = self.hasher.hash(slot, password, deadline).await?;
+        let password_hash = self.hasher.hash(password, deadline).await?;
         let id = uuid::Uuid::now_v7().to_string();
         self.store
             .insert_user(NewUser {
@@ -318,12 +314,9 @@ impl Accounts {
         deadline: Option<Instant>,
         caller: &Caller,
     ) -> Result<(crate::store::User, Option<Attempt>), Error> {
-        // A request the pool would refuse costs nothing more: not even the throttle's
-        // round trip (checked again once the throttle has answered).
-        self.hasher.check_room(caller.client, deadline)?;
         let begun = self.throttled(username, caller, deadline).await?;
         match self
-            .check_password(username, password, deadline, caller.client, begun)
+            .check_password(username, password, deadline, begun)
             .await
         {
             Ok(checked) => Ok(checked),
@@ -392,20 +385,17 @@ impl Accounts {
         username: &Username,
         password: Password,
         deadline: Option<Instant>,
-        client: Option<IpAddr>,
         begun: Option<Begun>,
     ) -> Result<(crate::store::User, Option<Attempt>), CheckFailure> {
-        self.hasher.check_room(client, deadline)?;
         let user = self.store.find_user(username).await?;
         let attempt = match begun {
             Some(begun) => Some(begun.place().await?),
             None => None,
         };
-        let slot = self.hasher.reserve(client, deadline)?;
         let stored = user.as_ref().map(|u| u.password_hash.clone());
         let verification = self
             .hasher
-            .verify(slot, password.clone(), stored, deadline)
+            .verify(password.clone(), stored, deadline)
             .await?;
         // A disabled account fails as a wrong password does, after the same hash
         // and counted alike: the caller learns nothing; the audit trail says why.
@@ -422,7 +412,7 @@ impl Accounts {
             None => return Err(CheckFailure::Wrong(None, attempt, Failure::UnknownUser)),
         };
         if verification.needs_rehash {
-            self.rehash(&user, password, deadline, client).await;
+            self.rehash(&user, password, deadline).await;
         }
         Ok((user, attempt))
     }
@@ -636,8 +626,7 @@ impl Accounts {
         let (user, attempt) = self
             .authenticate(&username, current, deadline, caller)
             .await?;
-        let slot = self.hasher.reserve(caller.client, deadline)?;
-        let hash = self.hasher.hash(slot, new, deadline).await?;
+        let hash = self.hasher.hash(new, deadline).await?;
         let now = unix_millis();
         // Only if the password is still the one checked: of two changes at once
         // with the same current password, one wins.
@@ -666,7 +655,7 @@ impl Accounts {
     }
 
     /// Replaces a hash made with other parameters. Best effort: the login has
-    /// already succeeded, so a full queue or a failed write only postpones it.
+    /// already succeeded, so a deadline that passes or a failed write only postpones it.
     /// The new hash is stored only if the password is still the one verified (a
     /// rehash never undoes a password change), and keeps its version: sessions
     /// verified against the old hash of the same password still start.
@@ -675,12 +664,10 @@ impl Accounts {
         user: &crate::store::User,
         password: Password,
         deadline: Option<Instant>,
-        client: Option<IpAddr>,
     ) {
         let user_id = user.id.as_str();
         let result = async {
-            let slot = self.hasher.reserve(client, deadline)?;
-            let hash = self.hasher.hash(slot, password, deadline).await?;
+            let hash = self.hasher.hash(password, deadline).await?;
             (self.store)
                 .update_password_hash(user_id, hash, user.password_version)
                 .await?;

@@ -554,11 +554,6 @@ impl admin_service_server::AdminService for AdminApi {
     ) -> Result<Response<SetPasswordResponse>, Status> {
         let deadline = rpc::grpc_timeout(request.metadata().as_ref())
             .map(|timeout| std::time::Instant::now() + timeout);
-        let client = rpc::client_ip(
-            request.metadata().as_ref(),
-            rpc::peer_ip(request.extensions()),
-            self.trust_forwarded_for,
-        );
         self.call("SetPassword", Needs::Change, request, |r| async move {
             let key = selected(r.user).map_err(|e| (e, None))?;
             let password = Password::parse(&r.new_password)
@@ -575,7 +570,7 @@ impl admin_service_server::AdminService for AdminApi {
                 .map_err(|e| (e, target.clone()))?;
             let ended = self
                 .accounts
-                .set_password(&account.id, password, r.keep_sessions, deadline, client)
+                .set_password(&account.id, password, r.keep_sessions, deadline)
                 .await
                 .map_err(|e| (e, target.clone()))?;
             Ok((

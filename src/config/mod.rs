@@ -229,6 +229,23 @@ impl Config {
         self.second_factor.read_secret_file()?;
         self.tokens.read_secret_file()
     }
+
+    /// The options given that no longer do anything, by flag: accepted so that a
+    /// configuration written for an earlier release still starts; `main` warns of
+    /// each.
+    pub fn deprecated_options(&self) -> Vec<&'static str> {
+        [
+            ("--hash-queue", self.passwords.hash_queue.is_some()),
+            (
+                "--hash-queue-wait",
+                self.passwords.hash_queue_wait.is_some(),
+            ),
+            ("--in-flight-wait", self.overload.in_flight_wait.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect()
+    }
 }
 
 /// The secret-bearing options given as flags on this command line, which every local
@@ -336,9 +353,10 @@ mod tests {
         assert_eq!(c.tokens.refresh_ttl, Duration::from_secs(30 * 24 * 3600));
         assert_eq!(c.tokens.revocation_delay, Duration::from_secs(1));
         assert_eq!(c.telemetry.log_format, LogFormat::Text);
-        assert_eq!(c.passwords.hash_queue(), 64 * c.passwords.hash_threads());
         assert_eq!(c.store.db_statement_timeout, Duration::from_secs(2));
-        assert_eq!(c.overload.in_flight_wait, Duration::from_millis(75));
+        assert_eq!(c.overload.max_wait, Duration::from_secs(5));
+        assert_eq!(c.overload.max_in_flight, 8192);
+        assert!(c.deprecated_options().is_empty());
         assert_eq!(c.tokens.token_clock_skew, crate::token::DEFAULT_CLOCK_SKEW);
         assert_eq!(c.tokens.token_keys_reload, Duration::from_secs(10));
         assert!(c.tokens.token_audience.is_empty());
@@ -350,6 +368,16 @@ mod tests {
         assert_eq!(
             c.telemetry.metrics_listen,
             MetricsListen(Some("0.0.0.0:9090".parse().unwrap()))
+        );
+    }
+
+    #[test]
+    fn options_that_no_longer_do_anything_are_accepted_and_named() {
+        let cli =
+            Cli::parse_for_test(&["--hash-queue", "300", "--in-flight-wait", "75ms"]).unwrap();
+        assert_eq!(
+            cli.config.deprecated_options(),
+            ["--hash-queue", "--in-flight-wait"]
         );
     }
 

@@ -1,10 +1,11 @@
-//! The overload options: how many AuthService requests may be in flight, in all, by
-//! the time they would take and per client, how long one may take to arrive, and how refused requests are held
-//! before their answer (pushback).
+//! The overload options: how long a call without a deadline may wait, how many
+//! AuthService requests may be in flight (in all and per client: the memory bound),
+//! how long one may take to arrive, and how refused requests are held before their
+//! answer (pushback).
 //!
 //! [`OverloadConfig::admission`] and [`OverloadConfig::pushback`] build the settings
-//! of the two layers, the per-client defaults resolved. The hash queue's bounds
-//! belong to `passwords`, the rate limits to `limits`.
+//! of the two layers, the per-client defaults resolved. The rate limits belong to
+//! `limits`.
 
 use super::parse::positive_duration;
 use crate::layers::{admission::AdmissionSettings, pushback::PushbackSettings};
@@ -14,8 +15,9 @@ use std::time::Duration;
 /// Admission control and pushback.
 #[derive(Debug, Clone, Args)]
 pub struct OverloadConfig {
-    /// AuthService requests in flight at once; beyond it requests get RESOURCE_EXHAUSTED.
-    #[arg(long, env = "AUTHD_MAX_IN_FLIGHT", default_value_t = 4096,
+    /// AuthService requests in flight at once, whatever their deadlines: the bound on
+    /// the memory requests hold (some 10 KiB each); beyond it RESOURCE_EXHAUSTED.
+    #[arg(long, env = "AUTHD_MAX_IN_FLIGHT", default_value_t = 8192,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000), global = true,
           display_order = 16)]
     pub max_in_flight: u32,
@@ -30,15 +32,22 @@ pub struct OverloadConfig {
           display_order = 18)]
     pub max_in_flight_per_client: Option<u32>,
 
-    /// Target time in flight for an AuthService request: requests are admitted while
-    /// those in flight, at the rate the server is measured to answer them, would all be
-    /// answered within it; beyond it RESOURCE_EXHAUSTED with this as the retry hint,
-    /// except for a client holding less than its fair share (that bound over the
-    /// clients with requests in flight). Never fewer in flight than keep the hashing
-    /// threads busy with two full batches each; 0s turns the bound off.
-    #[arg(long, env = "AUTHD_IN_FLIGHT_WAIT", default_value = "75ms",
-          value_parser = up_to_a_minute, global = true, display_order = 17)]
-    pub in_flight_wait: Duration,
+    /// Deprecated, no effect (accepted so that existing configurations still start; a
+    /// warning names it): a request is admitted when it can be answered before its own
+    /// deadline, or within --max-wait without one.
+    #[arg(long, env = "AUTHD_IN_FLIGHT_WAIT", value_parser = up_to_a_minute, global = true,
+          display_order = 17)]
+    pub in_flight_wait: Option<Duration>,
+
+    /// Longest a call without a deadline (no grpc-timeout) may take: it is admitted
+    /// only when it is predicted to be answered within it, and answered
+    /// DEADLINE_EXCEEDED when it is not answered by then. A call with a deadline is
+    /// admitted when it is predicted to be answered before it (from the rate
+    /// requests of its kind are answered at and the requests ahead of it); otherwise
+    /// RESOURCE_EXHAUSTED at once, with the predicted wait as its retry hint.
+    #[arg(long, env = "AUTHD_MAX_WAIT", default_value = "5s",
+          value_parser = positive_up_to_an_hour, global = true, display_order = 96)]
+    pub max_wait: Duration,
 
     /// Longest a refused request is held before its answer: a RESOURCE_EXHAUSTED answer
     /// with a retry hint (full hash queue, in-flight caps, rate limits, login throttle)
@@ -94,15 +103,12 @@ impl OverloadConfig {
     }
 
     /// The admission layer's settings: `max_body_bytes` is the largest request worth
-    /// receiving (the server's message limit, framing included),
-    /// `trust_forwarded_for` tells who a client is (`--trust-forwarded-for`), and
-    /// `busy_floor` is the fewest requests in flight that keep the hashing threads
-    /// busy.
+    /// receiving (the server's message limit, framing included), and
+    /// `trust_forwarded_for` tells who a client is (`--trust-forwarded-for`).
     pub(crate) fn admission(
         &self,
         max_body_bytes: usize,
         trust_forwarded_for: bool,
-        busy_floor: usize,
     ) -> AdmissionSettings {
         AdmissionSettings {
             max_in_flight: self.max_in_flight,
@@ -110,8 +116,7 @@ impl OverloadConfig {
             receive_timeout: self.receive_timeout,
             max_body_bytes,
             trust_forwarded_for,
-            wait_target: self.in_flight_wait,
-            wait_floor: u32::try_from(busy_floor).unwrap_or(u32::MAX),
+            max_wait: self.max_wait,
         }
     }
 
@@ -127,9 +132,8 @@ impl OverloadConfig {
     }
 }
 
-/// A refusal hold, or a target time in flight: zero (answer at once; no bound) up
-/// to a minute (past it a client's own deadline or patience is the bound that
-/// matters).
+/// A refusal hold: zero (answer at once) up to a minute (past it a client's own
+/// deadline or patience is the bound that matters).
 fn up_to_a_minute(s: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 0s, 75ms, 2s)"))?;
     if d > Duration::from_secs(60) {
@@ -138,17 +142,27 @@ fn up_to_a_minute(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// The wait of a call without a deadline: more than zero, at most an hour.
+fn positive_up_to_an_hour(s: &str) -> Result<Duration, String> {
+    let d = positive_duration(s)?;
+    if d > Duration::from_secs(3600) {
+        return Err("must be at most 1h".into());
+    }
+    Ok(d)
+}
+
 #[cfg(test)]
 mod tests {
     use crate::config::{Cli, Config};
+    use std::time::Duration;
 
     #[test]
     fn per_client_caps_default_to_a_share_of_the_total() {
         let mut c = Config::defaults().overload;
         c.max_in_flight = 100;
         c.refusal_hold_max = 10;
-        assert_eq!(c.admission(1024, false, 64).max_per_client, 25);
-        assert_eq!(c.admission(1024, false, 64).wait_floor, 64);
+        assert_eq!(c.admission(1024, false).max_per_client, 25);
+        assert_eq!(c.admission(1024, false).max_wait, Duration::from_secs(5));
         assert_eq!(c.pushback(true).max_held_per_client, 5);
         assert!(c.pushback(true).trust_forwarded_for);
         c.max_in_flight = 1;
@@ -156,7 +170,18 @@ mod tests {
         assert_eq!(c.max_in_flight_per_client(), 1);
         assert_eq!(c.refusal_hold_max_per_client(), 1);
         c.max_in_flight_per_client = Some(7);
-        assert_eq!(c.admission(1024, false, 64).max_per_client, 7);
+        assert_eq!(c.admission(1024, false).max_per_client, 7);
+    }
+
+    #[test]
+    fn the_wait_of_a_call_without_a_deadline_is_positive_and_at_most_an_hour() {
+        let parse = |v: &str| Cli::parse_for_test(&["--max-wait", v]);
+        assert_eq!(
+            parse("30s").unwrap().config.overload.max_wait,
+            Duration::from_secs(30)
+        );
+        assert!(parse("0s").unwrap_err().contains("greater than zero"));
+        assert!(parse("2h").unwrap_err().contains("must be at most 1h"));
     }
 
     #[test]

@@ -1,6 +1,5 @@
 //! The password options: the PBKDF2 cost of new hashes, the engine and the threads
-//! that compute them, the queue in front of those threads, and the blocklist of
-//! common passwords.
+//! that compute them, and the blocklist of common passwords.
 //!
 //! [`PasswordConfig::hasher`] starts the hashing pool and builds the [`Hasher`];
 //! [`PasswordConfig::blocklist`] reads the lists; `authd hash-bench` takes its
@@ -31,21 +30,19 @@ pub struct PasswordConfig {
           display_order = 13)]
     pub hash_threads: Option<u32>,
 
-    /// Hash jobs that may wait for a thread (the count bound); beyond it requests get
-    /// RESOURCE_EXHAUSTED, except a client below its fair share (up to twice the bound)
-    /// [default: 64 per hash thread].
+    /// Deprecated, no effect (accepted so that existing configurations still start; a
+    /// warning names it). The hash queue has no bound of its own any more: a request is
+    /// admitted when it can be answered before its deadline (--max-wait without one),
+    /// and --max-in-flight bounds memory.
     #[arg(long, env = "AUTHD_HASH_QUEUE",
           value_parser = clap::value_parser!(u32).range(1..=1_000_000), global = true,
           display_order = 14)]
     pub hash_queue: Option<u32>,
 
-    /// Longest expected wait in the hash queue: places are granted while the queue
-    /// ahead, at the hashing rate measured on the threads, would be worked through
-    /// within it (never fewer than two full batches per thread, and within
-    /// --hash-queue); beyond it RESOURCE_EXHAUSTED.
-    #[arg(long, env = "AUTHD_HASH_QUEUE_WAIT", default_value = "150ms",
-          value_parser = positive_duration, global = true, display_order = 15)]
-    pub hash_queue_wait: Duration,
+    /// Deprecated, no effect (see --hash-queue).
+    #[arg(long, env = "AUTHD_HASH_QUEUE_WAIT", value_parser = positive_duration,
+          global = true, display_order = 15)]
+    pub hash_queue_wait: Option<Duration>,
 
     /// PBKDF2 engine: auto runs every kernel family this CPU has (avx512, sha-ni, avx2,
     /// portable), each for the number of hashes at hand it runs best (see
@@ -128,27 +125,12 @@ impl PasswordConfig {
         }
     }
 
-    /// Hash queue bound, resolving the default.
-    pub fn hash_queue(&self) -> usize {
-        match self.hash_queue {
-            Some(n) => n as usize,
-            None => 64 * self.hash_threads(),
-        }
-    }
-
     /// Starts the hashing threads and builds the hasher of new and stored passwords;
     /// fails when the CPU lacks the engine named, or the threads cannot start.
     pub(crate) fn hasher(&self, metrics: &Metrics) -> anyhow::Result<Hasher> {
         let engine = self.engine()?;
-        let pool = HashPool::new(
-            self.hash_threads(),
-            self.hash_queue(),
-            self.hash_thread_nice,
-            engine,
-            metrics,
-        )
-        .context("starting the password hashing threads")?
-        .with_queue_wait(self.hash_queue_wait);
+        let pool = HashPool::new(self.hash_threads(), self.hash_thread_nice, engine, metrics)
+            .context("starting the password hashing threads")?;
         Hasher::new(self.pbkdf2_iterations, pool)
     }
 

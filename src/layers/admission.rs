@@ -1,29 +1,39 @@
-//! Admission control: the tower layer in front of `auth.v1.AuthService`.
+//! Admission control: the tower layer in front of `auth.v1.AuthService`, and the one
+//! place authd decides whether a request can be served in time.
 //!
-//! It refuses at once rather than queueing, and holds no place for a request that
-//! has not fully arrived:
-//! - it receives the whole request first, within `AUTHD_RECEIVE_TIMEOUT` (and the
-//!   client's deadline) and at most the message size limit: a client that sends
-//!   headers and never the body gets DEADLINE_EXCEEDED when that time is up, and
-//!   meanwhile holds no in-flight place;
-//! - it bounds what one client (its IP address, or the trusted `x-forwarded-for`
-//!   client) may have open at once, from headers to answer, so one client cannot
-//!   take the capacity away from the others, without refusing a busy client while
-//!   the capacity is idle: past its share (`AUTHD_MAX_IN_FLIGHT_PER_CLIENT`) a client
-//!   may still open requests as long as one share of the in-flight cap stays free
-//!   for whoever comes next;
-//! - it caps the requests in flight (RESOURCE_EXHAUSTED with a retry hint beyond it);
-//! - it bounds them by time (`AUTHD_IN_FLIGHT_WAIT`): requests are admitted while
-//!   those in flight, at the rate the server is measured to answer them
-//!   ([`super::pace`]), would be answered within the target, never fewer than the
-//!   floor (what keeps the hashing threads busy); at that bound a client holding less
-//!   than its fair share of it (the bound over the clients with requests in flight)
-//!   is still admitted, up to twice the bound in all, so a busy client alone may use
-//!   all of it and a client arriving beside it is not refused for its sake;
-//! - it turns the client's `grpc-timeout` into a [`Deadline`] the handlers pass down
-//!   (the hash pool drops work whose deadline passed), and answers DEADLINE_EXCEEDED
-//!   when it passes;
-//! - during a graceful shutdown, it refuses new work with UNAVAILABLE while the work
+//! **The caller's deadline is the contract.** A request is admitted when the server
+//! predicts it will be answered before its deadline, and refused at once
+//! (RESOURCE_EXHAUSTED, its RetryInfo the predicted wait) only when it cannot be. A
+//! call without a deadline is given one: `AUTHD_MAX_WAIT` from its arrival.
+//!
+//! - It receives the whole request first, within `AUTHD_RECEIVE_TIMEOUT` (and the
+//!   deadline) and at most the message size limit: a client that sends headers and
+//!   never the body gets DEADLINE_EXCEEDED when that time is up, and meanwhile holds
+//!   no in-flight place.
+//! - The prediction: requests are served in the order they come (the hash queue is
+//!   first in, first out: `password::queue`), so one admitted now behind `n` others of
+//!   its kind is answered after about `(n + 1) / rate`, the rate being how fast
+//!   requests of that kind are answered, measured ([`super::pace`]). Requests that
+//!   hash a password and the others are measured apart: a token validation is not
+//!   predicted to wait for hundreds of logins. Before the first measurement every
+//!   request is admitted (the in-flight cap still applies).
+//! - The room it may use, work-conserving and fair between clients: a client that
+//!   holds fewer requests of the kind in flight than the clients that hold some do on
+//!   average (a newcomer holds none) may be predicted to take up to [`ROOM`] of the
+//!   time to its deadline; a client holding its share or more, a client alone
+//!   included, up to [`BUSY_ROOM`] of it. A busy client alone still keeps every
+//!   hashing thread busy (a tenth of its deadline's worth of work is many batches),
+//!   and a client arriving beside it always finds room: it is never refused for the
+//!   busy one's sake. The margin below the whole time also absorbs the error of the
+//!   prediction.
+//! - Memory is bounded apart from time, by count: `AUTHD_MAX_IN_FLIGHT` requests in
+//!   flight, and per client `AUTHD_MAX_IN_FLIGHT_PER_CLIENT` open (being received or in
+//!   flight), past which a client may open more while more than that many places of
+//!   the cap stay free for whoever comes next.
+//! - It puts the [`Deadline`] in the request's extensions for the handlers (the hash
+//!   pool drops work whose deadline passed) and answers DEADLINE_EXCEEDED when it
+//!   passes.
+//! - During a graceful shutdown it refuses new work with UNAVAILABLE while the work
 //!   already admitted finishes ([`Admission::drain`]).
 //!
 //! Health and reflection are never limited: probes must answer when the service is full.
@@ -52,10 +62,25 @@ use tower::Service;
 /// The gRPC framing of a message: a flag byte and a 4-byte length.
 const GRPC_FRAME_HEADER: usize = 5;
 
+/// The share of the time to its deadline a request of a client holding less than
+/// its share of the requests in flight may be predicted to take.
+pub const ROOM: f64 = 0.9;
+
+/// The share of the time to its deadline a request of a client holding its share of
+/// the requests in flight or more (a client alone too) may be predicted to take: the
+/// rest is kept for clients that hold less.
+pub const BUSY_ROOM: f64 = 0.75;
+
+/// The longest deadline taken as one: a longer `grpc-timeout` is this long.
+const LONGEST_DEADLINE: Duration = Duration::from_secs(24 * 3600);
+
+/// The shortest retry hint of a refusal.
+const SHORTEST_HINT: Duration = Duration::from_millis(10);
+
 /// How admission control is configured.
 #[derive(Debug, Clone)]
 pub struct AdmissionSettings {
-    /// Requests in flight at once (received, being worked on).
+    /// Requests in flight at once (received, being worked on): the memory bound.
     pub max_in_flight: u32,
     /// Requests one client may have open at once, being received or in flight.
     pub max_per_client: u32,
@@ -65,11 +90,29 @@ pub struct AdmissionSettings {
     pub max_body_bytes: usize,
     /// Identify clients by the first `x-forwarded-for` hop (behind a trusted proxy).
     pub trust_forwarded_for: bool,
-    /// The target time in flight, which bounds the requests in flight by the rate
-    /// they are answered at; zero turns the bound off.
-    pub wait_target: Duration,
-    /// The fewest requests in flight that bound allows.
-    pub wait_floor: u32,
+    /// The deadline of a call that brings none, from its arrival.
+    pub max_wait: Duration,
+}
+
+/// The kinds of requests whose pace is measured apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Requests that hash a password ([`Rpc::hashes_a_password`]).
+    Hash = 0,
+    /// Every other request.
+    Other = 1,
+}
+
+impl Kind {
+    /// The kind of `rpc`; its discriminant indexes the metrics' `kind` labels
+    /// (`metrics::ADMISSION_KINDS`).
+    fn of(rpc: Rpc) -> Kind {
+        if rpc.hashes_a_password() {
+            Kind::Hash
+        } else {
+            Kind::Other
+        }
+    }
 }
 
 /// Shared state of the admission layer.
@@ -77,36 +120,43 @@ pub struct Admission {
     permits: Arc<Semaphore>,
     settings: AdmissionSettings,
     draining: AtomicBool,
-    /// Open requests per client, and in all.
+    /// Open requests per client, and in all; the requests of each kind in flight.
     clients: Mutex<Open>,
     metrics: OverloadMetrics,
 }
 
-/// Requests open (being received or in flight) and in flight, in all and per
-/// client, and the pace they are answered at; an entry lives while its client has a
-/// request open, so the map is bounded by the requests open.
+/// Requests open (being received or in flight) in all and per client, and those of
+/// each kind in flight with the pace they are answered at; an entry lives while its
+/// client has a request open, so the map is bounded by the requests open.
 struct Open {
     total: u32,
     clients: HashMap<IpAddr, Counts>,
-    in_flight: u32,
-    /// Clients with a request in flight.
+    kinds: [InFlight; 2],
+}
+
+/// The requests of one kind in flight.
+struct InFlight {
+    count: u32,
+    /// Clients with a request of this kind in flight.
     busy_clients: u32,
     pace: Pace,
 }
 
-/// One client's requests: open, and of those in flight.
+/// One client's requests: open, and of those in flight, by kind.
 #[derive(Default)]
 struct Counts {
     open: u32,
-    in_flight: u32,
+    in_flight: [u32; 2],
 }
 
-/// Why the bound by time refused a request.
-enum Beyond {
-    /// In flight at the bound, and this client alone (or everyone at twice it).
-    Wait,
-    /// In flight at the bound, and this client holds its fair share of it.
-    Share,
+/// Why a request that has arrived is not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// It would not be answered before its deadline.
+    Deadline { predicted: Duration },
+    /// It would be, but its client holds its share of the requests in flight, and
+    /// the room left is kept for the clients that hold less.
+    Share { predicted: Duration },
 }
 
 impl Admission {
@@ -115,13 +165,12 @@ impl Admission {
             .max_in_flight
             .clamp(1, Semaphore::MAX_PERMITS as u32);
         settings.max_per_client = settings.max_per_client.max(1);
-        let pace = Pace::new(
-            settings.wait_target,
-            settings.wait_floor,
-            settings.max_in_flight,
-            Instant::now(),
-        );
-        metrics.in_flight_limit.set(pace.limit().into());
+        let now = Instant::now();
+        let in_flight = || InFlight {
+            count: 0,
+            busy_clients: 0,
+            pace: Pace::new(now),
+        };
         Arc::new(Self {
             permits: Arc::new(Semaphore::new(settings.max_in_flight as usize)),
             settings,
@@ -129,9 +178,7 @@ impl Admission {
             clients: Mutex::new(Open {
                 total: 0,
                 clients: HashMap::new(),
-                in_flight: 0,
-                busy_clients: 0,
-                pace,
+                kinds: [in_flight(), in_flight()],
             }),
             metrics,
         })
@@ -145,12 +192,6 @@ impl Admission {
     /// Requests open (being received or in flight) for `client`.
     pub fn open_for(&self, client: IpAddr) -> u32 {
         (self.lock().clients.get(&client.to_canonical())).map_or(0, |c| c.open)
-    }
-
-    /// The most requests that may be in flight now, by the bound by time.
-    #[cfg(test)]
-    pub fn in_flight_limit(&self) -> u32 {
-        self.lock().pace.limit()
     }
 
     fn lock(&self) -> MutexGuard<'_, Open> {
@@ -168,7 +209,7 @@ impl Admission {
 
     /// Counts a request open for `client`, unless the client has its share open and
     /// what is left of the in-flight cap is no more than one share.
-    fn open(self: &Arc<Self>, client: IpAddr) -> Option<ClientShare> {
+    fn open(self: &Arc<Self>, client: IpAddr, kind: Kind) -> Option<ClientShare> {
         let mut open = self.lock();
         let Open { total, clients, .. } = &mut *open;
         let share = self.settings.max_per_client;
@@ -185,48 +226,48 @@ impl Admission {
         Some(ClientShare {
             admission: self.clone(),
             client,
+            kind,
             in_flight: false,
         })
     }
 
-    /// Counts `share`'s request in flight, unless the bound by time refuses it.
-    fn start(&self, share: &mut ClientShare) -> Result<(), Beyond> {
-        let now = Instant::now();
+    /// Counts `share`'s request in flight, unless it cannot be answered by
+    /// `answer_by` in the room its client may use.
+    fn start(
+        &self,
+        share: &mut ClientShare,
+        now: Instant,
+        answer_by: Instant,
+    ) -> Result<(), Refusal> {
+        let kind = share.kind as usize;
         let mut open = self.lock();
-        let Open {
-            clients,
-            in_flight,
-            busy_clients,
-            pace,
-            ..
-        } = &mut *open;
+        let Open { clients, kinds, .. } = &mut *open;
         let mine = clients.entry(share.client).or_default();
-        let limit = pace.limit();
-        if *in_flight >= limit {
-            let active = *busy_clients + u32::from(mine.in_flight == 0);
-            let fair = limit.div_ceil(active.max(1));
-            if mine.in_flight >= fair || *in_flight >= limit.saturating_mul(2) {
-                return Err(if active > 1 && mine.in_flight >= fair {
-                    Beyond::Share
+        let of_kind = &mut kinds[kind];
+        if let Some(predicted) = of_kind.pace.predicted(of_kind.count) {
+            let time = answer_by.saturating_duration_since(now);
+            let held = mine.in_flight[kind];
+            let active = of_kind.busy_clients + u32::from(held == 0);
+            // Less than the average of the clients holding some (a newcomer: none).
+            let below_share = u64::from(held) * u64::from(active) < u64::from(of_kind.count);
+            let room = if below_share { ROOM } else { BUSY_ROOM };
+            if predicted > time.mul_f64(room) {
+                let others_would_fit = active > 1 && predicted <= time.mul_f64(ROOM);
+                return Err(if others_would_fit {
+                    Refusal::Share { predicted }
                 } else {
-                    Beyond::Wait
+                    Refusal::Deadline { predicted }
                 });
             }
         }
-        pace.admitted(now, *in_flight);
-        *in_flight += 1;
-        if mine.in_flight == 0 {
-            *busy_clients += 1;
+        of_kind.pace.admitted(now, of_kind.count);
+        of_kind.count += 1;
+        if mine.in_flight[kind] == 0 {
+            of_kind.busy_clients += 1;
         }
-        mine.in_flight += 1;
+        mine.in_flight[kind] += 1;
         share.in_flight = true;
         Ok(())
-    }
-
-    /// The retry hint of a refusal by the bound by time: about when the requests in
-    /// flight have been answered.
-    fn wait_hint(&self) -> Duration {
-        self.settings.wait_target.max(Duration::from_millis(10))
     }
 }
 
@@ -235,33 +276,36 @@ impl Admission {
 struct ClientShare {
     admission: Arc<Admission>,
     client: IpAddr,
+    kind: Kind,
     in_flight: bool,
 }
 
 impl Drop for ClientShare {
     fn drop(&mut self) {
         let now = Instant::now();
+        let kind = self.kind as usize;
         let mut open = self.admission.lock();
         let Open {
             total,
             clients,
-            in_flight,
-            busy_clients,
-            pace,
+            kinds,
         } = &mut *open;
         let Some(mine) = clients.get_mut(&self.client) else {
             return;
         };
         if self.in_flight {
-            mine.in_flight -= 1;
-            *in_flight -= 1;
-            if mine.in_flight == 0 {
-                *busy_clients -= 1;
+            let of_kind = &mut kinds[kind];
+            mine.in_flight[kind] -= 1;
+            of_kind.count -= 1;
+            if mine.in_flight[kind] == 0 {
+                of_kind.busy_clients -= 1;
             }
-            if pace.answered(now, *in_flight) {
+            if of_kind.pace.answered(now, of_kind.count) {
                 let metrics = &self.admission.metrics;
-                metrics.in_flight_limit.set(pace.limit().into());
-                metrics.answer_rate.set(pace.rate().unwrap_or(0.0));
+                let rate = of_kind.pace.rate().unwrap_or(0.0);
+                metrics.answer_rate[kind].set(rate);
+                let wait = of_kind.pace.predicted(of_kind.count).unwrap_or_default();
+                metrics.predicted_wait[kind].set(wait.as_secs_f64());
             }
         }
         mine.open -= 1;
@@ -302,38 +346,36 @@ impl Middleware for Admission {
             self.metrics.admission_draining.inc();
             return refuse(Error::Unavailable("the server is shutting down".into()));
         }
-        let timeout = rpc::grpc_timeout(req.headers());
-        if timeout.is_some_and(|t| t.is_zero()) {
-            return refuse(Error::DeadlineExceeded);
-        }
+        // A call without a deadline gets the longest wait; a deadline far in the future
+        // is one day away.
+        let timeout = match rpc::grpc_timeout(req.headers()) {
+            Some(timeout) if timeout.is_zero() => return refuse(Error::DeadlineExceeded),
+            Some(timeout) => timeout.min(LONGEST_DEADLINE),
+            None => self.settings.max_wait,
+        };
+        let deadline = arrived + timeout;
+        // Answer a little before the deadline: the client's own timer started before
+        // ours (the request had to travel), and a client that times out by itself
+        // reports a bare CANCELLED or DEADLINE_EXCEEDED with no server status.
+        let answer_by = deadline - (timeout / 20).min(Duration::from_millis(20));
         let client = rpc::request_client(&req, self.settings.trust_forwarded_for);
         // The share covers the request from its headers to its answer, receiving included.
-        let Some(share) = self.open(client) else {
+        let Some(share) = self.open(client, Kind::of(rpc)) else {
             self.metrics.admission_client.inc();
             return refuse(Error::Overloaded {
                 what: "too many requests in flight from this client",
                 retry_after: Duration::from_millis(100),
             });
         };
-        // A deadline far in the future (or one that overflows) is no deadline.
-        let deadline = timeout.and_then(|timeout| arrived.checked_add(timeout));
-        let receive_by = arrived
-            .checked_add(self.settings.receive_timeout)
-            .map_or(deadline, |by| Some(deadline.map_or(by, |d| d.min(by))));
+        let receive_by = deadline.min(arrived + self.settings.receive_timeout);
         Box::pin(async move {
             let mut share = share;
             let answer = |err: Error| Ok(err.to_status().into_http());
             let (mut parts, body) = req.into_parts();
             let limited = Limited::new(body, max_body_bytes);
-            let received = match receive_by {
-                Some(by) => tokio::time::timeout_at(by, limited.collect()).await,
-                None => Ok(limited.collect().await),
-            };
-            let body = match received {
+            let body = match tokio::time::timeout_at(receive_by, limited.collect()).await {
                 Ok(Ok(collected)) => collected.to_bytes(),
-                Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => {
-                    return answer(Error::DeadlineExceeded);
-                }
+                Err(_) if Instant::now() >= deadline => return answer(Error::DeadlineExceeded),
                 Err(_) => return answer(Error::ReceiveTimeout),
                 Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
                     return answer(Error::TooLarge {
@@ -353,32 +395,30 @@ impl Middleware for Admission {
                     retry_after: Duration::from_millis(100),
                 });
             };
-            if let Err(beyond) = self.start(&mut share) {
-                let what = match beyond {
-                    Beyond::Wait => {
-                        self.metrics.admission_wait.inc();
-                        "the requests in flight would not be answered within the server's target"
+            if let Err(refusal) = self.start(&mut share, Instant::now(), answer_by) {
+                let (what, predicted) = match refusal {
+                    Refusal::Deadline { predicted } => {
+                        self.metrics.admission_deadline.inc();
+                        (
+                            "the request would not be answered before its deadline",
+                            predicted,
+                        )
                     }
-                    Beyond::Share => {
+                    Refusal::Share { predicted } => {
                         self.metrics.admission_share.inc();
-                        "this client holds its share of the requests in flight"
+                        (
+                            "this client holds its share of the requests in flight",
+                            predicted,
+                        )
                     }
                 };
-                let retry_after = self.wait_hint();
-                return answer(Error::Overloaded { what, retry_after });
+                return answer(Error::Overloaded {
+                    what,
+                    retry_after: predicted.max(SHORTEST_HINT),
+                });
             }
-            let answer_by = deadline.map(|deadline| {
-                parts.extensions.insert(Deadline(deadline.into_std()));
-                let timeout = deadline - arrived;
-                // Answer a little before the deadline: the client's own timer started
-                // before ours (the request had to travel), and a client that times out by
-                // itself reports a bare CANCELLED or DEADLINE_EXCEEDED with no server status.
-                deadline - (timeout / 20).min(Duration::from_millis(20))
-            });
+            parts.extensions.insert(Deadline(deadline.into_std()));
             let req = http::Request::from_parts(parts, Body::new(Full::new(body)));
-            let Some(answer_by) = answer_by else {
-                return inner.call(req).await;
-            };
             match tokio::time::timeout_at(answer_by, inner.call(req)).await {
                 Ok(result) => result,
                 Err(_) => answer(Error::DeadlineExceeded),
@@ -390,6 +430,7 @@ impl Middleware for Admission {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::metrics::OverloadMetrics;
     use crate::middleware::{
         MiddlewareService,
         testing::{Counting, SERVED, counting_service, grpc_status, served},
@@ -406,8 +447,7 @@ pub(crate) mod tests {
             receive_timeout: Duration::from_secs(5),
             max_body_bytes: 64,
             trust_forwarded_for: false,
-            wait_target: Duration::ZERO,
-            wait_floor: 1,
+            max_wait: Duration::from_secs(60),
         }
     }
 
@@ -566,95 +606,186 @@ pub(crate) mod tests {
         }
     }
 
-    /// An inner service that takes 10 ms (of tokio's clock) to answer.
-    fn slow_service(state: Arc<Admission>) -> MiddlewareService<Admission, Counting> {
-        let slow = tower::service_fn(|_request: Request| async {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            let mut response = Response::new(Body::empty());
-            let served = http::HeaderValue::from_static("1");
-            response.headers_mut().insert(SERVED, served);
-            Ok::<_, Infallible>(response)
+    /// An inner service that answers a request 10 ms (of tokio's clock) after it
+    /// comes, or, with the header `x-hold`, once `gate` gives it a permit (never, in
+    /// these tests: it stays in flight until its deadline).
+    fn gated_service(
+        state: Arc<Admission>,
+        gate: Arc<Semaphore>,
+    ) -> MiddlewareService<Admission, Counting> {
+        let inner = tower::service_fn(move |request: Request| {
+            let gate = gate.clone();
+            async move {
+                if request.headers().contains_key("x-hold") {
+                    let _ = gate.acquire().await;
+                } else {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                let mut response = Response::new(Body::empty());
+                let served = http::HeaderValue::from_static("1");
+                response.headers_mut().insert(SERVED, served);
+                Ok::<_, Infallible>(response)
+            }
         });
-        layer(state).layer(Counting::new(slow))
+        layer(state).layer(Counting::new(inner))
     }
 
-    fn login_from(n: u8) -> http::Request<Body> {
-        let mut request = request("/auth.v1.AuthService/Login", None);
+    /// A call of `path` from 10.0.0.`n`, with a `grpc-timeout` if given, held in
+    /// flight by the gated service if `hold`.
+    fn call_from(n: u8, path: &str, timeout: Option<&str>, hold: bool) -> http::Request<Body> {
+        let mut request = request(path, timeout);
         request.extensions_mut().insert(TcpConnectInfo {
             local_addr: None,
             remote_addr: Some(format!("10.0.0.{n}:4000").parse().unwrap()),
         });
+        if hold {
+            let held = http::HeaderValue::from_static("1");
+            request.headers_mut().insert("x-hold", held);
+        }
         request
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn requests_in_flight_are_bounded_by_the_time_they_would_take_and_shared_fairly() {
-        let mut config = settings(1000, 1000);
-        config.wait_target = Duration::from_millis(50);
-        config.wait_floor = 4;
+    const LOGIN: &str = "/auth.v1.AuthService/Login";
+
+    /// The gated service after 40 logins one at a time, 10 ms each: 100 answered a
+    /// second, measured.
+    async fn measured_at_100_a_second(
+        config: AdmissionSettings,
+    ) -> (
+        Arc<Admission>,
+        MiddlewareService<Admission, Counting>,
+        OverloadMetrics,
+    ) {
         let metrics = crate::metrics::Metrics::new().overload.clone();
         let state = Admission::new(config, metrics.clone());
-        let svc = slow_service(state.clone());
-        // Before anything is measured the in-flight cap is the bound.
-        assert_eq!(state.in_flight_limit(), 1000);
-        assert_eq!(metrics.in_flight_limit.get(), 1000);
-        // One at a time, 10 ms each: 100 answers a second, so 5 in flight for 50 ms.
+        let svc = gated_service(state.clone(), Arc::new(Semaphore::new(0)));
         for _ in 0..40 {
-            assert!(served(&svc.clone().oneshot(login_from(1)).await.unwrap()));
+            let response = svc.clone().oneshot(call_from(1, LOGIN, None, false));
+            assert!(served(&response.await.unwrap()));
         }
-        assert_eq!(state.in_flight_limit(), 5);
-        assert_eq!(metrics.in_flight_limit.get(), 5);
-        assert!((metrics.answer_rate.get() - 100.0).abs() < 1e-6);
+        assert!((metrics.answer_rate[Kind::Hash as usize].get() - 100.0).abs() < 1e-6);
+        assert_eq!(metrics.answer_rate[Kind::Other as usize].get(), 0.0);
+        (state, svc, metrics)
+    }
 
-        // Twenty at once from one client: five are admitted, the rest refused.
-        let first: Vec<_> = (0..20)
-            .map(|_| tokio::spawn(svc.clone().oneshot(login_from(1))))
+    /// Starts `n` held calls (answered at their deadline) and returns once they are in
+    /// flight.
+    async fn hold(
+        state: &Admission,
+        svc: &MiddlewareService<Admission, Counting>,
+        client: u8,
+        n: usize,
+        timeout: &str,
+    ) -> Vec<tokio::task::JoinHandle<Result<Response, Infallible>>> {
+        let before = state.in_flight();
+        let calls = (0..n)
+            .map(|_| {
+                let call = call_from(client, LOGIN, Some(timeout), true);
+                tokio::spawn(svc.clone().oneshot(call))
+            })
             .collect();
-        tokio::task::yield_now().await;
-        // Five at once from another client, meanwhile: it holds less than its fair
-        // share (5 over 2 clients: 3), so three get in beside the first client's five.
-        let second: Vec<_> = (0..5)
-            .map(|_| tokio::spawn(svc.clone().oneshot(login_from(2))))
-            .collect();
-        let codes = |tasks: Vec<tokio::task::JoinHandle<Result<Response, Infallible>>>| async {
-            let mut served_count = 0;
-            let mut refused = 0;
-            for task in tasks {
-                let response = task.await.unwrap().unwrap();
-                if served(&response) {
-                    served_count += 1;
-                } else {
-                    assert_eq!(grpc_status(&response), Some("8")); // RESOURCE_EXHAUSTED
-                    refused += 1;
-                }
-            }
-            (served_count, refused)
-        };
-        assert_eq!(codes(first).await, (5, 15));
-        assert_eq!(codes(second).await, (3, 2));
-        assert_eq!(metrics.admission_wait.get(), 15);
-        assert_eq!(metrics.admission_share.get(), 2);
-        assert_eq!(metrics.admission_in_flight.get(), 0);
-        // Everything answered: nothing counted in flight, no client remembered.
-        let open = state.lock();
-        assert_eq!((open.in_flight, open.busy_clients, open.total), (0, 0, 0));
-        assert!(open.clients.is_empty());
+        while state.in_flight() < before + n {
+            tokio::task::yield_now().await;
+        }
+        calls
+    }
+
+    fn hint(response: &Response) -> Duration {
+        let status = response.extensions().get::<tonic::Status>().unwrap();
+        crate::error::retry_hint(status).expect("a retry hint")
     }
 
     #[tokio::test(start_paused = true)]
-    async fn with_no_target_only_the_cap_bounds_requests_in_flight() {
-        let state = admission(settings(1000, 1000));
-        let svc = slow_service(state.clone());
-        for _ in 0..40 {
-            assert!(served(&svc.clone().oneshot(login_from(1)).await.unwrap()));
+    async fn a_request_that_fits_its_deadline_is_admitted_and_one_that_cannot_is_refused_at_once() {
+        let (state, svc, metrics) = measured_at_100_a_second(settings(1000, 1000)).await;
+        // Fifty logins with ten seconds each from client 1: the 50th is predicted to
+        // take half a second, well within the room of a client alone (3/4 of 10 s).
+        let held = hold(&state, &svc, 1, 50, "10S").await;
+        let ask = |n: u8, timeout: &str| {
+            svc.clone()
+                .oneshot(call_from(n, LOGIN, Some(timeout), false))
+        };
+
+        // One more from client 1 would take 0.51 s; with 400 ms to its deadline it
+        // cannot be answered in time: refused at once, told to come back after the
+        // predicted wait at the earliest.
+        let refused = ask(1, "400m").await.unwrap();
+        assert_eq!(grpc_status(&refused), Some("8")); // RESOURCE_EXHAUSTED
+        assert!(
+            hint(&refused) >= Duration::from_millis(510),
+            "{:?}",
+            hint(&refused)
+        );
+        assert_eq!(metrics.admission_deadline.get(), 1);
+
+        // Client 2 holds nothing: 0.51 s fits 9/10 of its 580 ms (600 ms less the
+        // margin before the deadline), so it is admitted beside the busy client.
+        let newcomer = hold(&state, &svc, 2, 1, "600m").await;
+        // Client 3's 550 ms does not fit 0.52 s in 9/10 of it.
+        let late = ask(3, "550m").await.unwrap();
+        assert_eq!(grpc_status(&late), Some("8"));
+        assert!(hint(&late) >= Duration::from_millis(520));
+        assert_eq!(metrics.admission_deadline.get(), 2);
+
+        // Client 1, with 700 ms, would be answered in time (0.52 s is within 9/10 of
+        // 680 ms) but not within the room of a client holding its share: that is kept
+        // for the clients that hold less.
+        let busy = ask(1, "700m").await.unwrap();
+        assert_eq!(grpc_status(&busy), Some("8"));
+        assert_eq!(metrics.admission_share.get(), 1);
+        // The same asked by client 4, which holds nothing, is admitted.
+        let other = hold(&state, &svc, 4, 1, "700m").await;
+        assert_eq!(state.in_flight(), 52);
+
+        // Requests that hash nothing are measured apart: with no rate of their own
+        // yet, a token validation with a short deadline is not predicted to wait for
+        // the logins, and is answered.
+        let validate = call_from(1, "/auth.v1.AuthService/ValidateToken", Some("50m"), false);
+        assert!(served(&svc.clone().oneshot(validate).await.unwrap()));
+
+        // The held calls are answered DEADLINE_EXCEEDED at their deadlines.
+        for call in held.into_iter().chain(newcomer).chain(other) {
+            assert_eq!(grpc_status(&call.await.unwrap().unwrap()), Some("4"));
         }
-        let all: Vec<_> = (0..200)
-            .map(|_| tokio::spawn(svc.clone().oneshot(login_from(1))))
-            .collect();
-        for task in all {
-            assert!(served(&task.await.unwrap().unwrap()));
+        assert_eq!(metrics.admission_in_flight.get(), 0);
+        let open = state.lock();
+        assert_eq!(open.total, 0);
+        assert!(open.clients.is_empty());
+        assert!(
+            open.kinds
+                .iter()
+                .all(|k| k.count == 0 && k.busy_clients == 0)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_without_a_deadline_is_given_the_longest_wait() {
+        let mut config = settings(1000, 1000);
+        config.max_wait = Duration::from_millis(500);
+        let (state, svc, metrics) = measured_at_100_a_second(config).await;
+        // Alone in flight, held: answered DEADLINE_EXCEEDED at the longest wait, not
+        // before (the clock here is the test's).
+        let start = Instant::now();
+        let untimed = tokio::spawn(svc.clone().oneshot(call_from(1, LOGIN, None, true)));
+        tokio::time::sleep(Duration::from_millis(450)).await;
+        assert!(!untimed.is_finished());
+        let response = untimed.await.unwrap().unwrap();
+        assert_eq!(grpc_status(&response), Some("4")); // DEADLINE_EXCEEDED
+        assert!(Instant::now() - start <= Duration::from_millis(500));
+
+        // Behind fifty held logins (half a second's work), an untimed one cannot be
+        // answered within the longest wait: refused at once.
+        let held = hold(&state, &svc, 1, 50, "10S").await;
+        let refused = svc.clone().oneshot(call_from(2, LOGIN, None, false));
+        let refused = refused.await.unwrap();
+        assert_eq!(grpc_status(&refused), Some("8"));
+        assert!(hint(&refused) >= Duration::from_millis(510));
+        assert_eq!(metrics.admission_deadline.get(), 1);
+        // One with a deadline of its own that fits is admitted.
+        let fits = hold(&state, &svc, 2, 1, "2S").await;
+        for call in held.into_iter().chain(fits) {
+            assert_eq!(grpc_status(&call.await.unwrap().unwrap()), Some("4"));
         }
-        assert_eq!(state.in_flight_limit(), 1000);
     }
 
     #[tokio::test]

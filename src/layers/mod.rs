@@ -6,10 +6,10 @@
 //! - `pushback`: refusals with a retry hint held on a timer before their answer;
 //! - `access`: the mutual-TLS allow-list, identity per method (PERMISSION_DENIED);
 //! - (the rate limit layer, `crate::ratelimit::layer`, stands here);
-//! - `admission`: whole request first, share per client, in-flight cap and its
-//!   bound by time, deadline, drain;
-//! - `pace` (not a layer): the measured rate of answers and the in-flight bound it
-//!   gives, which `admission` keeps.
+//! - `admission`: whole request first, admitted when it can be answered before its
+//!   deadline, memory bounds (in-flight cap, share per client), drain;
+//! - `pace` (not a layer): the measured rate of answers of one kind of request and
+//!   the time it predicts for the next, which `admission` keeps.
 //!
 //! Below them, `crate::codec` decodes the request for the handler.
 //!

@@ -1,16 +1,15 @@
-//! The pace of the work in flight: how fast the server answers the AuthService
-//! requests it admitted, measured, and how many it may hold in flight so that an
-//! admitted request can expect to be answered within a target.
+//! The pace of the work in flight: how fast the server answers the requests of one
+//! kind it admitted, measured, and how long a request admitted now should take.
 //!
 //! By Little's law the time a request spends in flight is, on average, the requests
-//! in flight over the rate they are answered at. The rate is measured as answers per
-//! busy second (wall time with at least one request in flight), so an idle server
-//! does not look slow and a server answering one request at a time does not look
-//! fast: under load it is the throughput, and when the bound holds the work back the
-//! bound grows until requests take the target (or the throughput stops growing).
-//! Samples are taken over windows of at least [`WINDOW`] and [`WINDOW_ANSWERS`]
-//! answers and smoothed, so one slow batch of hashes moves the bound a quarter of
-//! the way.
+//! in flight over the rate they are answered at; a request admitted behind `n`
+//! others is answered, served in order, once they and it are: after `(n + 1) /
+//! rate`. The rate is measured as answers per busy second (wall time with at least
+//! one request in flight), so an idle server does not look slow and a server
+//! answering one request at a time does not look fast: under load it is the
+//! throughput. Samples are taken over windows of at least [`WINDOW`] and
+//! [`WINDOW_ANSWERS`] answers and smoothed, so one slow batch of hashes moves the
+//! rate a quarter of the way.
 //!
 //! Time is passed in, never read here: the tests drive it.
 
@@ -22,15 +21,9 @@ pub const WINDOW: Duration = Duration::from_millis(100);
 /// The fewest answers a rate sample is taken from (a window lasts until it has them).
 pub const WINDOW_ANSWERS: u32 = 16;
 
-/// The measured pace and the bound on requests in flight it gives.
+/// The measured pace of one kind of request.
 #[derive(Debug)]
 pub struct Pace {
-    /// The target time in flight; zero turns the bound off.
-    target: Duration,
-    /// The fewest requests in flight the bound allows.
-    floor: u32,
-    /// The most: the in-flight cap.
-    cap: u32,
     /// Answers per busy second, once a window has been measured.
     rate: Option<f64>,
     window: Window,
@@ -48,13 +41,9 @@ struct Window {
 }
 
 impl Pace {
-    /// A pace with no measurement yet: the bound is `cap` until a window is measured.
-    pub fn new(target: Duration, floor: u32, cap: u32, now: Instant) -> Self {
-        let cap = cap.max(1);
+    /// A pace with no measurement yet.
+    pub fn new(now: Instant) -> Self {
         Self {
-            target,
-            floor: floor.clamp(1, cap),
-            cap,
             rate: None,
             window: Window {
                 started: now,
@@ -65,22 +54,16 @@ impl Pace {
         }
     }
 
-    /// The most requests that may be in flight now.
-    pub fn limit(&self) -> u32 {
-        let Some(rate) = self.rate.filter(|_| !self.target.is_zero()) else {
-            return self.cap;
-        };
-        let allowed = (rate * self.target.as_secs_f64()).ceil();
-        if allowed >= f64::from(self.cap) {
-            self.cap
-        } else {
-            (allowed as u32).max(self.floor)
-        }
-    }
-
     /// The measured answers per busy second, if a window has been measured.
     pub fn rate(&self) -> Option<f64> {
         self.rate
+    }
+
+    /// How long a request admitted now behind `ahead` requests in flight should
+    /// take, once a rate has been measured.
+    pub fn predicted(&self, ahead: u32) -> Option<Duration> {
+        let rate = self.rate?;
+        Some(Duration::try_from_secs_f64((f64::from(ahead) + 1.0) / rate).unwrap_or(Duration::MAX))
     }
 
     /// A request was admitted, `in_flight` of them before it.
@@ -140,21 +123,20 @@ mod tests {
     }
 
     #[test]
-    fn no_bound_before_a_window_is_measured_nor_with_no_target() {
+    fn nothing_is_predicted_before_a_window_is_measured() {
         let now = Instant::now();
-        let pace = Pace::new(Duration::from_millis(50), 8, 1000, now);
-        assert_eq!(pace.limit(), 1000);
+        let mut pace = Pace::new(now);
+        assert_eq!(pace.predicted(0), None);
         let mut at = now;
-        let mut off = Pace::new(Duration::ZERO, 8, 1000, now);
-        serial(&mut off, &mut at, 200, MS);
-        assert!(off.rate().is_some());
-        assert_eq!(off.limit(), 1000, "a zero target turns the bound off");
+        serial(&mut pace, &mut at, 20, 10 * MS);
+        // 100 a second: behind 49 others, half a second.
+        assert_eq!(pace.predicted(49), Some(Duration::from_millis(500)));
     }
 
     #[test]
     fn the_rate_counts_busy_time_only() {
         let start = Instant::now();
-        let mut pace = Pace::new(Duration::from_millis(50), 1, 10_000, start);
+        let mut pace = Pace::new(start);
         let mut at = start;
         // 2 ms each, with 8 ms idle between: 500 a busy second, 100 a wall second.
         for _ in 0..40 {
@@ -165,14 +147,14 @@ mod tests {
         }
         let rate = pace.rate().expect("two windows measured");
         assert!((rate - 500.0).abs() < 1.0, "{rate}");
-        // 500 a second for 50 ms: 25 in flight.
-        assert_eq!(pace.limit(), 25);
+        // 500 a second: behind 24 others, 50 ms.
+        assert_eq!(pace.predicted(24), Some(Duration::from_millis(50)));
     }
 
     #[test]
     fn overlapping_requests_are_answered_at_the_throughput() {
         let start = Instant::now();
-        let mut pace = Pace::new(Duration::from_millis(100), 1, 10_000, start);
+        let mut pace = Pace::new(start);
         // Always 10 in flight, one answered every millisecond: 1000 a second.
         let mut in_flight = 0;
         let mut at = start;
@@ -189,13 +171,13 @@ mod tests {
         }
         let rate = pace.rate().unwrap();
         assert!((rate - 1000.0).abs() < 1.0, "{rate}");
-        assert_eq!(pace.limit(), 100);
+        assert_eq!(pace.predicted(99), Some(Duration::from_millis(100)));
     }
 
     #[test]
     fn a_window_waits_for_enough_answers_and_samples_are_smoothed() {
         let start = Instant::now();
-        let mut pace = Pace::new(Duration::from_millis(10), 1, 10_000, start);
+        let mut pace = Pace::new(start);
         let mut at = start;
         // Slow answers: 15 in 150 ms is not enough for a sample...
         serial(&mut pace, &mut at, 15, 10 * MS);
@@ -206,17 +188,5 @@ mod tests {
         // Then a window at 1000 a second moves it a quarter of the way.
         serial(&mut pace, &mut at, 100, MS);
         assert!((pace.rate().unwrap() - 325.0).abs() < 1e-6);
-    }
-
-    #[test]
-    fn the_bound_stays_between_the_floor_and_the_cap() {
-        let start = Instant::now();
-        let mut at = start;
-        let mut slow = Pace::new(Duration::from_millis(50), 64, 4096, start);
-        serial(&mut slow, &mut at, 20, 100 * MS); // 10 a second: 0.5 in flight
-        assert_eq!(slow.limit(), 64);
-        let mut fast = Pace::new(Duration::from_secs(1), 64, 4096, at);
-        serial(&mut fast, &mut at, 10_000, Duration::from_micros(20)); // 50,000 a second
-        assert_eq!(fast.limit(), 4096);
     }
 }

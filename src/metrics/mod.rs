@@ -49,7 +49,7 @@ pub(crate) use accounts::{LoginOutcome, SessionMetrics, ThrottleMetrics, TokenMe
 pub(crate) use admin::AdminMetrics;
 pub(crate) use authz::AuthzMetrics;
 pub(crate) use overload::OverloadMetrics;
-pub(crate) use passwords::{BlocklistMetrics, HASH_REFUSAL_CAUSES, HashMetrics};
+pub(crate) use passwords::{BlocklistMetrics, HashMetrics};
 pub(crate) use ratelimit::RateLimitMetrics;
 pub(crate) use requests::{CODE_NAMES, GrpcMetrics, TraceMetrics};
 pub(crate) use second_factor::{CodeOutcome, FactorChange, SecondFactorMetrics};
@@ -131,6 +131,11 @@ impl Families<'_> {
 
     fn gauge_vec(&self, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
         self.registered(IntGaugeVec::new(Opts::new(name, help), labels).expect("valid"))
+    }
+
+    /// A gauge of fractional values, by label.
+    fn float_gauge_vec(&self, name: &str, help: &str, labels: &[&str]) -> prometheus::GaugeVec {
+        self.registered(prometheus::GaugeVec::new(Opts::new(name, help), labels).expect("valid"))
     }
 
     fn histogram(&self, name: &str, help: &str, buckets: &[f64]) -> Histogram {

@@ -1,13 +1,18 @@
-//! The overload metrics: requests admission control refused (in-flight cap, its
-//! bound by time, per-client share, draining), that bound and the rate it comes
-//! from, and how pushback answered refusals with a retry
-//! hint (held on a timer, or at once) and what refusing cost.
+//! The overload metrics: requests admission control refused (their deadline, the
+//! room kept for other clients, the in-flight cap, per-client share, draining), the
+//! measured answer rates and predicted waits its decisions come from, and how
+//! pushback answered refusals with a retry hint (held on a timer, or at once) and
+//! what refusing cost.
 //!
 //! The causes are resolved here once; the layers (`layers::admission`,
 //! `layers::pushback`) keep the handles and this file must not import them.
 
 use super::Families;
-use prometheus::{IntCounter, IntGauge};
+use prometheus::{Gauge, IntCounter, IntGauge};
+
+/// The `kind` values of the admission gauges: requests that hash a password, and
+/// the others (indexed by `layers::admission::Kind`, which names them in this order).
+pub(crate) const ADMISSION_KINDS: [&str; 2] = ["hash", "other"];
 
 /// Admission control and pushback: what was refused for load, and how.
 #[derive(Clone)]
@@ -23,22 +28,24 @@ pub(crate) struct OverloadMetrics {
     pub admission_in_flight: IntCounter,
     pub admission_client: IntCounter,
     pub admission_draining: IntCounter,
-    pub admission_wait: IntCounter,
+    pub admission_deadline: IntCounter,
     pub admission_share: IntCounter,
-    /// The bound by time on requests in flight, and the measured rate it is from.
-    pub in_flight_limit: IntGauge,
-    pub answer_rate: prometheus::Gauge,
+    /// Per kind of request: the measured answer rate, and the predicted time of a
+    /// request admitted now.
+    pub answer_rate: [Gauge; 2],
+    pub predicted_wait: [Gauge; 2],
 }
 
 impl OverloadMetrics {
     pub(super) fn new(f: &Families) -> Self {
         let refusals = f.counter_vec(
             "authd_admission_refused_total",
-            "AuthService requests admission control refused, by cause: in_flight (the in-flight \
-             cap, RESOURCE_EXHAUSTED), wait (the requests in flight at their bound by time, \
-             AUTHD_IN_FLIGHT_WAIT, RESOURCE_EXHAUSTED), share (at that bound, and the client \
-             holds its fair share of it, RESOURCE_EXHAUSTED), client (the client had its share \
-             open, RESOURCE_EXHAUSTED), draining (shutting down, UNAVAILABLE).",
+            "AuthService requests admission control refused, by cause: deadline (it would not \
+             be answered before its deadline, RESOURCE_EXHAUSTED), share (it would, but its \
+             client holds its share of the requests in flight and the room left is kept for \
+             others, RESOURCE_EXHAUSTED), in_flight (the in-flight cap, AUTHD_MAX_IN_FLIGHT, \
+             RESOURCE_EXHAUSTED), client (the client had its share open, RESOURCE_EXHAUSTED), \
+             draining (shutting down, UNAVAILABLE).",
             &["cause"],
         );
         Self {
@@ -68,23 +75,29 @@ impl OverloadMetrics {
             admission_in_flight: refusals.with_label_values(&["in_flight"]),
             admission_client: refusals.with_label_values(&["client"]),
             admission_draining: refusals.with_label_values(&["draining"]),
-            admission_wait: refusals.with_label_values(&["wait"]),
+            admission_deadline: refusals.with_label_values(&["deadline"]),
             admission_share: refusals.with_label_values(&["share"]),
-            in_flight_limit: f.gauge(
-                "authd_admission_in_flight_limit",
-                "The most AuthService requests that may be in flight now: the measured answer \
-                 rate times AUTHD_IN_FLIGHT_WAIT, at least its floor, at most \
-                 AUTHD_MAX_IN_FLIGHT (which it is with the bound off or before a measurement).",
-            ),
-            answer_rate: f.registered(
-                prometheus::Gauge::with_opts(prometheus::Opts::new(
+            answer_rate: {
+                let rates = f.float_gauge_vec(
                     "authd_admission_answer_rate",
-                    "AuthService requests answered per busy second (time with a request in \
-                     flight), smoothed: the rate the bound on requests in flight is from; 0 \
-                     before a measurement.",
-                ))
-                .expect("valid"),
-            ),
+                    "AuthService requests answered per busy second (time with a request of the \
+                     kind in flight), smoothed, by kind: hash (Register, Login, ChangePassword) \
+                     or other; what admission predicts waits from; 0 before a measurement.",
+                    &["kind"],
+                );
+                ADMISSION_KINDS.map(|kind| rates.with_label_values(&[kind]))
+            },
+            predicted_wait: {
+                let waits = f.float_gauge_vec(
+                    "authd_admission_predicted_wait_seconds",
+                    "How long a request of the kind admitted now is predicted to take, from \
+                     the requests of that kind in flight and their answer rate, as of the last \
+                     rate measurement; a request is admitted when this fits before its \
+                     deadline.",
+                    &["kind"],
+                );
+                ADMISSION_KINDS.map(|kind| waits.with_label_values(&[kind]))
+            },
         }
     }
 }

@@ -1,9 +1,9 @@
 //! The password metrics: new passwords the blocklist refused before any hashing,
-//! and the hashing itself: the hash queue (its depth, bound, waits and refusals)
-//! and the pool of hashing threads (hashes, rounds, batches).
+//! and the hashing itself: the hash queue (its depth and waits, the work dropped
+//! from it) and the pool of hashing threads (hashes, rounds, batches).
 //!
-//! Only the families and their fixed labels live here; what a refusal or a batch
-//! is stays with `password` and `blocklist`, which this file must not import.
+//! Only the families and their fixed labels live here; what a batch is stays with
+//! `password` and `blocklist`, which this file must not import.
 
 use super::{Families, WAIT_BUCKETS};
 use prometheus::{Histogram, IntCounter, IntCounterVec, IntGauge};
@@ -15,24 +15,16 @@ const HASH_BUCKETS: &[f64] = &[
     10.0,
 ];
 
-/// The `cause` values of `authd_hash_refused_total`: why the hash queue refused a
-/// place. Indexed by the queue's refusal (`password::Refusal`, which names its
-/// causes in this order), so the series exist from the first scrape.
-pub(crate) const HASH_REFUSAL_CAUSES: [&str; 4] = ["full", "wait", "share", "deadline"];
-
 /// The password hashing pool.
 #[derive(Clone)]
 pub(crate) struct HashMetrics {
     pub queue_depth: IntGauge,
     pub running: IntGauge,
     pub threads: IntGauge,
-    pub queue_capacity: IntGauge,
-    pub queue_limit: IntGauge,
     pub queue_wait: Histogram,
     pub duration: Histogram,
     pub rounds: IntCounter,
     pub batch_size: Histogram,
-    pub refused: IntCounterVec,
     pub dropped_deadline: IntCounter,
     pub dropped_cancelled: IntCounter,
 }
@@ -58,16 +50,6 @@ impl HashMetrics {
                 "authd_hash_threads",
                 "Hashing threads (AUTHD_HASH_THREADS).",
             ),
-            queue_capacity: f.gauge(
-                "authd_hash_queue_capacity",
-                "Hash jobs that may wait before requests are refused (AUTHD_HASH_QUEUE).",
-            ),
-            queue_limit: f.gauge(
-                "authd_hash_queue_limit",
-                "Places (queued and running) the hash queue grants now: its wait target \
-                 (AUTHD_HASH_QUEUE_WAIT) times the measured service rate, within the count \
-                 bound (AUTHD_HASH_QUEUE plus the threads).",
-            ),
             queue_wait: f.histogram(
                 "authd_hash_queue_wait_seconds",
                 "Time a hash job waited in the queue before a thread took it.",
@@ -90,19 +72,6 @@ impl HashMetrics {
                 "PBKDF2 rounds computed: hashes, verifications, and the padding that makes \
                  every failed login cost as much as the most expensive stored hash.",
             ),
-            refused: {
-                let refused = f.counter_vec(
-                    "authd_hash_refused_total",
-                    "Requests the hash queue refused with RESOURCE_EXHAUSTED, by cause: full \
-                     (its count bound), wait (its wait target), share (at its bound, the client \
-                     held its fair share), deadline (the deadline would pass in the queue).",
-                    &["cause"],
-                );
-                for cause in HASH_REFUSAL_CAUSES {
-                    refused.with_label_values(&[cause]);
-                }
-                refused
-            },
             dropped_deadline: dropped.with_label_values(&["deadline"]),
             dropped_cancelled: dropped.with_label_values(&["cancelled"]),
         }

@@ -1,13 +1,12 @@
 //! Passwords: the PBKDF2-SHA256 policy, computed on the bounded [`HashPool`].
 //!
-//! - `pool`: the [`HashPool`] in front of the hashing threads (places, refusals,
-//!   retry hints); it knows nothing of passwords.
-//! - `work`: what is sent to those threads (a derivation or a task, its place in
-//!   the pool, its answer) and why it did not run (`PoolError`).
+//! - `pool`: the [`HashPool`] in front of the hashing threads; it knows nothing of
+//!   passwords.
+//! - `work`: what is sent to those threads (a derivation or a task, its answer) and
+//!   why it did not run (`PoolError`).
 //! - `worker`: the hashing threads themselves (lanes refilled between kernel
 //!   calls, deadlines, padding, priority).
-//! - `queue`: who gets a place on those threads (bounded by time and count, fair
-//!   between clients) and in which order they are served.
+//! - `queue`: the order the threads serve work in (first in, first out).
 //! - `bench`: `authd hash-bench`, this machine's hashing rate with this code.
 //! - `testing`: the setup the unit tests of `pool` and `worker` share.
 //!
@@ -42,7 +41,6 @@ use pbkdf2::{
     },
 };
 use std::{
-    net::IpAddr,
     sync::atomic::{AtomicU32, Ordering},
     time::Instant,
 };
@@ -56,7 +54,6 @@ mod work;
 mod worker;
 
 pub use pool::{HashPool, PoolSnapshot};
-pub use work::HashSlot;
 
 use work::Derivation;
 
@@ -112,31 +109,9 @@ impl Hasher {
             .max(self.highest_stored.load(Ordering::Relaxed))
     }
 
-    /// Takes a place in the hashing pool for one hash or verification of `client`,
-    /// to start before `deadline`, or refuses at once (RESOURCE_EXHAUSTED): see
-    /// [`HashPool::reserve`].
-    pub fn reserve(
-        &self,
-        client: Option<IpAddr>,
-        deadline: Option<Instant>,
-    ) -> Result<HashSlot, Error> {
-        Ok(self.pool.reserve(client, deadline)?)
-    }
-
-    /// Refuses at once (RESOURCE_EXHAUSTED) when the pool would refuse `client` now,
-    /// without taking a place: see [`HashPool::check_room`].
-    pub fn check_room(
-        &self,
-        client: Option<IpAddr>,
-        deadline: Option<Instant>,
-    ) -> Result<(), Error> {
-        Ok(self.pool.check_room(client, deadline)?)
-    }
-
     /// Hashes a password into a PHC string with a fresh random salt.
     pub async fn hash(
         &self,
-        slot: HashSlot,
         password: Password,
         deadline: Option<Instant>,
     ) -> Result<String, Error> {
@@ -147,7 +122,7 @@ impl Hasher {
             salt: salt.clone(),
             rounds: self.params.rounds(),
         };
-        let output = self.pool.derive(slot, deadline, job).await?;
+        let output = self.pool.derive(deadline, job).await?;
         Ok(phc_string(self.params, &salt, &output)?)
     }
 
@@ -157,7 +132,6 @@ impl Hasher {
     /// before the answer.
     pub async fn verify(
         &self,
-        slot: HashSlot,
         password: Password,
         stored: Option<String>,
         deadline: Option<Instant>,
@@ -167,9 +141,7 @@ impl Hasher {
         let Some(stored) = StoredHash::parse(&phc)? else {
             // Not a PBKDF2-SHA256 hash with a 32-byte output (not one authd makes):
             // the pbkdf2 crate checks it, on its own, padded all the same.
-            return self
-                .verify_other(slot, password, phc, exists, deadline)
-                .await;
+            return self.verify_other(password, phc, exists, deadline).await;
         };
         let pad = self.failure_cost().saturating_sub(stored.rounds);
         let job = Derivation {
@@ -177,10 +149,7 @@ impl Hasher {
             salt: stored.salt,
             rounds: stored.rounds,
         };
-        let matches = self
-            .pool
-            .verify(slot, deadline, job, stored.output, pad)
-            .await?;
+        let matches = self.pool.verify(deadline, job, stored.output, pad).await?;
         let matches = exists && matches;
         Ok(Verification {
             matches,
@@ -192,7 +161,6 @@ impl Hasher {
     /// length), checked by the pbkdf2 crate on a thread of the pool.
     async fn verify_other(
         &self,
-        slot: HashSlot,
         password: Password,
         phc: String,
         exists: bool,
@@ -202,7 +170,7 @@ impl Hasher {
         let rounds = self.pool.metrics.rounds.clone();
         let matches = self
             .pool
-            .run_in(slot, deadline, move || {
+            .run(deadline, move || {
                 let (matches, spent) = verify_with_crate(&password, &phc)?;
                 rounds.inc_by(u64::from(spent));
                 if spent < cost {
@@ -333,9 +301,9 @@ mod tests {
         Password::parse(s).unwrap()
     }
 
-    /// A hasher of `rounds` on `engine`, one thread, a queue four deep.
+    /// A hasher of `rounds` on `engine`, one thread.
     fn hasher_on(rounds: u32, engine: pbkdf2_lanes::Engine, metrics: &Metrics) -> Hasher {
-        Hasher::new(rounds, HashPool::new(1, 4, 0, engine, metrics).unwrap()).unwrap()
+        Hasher::new(rounds, HashPool::new(1, 0, engine, metrics).unwrap()).unwrap()
     }
 
     fn hasher(rounds: u32) -> Hasher {
@@ -343,16 +311,11 @@ mod tests {
     }
 
     async fn hash(hasher: &Hasher, password: &str) -> String {
-        let slot = hasher.reserve(None, None).unwrap();
-        hasher.hash(slot, pw(password), None).await.unwrap()
+        hasher.hash(pw(password), None).await.unwrap()
     }
 
     async fn verify(hasher: &Hasher, password: &str, stored: Option<String>) -> Verification {
-        let slot = hasher.reserve(None, None).unwrap();
-        hasher
-            .verify(slot, pw(password), stored, None)
-            .await
-            .unwrap()
+        hasher.verify(pw(password), stored, None).await.unwrap()
     }
 
     #[tokio::test]
@@ -449,25 +412,5 @@ mod tests {
                 assert_eq!(v.matches, expected, "{backend:?} {password}");
             }
         }
-    }
-
-    #[tokio::test]
-    async fn checking_for_room_takes_no_place() {
-        let pool = HashPool::new(1, 1, 0, pbkdf2_lanes::Engine::detect(), &Metrics::new()).unwrap();
-        pool.check_room(None, None).unwrap();
-        let (a, b) = (
-            pool.reserve(None, None).unwrap(),
-            pool.reserve(None, None).unwrap(),
-        );
-        assert!(matches!(
-            pool.check_room(None, None),
-            Err(work::PoolError::Full { .. })
-        ));
-        drop(a);
-        pool.check_room(None, None).unwrap();
-        pool.check_room(None, None).unwrap();
-        let _c = pool.reserve(None, None).unwrap();
-        drop(b);
-        assert_eq!(pool.stats().rejected, 1);
     }
 }

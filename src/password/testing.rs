@@ -10,8 +10,8 @@ use super::{
 use crate::metrics::Metrics;
 use pbkdf2_lanes::Engine;
 
-pub(super) fn pool(threads: usize, capacity: usize, metrics: &Metrics) -> HashPool {
-    HashPool::new(threads, capacity, 0, Engine::detect(), metrics).unwrap()
+pub(super) fn pool(threads: usize, metrics: &Metrics) -> HashPool {
+    HashPool::new(threads, 0, Engine::detect(), metrics).unwrap()
 }
 
 pub(super) fn job(password: &[u8], rounds: u32) -> Derivation {

@@ -2,20 +2,15 @@
 //!
 //! A request becomes a [`Queued`] item: a derivation (password, salt, rounds) whose
 //! 32-byte output comes back or is compared with an expected one, or a task run on
-//! its own; the channel that answers it; its deadline and trace; and the
-//! [`HashSlot`], its place in the pool, freed when the item is done or dropped.
-//! [`PoolError`] is why an item did not run, and its one mapping to the domain
-//! error.
+//! its own; the channel that answers it; its deadline and trace. [`PoolError`] is
+//! why an item did not run, and its one mapping to the domain error.
 //!
 //! It owns the shapes only: admitting and sending work is the pool's (`pool`),
 //! running it the threads' (`worker`). It knows nothing of PHC strings or users.
 
-use super::queue::FairQueue;
 use crate::{error::Error, otel};
 use std::{
     fmt,
-    net::IpAddr,
-    sync::Arc,
     time::{Duration, Instant},
 };
 use tokio::sync::oneshot;
@@ -41,10 +36,6 @@ impl fmt::Debug for Derivation {
 /// Why a job did not run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum PoolError {
-    #[error("the hashing queue is full")]
-    Full { retry_after: Duration },
-    #[error("the hashing queue would outlast the request's deadline")]
-    TooLate { retry_after: Duration },
     #[error("the deadline passed while the job was queued")]
     Expired,
     #[error("the hashing pool has shut down")]
@@ -56,14 +47,6 @@ pub enum PoolError {
 impl From<PoolError> for Error {
     fn from(err: PoolError) -> Self {
         match err {
-            PoolError::Full { retry_after } => Error::Overloaded {
-                what: "the password hashing queue is full",
-                retry_after,
-            },
-            PoolError::TooLate { retry_after } => Error::Overloaded {
-                what: "the password hashing queue would outlast the request's deadline",
-                retry_after,
-            },
             PoolError::Expired => Error::DeadlineExceeded,
             PoolError::Closed => Error::Unavailable("the server is shutting down".into()),
             PoolError::Engine(e) => Error::Internal(anyhow::anyhow!("hashing failed: {e}")),
@@ -132,8 +115,6 @@ pub(super) struct Queued {
     pub(super) work: Work,
     /// The request's trace, for the spans of the queue wait and the hash.
     pub(super) trace: otel::Carried,
-    /// Freed when the work is done (or dropped), making room for more.
-    pub(super) _slot: HashSlot,
 }
 
 impl Queued {
@@ -143,19 +124,6 @@ impl Queued {
             Work::Derive { answer, .. } => answer.is_closed(),
             Work::Task(_) => false,
         }
-    }
-}
-
-/// A place in the pool (running or queued) of one client, taken before the work is
-/// sent, so that a request the pool cannot take is refused cheaply.
-pub struct HashSlot {
-    pub(super) queue: Arc<FairQueue<Queued>>,
-    pub(super) client: IpAddr,
-}
-
-impl Drop for HashSlot {
-    fn drop(&mut self) {
-        self.queue.release(self.client);
     }
 }
 

@@ -22,12 +22,11 @@
 //! Other work (a task: a stored hash the engine cannot check) runs on the thread
 //! between two kernel calls, on its own.
 //!
-//! It only runs what the queue hands it: who gets a place, and the refusals and
-//! their retry hints, are the pool's (`pool`) and the queue's (`queue`).
+//! It only runs what the queue hands it, in the queue's order (`queue`).
 
 use super::{
-    queue::FairQueue,
-    work::{Answer, Derivation, HashSlot, PoolError, Queued, Reply, TaskOutcome, Work, padding},
+    queue::HashQueue,
+    work::{Answer, Derivation, PoolError, Queued, Reply, TaskOutcome, Work, padding},
 };
 use crate::{metrics::HashMetrics, otel};
 use pbkdf2_lanes::{Engine, Job, Lanes};
@@ -43,24 +42,19 @@ use subtle::ConstantTimeEq as _;
 /// lanes, 0.07 ms for one SHA-NI stream, on the machines of `pbkdf2-lanes`' docs.
 pub(super) const STEP_ROUNDS: u32 = 1024;
 
-/// The least work a hashing thread measures its service rate over, unless a lane's
-/// worth of requests were answered sooner.
-const RATE_WINDOW: Duration = Duration::from_millis(20);
-
 /// One hashing thread.
 pub(super) struct Worker {
-    pub(super) queue: Arc<FairQueue<Queued>>,
+    pub(super) queue: Arc<HashQueue<Queued>>,
     pub(super) engine: Engine,
     pub(super) metrics: HashMetrics,
 }
 
-/// A derivation in a lane: whom to answer, and the place it holds in the pool.
+/// A derivation in a lane: whom to answer.
 struct Resident {
     answer: Resolve,
     /// When it took its lane.
     start: Instant,
     trace: otel::Carried,
-    _slot: HashSlot,
 }
 
 /// What a finished derivation in a lane answers.
@@ -108,12 +102,9 @@ impl Worker {
         let mut lanes: Lanes<Resident> = Lanes::new(&self.engine);
         let mut taken: Vec<Queued> = Vec::with_capacity(lanes.capacity());
         let mut finished: Vec<(Resident, [u8; 32])> = Vec::with_capacity(lanes.capacity());
-        // Time spent in kernel calls, and the requests answered in it, since the
-        // service rate was last recorded.
-        let (mut busy, mut answered) = (Duration::ZERO, 0);
         loop {
             // Wait for work only with nothing in flight; otherwise take what waits,
-            // one per client in turn, into the free lanes.
+            // oldest first, into the free lanes.
             if lanes.is_empty() {
                 if !self.queue.take(lanes.capacity(), &mut taken) {
                     return;
@@ -132,22 +123,12 @@ impl Worker {
                 }
                 !gone
             });
-            let start = Instant::now();
             let step = lanes.step(STEP_ROUNDS, |resident, key| finished.push((resident, key)));
-            busy += start.elapsed();
             if let Some(step) = step {
                 self.metrics.batch_size.observe(step.jobs as f64);
             }
             for (resident, key) in finished.drain(..) {
-                answered += self.finish(resident, key, &mut lanes);
-            }
-            // The service rate is recorded over a lane's worth of answers (or, when
-            // few come, over at least RATE_WINDOW of work): answers come a few per
-            // call, and a rate taken over each call would swing with them.
-            if answered >= lanes.capacity() || (answered > 0 && busy >= RATE_WINDOW) {
-                self.queue.record_service(busy, answered);
-                self.metrics.queue_limit.set(self.queue.limit() as i64);
-                (busy, answered) = (Duration::ZERO, 0);
+                self.finish(resident, key, &mut lanes);
             }
         }
     }
@@ -171,16 +152,12 @@ impl Worker {
             deadline,
             work,
             trace,
-            _slot,
             ..
         } = queued;
         match work {
             Work::Task(task) => {
                 self.metrics.running.inc();
-                let record = |took: Duration| {
-                    self.queue.record_service(took, 1);
-                    self.metrics.duration.observe(took.as_secs_f64());
-                };
+                let record = |took: Duration| self.metrics.duration.observe(took.as_secs_f64());
                 match task(&record) {
                     TaskOutcome::Ran => trace.record("hash", now, Instant::now()),
                     TaskOutcome::Expired => self.metrics.dropped_deadline.inc(),
@@ -197,7 +174,6 @@ impl Worker {
                     answer: Resolve::Request(answer),
                     start: now,
                     trace,
-                    _slot,
                 };
                 self.push(&job, resident, lanes);
             }
@@ -217,13 +193,12 @@ impl Worker {
     }
 
     /// Answers a finished derivation, or puts the padding a failed verification
-    /// owes in its lane. Returns the requests answered (0 or 1).
-    fn finish(&self, resident: Resident, output: [u8; 32], lanes: &mut Lanes<Resident>) -> usize {
+    /// owes in its lane.
+    fn finish(&self, resident: Resident, output: [u8; 32], lanes: &mut Lanes<Resident>) {
         let Resident {
             answer,
             start,
             trace,
-            _slot,
         } = resident;
         match answer {
             Resolve::Request(Answer::Output(reply)) => {
@@ -240,16 +215,14 @@ impl Worker {
                     self.finished(start, &trace);
                     let _ = reply.send(Ok(matches));
                 } else {
-                    // The answer waits for the padding; the request keeps its place.
+                    // The answer waits for the padding, in the same lane.
                     self.metrics.running.dec();
                     let resident = Resident {
                         answer: Resolve::Padding(reply),
                         start,
                         trace,
-                        _slot,
                     };
                     self.push(&padding(pad), resident, lanes);
-                    return 0;
                 }
             }
             Resolve::Padding(reply) => {
@@ -257,7 +230,6 @@ impl Worker {
                 let _ = reply.send(Ok(false));
             }
         }
-        1
     }
 
     /// Records a request's work, begun at `start`, as done and no longer running:
@@ -283,16 +255,9 @@ mod tests {
     #[tokio::test]
     async fn derivations_match_the_reference() {
         let metrics = Metrics::new();
-        let pool = pool(1, 4, &metrics);
+        let pool = pool(1, &metrics);
         for (password, rounds) in [(&b"password"[..], 1), (b"password", 2), (b"other", 1000)] {
-            let out = pool
-                .derive(
-                    pool.reserve(None, None).unwrap(),
-                    None,
-                    job(password, rounds),
-                )
-                .await
-                .unwrap();
+            let out = pool.derive(None, job(password, rounds)).await.unwrap();
             assert_eq!(out, reference(password, rounds));
         }
         assert_eq!(metrics.hash.rounds.get(), 1003);
@@ -305,20 +270,14 @@ mod tests {
     #[tokio::test]
     async fn a_failed_verification_pays_its_padding_and_a_success_does_not() {
         let metrics = Metrics::new();
-        let pool = pool(1, 4, &metrics);
+        let pool = pool(1, &metrics);
         let right = reference(b"password", 50);
         let verify = |password: &'static [u8]| {
             let pool = pool.clone();
             async move {
-                pool.verify(
-                    pool.reserve(None, None).unwrap(),
-                    None,
-                    job(password, 50),
-                    right,
-                    700,
-                )
-                .await
-                .unwrap()
+                pool.verify(None, job(password, 50), right, 700)
+                    .await
+                    .unwrap()
             }
         };
         assert!(verify(b"password").await);
@@ -334,8 +293,7 @@ mod tests {
     #[tokio::test]
     async fn what_waits_is_hashed_together_and_nothing_waits_for_a_batch() {
         let metrics = Metrics::new();
-        // Room for a batch of the widest engine (32 lanes) beside the held job.
-        let pool = pool(1, 64, &metrics);
+        let pool = pool(1, &metrics);
         // Hold the only thread, queue several requests, then let it go: they come
         // off the queue as batches of up to the engine's lanes.
         let (busy, release_tx) = occupy_the_thread(&pool).await;
@@ -346,11 +304,7 @@ mod tests {
                 tokio::spawn(async move {
                     let password = format!("password-{i}");
                     let out = pool
-                        .derive(
-                            pool.reserve(None, None).unwrap(),
-                            None,
-                            job(password.as_bytes(), 3),
-                        )
+                        .derive(None, job(password.as_bytes(), 3))
                         .await
                         .unwrap();
                     (password, out)
@@ -377,9 +331,7 @@ mod tests {
         assert_eq!(metrics.hash.batch_size.get_sample_count(), 1);
         assert_eq!(metrics.hash.batch_size.get_sample_sum(), lanes as f64);
         // And a request alone in the queue is hashed at once, alone.
-        pool.derive(pool.reserve(None, None).unwrap(), None, job(b"alone", 3))
-            .await
-            .unwrap();
+        pool.derive(None, job(b"alone", 3)).await.unwrap();
         assert_eq!(metrics.hash.batch_size.get_sample_count(), 2);
         assert_eq!(metrics.hash.batch_size.get_sample_sum(), lanes as f64 + 1.0);
     }
@@ -387,14 +339,11 @@ mod tests {
     #[tokio::test]
     async fn work_that_arrives_while_a_derivation_runs_joins_it_and_a_gone_caller_frees_its_lane() {
         let metrics = Metrics::new();
-        let pool = pool(1, 4, &metrics);
+        let pool = pool(1, &metrics);
         // A derivation that would run for hours holds the only thread.
         let endless = tokio::spawn({
             let pool = pool.clone();
-            async move {
-                let slot = pool.reserve(None, None).unwrap();
-                pool.derive(slot, None, job(b"endless", u32::MAX)).await
-            }
+            async move { pool.derive(None, job(b"endless", u32::MAX)).await }
         });
         while metrics.hash.running.get() < 1 {
             tokio::task::yield_now().await;
@@ -402,7 +351,7 @@ mod tests {
         // Work that arrives meanwhile is answered while it still runs: it took a
         // free lane at the next kernel call rather than waiting for the batch.
         // (The timeout only keeps a broken build from hanging the suite.)
-        let joined = pool.derive(pool.reserve(None, None).unwrap(), None, job(b"joins", 3));
+        let joined = pool.derive(None, job(b"joins", 3));
         let out = tokio::time::timeout(Duration::from_secs(120), joined)
             .await
             .expect("work waited for the running batch to end")
@@ -418,9 +367,7 @@ mod tests {
             tokio::task::yield_now().await;
         }
         assert_eq!(
-            pool.derive(pool.reserve(None, None).unwrap(), None, job(b"next", 2))
-                .await
-                .unwrap(),
+            pool.derive(None, job(b"next", 2)).await.unwrap(),
             reference(b"next", 2)
         );
         assert_eq!(metrics.hash.running.get(), 0);
@@ -429,16 +376,9 @@ mod tests {
     #[tokio::test]
     async fn expired_work_is_dropped_before_running() {
         let metrics = Metrics::new();
-        let pool = pool(1, 4, &metrics);
+        let pool = pool(1, &metrics);
         let past = Instant::now() - Duration::from_millis(1);
-        let err = pool
-            .derive(
-                pool.reserve(None, None).unwrap(),
-                Some(past),
-                job(b"late", 1),
-            )
-            .await
-            .unwrap_err();
+        let err = pool.derive(Some(past), job(b"late", 1)).await.unwrap_err();
         assert_eq!(err, PoolError::Expired);
         assert_eq!(pool.stats().dropped_expired, 1);
         assert_eq!(pool.stats().completed, 0);
@@ -454,7 +394,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_threads_run_at_a_lower_priority() {
-        let pool = HashPool::new(2, 4, 7, Engine::detect(), &Metrics::new()).unwrap();
+        let pool = HashPool::new(2, 7, Engine::detect(), &Metrics::new()).unwrap();
         let nice = pool
             .run(None, || {
                 rustix::process::getpriority_process(Some(rustix::thread::gettid()))

@@ -271,9 +271,6 @@ pub fn test_config(url: DatabaseUrl) -> Config {
     // Refusals answered at once: tests count refusals as they come; holding them
     // (pushback) has tests of its own (`overload`).
     config.overload.refusal_hold = Duration::ZERO;
-    // No bound by time on requests in flight: tests send bursts of concurrent
-    // requests on machines of any speed; the bound has tests of its own (`overload`).
-    config.overload.in_flight_wait = Duration::ZERO;
     config
 }
 
