@@ -20,8 +20,8 @@ pub struct OverloadConfig {
           display_order = 16)]
     pub max_in_flight: u32,
 
-    /// AuthService requests one client (IP address; the x-forwarded-for client with
-    /// --trust-forwarded-for) may always have open at once, being received or in flight;
+    /// AuthService requests one client (IP address; the x-forwarded-for client of a
+    /// --trusted-callers caller) may always have open at once, being received or in flight;
     /// past it a client may open more while more than this many places of
     /// --max-in-flight stay free, beyond that RESOURCE_EXHAUSTED [default: a quarter of
     /// --max-in-flight].
@@ -66,7 +66,7 @@ pub struct OverloadConfig {
     pub refusal_hold_max: u32,
 
     /// Refused requests held at once for one client (IP address; the x-forwarded-for
-    /// client with --trust-forwarded-for) [default: half of --refusal-hold-max].
+    /// client of a --trusted-callers caller) [default: half of --refusal-hold-max].
     #[arg(long, env = "AUTHD_REFUSAL_HOLD_MAX_PER_CLIENT",
           value_parser = clap::value_parser!(u32).range(1..=1_000_000), global = true,
           display_order = 22)]
@@ -94,35 +94,26 @@ impl OverloadConfig {
     }
 
     /// The admission layer's settings: `max_body_bytes` is the largest request worth
-    /// receiving (the server's message limit, framing included),
-    /// `trust_forwarded_for` tells who a client is (`--trust-forwarded-for`), and
-    /// `busy_floor` is the fewest requests in flight that keep the hashing threads
-    /// busy.
-    pub(crate) fn admission(
-        &self,
-        max_body_bytes: usize,
-        trust_forwarded_for: bool,
-        busy_floor: usize,
-    ) -> AdmissionSettings {
+    /// receiving (the server's message limit, framing included), and `busy_floor`
+    /// is the fewest requests in flight that keep the hashing threads busy.
+    pub(crate) fn admission(&self, max_body_bytes: usize, busy_floor: usize) -> AdmissionSettings {
         AdmissionSettings {
             max_in_flight: self.max_in_flight,
             max_per_client: self.max_in_flight_per_client(),
             receive_timeout: self.receive_timeout,
             max_body_bytes,
-            trust_forwarded_for,
             wait_target: self.in_flight_wait,
             wait_floor: u32::try_from(busy_floor).unwrap_or(u32::MAX),
         }
     }
 
-    /// The pushback layer's settings; `trust_forwarded_for` as for [`Self::admission`].
-    pub(crate) fn pushback(&self, trust_forwarded_for: bool) -> PushbackSettings {
+    /// The pushback layer's settings.
+    pub(crate) fn pushback(&self) -> PushbackSettings {
         PushbackSettings {
             max_hold: self.refusal_hold,
             rate: self.refusal_rate,
             max_held: self.refusal_hold_max,
             max_held_per_client: self.refusal_hold_max_per_client(),
-            trust_forwarded_for,
         }
     }
 }
@@ -147,16 +138,15 @@ mod tests {
         let mut c = Config::defaults().overload;
         c.max_in_flight = 100;
         c.refusal_hold_max = 10;
-        assert_eq!(c.admission(1024, false, 64).max_per_client, 25);
-        assert_eq!(c.admission(1024, false, 64).wait_floor, 64);
-        assert_eq!(c.pushback(true).max_held_per_client, 5);
-        assert!(c.pushback(true).trust_forwarded_for);
+        assert_eq!(c.admission(1024, 64).max_per_client, 25);
+        assert_eq!(c.admission(1024, 64).wait_floor, 64);
+        assert_eq!(c.pushback().max_held_per_client, 5);
         c.max_in_flight = 1;
         c.refusal_hold_max = 1;
         assert_eq!(c.max_in_flight_per_client(), 1);
         assert_eq!(c.refusal_hold_max_per_client(), 1);
         c.max_in_flight_per_client = Some(7);
-        assert_eq!(c.admission(1024, false, 64).max_per_client, 7);
+        assert_eq!(c.admission(1024, 64).max_per_client, 7);
     }
 
     #[test]

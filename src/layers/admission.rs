@@ -63,8 +63,6 @@ pub struct AdmissionSettings {
     pub receive_timeout: Duration,
     /// The largest request body (gRPC framing included) worth receiving.
     pub max_body_bytes: usize,
-    /// Identify clients by the first `x-forwarded-for` hop (behind a trusted proxy).
-    pub trust_forwarded_for: bool,
     /// The target time in flight, which bounds the requests in flight by the rate
     /// they are answered at; zero turns the bound off.
     pub wait_target: Duration,
@@ -306,7 +304,7 @@ impl Middleware for Admission {
         if timeout.is_some_and(|t| t.is_zero()) {
             return refuse(Error::DeadlineExceeded);
         }
-        let client = rpc::request_client(&req, self.settings.trust_forwarded_for);
+        let client = rpc::request_client(&req);
         // The share covers the request from its headers to its answer, receiving included.
         let Some(share) = self.open(client) else {
             self.metrics.admission_client.inc();
@@ -405,7 +403,6 @@ pub(crate) mod tests {
             max_per_client,
             receive_timeout: Duration::from_secs(5),
             max_body_bytes: 64,
-            trust_forwarded_for: false,
             wait_target: Duration::ZERO,
             wait_floor: 1,
         }
