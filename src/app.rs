@@ -26,6 +26,7 @@ use crate::{
     pb::{self, auth_service_server::AuthServiceServer},
     ratelimit::{self, RateLimitStats, RateLimiter},
     redis::SharedRedis,
+    rpc::TrustedCallers,
     store::{Store, WriterSnapshot},
     throttle::Throttle,
     token::{self, LiveKeyRing, keyfile::KeyFile},
@@ -273,10 +274,7 @@ impl Application {
         };
         let admin = match (
             config.admin.admin_listen.addr(),
-            config.admin.settings(
-                config.limits.trust_forwarded_for,
-                config.tls.tls_client_ca.is_some(),
-            )?,
+            config.admin.settings(config.tls.tls_client_ca.is_some())?,
         ) {
             (Some(addr), Some(settings)) => Some((transport::bind(addr, "admin").await?, settings)),
             _ => None,
@@ -315,17 +313,13 @@ impl Application {
                 Ok(())
             });
         }
-        let trust_forwarded_for = config.limits.trust_forwarded_for;
         let admission = Admission::new(
             config
                 .overload
-                .admission(MAX_MESSAGE_BYTES + GRPC_FRAME_HEADER, trust_forwarded_for),
+                .admission(MAX_MESSAGE_BYTES + GRPC_FRAME_HEADER),
             metrics.overload.clone(),
         );
-        let pushback = Pushback::new(
-            config.overload.pushback(trust_forwarded_for),
-            metrics.overload.clone(),
-        );
+        let pushback = Pushback::new(config.overload.pushback(), metrics.overload.clone());
         Ok(Self {
             listener,
             local_addr,
@@ -433,6 +427,9 @@ impl Application {
         let (stop_serving, serving_stopped) = watch::channel(false);
         let (stop_auxiliary, auxiliary_stopped) = watch::channel(false);
         let auxiliary = Limits::auxiliary(&limits);
+        // Who may name the client of its requests, on every port alike.
+        let callers = config.limits.trusted_callers();
+        let trusted_callers = callers.to_string();
         let metrics_server = metrics_listener.map(|listener| {
             tokio::spawn(transport::serve(
                 "metrics",
@@ -440,6 +437,7 @@ impl Application {
                 Protocol::Http1,
                 None,
                 auxiliary.clone(),
+                callers.clone(),
                 metrics.listener("metrics"),
                 metrics::router(metrics.clone()).merge(token::jwks_router(key_ring.clone())),
                 auxiliary_stopped.clone(),
@@ -474,6 +472,7 @@ impl Application {
             Some(listener) => Some(spawn_health_server(
                 listener,
                 auxiliary,
+                callers.clone(),
                 trace::layer(metrics.clone(), traces.clone()).layer(health_service.clone()),
                 metrics.listener("health"),
                 auxiliary_stopped,
@@ -498,12 +497,8 @@ impl Application {
         // grpcurl 1.8 speaks only v1alpha; newer clients use v1.
         let reflection_v1 = reflection().build_v1()?;
         let reflection_v1alpha = reflection().build_v1alpha()?;
-        let auth = AuthServiceServer::new(AuthApi::new(
-            accounts.clone(),
-            blocklist.clone(),
-            config.limits.trust_forwarded_for,
-        ))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES);
+        let auth = AuthServiceServer::new(AuthApi::new(accounts.clone(), blocklist.clone()))
+            .max_decoding_message_size(MAX_MESSAGE_BYTES);
         // External authorization: Envoy's Check here, forward-auth on its own port.
         let authorizer = Authorizer::new(
             accounts.clone(),
@@ -537,6 +532,7 @@ impl Application {
                 Protocol::Http1,
                 None,
                 limits.clone(),
+                callers.clone(),
                 metrics.listener("forward-auth"),
                 extauthz::router(authorizer),
                 serving_stopped.clone(),
@@ -588,6 +584,7 @@ impl Application {
                     Protocol::Http2,
                     tls.clone(),
                     Limits::auxiliary(&limits),
+                    callers.clone(),
                     metrics.listener("admin"),
                     service,
                     serving_stopped.clone(),
@@ -605,6 +602,7 @@ impl Application {
             Protocol::Http2,
             tls.clone(),
             limits.clone(),
+            callers,
             metrics.listener("grpc"),
             grpc,
             serving_stopped,
@@ -624,6 +622,7 @@ impl Application {
             max_in_flight = config.overload.max_in_flight,
             max_wait = ?config.overload.max_wait,
             max_connections = limits.max_connections,
+            trusted_callers = %trusted_callers,
             tls = match (&tls, &config.tls.tls_client_ca) {
                 (None, _) => "off",
                 (Some(_), None) => "on",
@@ -714,6 +713,7 @@ impl Application {
 fn spawn_health_server<S, B>(
     listener: std::net::TcpListener,
     limits: Limits,
+    callers: Arc<TrustedCallers>,
     service: S,
     metrics: metrics::ListenerMetrics,
     stopped: watch::Receiver<bool>,
@@ -754,6 +754,7 @@ where
                             // Always plaintext: for probes (the kubelet's speaks no TLS).
                             None,
                             limits,
+                            callers,
                             metrics,
                             service,
                             stopped,

@@ -41,20 +41,13 @@ pub const MAX_MESSAGE_BYTES: usize = 4 * 1024;
 pub struct AuthApi {
     accounts: Arc<Accounts>,
     blocklist: Arc<Blocklist>,
-    /// Whether the client is the first `x-forwarded-for` hop (as for rate limits).
-    trust_forwarded_for: bool,
 }
 
 impl AuthApi {
-    pub(crate) fn new(
-        accounts: Arc<Accounts>,
-        blocklist: Arc<Blocklist>,
-        trust_forwarded_for: bool,
-    ) -> Self {
+    pub(crate) fn new(accounts: Arc<Accounts>, blocklist: Arc<Blocklist>) -> Self {
         Self {
             accounts,
             blocklist,
-            trust_forwarded_for,
         }
     }
 
@@ -62,11 +55,7 @@ impl AuthApi {
     fn caller<T>(&self, request: &Request<T>) -> Caller {
         Caller {
             request_id: request_id(request).map(|id| id.as_str().to_owned()),
-            client: rpc::client_ip(
-                request.metadata().as_ref(),
-                rpc::peer_ip(request.extensions()),
-                self.trust_forwarded_for,
-            ),
+            client: rpc::client_ip(request.extensions()),
             identity: rpc::client_identity(request.extensions()).map(|i| i.as_str().to_owned()),
             trace_id: crate::otel::current_trace_id(),
         }

@@ -7,10 +7,13 @@
 //!   external authorization `Check` is a method like AuthService's.
 //! - The request extensions that travel down the stack: the [`RequestId`] (set by the
 //!   trace layer), the [`Deadline`] (set by admission control), the
-//!   [`ClientIdentity`] of a mutual-TLS client (set by the transport, per connection)
+//!   [`ClientIdentity`] of a mutual-TLS client (set by the transport, per connection),
+//!   the [`Client`] a request is counted for (set by the transport, per request)
 //!   and, on the way back up, the [`UserId`] a handler acted for and the
 //!   [`AuthzDecision`] of an external authorization check.
-//! - Who sent a request: [`peer_ip`] and [`client_ip`].
+//! - Who sent a request: [`peer_ip`], and [`client_ip`], the client every
+//!   per-client bound counts: the peer, or the end user a trusted caller names in
+//!   `x-forwarded-for` ([`TrustedCallers`], the one place that decides it).
 //!
 //! It imports nothing of authd's: every other module may import it.
 
@@ -275,42 +278,244 @@ pub(crate) fn peer_ip(extensions: &http::Extensions) -> Option<IpAddr> {
 /// they share one place in every per-client bound.
 pub(crate) const UNKNOWN_CLIENT: IpAddr = IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
 
+/// The client a request is counted for: the address of the end user, which every
+/// per-client bound (`peer` rate-limit rules, the Register limit, the login
+/// throttle's per-client counts, the fair shares of admission and pushback) and the
+/// audit trail use. The transport puts it in the extensions of every request,
+/// resolved once by [`TrustedCallers`]: the connection's peer, or the address a
+/// trusted caller forwarded in `x-forwarded-for`. IPv4-mapped IPv6 addresses are
+/// the IPv4 client they stand for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Client(pub(crate) IpAddr);
+
+/// The client of a request: its [`Client`], else (a request that did not come
+/// through the transport) the connection's peer; `None` when neither is known.
+pub(crate) fn client_ip(extensions: &http::Extensions) -> Option<IpAddr> {
+    match extensions.get::<Client>() {
+        Some(client) => Some(client.0),
+        None => peer_ip(extensions).map(|ip| ip.to_canonical()),
+    }
+}
+
 /// The client a request is counted for in the layers' per-client bounds: as
 /// [`client_ip`], or [`UNKNOWN_CLIENT`].
-pub(crate) fn request_client(
-    request: &http::Request<impl Sized>,
-    trust_forwarded_for: bool,
-) -> IpAddr {
-    client_ip(
-        request.headers(),
-        peer_ip(request.extensions()),
-        trust_forwarded_for,
-    )
-    .unwrap_or(UNKNOWN_CLIENT)
+pub(crate) fn request_client(request: &http::Request<impl Sized>) -> IpAddr {
+    client_ip(request.extensions()).unwrap_or(UNKNOWN_CLIENT)
 }
 
-/// The client a request is counted for: the first `x-forwarded-for` hop when that
-/// header is trusted (behind a proxy that sets it) and holds an address, else the
-/// connection's peer; IPv4-mapped IPv6 addresses are the IPv4 client they stand for.
-pub(crate) fn client_ip(
-    headers: &http::HeaderMap,
-    peer: Option<IpAddr>,
-    trust_forwarded_for: bool,
-) -> Option<IpAddr> {
-    let forwarded = trust_forwarded_for
-        .then(|| first_forwarded_hop(headers))
-        .flatten();
-    forwarded.or(peer).map(|ip| ip.to_canonical())
+/// The header a calling service names its end user in.
+const FORWARDED_FOR: &str = "x-forwarded-for";
+
+/// Entries of `x-forwarded-for` looked at (empty ones included), from the right: a
+/// chain of trusted proxies longer than this ends the walk where it stops (see
+/// [`TrustedCallers::forwarded_client`]). The header's size is the transport's
+/// bound on header lists.
+const MAX_FORWARDED_HOPS: usize = 32;
+
+/// The longest identity an entry may name (as the transport keeps them, see
+/// [`ClientIdentity`]).
+const MAX_IDENTITY_BYTES: usize = 512;
+
+/// Who may name the client of its requests (`AUTHD_TRUSTED_CALLERS`): callers
+/// whose connection comes from one of these networks, or whose mutual-TLS identity
+/// is one of these, as nginx's `set_real_ip_from`. Empty: nobody; every request's
+/// client is its connection's peer.
+///
+/// Parsed from `ENTRY,…`, each a CIDR (`10.0.0.0/8`, `fd00::/8`), a bare address
+/// (`/32` or `/128`) or a client certificate identity as [`ClientIdentity`] has it
+/// (a SPIFFE id, a DNS name, a CN), compared exactly. An entry that looks like an
+/// address (digits, dots and slashes; or hex digits, colons, dots and slashes with
+/// a colon) must be one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TrustedCallers {
+    /// Networks, their host bits cleared; IPv4-mapped IPv6 networks as IPv4 ones
+    /// (the addresses they are matched against are canonical).
+    nets: Vec<ipnet::IpNet>,
+    identities: Vec<Box<str>>,
 }
 
-/// The first `x-forwarded-for` hop: the client as the first proxy saw it.
-fn first_forwarded_hop(headers: &http::HeaderMap) -> Option<IpAddr> {
-    let value = headers.get("x-forwarded-for")?.to_str().ok()?;
-    let first = value.split(',').next()?.trim();
-    first
-        .parse::<IpAddr>()
-        .ok()
-        .or_else(|| first.parse::<std::net::SocketAddr>().ok().map(|a| a.ip()))
+impl TrustedCallers {
+    /// The most entries a list may have.
+    pub(crate) const MAX_ENTRIES: usize = 256;
+
+    /// Every caller (`0.0.0.0/0` and `::/0`): what `AUTHD_TRUST_FORWARDED_FOR=true`
+    /// stands for.
+    pub(crate) fn everyone() -> Self {
+        Self {
+            nets: vec![
+                ipnet::IpNet::V4(ipnet::Ipv4Net::default()),
+                ipnet::IpNet::V6(ipnet::Ipv6Net::default()),
+            ],
+            identities: Vec::new(),
+        }
+    }
+
+    /// The callers trusted by `self` or by `other`.
+    pub(crate) fn union(mut self, other: &TrustedCallers) -> Self {
+        for net in &other.nets {
+            if !self.nets.contains(net) {
+                self.nets.push(*net);
+            }
+        }
+        for identity in &other.identities {
+            if !self.identities.contains(identity) {
+                self.identities.push(identity.clone());
+            }
+        }
+        self
+    }
+
+    /// Whether nobody is trusted.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.nets.is_empty() && self.identities.is_empty()
+    }
+
+    /// Whether a caller connected from `peer`, with the client certificate
+    /// `identity` if any, may name its end user in `x-forwarded-for`.
+    pub(crate) fn trusts(&self, peer: IpAddr, identity: Option<&ClientIdentity>) -> bool {
+        self.trusts_address(peer.to_canonical())
+            || identity.is_some_and(|id| self.identities.iter().any(|i| **i == *id.as_str()))
+    }
+
+    /// Whether `ip` (canonical) is in a trusted network.
+    fn trusts_address(&self, ip: IpAddr) -> bool {
+        self.nets.iter().any(|net| net.contains(&ip))
+    }
+
+    /// The client of a request that a trusted caller connected from `peer` sent with
+    /// `headers`: `x-forwarded-for` read from the right (every value of the header,
+    /// in order, each a comma-separated list), each entry skipped while it is a
+    /// trusted address (a chain of trusted proxies), so the first one that is not
+    /// is the client; when every entry is trusted, the leftmost. Empty entries are
+    /// skipped. An entry that is no address (`IP`, `IP:port`, `[IPv6]` or
+    /// `[IPv6]:port`) ends the walk, as do more than [`MAX_FORWARDED_HOPS`] entries: the client is then the last address
+    /// read, or `peer` when there is none (a caller that forwards nothing is its own
+    /// client).
+    pub(crate) fn forwarded_client(&self, headers: &http::HeaderMap, peer: IpAddr) -> IpAddr {
+        let mut client = peer.to_canonical();
+        let mut hops = 0;
+        for value in headers.get_all(FORWARDED_FOR).iter().rev() {
+            for entry in value.as_bytes().rsplit(|b| *b == b',') {
+                hops += 1;
+                if hops > MAX_FORWARDED_HOPS {
+                    return client;
+                }
+                let entry = entry.trim_ascii();
+                if entry.is_empty() {
+                    continue;
+                }
+                let Some(ip) = forwarded_address(entry) else {
+                    return client;
+                };
+                if !self.trusts_address(ip) {
+                    return ip;
+                }
+                client = ip;
+            }
+        }
+        client
+    }
+}
+
+/// The list as it is in force (networks with their host bits cleared), or `none`.
+impl std::fmt::Display for TrustedCallers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.is_empty() {
+            return f.write_str("none");
+        }
+        let nets = self.nets.iter().map(|net| net.to_string());
+        let identities = self.identities.iter().map(|id| id.to_string());
+        f.write_str(&nets.chain(identities).collect::<Vec<_>>().join(","))
+    }
+}
+
+/// One entry of `x-forwarded-for`: `IP`, `IP:port`, `[IPv6]` or `[IPv6]:port`,
+/// canonical.
+fn forwarded_address(entry: &[u8]) -> Option<IpAddr> {
+    let text = std::str::from_utf8(entry).ok()?;
+    let ip = match text.parse::<IpAddr>() {
+        Ok(ip) => ip,
+        Err(_) => match text.strip_prefix('[').and_then(|t| t.strip_suffix(']')) {
+            Some(v6) => IpAddr::V6(v6.parse().ok()?),
+            None => text.parse::<std::net::SocketAddr>().ok()?.ip(),
+        },
+    };
+    Some(ip.to_canonical())
+}
+
+impl std::str::FromStr for TrustedCallers {
+    type Err = String;
+
+    /// Parses `ENTRY,…` (empty entries skipped), naming the first bad entry.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let mut callers = TrustedCallers::default();
+        let entries = text.split(',').map(str::trim).filter(|e| !e.is_empty());
+        for (n, entry) in entries.enumerate() {
+            if n == Self::MAX_ENTRIES {
+                return Err(format!(
+                    "more than {} entries: name networks rather than addresses",
+                    Self::MAX_ENTRIES
+                ));
+            }
+            if looks_like_an_address(entry) {
+                let net = trusted_network(entry).ok_or_else(|| {
+                    format!(
+                        "{entry:?} is neither an address nor a CIDR (e.g. 10.0.0.0/8, fd00::/8, \
+                         10.1.2.3)"
+                    )
+                })?;
+                if !callers.nets.contains(&net) {
+                    callers.nets.push(net);
+                }
+            } else {
+                if entry.len() > MAX_IDENTITY_BYTES || entry.chars().any(char::is_control) {
+                    return Err(format!(
+                        "{entry:?}: an identity must be at most {MAX_IDENTITY_BYTES} bytes \
+                         without control characters"
+                    ));
+                }
+                if !callers.identities.iter().any(|i| **i == *entry) {
+                    callers.identities.push(entry.into());
+                }
+            }
+        }
+        Ok(callers)
+    }
+}
+
+/// Whether an entry of the list is meant as an address or a network rather than
+/// an identity: IPv4-like (digits, dots, a slash) or IPv6-like (hex digits, colons,
+/// dots, slashes, brackets, and at least one colon). No SPIFFE id, DNS name or URI
+/// is either; a typo in an address is reported rather than taken for an identity.
+fn looks_like_an_address(entry: &str) -> bool {
+    let v4 = entry.starts_with(|c: char| c.is_ascii_digit())
+        && entry
+            .chars()
+            .all(|c| c.is_ascii_digit() || c == '.' || c == '/');
+    let v6 = entry.contains(':')
+        && entry
+            .chars()
+            .all(|c| c.is_ascii_hexdigit() || matches!(c, ':' | '.' | '/' | '[' | ']'));
+    v4 || v6
+}
+
+/// A network of the list: a CIDR or a bare address, host bits cleared, an
+/// IPv4-mapped IPv6 network as the IPv4 network it stands for.
+fn trusted_network(entry: &str) -> Option<ipnet::IpNet> {
+    let net = match entry.parse::<ipnet::IpNet>() {
+        Ok(net) => net,
+        Err(_) => ipnet::IpNet::from(entry.parse::<IpAddr>().ok()?),
+    }
+    .trunc();
+    if let ipnet::IpNet::V6(v6) = net
+        && let Some(v4) = v6.addr().to_ipv4_mapped()
+        && v6.prefix_len() >= 96
+    {
+        return ipnet::Ipv4Net::new(v4, v6.prefix_len() - 96)
+            .ok()
+            .map(ipnet::IpNet::V4);
+    }
+    Some(net)
 }
 
 /// Parses the `grpc-timeout` header: up to 8 digits and a unit (H, M, S, m, u, n).
@@ -354,12 +559,6 @@ mod tests {
         for bad in ["", "S", "5", "5x", "123456789S", "-1S", "1.5S"] {
             assert_eq!(parse(bad), None, "{bad:?}");
         }
-    }
-
-    fn headers(forwarded: &str) -> http::HeaderMap {
-        let mut h = http::HeaderMap::new();
-        h.insert("x-forwarded-for", forwarded.parse().unwrap());
-        h
     }
 
     #[test]
@@ -421,24 +620,260 @@ mod tests {
         assert_eq!(Rpc::NAMED_METHODS[12], Rpc::ExtAuthzCheck);
     }
 
+    fn callers(list: &str) -> TrustedCallers {
+        list.parse().unwrap()
+    }
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    /// The client of a request from `peer` with `x-forwarded-for: forwarded`
+    /// (several values when it holds `\n`), as the transport resolves it.
+    fn client_of(callers: &TrustedCallers, peer: &str, forwarded: &str) -> IpAddr {
+        let mut h = http::HeaderMap::new();
+        for value in forwarded.split('\n').filter(|v| !v.is_empty()) {
+            h.append(FORWARDED_FOR, value.parse().unwrap());
+        }
+        let peer = ip(peer);
+        if callers.trusts(peer, None) {
+            callers.forwarded_client(&h, peer)
+        } else {
+            peer.to_canonical()
+        }
+    }
+
     #[test]
-    fn the_forwarded_client_counts_only_when_trusted() {
-        let peer: IpAddr = "10.0.0.1".parse().unwrap();
-        let h = headers("203.0.113.9, 10.0.0.1");
-        assert_eq!(client_ip(&h, Some(peer), false), Some(peer));
-        assert_eq!(
-            client_ip(&h, Some(peer), true),
-            Some("203.0.113.9".parse().unwrap())
+    fn the_list_holds_networks_addresses_and_identities() {
+        let c = callers(
+            " 10.0.0.0/8, fd00::/8 ,192.0.2.7,2001:db8::1,,spiffe://cluster.local/ns/signup/sa/signup,\
+             signup.corp, 10.1.2.3/16, ::ffff:198.51.100.0/120",
         );
-        assert_eq!(client_ip(&headers("unknown"), Some(peer), true), Some(peer));
+        assert!(!c.is_empty());
+        for trusted in [
+            "10.200.0.1",
+            "fd12::5",
+            "192.0.2.7",
+            "2001:db8::1",
+            // A network with host bits set is the network.
+            "10.1.99.99",
+            // An IPv4-mapped network is the IPv4 one; mapped peers are canonical.
+            "198.51.100.9",
+            "::ffff:198.51.100.9",
+            "::ffff:10.0.0.1",
+        ] {
+            assert!(c.trusts(ip(trusted), None), "{trusted}");
+        }
+        for untrusted in [
+            "11.0.0.1",
+            "192.0.2.8",
+            "2001:db8::2",
+            "fe80::1",
+            "198.51.101.1",
+        ] {
+            assert!(!c.trusts(ip(untrusted), None), "{untrusted}");
+        }
+        let id = |s: &str| ClientIdentity(std::sync::Arc::from(s));
+        let outside = ip("203.0.113.1");
+        assert!(c.trusts(
+            outside,
+            Some(&id("spiffe://cluster.local/ns/signup/sa/signup"))
+        ));
+        assert!(c.trusts(outside, Some(&id("signup.corp"))));
+        assert!(!c.trusts(
+            outside,
+            Some(&id("spiffe://cluster.local/ns/other/sa/other"))
+        ));
+        assert!(!c.trusts(outside, None));
+        assert!("".parse::<TrustedCallers>().unwrap().is_empty());
+        assert!(" , ".parse::<TrustedCallers>().unwrap().is_empty());
+        assert!(!TrustedCallers::default().trusts(ip("127.0.0.1"), None));
         assert_eq!(
-            client_ip(&headers("[2001:db8::1]:4711"), Some(peer), true),
-            Some("2001:db8::1".parse().unwrap())
+            callers("10.1.2.3/16, 192.0.2.7,spiffe://a, ::ffff:10.0.0.0/104").to_string(),
+            "10.1.0.0/16,192.0.2.7/32,10.0.0.0/8,spiffe://a"
         );
-        let mapped: IpAddr = "::ffff:10.0.0.7".parse().unwrap();
+        assert_eq!(TrustedCallers::default().to_string(), "none");
+    }
+
+    #[test]
+    fn a_bad_entry_is_named() {
+        for bad in [
+            "10.0.0.0/33",
+            "10.0.0.256",
+            "10.0.0",
+            "fd00::/129",
+            "fd00::1::2",
+            "[::1]",
+            "10.0.0.1:80",
+            "10.0.0.0/8/8",
+        ] {
+            let err = format!("10.0.0.0/8,{bad}")
+                .parse::<TrustedCallers>()
+                .unwrap_err();
+            assert!(err.contains(&format!("{bad:?}")), "{bad}: {err}");
+            assert!(!err.contains('\n'), "{err}");
+        }
+        let long = "x".repeat(MAX_IDENTITY_BYTES + 1);
+        assert!(long.parse::<TrustedCallers>().is_err());
+        assert!("spiffe://a/\u{7}b".parse::<TrustedCallers>().is_err());
+        let many: Vec<String> = (0..=TrustedCallers::MAX_ENTRIES)
+            .map(|n| format!("10.{}.{}.0/24", n / 256, n % 256))
+            .collect();
+        let err = many.join(",").parse::<TrustedCallers>().unwrap_err();
+        assert!(err.contains("more than 256 entries"), "{err}");
+        assert!(many[1..].join(",").parse::<TrustedCallers>().is_ok());
+    }
+
+    #[test]
+    fn an_untrusted_caller_is_its_own_client_whatever_it_forwards() {
+        let c = callers("10.0.0.0/8");
+        assert_eq!(client_of(&c, "192.0.2.1", "203.0.113.9"), ip("192.0.2.1"));
         assert_eq!(
-            client_ip(&http::HeaderMap::new(), Some(mapped), false),
-            Some("10.0.0.7".parse().unwrap())
+            client_of(&c, "::ffff:192.0.2.1", "203.0.113.9"),
+            ip("192.0.2.1")
         );
+        let nobody = TrustedCallers::default();
+        assert_eq!(
+            client_of(&nobody, "10.0.0.1", "203.0.113.9"),
+            ip("10.0.0.1")
+        );
+    }
+
+    #[test]
+    fn the_walk_runs_from_the_right_past_trusted_proxies() {
+        let c = callers("10.0.0.0/8,fd00::/8");
+        let peer = "10.0.0.1";
+        // A trusted caller that forwards nothing, or an empty header, is its own client.
+        assert_eq!(client_of(&c, peer, ""), ip(peer));
+        assert_eq!(client_of(&c, peer, " , "), ip(peer));
+        assert_eq!(client_of(&c, peer, "203.0.113.9"), ip("203.0.113.9"));
+        // A spoofed leftmost entry is ignored: the rightmost untrusted one counts.
+        assert_eq!(
+            client_of(&c, peer, "198.51.100.66, 203.0.113.9, 10.0.0.2, 10.0.0.3"),
+            ip("203.0.113.9")
+        );
+        // Every value of the header, in order, as one list.
+        assert_eq!(
+            client_of(&c, peer, "198.51.100.66\n203.0.113.9, 10.0.0.2\n10.0.0.3"),
+            ip("203.0.113.9")
+        );
+        assert_eq!(
+            client_of(&c, peer, "198.51.100.66\n10.0.0.2"),
+            ip("198.51.100.66")
+        );
+        // Every entry trusted: the leftmost.
+        assert_eq!(client_of(&c, peer, "10.0.0.9, 10.0.0.2"), ip("10.0.0.9"));
+        // Ports, brackets, IPv6 and mapped addresses.
+        assert_eq!(client_of(&c, peer, "203.0.113.9:4711"), ip("203.0.113.9"));
+        assert_eq!(
+            client_of(&c, peer, "[2001:db8::1]:4711, [fd00::2]"),
+            ip("2001:db8::1")
+        );
+        assert_eq!(client_of(&c, peer, "[2001:db8::1]"), ip("2001:db8::1"));
+        assert_eq!(client_of(&c, peer, "2001:db8::1"), ip("2001:db8::1"));
+        assert_eq!(client_of(&c, peer, "::ffff:203.0.113.9"), ip("203.0.113.9"));
+        assert_eq!(
+            client_of(&c, peer, "203.0.113.9, [::ffff:10.0.0.2]:80"),
+            ip("203.0.113.9")
+        );
+        assert_eq!(client_of(&c, "fd00::7", "2001:db8::9"), ip("2001:db8::9"));
+        assert_eq!(
+            client_of(&c, "::ffff:10.0.0.1", "203.0.113.9"),
+            ip("203.0.113.9")
+        );
+    }
+
+    #[test]
+    fn an_entry_that_is_no_address_ends_the_walk() {
+        let c = callers("10.0.0.0/8");
+        let peer = "10.0.0.1";
+        assert_eq!(client_of(&c, peer, "unknown"), ip(peer));
+        assert_eq!(client_of(&c, peer, "203.0.113.9, unknown"), ip(peer));
+        // The last address read, a trusted one, when garbage stands before it.
+        assert_eq!(
+            client_of(&c, peer, "203.0.113.9, junk, 10.0.0.5"),
+            ip("10.0.0.5")
+        );
+        assert_eq!(
+            client_of(&c, peer, "203.0.113.9, junk, 192.0.2.5"),
+            ip("192.0.2.5")
+        );
+        for junk in [
+            "2001:db8:::1",
+            "[2001:db8::1",
+            "203.0.113.9:port",
+            "fe80::1%eth0",
+            "_hidden",
+            "203.0.113.9 198.51.100.1",
+        ] {
+            assert_eq!(client_of(&c, peer, junk), ip(peer), "{junk}");
+        }
+        // Bytes that are no text.
+        let mut h = http::HeaderMap::new();
+        h.insert(
+            FORWARDED_FOR,
+            http::HeaderValue::from_bytes(b"203.0.113.9, \xff").unwrap(),
+        );
+        assert_eq!(c.forwarded_client(&h, ip(peer)), ip(peer));
+    }
+
+    #[test]
+    fn the_walk_looks_at_a_bounded_number_of_entries() {
+        let c = callers("10.0.0.0/8");
+        let peer = "10.0.0.1";
+        let proxies = |n: usize| -> Vec<String> {
+            (0..n)
+                .map(|i| format!("10.0.{}.{}", i / 250, i % 250 + 1))
+                .collect()
+        };
+        // The client behind as many trusted proxies as the bound: found.
+        let mut hops = proxies(MAX_FORWARDED_HOPS - 1);
+        hops.insert(0, "203.0.113.9".into());
+        assert_eq!(client_of(&c, peer, &hops.join(", ")), ip("203.0.113.9"));
+        // Behind more: the walk ends at the last address it read.
+        let mut hops = proxies(MAX_FORWARDED_HOPS);
+        let last_read = ip(&hops[0]);
+        hops.insert(0, "203.0.113.9".into());
+        assert_eq!(client_of(&c, peer, &hops.join(", ")), last_read);
+        // Thousands of entries (within the transport's header bound): the rightmost
+        // untrusted one, found at once.
+        let many = vec!["198.51.100.1"; 1500].join(",");
+        assert_eq!(client_of(&c, peer, &many), ip("198.51.100.1"));
+        // Empty entries count too: a few are skipped, a flood of them ends the walk.
+        assert_eq!(client_of(&c, peer, "203.0.113.9,, ,"), ip("203.0.113.9"));
+        let flood = format!("203.0.113.9{}", ",".repeat(5000));
+        assert_eq!(client_of(&c, peer, &flood), ip(peer));
+    }
+
+    #[test]
+    fn everyone_trusted_is_the_leftmost_hop() {
+        let c = TrustedCallers::everyone();
+        assert!(c.trusts(ip("192.0.2.1"), None) && c.trusts(ip("2001:db8::1"), None));
+        assert_eq!(
+            client_of(&c, "192.0.2.1", "203.0.113.9, 10.0.0.1"),
+            ip("203.0.113.9")
+        );
+        assert_eq!(client_of(&c, "192.0.2.1", "unknown"), ip("192.0.2.1"));
+        let both = callers("10.0.0.0/8,spiffe://a").union(&TrustedCallers::everyone());
+        assert_eq!(both.nets.len(), 3);
+        assert_eq!(
+            both.union(&callers("10.0.0.0/8,spiffe://a"))
+                .identities
+                .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn the_client_is_the_transport_s_else_the_canonical_peer() {
+        let mut request = http::Request::new(());
+        assert_eq!(request_client(&request), UNKNOWN_CLIENT);
+        request.extensions_mut().insert(TcpConnectInfo {
+            local_addr: None,
+            remote_addr: Some("[::ffff:10.0.0.7]:5000".parse().unwrap()),
+        });
+        assert_eq!(request_client(&request), ip("10.0.0.7"));
+        request.extensions_mut().insert(Client(ip("203.0.113.9")));
+        assert_eq!(client_ip(request.extensions()), Some(ip("203.0.113.9")));
     }
 }

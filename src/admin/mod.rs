@@ -58,8 +58,6 @@ pub struct AdminSettings {
     pub allow: Vec<(Role, String)>,
     /// Calls a second, and as many at once (the bucket's size).
     pub rate: u32,
-    /// Identify clients by the first `x-forwarded-for` hop (for the audit trail).
-    pub trust_forwarded_for: bool,
 }
 
 /// One budget of calls for the whole listener: a token bucket of `rate` a second.
@@ -103,7 +101,6 @@ pub struct AdminApi {
     rate: u32,
     audit: Audit,
     metrics: AdminMetrics,
-    trust_forwarded_for: bool,
 }
 
 /// What a method needs of its caller's key.
@@ -130,7 +127,6 @@ impl AdminApi {
             rate: settings.rate,
             audit,
             metrics,
-            trust_forwarded_for: settings.trust_forwarded_for,
         }
     }
 
@@ -143,11 +139,7 @@ impl AdminApi {
         Caller {
             request_id: (request.extensions().get::<rpc::RequestId>())
                 .map(|id| id.as_str().to_owned()),
-            client: rpc::client_ip(
-                request.metadata().as_ref(),
-                rpc::peer_ip(request.extensions()),
-                self.trust_forwarded_for,
-            ),
+            client: rpc::client_ip(request.extensions()),
             identity: rpc::client_identity(request.extensions()).map(|i| i.as_str().to_owned()),
             trace_id: crate::otel::current_trace_id(),
         }

@@ -56,11 +56,7 @@ pub struct AdminConfig {
 impl AdminConfig {
     /// The admin service's settings, with the keys read; `None` while the admin
     /// listener is off.
-    pub fn settings(
-        &self,
-        trust_forwarded_for: bool,
-        mutual_tls: bool,
-    ) -> anyhow::Result<Option<AdminSettings>> {
+    pub fn settings(&self, mutual_tls: bool) -> anyhow::Result<Option<AdminSettings>> {
         if self.admin_listen.addr().is_none() {
             return Ok(None);
         }
@@ -88,7 +84,6 @@ impl AdminConfig {
             keys,
             allow: self.admin_allow.clone(),
             rate: self.admin_rate,
-            trust_forwarded_for,
         }))
     }
 }

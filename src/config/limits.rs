@@ -1,6 +1,7 @@
 //! The options of the limits shared through Redis: the Redis server (or the file
 //! holding its URL) and how a request fares while it fails, the rate-limit rules and
-//! the Register limit, and the login throttle.
+//! the Register limit, the login throttle, and who the client they count is (the
+//! trusted callers, whose `x-forwarded-for` names it).
 //!
 //! [`LimitsConfig::rate_limiter`] and [`LimitsConfig::throttle`] build the two
 //! components' settings; the throttle's refuses thresholds that do not go together.
@@ -10,6 +11,7 @@ use super::parse::{positive_duration, read_secret_file};
 use crate::{
     ratelimit::{FailureMode, RateLimits, RegisterLimit, Settings as RateLimitSettings},
     redis::SharedRedis,
+    rpc::TrustedCallers,
     secret::{self, RedisUrl},
     throttle::Settings as ThrottleSettings,
 };
@@ -87,12 +89,25 @@ pub struct LimitsConfig {
     )]
     pub rate_limit_failure: FailureMode,
 
-    /// Count `peer` rules by the first x-forwarded-for hop instead of the connection's
-    /// address: only behind a proxy that sets that header (clients can forge it).
+    /// Callers that may name their end user's address in x-forwarded-for, as CIDRs,
+    /// addresses or mutual-TLS client identities, e.g.
+    /// 10.0.0.0/8,fd00::/8,spiffe://cluster.local/ns/signup/sa/signup: a request from
+    /// one counts for the rightmost x-forwarded-for address that is not itself in a
+    /// trusted network (or for the caller, when it forwards none) in every
+    /// per-client limit (peer rules, the Register limit, the login throttle, fair
+    /// shares) and in the audit trail. At most 256 entries [default: none; every
+    /// client is its connection's address].
+    #[arg(long, env = "AUTHD_TRUSTED_CALLERS", global = true, display_order = 57)]
+    pub trusted_callers: Option<TrustedCallers>,
+
+    /// Superseded by --trusted-callers: true trusts every caller's x-forwarded-for
+    /// (as --trusted-callers=0.0.0.0/0,::/0 would, so the client is the first hop);
+    /// only behind a proxy that sets that header, since clients can forge it.
+    /// Kept for existing configurations; with --trusted-callers, both apply.
     #[arg(long, env = "AUTHD_TRUST_FORWARDED_FOR", default_value_t = false,
           num_args = 0..=1, require_equals = true, default_missing_value = "true",
           action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new(),
-          global = true, display_order = 57)]
+          global = true, display_order = 96)]
     pub trust_forwarded_for: bool,
 
     /// Most keys the in-process rate limiter tracks; beyond it, requests with keys not
@@ -195,10 +210,19 @@ impl LimitsConfig {
             prefix: self.rate_limit_prefix.clone(),
             redis_timeout: self.redis_timeout,
             failure: self.rate_limit_failure,
-            trust_forwarded_for: self.trust_forwarded_for,
             max_local_keys: self.rate_limit_max_keys as usize,
             descriptors: self.rate_limit_rules_file.is_some(),
             clock: (self.rate_limit_clock.clone()).map(|c| c as Arc<dyn crate::clock::Clock>),
+        })
+    }
+
+    /// Who may name the client of its requests in `x-forwarded-for`: the callers of
+    /// --trusted-callers, and everyone with --trust-forwarded-for.
+    pub(crate) fn trusted_callers(&self) -> Arc<TrustedCallers> {
+        let listed = self.trusted_callers.clone().unwrap_or_default();
+        Arc::new(match self.trust_forwarded_for {
+            true => listed.union(&TrustedCallers::everyone()),
+            false => listed,
         })
     }
 

@@ -22,8 +22,8 @@ pub struct OverloadConfig {
           display_order = 16)]
     pub max_in_flight: u32,
 
-    /// AuthService requests one client (IP address; the x-forwarded-for client with
-    /// --trust-forwarded-for) may always have open at once, being received or in flight;
+    /// AuthService requests one client (IP address; the x-forwarded-for client of a
+    /// --trusted-callers caller) may always have open at once, being received or in flight;
     /// past it a client may open more while more than this many places of
     /// --max-in-flight stay free, beyond that RESOURCE_EXHAUSTED [default: a quarter of
     /// --max-in-flight].
@@ -46,7 +46,7 @@ pub struct OverloadConfig {
     /// requests of its kind are answered at and the requests ahead of it); otherwise
     /// RESOURCE_EXHAUSTED at once, with the predicted wait as its retry hint.
     #[arg(long, env = "AUTHD_MAX_WAIT", default_value = "5s",
-          value_parser = positive_up_to_an_hour, global = true, display_order = 96)]
+          value_parser = positive_up_to_an_hour, global = true, display_order = 97)]
     pub max_wait: Duration,
 
     /// Longest a refused request is held before its answer: a RESOURCE_EXHAUSTED answer
@@ -75,7 +75,7 @@ pub struct OverloadConfig {
     pub refusal_hold_max: u32,
 
     /// Refused requests held at once for one client (IP address; the x-forwarded-for
-    /// client with --trust-forwarded-for) [default: half of --refusal-hold-max].
+    /// client of a --trusted-callers caller) [default: half of --refusal-hold-max].
     #[arg(long, env = "AUTHD_REFUSAL_HOLD_MAX_PER_CLIENT",
           value_parser = clap::value_parser!(u32).range(1..=1_000_000), global = true,
           display_order = 22)]
@@ -103,31 +103,24 @@ impl OverloadConfig {
     }
 
     /// The admission layer's settings: `max_body_bytes` is the largest request worth
-    /// receiving (the server's message limit, framing included), and
-    /// `trust_forwarded_for` tells who a client is (`--trust-forwarded-for`).
-    pub(crate) fn admission(
-        &self,
-        max_body_bytes: usize,
-        trust_forwarded_for: bool,
-    ) -> AdmissionSettings {
+    /// receiving (the server's message limit, framing included).
+    pub(crate) fn admission(&self, max_body_bytes: usize) -> AdmissionSettings {
         AdmissionSettings {
             max_in_flight: self.max_in_flight,
             max_per_client: self.max_in_flight_per_client(),
             receive_timeout: self.receive_timeout,
             max_body_bytes,
-            trust_forwarded_for,
             max_wait: self.max_wait,
         }
     }
 
-    /// The pushback layer's settings; `trust_forwarded_for` as for [`Self::admission`].
-    pub(crate) fn pushback(&self, trust_forwarded_for: bool) -> PushbackSettings {
+    /// The pushback layer's settings.
+    pub(crate) fn pushback(&self) -> PushbackSettings {
         PushbackSettings {
             max_hold: self.refusal_hold,
             rate: self.refusal_rate,
             max_held: self.refusal_hold_max,
             max_held_per_client: self.refusal_hold_max_per_client(),
-            trust_forwarded_for,
         }
     }
 }
@@ -161,16 +154,15 @@ mod tests {
         let mut c = Config::defaults().overload;
         c.max_in_flight = 100;
         c.refusal_hold_max = 10;
-        assert_eq!(c.admission(1024, false).max_per_client, 25);
-        assert_eq!(c.admission(1024, false).max_wait, Duration::from_secs(5));
-        assert_eq!(c.pushback(true).max_held_per_client, 5);
-        assert!(c.pushback(true).trust_forwarded_for);
+        assert_eq!(c.admission(1024).max_per_client, 25);
+        assert_eq!(c.admission(1024).max_wait, Duration::from_secs(5));
+        assert_eq!(c.pushback().max_held_per_client, 5);
         c.max_in_flight = 1;
         c.refusal_hold_max = 1;
         assert_eq!(c.max_in_flight_per_client(), 1);
         assert_eq!(c.refusal_hold_max_per_client(), 1);
         c.max_in_flight_per_client = Some(7);
-        assert_eq!(c.admission(1024, false).max_per_client, 7);
+        assert_eq!(c.admission(1024).max_per_client, 7);
     }
 
     #[test]

@@ -88,8 +88,6 @@ pub struct AdmissionSettings {
     pub receive_timeout: Duration,
     /// The largest request body (gRPC framing included) worth receiving.
     pub max_body_bytes: usize,
-    /// Identify clients by the first `x-forwarded-for` hop (behind a trusted proxy).
-    pub trust_forwarded_for: bool,
     /// The deadline of a call that brings none, from its arrival.
     pub max_wait: Duration,
 }
@@ -358,7 +356,7 @@ impl Middleware for Admission {
         // ours (the request had to travel), and a client that times out by itself
         // reports a bare CANCELLED or DEADLINE_EXCEEDED with no server status.
         let answer_by = deadline - (timeout / 20).min(Duration::from_millis(20));
-        let client = rpc::request_client(&req, self.settings.trust_forwarded_for);
+        let client = rpc::request_client(&req);
         // The share covers the request from its headers to its answer, receiving included.
         let Some(share) = self.open(client, Kind::of(rpc)) else {
             self.metrics.admission_client.inc();
@@ -446,7 +444,6 @@ pub(crate) mod tests {
             max_per_client,
             receive_timeout: Duration::from_secs(5),
             max_body_bytes: 64,
-            trust_forwarded_for: false,
             max_wait: Duration::from_secs(60),
         }
     }

@@ -74,8 +74,6 @@ pub struct PushbackSettings {
     pub max_held: u32,
     /// Refusals held at once for one client.
     pub max_held_per_client: u32,
-    /// Identify clients by the first `x-forwarded-for` hop (behind a trusted proxy).
-    pub trust_forwarded_for: bool,
 }
 
 /// Shared state of the pushback layer.
@@ -213,7 +211,7 @@ impl Middleware for Pushback {
         }
         let arrived = Instant::now();
         let deadline = rpc::grpc_timeout(req.headers()).and_then(|t| arrived.checked_add(t));
-        let client = rpc::request_client(&req, self.settings.trust_forwarded_for);
+        let client = rpc::request_client(&req);
         Box::pin(async move {
             // The time the layers below spend on the request, polled on this runtime:
             // for a refusal, what refusing it cost.
@@ -282,7 +280,6 @@ mod tests {
             rate: 1_000_000,
             max_held,
             max_held_per_client: per_client,
-            trust_forwarded_for: false,
         }
     }
 

@@ -7,8 +7,10 @@
 //!   back in the response's `x-request-id`, which HPACK sends unindexed like the
 //!   other values that differ in every answer (see `never_indexed`).
 //! - The event carries the method, the peer, the gRPC code, the latency, the request
-//!   id, under mutual TLS the client certificate's identity (`client`) and, when a
-//!   handler put a [`UserId`] in the response, the user. Never a
+//!   id, under mutual TLS the client certificate's identity (`client`), the end user
+//!   a trusted caller forwarded when it is not the peer (`forwarded_for`, the client
+//!   every per-client bound counts) and, when a handler put a [`UserId`] in the
+//!   response, the user. Never a
 //!   request or response body: passwords and tokens cannot reach the log from here.
 //!   Health and reflection are logged at debug level only (probes every few seconds
 //!   would bury everything else) but counted like the rest.
@@ -34,7 +36,13 @@ use opentelemetry::{
     Context,
     context::{FutureExt as _, WithContext},
 };
-use std::{net::SocketAddr, pin::Pin, sync::Arc, task::Poll, time::Instant};
+use std::{
+    net::{IpAddr, SocketAddr},
+    pin::Pin,
+    sync::Arc,
+    task::Poll,
+    time::Instant,
+};
 use tonic::transport::server::TcpConnectInfo;
 use tower::Service;
 
@@ -81,6 +89,8 @@ impl Middleware for Trace {
             .get::<TcpConnectInfo>()
             .and_then(|info| info.remote_addr());
         let client = rpc::client_identity(req.extensions()).cloned();
+        let forwarded_for = rpc::client_ip(req.extensions())
+            .filter(|ip| peer.is_none_or(|peer| peer.ip().to_canonical() != *ip));
         req.extensions_mut().insert(RequestId(request_id.clone()));
         // Health and reflection only when a caller traces them: probes every few
         // seconds would bury the traces of real requests.
@@ -102,6 +112,7 @@ impl Middleware for Trace {
             started,
         );
         pending.trace_id = trace_id;
+        pending.forwarded_for = forwarded_for;
         let response = match &span {
             // The layers below and the handler run inside the span's context.
             Some(cx) => {
@@ -167,6 +178,8 @@ struct Pending {
     peer: Option<SocketAddr>,
     /// The client certificate's identity, under mutual TLS.
     client: Option<ClientIdentity>,
+    /// The client a trusted caller named, when it is not the peer.
+    forwarded_for: Option<IpAddr>,
     unknown_path: Option<String>,
     started: Instant,
     finished: bool,
@@ -195,6 +208,7 @@ impl Pending {
             request_id,
             peer,
             client,
+            forwarded_for: None,
             unknown_path,
             started,
             finished: false,
@@ -222,6 +236,7 @@ impl Pending {
         let peer = self.peer.map(tracing::field::display);
         let user_id = user.map(|u| u.0.as_str());
         let client = self.client.as_ref().map(ClientIdentity::as_str);
+        let forwarded_for = self.forwarded_for.map(tracing::field::display);
         let path = self.unknown_path.as_deref();
         let trace_id = self.trace_id.as_deref();
         let decision = self.decision.map(|d| d.outcome);
@@ -233,6 +248,7 @@ impl Pending {
                 method = rpc.method(),
                 peer,
                 client,
+                forwarded_for,
                 code,
                 latency_ms,
                 trace_id,
@@ -246,6 +262,7 @@ impl Pending {
                 path,
                 peer,
                 client,
+                forwarded_for,
                 code,
                 latency_ms,
                 user_id,
@@ -398,6 +415,42 @@ mod tests {
         assert!(text.contains(r#"method="Check""#), "{text}");
         assert!(text.contains(r#"decision="deny""#), "{text}");
         assert!(text.contains(r#"reason="revoked""#), "{text}");
+    }
+
+    #[tokio::test]
+    async fn the_request_line_names_a_forwarded_client_that_is_not_the_peer() {
+        // As above: a global subscriber beside this test's own.
+        let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry());
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let svc = service(Arc::new(Metrics::new()), None);
+        for (id, client) in [("named", "203.0.113.9"), ("itself", "10.0.0.1")] {
+            let mut req = request("/auth.v1.AuthService/Login", Some(id));
+            req.extensions_mut().insert(TcpConnectInfo {
+                local_addr: None,
+                remote_addr: Some("[::ffff:10.0.0.1]:5000".parse().unwrap()),
+            });
+            req.extensions_mut()
+                .insert(rpc::Client(client.parse().unwrap()));
+            svc.clone().oneshot(req).await.unwrap();
+        }
+        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        let line = |id: &str| {
+            (text.lines())
+                .find(|l| l.contains(&format!("request_id=\"{id}\"")))
+                .unwrap_or_else(|| panic!("no line for {id}: {text}"))
+                .to_owned()
+        };
+        assert!(
+            line("named").contains("forwarded_for=203.0.113.9"),
+            "{text}"
+        );
+        assert!(!line("itself").contains("forwarded_for"), "{text}");
     }
 
     #[tokio::test]

@@ -21,28 +21,25 @@ pub(crate) struct Keys {
     /// Per rule, the start of its keys: `{prefix}:{method}:{kind}:{window_ms}:`,
     /// built once so a decision allocates only the key itself.
     starts: Vec<String>,
-    trust_forwarded_for: bool,
 }
 
 impl Keys {
-    pub(crate) fn new(rules: &RateLimits, prefix: &str, trust_forwarded_for: bool) -> Self {
+    pub(crate) fn new(rules: &RateLimits, prefix: &str) -> Self {
         let starts = (rules.rules().iter())
             .map(|rule| format!("{prefix}:{}:", rule.key_stem()))
             .collect();
-        Self {
-            starts,
-            trust_forwarded_for,
-        }
+        Self { starts }
     }
 
     /// The checks a request must pass: one per matching rule that yields a key.
-    /// Empty when no rule applies (the request is not counted at all).
+    /// Empty when no rule applies (the request is not counted at all). `client` is
+    /// the request's (`rpc::client_ip`), which a `peer` rule counts.
     pub(crate) fn plan(
         &self,
         rules: &RateLimits,
         method: &str,
         headers: &http::HeaderMap,
-        peer: Option<IpAddr>,
+        client: Option<IpAddr>,
         identity: Option<&ClientIdentity>,
     ) -> Vec<Check> {
         let mut checks = Vec::new();
@@ -57,7 +54,7 @@ impl Keys {
             match &rule.key {
                 KeyKind::Global => {}
                 KeyKind::Peer => {
-                    match crate::rpc::client_ip(headers, peer, self.trust_forwarded_for) {
+                    match client {
                         Some(ip) => {
                             use std::fmt::Write as _;
                             let _ = write!(key, "{ip}"); // writing to a String cannot fail
@@ -135,15 +132,10 @@ fn header_key(value: &[u8]) -> String {
 mod tests {
     use super::*;
 
-    fn keys(
-        rules: &str,
-        trust_forwarded_for: bool,
-        method: &str,
-        headers: &[(&str, &str)],
-        peer: &str,
-    ) -> Vec<String> {
+    /// The keys of a request whose client is `client` (as `rpc::client_ip` has it).
+    fn keys(rules: &str, method: &str, headers: &[(&str, &str)], client: &str) -> Vec<String> {
         let rules: RateLimits = rules.parse().unwrap();
-        let planner = Keys::new(&rules, "p", trust_forwarded_for);
+        let planner = Keys::new(&rules, "p");
         let mut map = http::HeaderMap::new();
         for (k, v) in headers {
             map.append(
@@ -152,7 +144,7 @@ mod tests {
             );
         }
         planner
-            .plan(&rules, method, &map, Some(peer.parse().unwrap()), None)
+            .plan(&rules, method, &map, Some(client.parse().unwrap()), None)
             .into_iter()
             .map(|c| c.key)
             .collect()
@@ -162,7 +154,7 @@ mod tests {
     fn keys_name_the_rule_and_the_subject() {
         let l = "Login:peer=20/1s,*:global=1000/1m,*:header:x-client-id=5/1s,Register:peer=1/1s";
         assert_eq!(
-            keys(l, false, "Login", &[("x-client-id", "app-1")], "10.0.0.7"),
+            keys(l, "Login", &[("x-client-id", "app-1")], "10.0.0.7"),
             [
                 "p:Login:peer:1000:{10.0.0.7}",
                 "p:*:global:60000:{}",
@@ -171,28 +163,31 @@ mod tests {
         );
         // No header: the header rule does not apply.
         assert_eq!(
-            keys(l, false, "ValidateToken", &[], "10.0.0.7"),
+            keys(l, "ValidateToken", &[], "10.0.0.7"),
             ["p:*:global:60000:{}"]
         );
-        // IPv4-mapped IPv6 is the same client as IPv4.
+        // The client is the request's, whatever the header says (`rpc` resolves it).
         assert_eq!(
-            keys(l, false, "Register", &[], "::ffff:10.0.0.7")[1],
-            "p:Register:peer:1000:{10.0.0.7}"
+            keys(
+                l,
+                "Register",
+                &[("x-forwarded-for", "203.0.113.9")],
+                "2001:db8::1"
+            )[1],
+            "p:Register:peer:1000:{2001:db8::1}"
         );
+        let rules: RateLimits = l.parse().unwrap();
+        let no_client =
+            Keys::new(&rules, "p").plan(&rules, "Register", &http::HeaderMap::new(), None, None);
+        assert_eq!(no_client[1].key, "p:Register:peer:1000:{unknown}");
         // Odd or long header values are hashed: fixed size, no separators.
-        let odd = keys(l, false, "Login", &[("x-client-id", "a:b c")], "10.0.0.7");
+        let odd = keys(l, "Login", &[("x-client-id", "a:b c")], "10.0.0.7");
         assert!(
             odd[2].starts_with("p:*:header:x-client-id:1000:{sha256:"),
             "{odd:?}"
         );
         let long = "x".repeat(200);
-        let long = keys(
-            l,
-            false,
-            "Login",
-            &[("x-client-id", long.as_str())],
-            "10.0.0.7",
-        );
+        let long = keys(l, "Login", &[("x-client-id", long.as_str())], "10.0.0.7");
         assert_eq!(
             long[2].len(),
             "p:*:header:x-client-id:1000:{sha256:".len() + 33
@@ -202,7 +197,7 @@ mod tests {
     #[test]
     fn client_cert_keys_count_each_identity_and_skip_requests_without_one() {
         let rules: RateLimits = "*:client-cert=5/1s".parse().unwrap();
-        let planner = Keys::new(&rules, "p", false);
+        let planner = Keys::new(&rules, "p");
         let plan = |identity: Option<&str>| -> Vec<String> {
             let identity = identity.map(|i| ClientIdentity(i.into()));
             planner
@@ -233,42 +228,6 @@ mod tests {
         assert_eq!(
             plan(Some(&long))[0].len(),
             "p:*:client-cert:1000:{#sha256:".len() + 33
-        );
-    }
-
-    #[test]
-    fn forwarded_for_is_used_only_when_trusted() {
-        let headers = [("x-forwarded-for", "203.0.113.9, 10.0.0.1")];
-
-        assert_eq!(
-            keys("Login:peer=1/1s", false, "Login", &headers, "10.0.0.1"),
-            ["p:Login:peer:1000:{10.0.0.1}"]
-        );
-
-        assert_eq!(
-            keys("Login:peer=1/1s", true, "Login", &headers, "10.0.0.1"),
-            ["p:Login:peer:1000:{203.0.113.9}"]
-        );
-        // A hop that is not an address: the connection's peer.
-        assert_eq!(
-            keys(
-                "Login:peer=1/1s",
-                true,
-                "Login",
-                &[("x-forwarded-for", "unknown")],
-                "10.0.0.1"
-            ),
-            ["p:Login:peer:1000:{10.0.0.1}"]
-        );
-        assert_eq!(
-            keys(
-                "Login:peer=1/1s",
-                true,
-                "Login",
-                &[("x-forwarded-for", "[2001:db8::1]:4711")],
-                "10.0.0.1"
-            ),
-            ["p:Login:peer:1000:{2001:db8::1}"]
         );
     }
 }

@@ -4,7 +4,7 @@
 //! adds `ratelimit-limit` / `ratelimit-remaining` / `ratelimit-reset` to the
 //! response headers.
 //!
-//! It owns reading the request (method from the path, peer address, headers) and
+//! It owns reading the request (method from the path, client address, headers) and
 //! writing the response metadata. It must never queue a request (tower's own
 //! `RateLimit` waits for a slot; this refuses), and never limit health or
 //! reflection: probes and tooling must answer however busy the service is.
@@ -39,9 +39,9 @@ impl Middleware for RateLimiter {
         }
         // `/auth.v1.AuthService/Login` → `Login` (an unknown path counts for `*` rules).
         let method = path.rsplit('/').next().unwrap_or_default();
-        let peer = rpc::peer_ip(req.extensions());
+        let client = rpc::client_ip(req.extensions());
         let identity = rpc::client_identity(req.extensions());
-        let checks = self.plan(method, req.headers(), peer, identity);
+        let checks = self.plan(method, req.headers(), client, identity);
         if checks.is_empty() {
             return Box::pin(inner.call(req));
         }
@@ -97,7 +97,6 @@ mod tests {
             prefix: "test".into(),
             redis_timeout: Duration::from_millis(50),
             failure: FailureMode::Open,
-            trust_forwarded_for: false,
             max_local_keys: 1000,
             descriptors: false,
             clock: None,

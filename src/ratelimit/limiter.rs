@@ -173,7 +173,6 @@ impl LimiterMetrics {
 pub struct RateLimiter {
     set: arc_swap::ArcSwap<RuleSet>,
     prefix: String,
-    trust_forwarded_for: bool,
     /// Envoy's rate limit service decides on this limiter too (`super::service`).
     descriptors: bool,
     failure: FailureMode,
@@ -208,18 +207,13 @@ impl RateLimiter {
         );
         let metrics = LimiterMetrics::new(metrics);
         let set = RuleSet {
-            keys: Keys::new(
-                &settings.rules,
-                &settings.prefix,
-                settings.trust_forwarded_for,
-            ),
+            keys: Keys::new(&settings.rules, &settings.prefix),
             counters: metrics.rule_counters(&settings.rules),
             rules: settings.rules,
         };
         RateLimiter {
             set: arc_swap::ArcSwap::from_pointee(set),
             prefix: settings.prefix,
-            trust_forwarded_for: settings.trust_forwarded_for,
             descriptors: settings.descriptors,
             failure: settings.failure,
             clock,
@@ -328,11 +322,11 @@ impl RateLimiter {
         &self,
         method: &str,
         headers: &http::HeaderMap,
-        peer: Option<IpAddr>,
+        client: Option<IpAddr>,
         identity: Option<&crate::rpc::ClientIdentity>,
     ) -> Planned {
         let set = self.set.load_full();
-        let checks = set.keys.plan(&set.rules, method, headers, peer, identity);
+        let checks = set.keys.plan(&set.rules, method, headers, client, identity);
         Planned { set, checks }
     }
 
@@ -346,7 +340,7 @@ impl RateLimiter {
     /// (`keys`), so a rule that did not change keeps them.
     pub(crate) fn replace_rules(&self, rules: RateLimits) {
         let counters = self.metrics.rule_counters(&rules);
-        let keys = Keys::new(&rules, &self.prefix, self.trust_forwarded_for);
+        let keys = Keys::new(&rules, &self.prefix);
         tracing::info!(rules = %rules, "authd's own rate limits replaced");
         self.set.store(Arc::new(RuleSet {
             rules,
@@ -524,7 +518,6 @@ mod tests {
             prefix: "p".into(),
             redis_timeout: Duration::from_millis(50),
             failure: FailureMode::Open,
-            trust_forwarded_for: false,
             max_local_keys: 1000,
             descriptors: false,
             clock: None,

@@ -45,7 +45,6 @@ pub struct Settings {
     pub prefix: String,
     pub redis_timeout: Duration,
     pub failure: FailureMode,
-    pub trust_forwarded_for: bool,
     /// Most keys the in-process limiter tracks (see `local`).
     pub max_local_keys: usize,
     /// Envoy's rate limit service is served (a rules file is configured): the

@@ -14,7 +14,8 @@ const MAX_WINDOW: Duration = Duration::from_secs(24 * 3600);
 /// What a rule counts requests by.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum KeyKind {
-    /// The client's IP address (or the first `x-forwarded-for` hop when trusted).
+    /// The client's IP address (`rpc::client_ip`: the end user a trusted caller names
+    /// in `x-forwarded-for`, else the connection's peer).
     Peer,
     /// Every request the rule matches, from anyone, on every replica sharing Redis.
     Global,

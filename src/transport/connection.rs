@@ -7,7 +7,10 @@ use super::{
     io::{FirstBytes, HTTP2_PREFACE_LEN},
     tls::ServerTls,
 };
-use crate::{metrics::ListenerMetrics, rpc::ClientIdentity};
+use crate::{
+    metrics::ListenerMetrics,
+    rpc::{Client, ClientIdentity, TrustedCallers},
+};
 use hyper::body::Incoming;
 use hyper_util::{
     rt::{TokioExecutor, TokioIo, TokioTimer},
@@ -16,7 +19,7 @@ use hyper_util::{
 use std::{
     convert::Infallible,
     future::Future,
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     pin::Pin,
     sync::{
         Arc,
@@ -51,6 +54,7 @@ pub(super) async fn serve<S, B>(
     protocol: Protocol,
     tls: Option<Arc<ServerTls>>,
     limits: Arc<Limits>,
+    callers: Arc<TrustedCallers>,
     service: S,
     mut shutdown: watch::Receiver<bool>,
     metrics: ListenerMetrics,
@@ -68,8 +72,9 @@ pub(super) async fn serve<S, B>(
     };
     let Some(tls) = tls else {
         let within = limits.handshake_timeout;
+        let caller = Caller::new(peer, None, &callers);
         return serve_http(
-            stream, within, protocol, info, None, limits, service, shutdown, metrics,
+            stream, within, protocol, info, caller, limits, service, shutdown, metrics,
         )
         .await;
     };
@@ -101,10 +106,49 @@ pub(super) async fn serve<S, B>(
         .and_then(|chain| chain.first())
         .and_then(|cert| super::tls::identity(cert));
     let within = limits.handshake_timeout.saturating_sub(started.elapsed());
+    let caller = Caller::new(peer, identity, &callers);
     serve_http(
-        stream, within, protocol, info, identity, limits, service, shutdown, metrics,
+        stream, within, protocol, info, caller, limits, service, shutdown, metrics,
     )
     .await;
+}
+
+/// Who is at the other end of a connection: its client certificate's identity,
+/// and whether it may name the client of its requests.
+#[derive(Clone)]
+struct Caller {
+    identity: Option<ClientIdentity>,
+    /// The connection's peer (canonical): the client of its requests, unless
+    /// `trusted` says otherwise.
+    peer: IpAddr,
+    /// The trusted callers, when this connection's caller is one of them.
+    trusted: Option<Arc<TrustedCallers>>,
+}
+
+impl Caller {
+    fn new(
+        peer: SocketAddr,
+        identity: Option<ClientIdentity>,
+        callers: &Arc<TrustedCallers>,
+    ) -> Self {
+        let peer = peer.ip().to_canonical();
+        let trusted = callers
+            .trusts(peer, identity.as_ref())
+            .then(|| callers.clone());
+        Self {
+            identity,
+            peer,
+            trusted,
+        }
+    }
+
+    /// The client of a request on this connection.
+    fn client(&self, headers: &http::HeaderMap) -> Client {
+        Client(match &self.trusted {
+            Some(callers) => callers.forwarded_client(headers, self.peer),
+            None => self.peer,
+        })
+    }
 }
 
 /// Serves HTTP on an established byte stream (plain TCP, or TLS once its handshake
@@ -115,7 +159,7 @@ async fn serve_http<IO, S, B>(
     within: Duration,
     protocol: Protocol,
     info: TcpConnectInfo,
-    identity: Option<ClientIdentity>,
+    caller: Caller,
     limits: Arc<Limits>,
     service: S,
     shutdown: watch::Receiver<bool>,
@@ -140,7 +184,7 @@ async fn serve_http<IO, S, B>(
     let service = TowerToHyperService::new(Tracked {
         inner: service,
         info,
-        identity,
+        caller,
         activity: activity.clone(),
     });
     let closed = match protocol {
@@ -305,14 +349,14 @@ fn scopeguard(gauge: prometheus::IntGauge) -> GaugeGuard {
     GaugeGuard(gauge)
 }
 
-/// Adds the connection's addresses (and its client's identity, under mutual TLS) to
-/// every request, and counts it open until its response body has been sent (or
-/// dropped).
+/// Adds the connection's addresses (and its client's identity, under mutual TLS)
+/// and the request's client to every request, and counts it open until its
+/// response body has been sent (or dropped).
 #[derive(Clone)]
 struct Tracked<S> {
     inner: S,
     info: TcpConnectInfo,
-    identity: Option<ClientIdentity>,
+    caller: Caller,
     activity: Arc<Activity>,
 }
 
@@ -334,9 +378,11 @@ where
         // hyper calls a fresh clone for each request (`oneshot`), so no swap is needed.
         let open = self.activity.begin();
         request.extensions_mut().insert(self.info.clone());
-        if let Some(identity) = &self.identity {
+        if let Some(identity) = &self.caller.identity {
             request.extensions_mut().insert(identity.clone());
         }
+        let client = self.caller.client(request.headers());
+        request.extensions_mut().insert(client);
         let response = self.inner.call(request);
         Box::pin(async move {
             let response = response.await?;

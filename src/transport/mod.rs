@@ -22,8 +22,11 @@
 //!   gracefully: requests in flight finish, new ones go elsewhere.
 //!
 //! Each request carries tonic's `TcpConnectInfo` in its extensions, as under tonic's
-//! own server, and under mutual TLS the client's `rpc::ClientIdentity`. This module
-//! knows nothing of gRPC or of what the services do.
+//! own server, under mutual TLS the client's `rpc::ClientIdentity`, and the
+//! `rpc::Client` it is counted for: the connection's peer, or, when the connection's
+//! caller is one of the `rpc::TrustedCallers` (decided once per connection), the end
+//! user its `x-forwarded-for` names. This module knows nothing of gRPC or of what
+//! the services do.
 //!
 //! The accept loop and the caps are here; one connection (its handshake, HTTP
 //! settings, idle timeout and graceful close) is `connection`'s; the reading of its
@@ -48,7 +51,7 @@ use tokio::{
     task::JoinSet,
 };
 
-use crate::metrics::ListenerMetrics;
+use crate::{metrics::ListenerMetrics, rpc::TrustedCallers};
 
 /// The boxed error of a response body.
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -141,7 +144,8 @@ impl<B> ResponseBody for B where
 /// Serves `service` on every connection `listener` accepts, within `limits`, until
 /// `shutdown` turns true; then stops accepting and waits for the connections to
 /// close gracefully. Dropping the returned future closes them all at once. With
-/// `tls`, every connection speaks TLS (HTTP/2 only).
+/// `tls`, every connection speaks TLS (HTTP/2 only). `callers` may name the client
+/// of their requests in `x-forwarded-for`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn serve<S, B>(
     name: &'static str,
@@ -149,6 +153,7 @@ pub(crate) async fn serve<S, B>(
     protocol: Protocol,
     tls: Option<Arc<tls::ServerTls>>,
     limits: Limits,
+    callers: Arc<TrustedCallers>,
     metrics: ListenerMetrics,
     service: S,
     mut shutdown: watch::Receiver<bool>,
@@ -210,6 +215,7 @@ pub(crate) async fn serve<S, B>(
             protocol,
             tls.clone(),
             limits.clone(),
+            callers.clone(),
             service.clone(),
             shutdown.clone(),
             metrics.clone(),

@@ -378,3 +378,47 @@ async fn grpcurl_calls_should_rate_limit_through_reflection() {
     let series = r#"authd_ratelimit_descriptor_decisions_total{domain="edge",outcome="shadow_over_limit",rule="tenant/plan=trial"}"#;
     assert_eq!(metric(&text, series), Some(2.0), "{text}");
 }
+
+/// The security docs' example: a trusted calling service (here grpcurl, from
+/// 127.0.0.1) names its end user with `-H 'x-forwarded-for: …'`, and the Register
+/// limit counts that user.
+#[tokio::test]
+async fn grpcurl_names_a_forwarded_end_user_as_the_security_docs_show() {
+    let Some(grpcurl) =
+        grpcurl_or_skip("grpcurl_names_a_forwarded_end_user_as_the_security_docs_show")
+    else {
+        return;
+    };
+    let mut app = spawn_app_with(|c| {
+        c.limits.trusted_callers = Some("127.0.0.1".parse().unwrap());
+        c.limits.register_limit = "1/1h".parse().unwrap();
+    })
+    .await;
+    let register_for = |end_user: &str, username: &str| {
+        let mut command = Command::new(&grpcurl);
+        command
+            .args(["-plaintext", "-max-time", "30", "-H"])
+            .arg(format!("x-forwarded-for: {end_user}"))
+            .arg("-d")
+            .arg(serde_json::json!({"username": username, "password": PASSWORD}).to_string())
+            .arg(app.addr.to_string())
+            .arg("auth.v1.AuthService/Register");
+        async move {
+            let output = tokio::task::spawn_blocking(move || command.output())
+                .await
+                .unwrap()
+                .expect("grpcurl runs");
+            let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+            (output.status.success(), stderr)
+        }
+    };
+    let (ok, stderr) = register_for("203.0.113.7", "alice").await;
+    assert!(ok, "{stderr}");
+    // The same end user again: its one registration an hour is spent.
+    let (ok, stderr) = register_for("203.0.113.7", "bob").await;
+    assert!(!ok && stderr.contains("ResourceExhausted"), "{stderr}");
+    // Another end user, and the caller itself naming no one, count apart.
+    let (ok, stderr) = register_for("203.0.113.8", "bob").await;
+    assert!(ok, "{stderr}");
+    app.register("carol", PASSWORD).await.unwrap();
+}

@@ -9,6 +9,7 @@ mod concurrency;
 mod errors;
 mod extauthz;
 mod forward_auth;
+mod forwarded;
 mod grpcurl;
 mod h2raw;
 mod helpers;

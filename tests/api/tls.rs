@@ -1,6 +1,6 @@
 //! TLS and mutual TLS on the gRPC port, with certificates made here (rcgen): the
-//! services over TLS, refused handshakes, the client identity in rate limits, logs
-//! and the allow-list, live rotation of the certificate files, bad files.
+//! services over TLS, refused handshakes, the client identity in rate limits, logs,
+//! the allow-list and trusted callers, live rotation of the certificate files, bad files.
 
 use crate::{
     cli::refused_start,
@@ -367,6 +367,65 @@ async fn the_client_identity_is_a_rate_limit_key() {
         Some(&client_ca.client("spiffe://corp/a")),
     );
     assert_eq!(validate(&a2).await, Code::ResourceExhausted);
+    app.stop().await;
+}
+
+/// One ValidateToken call naming `forwarded` in `x-forwarded-for`: its code.
+async fn validate_forwarded(channel: &Channel, forwarded: &str) -> Code {
+    let mut client = AuthServiceClient::new(channel.clone());
+    let mut request = tonic::Request::new(ValidateTokenRequest {
+        access_token: "not-a-token".into(),
+        ..Default::default()
+    });
+    (request.metadata_mut()).insert("x-forwarded-for", forwarded.parse().unwrap());
+    match client.validate_token(request).await {
+        Ok(_) => Code::Ok,
+        Err(status) => status.code(),
+    }
+}
+
+#[tokio::test]
+async fn a_trusted_identity_s_forwarded_end_users_are_the_clients() {
+    let server_ca = Ca::new("server-ca");
+    let client_ca = Ca::new("client-ca");
+    let files = Files::new(&server_ca.server(2040), Some(&client_ca));
+    // One call an hour per client: nothing here depends on the clock.
+    let app = spawn_tls(&files, true, |c| {
+        c.limits.trusted_callers = Some("spiffe://corp/ns/signup/sa/signup".parse().unwrap());
+        c.limits.rate_limits = Some("ValidateToken:peer=1/1h".parse().unwrap());
+    })
+    .await;
+    let signup = tls_channel(
+        app.addr,
+        &server_ca.pem(),
+        Some(&client_ca.client("spiffe://corp/ns/signup/sa/signup")),
+    );
+    let other = tls_channel(
+        app.addr,
+        &server_ca.pem(),
+        Some(&client_ca.client("spiffe://corp/ns/web/sa/other")),
+    );
+    // The trusted identity's end users each have their own count.
+    for user in ["203.0.113.1", "203.0.113.2", "[2001:db8::1]:443"] {
+        assert_eq!(
+            validate_forwarded(&signup, user).await,
+            Code::Unauthenticated
+        );
+    }
+    assert_eq!(
+        validate_forwarded(&signup, "203.0.113.1").await,
+        Code::ResourceExhausted
+    );
+    // Another identity from the same address is counted by that address, whatever
+    // it forwards (the trusted one's calls never counted for it).
+    assert_eq!(
+        validate_forwarded(&other, "203.0.113.3").await,
+        Code::Unauthenticated
+    );
+    assert_eq!(
+        validate_forwarded(&other, "203.0.113.4").await,
+        Code::ResourceExhausted
+    );
     app.stop().await;
 }
 
