@@ -1,0 +1,183 @@
+//! A small gRPC server of the tests' own, on 127.0.0.1:0: grpc.health.v1 (SERVING)
+//! and AuthService's Register, Login, ValidateToken and Refresh, each answering OK and
+//! recording what its request carried (its user and `x-forwarded-for`). A login's
+//! tokens are its username, so a validation or a refresh names its user too.
+
+use authbench::pb::{
+    LoginRequest, LoginResponse, RefreshRequest, RefreshResponse, RegisterRequest,
+    RegisterResponse, ValidateTokenRequest, ValidateTokenResponse,
+};
+use std::{
+    convert::Infallible,
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    task::{Context, Poll},
+};
+use tokio::task::JoinHandle;
+use tonic::{
+    Request, Response, Status,
+    body::Body,
+    codegen::BoxFuture,
+    server::{Grpc, NamedService},
+    transport::{Server, server::TcpIncoming},
+};
+
+/// One request as the server received it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    /// The RPC's name: "Register", "Login", "ValidateToken", "Refresh".
+    pub method: &'static str,
+    /// The username it registered or logged in, or whose token it presented.
+    pub username: String,
+    pub forwarded_for: Option<String>,
+}
+
+struct State {
+    seen: Mutex<Vec<Seen>>,
+}
+
+impl State {
+    fn note<T>(&self, method: &'static str, username: &str, request: &Request<T>) {
+        let forwarded_for = request
+            .metadata()
+            .get("x-forwarded-for")
+            .map(|value| value.to_str().unwrap().to_owned());
+        self.seen.lock().unwrap().push(Seen {
+            method,
+            username: username.to_owned(),
+            forwarded_for,
+        });
+    }
+}
+
+pub struct GrpcServer {
+    pub addr: SocketAddr,
+    state: Arc<State>,
+    task: JoinHandle<()>,
+}
+
+impl GrpcServer {
+    pub async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(State {
+            seen: Mutex::default(),
+        });
+        let (_, health) = tonic_health::server::health_reporter();
+        let auth = Auth(state.clone());
+        let task = tokio::spawn(async move {
+            Server::builder()
+                .add_service(health)
+                .add_service(auth)
+                .serve_with_incoming(TcpIncoming::from(listener))
+                .await
+                .unwrap();
+        });
+        Self { addr, state, task }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The requests of `method` received so far, in order of arrival.
+    pub fn seen(&self, method: &str) -> Vec<Seen> {
+        let seen = self.state.seen.lock().unwrap();
+        seen.iter()
+            .filter(|s| s.method == method)
+            .cloned()
+            .collect()
+    }
+
+    /// Forgets the requests received so far.
+    pub fn forget(&self) {
+        self.state.seen.lock().unwrap().clear();
+    }
+}
+
+impl Drop for GrpcServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[derive(Clone)]
+struct Auth(Arc<State>);
+
+impl NamedService for Auth {
+    const NAME: &'static str = "auth.v1.AuthService";
+}
+
+impl tower::Service<http::Request<Body>> for Auth {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let state = self.0.clone();
+        Box::pin(async move {
+            let answer = match request.uri().path() {
+                "/auth.v1.AuthService/Register" => {
+                    let register = move |r: Request<RegisterRequest>| {
+                        state.note("Register", &r.get_ref().username, &r);
+                        async { Ok::<_, Status>(Response::new(RegisterResponse::default())) }
+                    };
+                    unary(tower::service_fn(register), request).await
+                }
+                "/auth.v1.AuthService/Login" => {
+                    let login = move |r: Request<LoginRequest>| {
+                        let username = r.get_ref().username.clone();
+                        state.note("Login", &username, &r);
+                        async move {
+                            Ok::<_, Status>(Response::new(LoginResponse {
+                                access_token: username.clone(),
+                                refresh_token: username,
+                                ..Default::default()
+                            }))
+                        }
+                    };
+                    unary(tower::service_fn(login), request).await
+                }
+                "/auth.v1.AuthService/ValidateToken" => {
+                    let validate = move |r: Request<ValidateTokenRequest>| {
+                        state.note("ValidateToken", &r.get_ref().access_token, &r);
+                        async { Ok::<_, Status>(Response::new(ValidateTokenResponse::default())) }
+                    };
+                    unary(tower::service_fn(validate), request).await
+                }
+                "/auth.v1.AuthService/Refresh" => {
+                    let refresh = move |r: Request<RefreshRequest>| {
+                        let username = r.get_ref().refresh_token.clone();
+                        state.note("Refresh", &username, &r);
+                        async move {
+                            Ok::<_, Status>(Response::new(RefreshResponse {
+                                access_token: username.clone(),
+                                refresh_token: username,
+                                ..Default::default()
+                            }))
+                        }
+                    };
+                    unary(tower::service_fn(refresh), request).await
+                }
+                _ => Status::unimplemented("not in this test server").into_http(),
+            };
+            Ok(answer)
+        })
+    }
+}
+
+/// Serves one unary call with `service`, its messages in protobuf.
+async fn unary<Q, A, S>(service: S, request: http::Request<Body>) -> http::Response<Body>
+where
+    Q: prost::Message + Default + Send + 'static,
+    A: prost::Message + Send + 'static,
+    S: tonic::server::UnaryService<Q, Response = A>,
+{
+    Grpc::new(tonic_prost::ProstCodec::<A, Q>::default())
+        .unary(service, request)
+        .await
+}
