@@ -1,6 +1,6 @@
 //! authbench against a gRPC server of the tests' own that records every request it
-//! receives: what each request carries (`--forwarded-for`). Counts only; no timing
-//! is asserted.
+//! receives: what each request carries (`--forwarded-for`), and how many requests a
+//! run sends, and when. Counts only; no timing is asserted.
 
 mod grpc_server;
 
@@ -38,9 +38,40 @@ fn assert_forwarded(seen: &[Seen], marker: &str, n: usize) {
     }
 }
 
+/// 300 users log in at once, each once: the server holds every login until all 300
+/// have arrived, so a client that waited for an answer before sending would show as
+/// one answered early.
+async fn n_users_at_once_send_one_request_each() {
+    let server = GrpcServer::start(300).await;
+    let mut plan = plan(&server, Scenario::Login, 300, 300);
+    plan.users = 300;
+    let report = bench::run(&plan).await.expect("the run completes");
+    assert_eq!(report.requests, 300, "{}", report.to_text());
+    assert_eq!(report.codes.get(Code::Ok), 300, "{}", report.to_text());
+    assert_eq!(report.warmup_requests, 0);
+
+    let logins = server.seen("Login");
+    assert_eq!(logins.len(), 300, "logins sent");
+    let users: HashSet<&str> = logins.iter().map(|s| s.username.as_str()).collect();
+    assert_eq!(users.len(), 300, "no user logged in twice");
+    assert_eq!(server.answered_early(), 0, "all 300 sent before any answer");
+    // The setup registered the 300 users, each once.
+    assert_eq!(server.seen("Register").len(), 300);
+}
+
+#[tokio::test]
+async fn n_users_at_once_send_one_request_each_on_one_thread() {
+    n_users_at_once_send_one_request_each().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn n_users_at_once_send_one_request_each_on_several_threads() {
+    n_users_at_once_send_one_request_each().await;
+}
+
 #[tokio::test]
 async fn forwarded_addresses_are_each_users_own_and_registrations_take_them_in_turn() {
-    let server = GrpcServer::start().await;
+    let server = GrpcServer::start(0).await;
     let n = 4;
 
     // Logins: the setup's registrations and the logins carry user i's address.

@@ -2,6 +2,10 @@
 //! and AuthService's Register, Login, ValidateToken and Refresh, each answering OK and
 //! recording what its request carried (its user and `x-forwarded-for`). A login's
 //! tokens are its username, so a validation or a refresh names its user too.
+//!
+//! Logins may be held: none is answered before `hold_logins` have arrived (or a few
+//! seconds have passed, when they are counted as answered early), so a test can tell
+//! that requests were all sent before any answer came.
 
 use authbench::pb::{
     LoginRequest, LoginResponse, RefreshRequest, RefreshResponse, RegisterRequest,
@@ -10,10 +14,14 @@ use authbench::pb::{
 use std::{
     convert::Infallible,
     net::SocketAddr,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
     task::{Context, Poll},
+    time::Duration,
 };
-use tokio::task::JoinHandle;
+use tokio::{sync::watch, task::JoinHandle};
 use tonic::{
     Request, Response, Status,
     body::Body,
@@ -21,6 +29,9 @@ use tonic::{
     server::{Grpc, NamedService},
     transport::{Server, server::TcpIncoming},
 };
+
+/// How long a held login waits for the others.
+const HOLD: Duration = Duration::from_secs(5);
 
 /// One request as the server received it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +45,9 @@ pub struct Seen {
 
 struct State {
     seen: Mutex<Vec<Seen>>,
+    hold_logins: usize,
+    logins: watch::Sender<usize>,
+    answered_early: AtomicUsize,
 }
 
 impl State {
@@ -57,11 +71,15 @@ pub struct GrpcServer {
 }
 
 impl GrpcServer {
-    pub async fn start() -> Self {
+    /// A server that holds every login until `hold_logins` have arrived (0: none held).
+    pub async fn start(hold_logins: usize) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(State {
             seen: Mutex::default(),
+            hold_logins,
+            logins: watch::Sender::new(0),
+            answered_early: AtomicUsize::new(0),
         });
         let (_, health) = tonic_health::server::health_reporter();
         let auth = Auth(state.clone());
@@ -92,6 +110,11 @@ impl GrpcServer {
     /// Forgets the requests received so far.
     pub fn forget(&self) {
         self.state.seen.lock().unwrap().clear();
+    }
+
+    /// Held logins answered because the others did not all arrive within [`HOLD`].
+    pub fn answered_early(&self) -> usize {
+        self.state.answered_early.load(Ordering::SeqCst)
     }
 }
 
@@ -130,9 +153,16 @@ impl tower::Service<http::Request<Body>> for Auth {
                 }
                 "/auth.v1.AuthService/Login" => {
                     let login = move |r: Request<LoginRequest>| {
-                        let username = r.get_ref().username.clone();
-                        state.note("Login", &username, &r);
+                        let state = state.clone();
                         async move {
+                            let username = r.get_ref().username.clone();
+                            state.note("Login", &username, &r);
+                            state.logins.send_modify(|n| *n += 1);
+                            let mut arrived = state.logins.subscribe();
+                            let all = arrived.wait_for(|n| *n >= state.hold_logins);
+                            if tokio::time::timeout(HOLD, all).await.is_err() {
+                                state.answered_early.fetch_add(1, Ordering::SeqCst);
+                            }
                             Ok::<_, Status>(Response::new(LoginResponse {
                                 access_token: username.clone(),
                                 refresh_token: username,
