@@ -85,7 +85,9 @@ pub struct Args {
     #[arg(long)]
     pub connections: Option<usize>,
 
-    /// Stop after this many measured requests (after the warm-up).
+    /// Stop after this many measured requests (after the warm-up). In a closed loop each
+    /// client's first measured request is one of them: -c N -n N sends N requests at
+    /// once, one per client, and no more.
     #[arg(short = 'n', long, conflicts_with = "duration")]
     pub requests: Option<u64>,
 

@@ -150,7 +150,6 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
     let mut send_late = None;
     match plan.load {
         Load::Closed { concurrency } => {
-            let clock = Arc::new(Clock::new(warm_end, plan.stop));
             let clients: Vec<Client> = match plan.protocol {
                 // Worker i shares connection i mod n.
                 Protocol::Grpc if plan.forward_auth.is_some() => {
@@ -161,6 +160,7 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
                     .collect(),
                 Protocol::Http => http_connections.into_iter().map(Client::Http).collect(),
             };
+            let clock = Arc::new(Clock::new(warm_end, plan.stop, clients.len()));
             closed_loop(&shared, &clock, clients).await?;
         }
         Load::Open { rate } => {
