@@ -85,7 +85,9 @@ pub struct Args {
     #[arg(long)]
     pub connections: Option<usize>,
 
-    /// Stop after this many measured requests (after the warm-up).
+    /// Stop after this many measured requests (after the warm-up). In a closed loop each
+    /// client's first measured request is one of them: -c N -n N sends N requests at
+    /// once, one per client, and no more.
     #[arg(short = 'n', long, conflicts_with = "duration")]
     pub requests: Option<u64>,
 
@@ -156,6 +158,18 @@ pub struct Args {
     #[arg(long, value_name = "ADDRESS")]
     pub bind: Option<std::net::IpAddr>,
 
+    /// Act as a calling service (a signup service, say) on behalf of N end users
+    /// (1 to 131072): every request, the setup's too, carries x-forwarded-for: ADDR
+    /// (over http the X-Forwarded-For header), ADDR one of N addresses of
+    /// 198.18.0.0/15 (RFC 2544's benchmarking network), address k being 198.18.0.0 + k.
+    /// A request for user i (login, validate, refresh, check) carries address i mod N;
+    /// registrations take the addresses in turn (health and ratelimit requests spread
+    /// over them too). authd counts its per-address limits by it only for callers it
+    /// trusts (AUTHD_TRUSTED_CALLERS), or for anyone with AUTHD_TRUST_FORWARDED_FOR=true;
+    /// otherwise by the connection's address.
+    #[arg(long, value_name = "N")]
+    pub forwarded_for: Option<usize>,
+
     /// Print the report as JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -220,6 +234,7 @@ impl Args {
         plan.wait = self.wait;
         plan.backoff = self.backoff;
         plan.bind = self.bind;
+        plan.forwarded_for = self.forwarded_for;
         plan.forward_auth = self.forward_auth.clone();
         plan.progress = progress;
         if plan.target.starts_with("https://") {
@@ -330,6 +345,15 @@ mod tests {
     }
 
     #[test]
+    fn forwarded_for_takes_up_to_the_benchmarking_networks_addresses() {
+        assert_eq!(parse(&["login"]).unwrap().forwarded_for, None);
+        let plan = parse(&["register", "--forwarded-for", "1000"]).unwrap();
+        assert_eq!(plan.forwarded_for, Some(1000));
+        let plan = parse(&["login", "--forwarded-for", "131072", "--protocol", "http"]).unwrap();
+        assert_eq!(plan.forwarded_for, Some(131_072));
+    }
+
+    #[test]
     fn load_shapes_and_limits() {
         let plan = parse(&["register", "-c", "3000", "-n", "500", "--warmup", "5s"]).unwrap();
         assert_eq!(plan.load, Load::Closed { concurrency: 3000 });
@@ -380,6 +404,12 @@ mod tests {
             (&["login", "-d", "ten"][..], "ten"),
             (&["login", "--connections", "0"][..], "--connections"),
             (&["login", "--users", "0"][..], "--users"),
+            (&["login", "--forwarded-for", "0"][..], "--forwarded-for"),
+            (
+                &["login", "--forwarded-for", "131073"][..],
+                "--forwarded-for",
+            ),
+            (&["login", "--forwarded-for", "-1"][..], "-1"),
             (&["login", "--mix", "login=1"][..], "only to the mixed"),
             (&["mixed", "--mix", "logout=1"][..], "unknown operation"),
             (

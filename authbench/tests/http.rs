@@ -94,6 +94,45 @@ async fn each_request_in_flight_has_a_connection_of_its_own() {
 }
 
 #[tokio::test]
+async fn forwarded_addresses_travel_in_x_forwarded_for() {
+    // Each request's username and X-Forwarded-For, as the server saw them.
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let noted = seen.clone();
+    let server = HttpServer::start(move |request| {
+        if let Some(username) = &request.username {
+            let forwarded = request.forwarded_for.clone();
+            noted.lock().unwrap().push((username.clone(), forwarded));
+        }
+        Reply::status(if request.path == "/register" {
+            201
+        } else {
+            200
+        })
+    })
+    .await;
+    // user i (…-u{i}: the setup's registrations and the logins) from address i mod
+    // 3; registration r (…-r{r}) from address r mod 3.
+    for scenario in [Scenario::Login, Scenario::Register] {
+        seen.lock().unwrap().clear();
+        let mut plan = plan(server.url(), scenario, 4, 20);
+        plan.forwarded_for = Some(3);
+        let report = bench::run(&plan).await.expect("the run completes");
+        assert_eq!(report.codes.get(Code::Ok), 20, "{}", report.to_text());
+        let seen = seen.lock().unwrap();
+        let expected = if scenario == Scenario::Login { 25 } else { 20 };
+        assert_eq!(seen.len(), expected, "{scenario}");
+        for (username, forwarded) in seen.iter() {
+            let (_, k) = (username.rsplit_once("-u"))
+                .or_else(|| username.rsplit_once("-r"))
+                .expect(username);
+            let k: usize = k.parse().expect(username);
+            let address = format!("198.18.0.{}", k % 3);
+            assert_eq!(forwarded.as_deref(), Some(&*address), "{username}");
+        }
+    }
+}
+
+#[tokio::test]
 async fn http_statuses_are_counted_as_the_codes_they_stand_for() {
     // Logins answered in a fixed rotation; one request in flight, so the counts are exact.
     let rotation = [200, 401, 409, 429, 503, 500, 422, 302];

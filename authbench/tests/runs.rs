@@ -327,3 +327,44 @@ async fn runs_over_tls_verify_the_server_and_account_for_every_request() {
         .expect_err("an untrusted server is refused");
     assert!(format!("{error:#}").contains("cannot connect"), "{error:#}");
 }
+
+#[tokio::test]
+async fn forwarded_registrations_count_against_each_end_users_address() {
+    // authd's default limit on Register: 100 a minute per client address. With
+    // x-forwarded-for honoured, 300 registrations on behalf of 1,000 addresses pass;
+    // from the one address of the connection, exactly 100 do.
+    let app = spawn_app_with(|c| {
+        c.limits.trust_forwarded_for = true;
+        // Refusals answered at once rather than held toward the deadline: the counts
+        // are the same, the test shorter.
+        c.overload.refusal_hold = Duration::ZERO;
+    })
+    .await;
+    let mut forwarded = plan(
+        &app,
+        Scenario::Register,
+        Load::Closed { concurrency: 50 },
+        Stop::Requests(300),
+    );
+    forwarded.forwarded_for = Some(1000);
+    let report = bench::run(&forwarded).await.expect("the run completes");
+    assert_accounted(&report, 300);
+    assert_eq!(report.codes.get(Code::Ok), 300, "{}", report.to_text());
+    assert_eq!(report.forwarded_for, Some(1000));
+    let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+    assert_eq!(json["forwarded_for"], 1000);
+
+    let mut plain = forwarded.clone();
+    plain.forwarded_for = None;
+    let report = bench::run(&plain).await.expect("the run completes");
+    assert_accounted(&report, 300);
+    assert_eq!(report.codes.get(Code::Ok), 100, "{}", report.to_text());
+    assert_eq!(
+        report.codes.get(Code::ResourceExhausted),
+        200,
+        "{}",
+        report.to_text()
+    );
+    let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+    assert!(json.get("forwarded_for").is_none(), "{json}");
+}

@@ -202,6 +202,8 @@ pub struct RunInfo {
     pub connections: usize,
     pub warmup: Duration,
     pub warmup_requests: u64,
+    /// `--forwarded-for N`: the end users' addresses passed in `x-forwarded-for`.
+    pub forwarded_for: Option<usize>,
 }
 
 /// The load shape, as reported.
@@ -304,6 +306,10 @@ pub struct Report {
     pub protocol: Protocol,
     pub load: LoadInfo,
     pub connections: usize,
+    /// `--forwarded-for N`: every request passed one of N end users' addresses
+    /// (198.18.0.0/15) in `x-forwarded-for`; absent without it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forwarded_for: Option<usize>,
     pub warmup_s: f64,
     /// Requests sent during the warm-up, left out of everything below.
     pub warmup_requests: u64,
@@ -370,6 +376,7 @@ impl Report {
             protocol: info.protocol,
             load: info.load,
             connections: info.connections,
+            forwarded_for: info.forwarded_for,
             warmup_s: info.warmup.as_secs_f64(),
             warmup_requests: info.warmup_requests,
             elapsed_s: elapsed.as_secs_f64(),
@@ -423,6 +430,13 @@ impl Report {
             self.connections,
             plural(self.connections)
         );
+        if let Some(n) = self.forwarded_for {
+            let _ = writeln!(
+                out,
+                "forwarded:   x-forwarded-for from {n} end user address{} (198.18.0.0/15)",
+                if n == 1 { "" } else { "es" }
+            );
+        }
         let _ = writeln!(
             out,
             "measured:    {} requests in {:.2} s (after a {} warm-up of {} requests)",

@@ -96,6 +96,7 @@ fn info(mix: &Mix) -> RunInfo {
         connections: 1,
         warmup: Duration::ZERO,
         warmup_requests: 0,
+        forwarded_for: None,
     }
 }
 
@@ -173,6 +174,24 @@ fn every_recorded_request_is_counted_once() {
     assert_eq!(report.send_late_ms, None);
     assert!(json.get("send_late_ms").is_none(), "{json}");
     assert!(!text.contains("sent late"), "{text}");
+    // Without --forwarded-for, neither says anything of it.
+    assert!(json.get("forwarded_for").is_none(), "{json}");
+    assert!(!text.contains("forwarded"), "{text}");
+}
+
+#[test]
+fn the_forwarded_addresses_are_reported() {
+    let mix: Mix = "register=1".parse().unwrap();
+    let mut info = info(&mix);
+    info.forwarded_for = Some(1000);
+    let report = Report::new(&info, &Recorder::new(&mix, Duration::from_secs(60)));
+    let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+    assert_eq!(json["forwarded_for"], 1000);
+    let text = report.to_text();
+    assert!(
+        text.contains("forwarded:   x-forwarded-for from 1000 end user addresses (198.18.0.0/15)"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -14,7 +14,7 @@
 use super::{plan::Plan, setup::PASSWORD};
 use anyhow::{Context as _, anyhow, bail};
 use bytes::Bytes;
-use http::{Method, Request, StatusCode, header};
+use http::{HeaderName, HeaderValue, Method, Request, StatusCode, header};
 use http_body_util::{BodyExt as _, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
@@ -114,6 +114,18 @@ impl Drop for Open {
     }
 }
 
+/// The headers of a request beside `Host` and `Content-Type`.
+#[derive(Default)]
+struct Headers<'a> {
+    authorization: Option<HeaderValue>,
+    /// `--forwarded-for`: the end user's address, prepared before the load.
+    forwarded: Option<&'a HeaderValue>,
+}
+
+/// `X-Forwarded-For` (the header's name is case-insensitive: sent lowercase, as
+/// HTTP/1.1 clients built on the http crate send every name).
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static(super::forwarded::HEADER);
+
 /// What the server answered.
 #[derive(Debug)]
 pub(super) struct Answer {
@@ -140,20 +152,34 @@ impl Connection {
         Ok(())
     }
 
-    /// `POST path` with a JSON body.
-    pub(super) async fn post(&mut self, path: &'static str, body: Bytes) -> anyhow::Result<Answer> {
-        self.send(Method::POST, path, body, None).await
+    /// `POST path` with a JSON body, and `X-Forwarded-For: forwarded` when given.
+    pub(super) async fn post(
+        &mut self,
+        path: &'static str,
+        body: Bytes,
+        forwarded: Option<&HeaderValue>,
+    ) -> anyhow::Result<Answer> {
+        let headers = Headers {
+            authorization: None,
+            forwarded,
+        };
+        self.send(Method::POST, path, body, headers).await
     }
 
-    /// `GET path` with `authorization: Bearer token` (authd's forward-auth).
+    /// `GET path` with `authorization: Bearer token` (authd's forward-auth), and
+    /// `X-Forwarded-For: forwarded` when given.
     pub(super) async fn get_bearer(
         &mut self,
         path: &'static str,
         token: &str,
+        forwarded: Option<&HeaderValue>,
     ) -> anyhow::Result<Answer> {
-        let authorization = http::HeaderValue::try_from(format!("Bearer {token}"))?;
-        self.send(Method::GET, path, Bytes::new(), Some(authorization))
-            .await
+        let authorization = HeaderValue::try_from(format!("Bearer {token}"))?;
+        let headers = Headers {
+            authorization: Some(authorization),
+            forwarded,
+        };
+        self.send(Method::GET, path, Bytes::new(), headers).await
     }
 
     /// Sends one request and reads its whole answer, so that the connection can carry
@@ -164,11 +190,9 @@ impl Connection {
         method: Method,
         path: &'static str,
         body: Bytes,
-        authorization: Option<http::HeaderValue>,
+        headers: Headers<'_>,
     ) -> anyhow::Result<Answer> {
-        let answer = self
-            .exchange(method.clone(), path, body, authorization)
-            .await;
+        let answer = self.exchange(method.clone(), path, body, headers).await;
         if answer.is_err() {
             self.open = None;
         }
@@ -180,7 +204,7 @@ impl Connection {
         method: Method,
         path: &'static str,
         body: Bytes,
-        authorization: Option<http::HeaderValue>,
+        headers: Headers<'_>,
     ) -> anyhow::Result<Answer> {
         let reusable = match self.open.as_mut() {
             Some(open) => open.sender.ready().await.is_ok(),
@@ -199,8 +223,11 @@ impl Connection {
         if !body.is_empty() {
             request = request.header(header::CONTENT_TYPE, "application/json");
         }
-        if let Some(authorization) = authorization {
+        if let Some(authorization) = headers.authorization {
             request = request.header(header::AUTHORIZATION, authorization);
+        }
+        if let Some(forwarded) = headers.forwarded {
+            request = request.header(X_FORWARDED_FOR, forwarded.clone());
         }
         let request = request.body(Full::new(body))?;
         let response = open.sender.send_request(request).await?;
@@ -247,7 +274,8 @@ pub(super) async fn wait_until_healthy(plan: &Plan, target: &Arc<Target>) -> any
         let problem = match connection.connect().await {
             Err(e) => Err(format!("cannot connect to {}: {e:#}", target.url)),
             Ok(()) => {
-                let check = connection.send(Method::GET, "/health", Bytes::new(), None);
+                let check =
+                    connection.send(Method::GET, "/health", Bytes::new(), Headers::default());
                 match tokio::time::timeout(plan.connect_timeout, check).await {
                     Ok(Ok(answer)) if answer.status.is_success() => return Ok(()),
                     Ok(Ok(answer)) => Ok(format!("GET /health answered {}", answer.status)),

@@ -25,6 +25,13 @@ use tokio::task::JoinSet;
 
 /// Decides, for a closed loop, whether a request about to be sent is warm-up,
 /// measured, or one too many.
+///
+/// A run of `--requests N` measures exactly N requests, and each of the first N
+/// workers' first measured request is one of them, whenever it comes: a worker
+/// answered quickly cannot take a slot from a worker not yet started. So with as
+/// many workers as requests (`-c 300 -n 300`, 300 users at once), each sends
+/// exactly one request, whatever order the runtime starts them in; with more
+/// requests than workers, the rest go to whoever asks first.
 pub(super) struct Clock {
     warm_end: Instant,
     stop: ClockStop,
@@ -32,7 +39,14 @@ pub(super) struct Clock {
 
 enum ClockStop {
     At(Instant),
-    After { limit: u64, issued: AtomicU64 },
+    After {
+        limit: u64,
+        /// Workers below this number have their first measured request reserved:
+        /// `min(limit, workers)`.
+        reserved: u64,
+        /// Counts the requests past the reserved ones, from `reserved`.
+        issued: AtomicU64,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,24 +57,39 @@ pub(super) enum Admit {
 }
 
 impl Clock {
-    pub(super) fn new(warm_end: Instant, stop: Stop) -> Self {
+    /// The clock of a run of `workers` workers.
+    pub(super) fn new(warm_end: Instant, stop: Stop, workers: usize) -> Self {
         let stop = match stop {
             Stop::Duration(d) => ClockStop::At(warm_end + d),
-            Stop::Requests(limit) => ClockStop::After {
-                limit,
-                issued: AtomicU64::new(0),
-            },
+            Stop::Requests(limit) => {
+                let reserved = limit.min(u64::try_from(workers).unwrap_or(u64::MAX));
+                ClockStop::After {
+                    limit,
+                    reserved,
+                    issued: AtomicU64::new(reserved),
+                }
+            }
         };
         Self { warm_end, stop }
     }
 
-    fn admit(&self, now: Instant) -> Admit {
+    /// Whether `worker`'s request about to be sent at `now` is measured;
+    /// `measured_yet` says whether one of its requests already was.
+    fn admit(&self, now: Instant, worker: usize, measured_yet: bool) -> Admit {
         if now < self.warm_end {
             return Admit::Warmup;
         }
         let more = match &self.stop {
             ClockStop::At(end) => now < *end,
-            ClockStop::After { limit, issued } => issued.fetch_add(1, Ordering::Relaxed) < *limit,
+            ClockStop::After {
+                limit,
+                reserved,
+                issued,
+            } => {
+                let worker = u64::try_from(worker).unwrap_or(u64::MAX);
+                (!measured_yet && worker < *reserved)
+                    || issued.fetch_add(1, Ordering::Relaxed) < *limit
+            }
         };
         if more { Admit::Measure } else { Admit::Stop }
     }
@@ -87,12 +116,14 @@ async fn closed_worker(shared: Arc<Shared>, clock: Arc<Clock>, id: usize, mut cl
     // Each worker starts at its own place on the wheel and in the user pool, so the
     // workers together cover the mix and the users from the first request on.
     let mut turn = id;
+    let mut measured_yet = false;
     loop {
         let sent = Instant::now();
-        let admit = clock.admit(sent);
+        let admit = clock.admit(sent, id, measured_yet);
         if admit == Admit::Stop {
             break;
         }
+        measured_yet |= admit == Admit::Measure;
         let op = shared.wheel[turn % shared.wheel.len()];
         let performed = shared.perform(op, turn, &mut client).await;
         turn = turn.wrapping_add(1);
@@ -195,28 +226,51 @@ mod tests {
     #[test]
     fn a_closed_loop_clock_counts_measured_requests_exactly() {
         let now = Instant::now();
-        let clock = Clock::new(now + Duration::from_secs(1), Stop::Requests(3));
-        assert_eq!(clock.admit(now), Admit::Warmup);
+        let clock = Clock::new(now + Duration::from_secs(1), Stop::Requests(5), 2);
+        assert_eq!(clock.admit(now, 0, false), Admit::Warmup);
         let after = now + Duration::from_secs(2);
-        let admitted: Vec<Admit> = (0..5).map(|_| clock.admit(after)).collect();
+        // Worker 0 asks again and again: it gets its own first request and the three
+        // not reserved; worker 1, asking last, still gets its first.
+        let mut admitted = vec![clock.admit(after, 0, false)];
+        admitted.extend((0..4).map(|_| clock.admit(after, 0, true)));
+        admitted.push(clock.admit(after, 1, false));
+        admitted.push(clock.admit(after, 1, true));
         assert_eq!(
             admitted,
             [
                 Admit::Measure,
                 Admit::Measure,
                 Admit::Measure,
+                Admit::Measure,
                 Admit::Stop,
+                Admit::Measure,
                 Admit::Stop
             ]
         );
     }
 
     #[test]
+    fn as_many_workers_as_requests_send_one_each() {
+        let now = Instant::now();
+        let clock = Clock::new(now, Stop::Requests(3), 4);
+        // Worker 0 is answered before workers 1 and 2 have started: its next request
+        // is not measured, theirs are; worker 3 has none to send.
+        assert_eq!(clock.admit(now, 0, false), Admit::Measure);
+        assert_eq!(clock.admit(now, 0, true), Admit::Stop);
+        assert_eq!(clock.admit(now, 2, false), Admit::Measure);
+        assert_eq!(clock.admit(now, 1, false), Admit::Measure);
+        assert_eq!(clock.admit(now, 3, false), Admit::Stop);
+        assert_eq!(clock.admit(now, 1, true), Admit::Stop);
+    }
+
+    #[test]
     fn a_closed_loop_clock_stops_after_the_duration() {
         let now = Instant::now();
-        let clock = Clock::new(now, Stop::Duration(Duration::from_secs(10)));
-        assert_eq!(clock.admit(now), Admit::Measure);
-        assert_eq!(clock.admit(now + Duration::from_secs(9)), Admit::Measure);
-        assert_eq!(clock.admit(now + Duration::from_secs(10)), Admit::Stop);
+        let clock = Clock::new(now, Stop::Duration(Duration::from_secs(10)), 1);
+        assert_eq!(clock.admit(now, 0, false), Admit::Measure);
+        let later = now + Duration::from_secs(9);
+        assert_eq!(clock.admit(later, 0, true), Admit::Measure);
+        let end = now + Duration::from_secs(10);
+        assert_eq!(clock.admit(end, 0, true), Admit::Stop);
     }
 }

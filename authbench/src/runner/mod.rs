@@ -26,6 +26,8 @@
 //! - `plan`: the [`Plan`] (what a run is asked to do) and its check;
 //! - `check`: Envoy's Check as the load sends it, prepared once and read lean;
 //! - `connect`: the connections, and the wait until the target is SERVING;
+//! - `forwarded`: the end users' addresses of `--forwarded-for`, each header value
+//!   built once;
 //! - `http`: HTTP/1.1 connections, and the wait until `GET /health` answers;
 //! - `setup`: the users and tokens the mix needs, prepared first;
 //! - `request`: one request sent, classified and recorded;
@@ -40,6 +42,7 @@
 
 mod check;
 mod connect;
+mod forwarded;
 mod http;
 mod loops;
 mod pacer;
@@ -48,6 +51,7 @@ mod request;
 mod setup;
 mod status;
 
+pub use forwarded::{MAX_FORWARDED_FOR, forwarded_address};
 pub use plan::{Load, Plan, Stop, TlsOptions, default_connections};
 
 use self::{
@@ -146,7 +150,6 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
     let mut send_late = None;
     match plan.load {
         Load::Closed { concurrency } => {
-            let clock = Arc::new(Clock::new(warm_end, plan.stop));
             let clients: Vec<Client> = match plan.protocol {
                 // Worker i shares connection i mod n.
                 Protocol::Grpc if plan.forward_auth.is_some() => {
@@ -157,6 +160,7 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
                     .collect(),
                 Protocol::Http => http_connections.into_iter().map(Client::Http).collect(),
             };
+            let clock = Arc::new(Clock::new(warm_end, plan.stop, clients.len()));
             closed_loop(&shared, &clock, clients).await?;
         }
         Load::Open { rate } => {
@@ -188,6 +192,7 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
         },
         warmup: plan.warmup,
         warmup_requests: shared.counters.warmup.load(Ordering::Relaxed),
+        forwarded_for: plan.forwarded_for,
     };
     Ok(Report::new(&info, &recorder))
 }

@@ -4,6 +4,7 @@
 //! It only describes a run: connecting is `connect`'s, sending `loops`'. Its
 //! defaults are the command line's (`cli`), which builds a plan from the flags.
 
+use super::forwarded::MAX_FORWARDED_FOR;
 use crate::{
     protocol::Protocol,
     scenario::{Mix, Scenario},
@@ -68,6 +69,9 @@ pub struct Plan {
     pub backoff: bool,
     /// The local address every connection is opened from.
     pub bind: Option<std::net::IpAddr>,
+    /// Pass an end user's address in `x-forwarded-for` with every request, one of
+    /// this many of 198.18.0.0/15 (`--forwarded-for`; `runner::forwarded`).
+    pub forwarded_for: Option<usize>,
     /// Draw a progress bar on stderr.
     pub progress: bool,
     /// TLS, for an `https://` target.
@@ -148,6 +152,7 @@ impl Plan {
             wait: Duration::ZERO,
             backoff: false,
             bind: None,
+            forwarded_for: None,
             progress: false,
             tls: None,
             forward_auth: None,
@@ -180,6 +185,14 @@ impl Plan {
         }
         if self.keys == 0 {
             return Err("--keys must be at least 1".into());
+        }
+        if let Some(n) = self.forwarded_for
+            && !(1..=MAX_FORWARDED_FOR).contains(&n)
+        {
+            return Err(format!(
+                "--forwarded-for must be from 1 to {MAX_FORWARDED_FOR} (the addresses of \
+                 198.18.0.0/15), not {n}"
+            ));
         }
         if self.timeout.is_zero() {
             return Err("--timeout must be greater than zero".into());
@@ -287,6 +300,11 @@ mod tests {
         let mut no_users = ok.clone();
         no_users.users = 0;
         assert!(no_users.check().unwrap_err().contains("--users"));
+        let mut forwarded = ok.clone();
+        for (n, fine) in [(0, false), (1, true), (131_072, true), (131_073, false)] {
+            forwarded.forwarded_for = Some(n);
+            assert_eq!(forwarded.check().is_ok(), fine, "--forwarded-for {n}");
+        }
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 use super::{
     check::CheckClient,
+    forwarded::stamp,
     http::{self, Connection},
     setup::{Fixtures, PASSWORD},
     status::{Failure, classify, http_code},
@@ -32,7 +33,11 @@ use std::{
     sync::{Arc, Mutex, atomic::Ordering},
     time::{Duration, Instant},
 };
-use tonic::{Code, Request, Status, transport::Channel};
+use tonic::{
+    Code, Request, Status,
+    metadata::{Ascii, MetadataValue},
+    transport::Channel,
+};
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 use tonic_types::StatusExt as _;
 
@@ -121,54 +126,57 @@ impl Shared {
             authz,
         } = clients;
         let fixtures = &self.fixtures;
+        // With --forwarded-for, the address of the user, the registration or the pick.
         let timeout = self.timeout;
+        let forwarded = |k| fixtures.forwarded.grpc(k);
         let call = async {
             match op {
                 Operation::Health => {
-                    let request = deadline(
-                        HealthCheckRequest {
-                            service: String::new(),
-                        },
-                        timeout,
-                    );
-                    health.check(request).await.map(drop)
+                    let message = HealthCheckRequest {
+                        service: String::new(),
+                    };
+                    health
+                        .check(request(message, timeout, forwarded(pick)))
+                        .await
+                        .map(drop)
                 }
                 Operation::Register => {
-                    let request = deadline(
-                        RegisterRequest {
-                            username: fixtures.new_username(),
-                            password: PASSWORD.into(),
-                        },
-                        timeout,
-                    );
-                    auth.register(request).await.map(drop)
+                    let (username, n) = fixtures.new_username();
+                    let message = RegisterRequest {
+                        username,
+                        password: PASSWORD.into(),
+                    };
+                    auth.register(request(message, timeout, forwarded(n)))
+                        .await
+                        .map(drop)
                 }
                 Operation::Login => {
-                    let username = fixtures.users[pick % fixtures.users.len()].clone();
-                    let request = deadline(
-                        LoginRequest {
-                            username,
-                            password: PASSWORD.into(),
-                        },
-                        timeout,
-                    );
-                    auth.login(request).await.map(drop)
+                    let user = pick % fixtures.users.len();
+                    let message = LoginRequest {
+                        username: fixtures.users[user].clone(),
+                        password: PASSWORD.into(),
+                    };
+                    auth.login(request(message, timeout, forwarded(user)))
+                        .await
+                        .map(drop)
                 }
                 Operation::Validate => {
-                    let access_token = fixtures.tokens[pick % fixtures.tokens.len()].clone();
-                    let request = deadline(
-                        ValidateTokenRequest {
-                            access_token,
-                            ..Default::default()
-                        },
-                        timeout,
-                    );
-                    auth.validate_token(request).await.map(drop)
+                    let user = pick % fixtures.tokens.len();
+                    let message = ValidateTokenRequest {
+                        access_token: fixtures.tokens[user].clone(),
+                        ..Default::default()
+                    };
+                    auth.validate_token(request(message, timeout, forwarded(user)))
+                        .await
+                        .map(drop)
                 }
                 Operation::Check => {
-                    let prepared = &fixtures.checks[pick % fixtures.checks.len()];
-                    let request = deadline(prepared.clone(), timeout);
-                    let answer = authz.check(request).await?.into_inner();
+                    let user = pick % fixtures.checks.len();
+                    let prepared = fixtures.checks[user].clone();
+                    let answer = authz
+                        .check(request(prepared, timeout, forwarded(user)))
+                        .await?
+                        .into_inner();
                     // The call is OK whatever the decision: a refusal is the decision's code.
                     match answer.code() {
                         0 => Ok(()),
@@ -176,21 +184,21 @@ impl Shared {
                     }
                 }
                 Operation::Refresh => {
-                    let slot = &fixtures.refresh_tokens[pick % fixtures.refresh_tokens.len()];
-                    let mut refresh_token = slot.lock().await;
-                    let request = deadline(
-                        RefreshRequest {
-                            refresh_token: refresh_token.clone(),
-                        },
-                        timeout,
-                    );
-                    auth.refresh(request)
+                    let user = pick % fixtures.refresh_tokens.len();
+                    let mut refresh_token = fixtures.refresh_tokens[user].lock().await;
+                    let message = RefreshRequest {
+                        refresh_token: refresh_token.clone(),
+                    };
+                    auth.refresh(request(message, timeout, forwarded(user)))
                         .await
                         .map(|r| *refresh_token = r.into_inner().refresh_token)
                 }
                 Operation::RateLimit => {
-                    let request = deadline(self.rate_limit_request(pick), timeout);
-                    let answer = rate_limit.should_rate_limit(request).await?.into_inner();
+                    let message = self.rate_limit_request(pick);
+                    let answer = rate_limit
+                        .should_rate_limit(request(message, timeout, forwarded(pick)))
+                        .await?
+                        .into_inner();
                     if answer.overall_code == RateLimitCode::OverLimit as i32 {
                         Err(Status::resource_exhausted("OVER_LIMIT"))
                     } else {
@@ -258,23 +266,28 @@ impl Shared {
         connection: &mut Connection,
     ) -> Performed {
         let fixtures = &self.fixtures;
-        let (path, body) = match op {
-            Operation::Register => ("/register", http::credentials(&fixtures.new_username())),
-            Operation::Login => (
-                "/login",
-                http::credentials(&fixtures.users[pick % fixtures.users.len()]),
-            ),
+        // With --forwarded-for, the address of the user, or of the registration.
+        let (path, body, k) = match op {
+            Operation::Register => {
+                let (username, n) = fixtures.new_username();
+                ("/register", http::credentials(&username), n)
+            }
+            Operation::Login => {
+                let user = pick % fixtures.users.len();
+                ("/login", http::credentials(&fixtures.users[user]), user)
+            }
             // authd's forward-auth port (--forward-auth): 200 allowed, 401/403 refused.
-            Operation::Check => ("/forward-auth", Bytes::new()),
+            Operation::Check => ("/forward-auth", Bytes::new(), pick % fixtures.tokens.len()),
             _ => unreachable!("Plan::check refuses {op} over HTTP"),
         };
+        let forwarded = fixtures.forwarded.http(k);
         let exchange = async {
             match op {
                 Operation::Check => {
-                    let token = &fixtures.tokens[pick % fixtures.tokens.len()];
-                    connection.get_bearer(path, token).await
+                    let token = &fixtures.tokens[k];
+                    connection.get_bearer(path, token, forwarded).await
                 }
-                _ => connection.post(path, body).await,
+                _ => connection.post(path, body, forwarded).await,
             }
         };
         let answered = tokio::time::timeout(self.timeout, exchange).await;
@@ -333,9 +346,16 @@ impl Shared {
     }
 }
 
-fn deadline<T>(message: T, timeout: Duration) -> Request<T> {
+/// A gRPC request with its deadline and, with `--forwarded-for`, its
+/// `x-forwarded-for`.
+fn request<T>(
+    message: T,
+    timeout: Duration,
+    forwarded: Option<&MetadataValue<Ascii>>,
+) -> Request<T> {
     let mut request = Request::new(message);
     request.set_timeout(timeout);
+    stamp(&mut request, forwarded);
     request
 }
 

@@ -3,11 +3,13 @@
 //! Registers the login pool (over gRPC or HTTP/1.1) and logs each user in once for
 //! tokens (gRPC only), a few requests at a time, waiting out a server that is full.
 //! Usernames carry a random run id, so runs against the same database never
-//! collide. Nothing here is measured: a setup request that still fails stops the run
-//! before any load is sent.
+//! collide. With `--forwarded-for`, user i's setup requests carry its address
+//! (k = i mod N), as its requests during the load do. Nothing here is measured: a
+//! setup request that still fails stops the run before any load is sent.
 
 use super::{
     check,
+    forwarded::{Forwarded, stamp},
     http::{self, Connection},
     plan::Plan,
     status::{describe_status, http_code},
@@ -15,6 +17,7 @@ use super::{
 use crate::{
     pb::{LoginRequest, RegisterRequest, auth_service_client::AuthServiceClient},
     progress::Progress,
+    protocol::Protocol,
     scenario::{Mix, Operation},
 };
 use anyhow::{Context as _, bail};
@@ -27,7 +30,7 @@ use std::{
     time::{Duration, Instant},
 };
 use tokio::task::JoinSet;
-use tonic::{Code, transport::Channel};
+use tonic::{Code, Request, transport::Channel};
 
 /// How setup reaches the target.
 pub(super) enum Via<'a> {
@@ -65,12 +68,21 @@ pub(super) struct Fixtures {
     /// while one is in flight (a refresh token is used by one request at a time),
     /// replaced by the one its answer carries.
     pub(super) refresh_tokens: Vec<tokio::sync::Mutex<String>>,
+    /// The `x-forwarded-for` values of `--forwarded-for` (none without it). The
+    /// tokens, checks and refresh tokens above are in the order of `users`, so the
+    /// index of any of them is its user's.
+    pub(super) forwarded: Forwarded,
 }
 
 impl Fixtures {
-    pub(super) fn new_username(&self) -> String {
+    /// A username never registered before, and its number: registration n of the
+    /// run, on behalf of address n (mod N) with `--forwarded-for`.
+    pub(super) fn new_username(&self) -> (String, usize) {
         let n = self.registered.fetch_add(1, Ordering::Relaxed);
-        format!("{}-r{n}", self.run_id)
+        (
+            format!("{}-r{n}", self.run_id),
+            usize::try_from(n).unwrap_or(usize::MAX),
+        )
     }
 }
 
@@ -82,6 +94,16 @@ pub(super) async fn prepare(
     progress: &Progress,
 ) -> anyhow::Result<Fixtures> {
     let run_id = format!("ab{:08x}", rand::random::<u32>());
+    // The values each protocol of the run needs: gRPC for authd (setup included),
+    // HTTP/1.1 for --protocol http and the checks of --forward-auth.
+    let forwarded = match plan.forwarded_for {
+        Some(n) => Forwarded::new(
+            n,
+            plan.protocol == Protocol::Grpc,
+            plan.protocol == Protocol::Http || plan.forward_auth.is_some(),
+        ),
+        None => Forwarded::default(),
+    };
     let needs_sessions =
         mix.uses(Operation::Validate) || mix.uses(Operation::Refresh) || mix.uses(Operation::Check);
     let needs_users = mix.uses(Operation::Login) || needs_sessions;
@@ -93,8 +115,8 @@ pub(super) async fn prepare(
     if !users.is_empty() {
         progress.phase(format!("registering {} users for logins", users.len()));
         match via {
-            Via::Grpc(channels) => register_over_grpc(channels, &users).await?,
-            Via::Http(target) => register_over_http(target, &users).await?,
+            Via::Grpc(channels) => register_over_grpc(channels, &users, &forwarded).await?,
+            Via::Http(target) => register_over_http(target, &users, &forwarded).await?,
         }
     }
 
@@ -107,13 +129,15 @@ pub(super) async fn prepare(
         progress.phase(format!("logging in {} users for tokens", users.len()));
         let jobs = users.iter().cloned().enumerate().map(|(i, username)| {
             let mut client = client(i);
+            let forwarded = forwarded.grpc(i).cloned();
             async move {
                 let mut patience = Patience::new();
                 loop {
-                    let request = LoginRequest {
+                    let mut request = Request::new(LoginRequest {
                         username: username.clone(),
                         password: PASSWORD.into(),
-                    };
+                    });
+                    stamp(&mut request, forwarded.as_ref());
                     match client.login(request).await {
                         Ok(response) => {
                             let response = response.into_inner();
@@ -150,19 +174,26 @@ pub(super) async fn prepare(
             .into_iter()
             .map(tokio::sync::Mutex::new)
             .collect(),
+        forwarded,
     })
 }
 
-async fn register_over_grpc(channels: &[Channel], users: &[String]) -> anyhow::Result<()> {
+async fn register_over_grpc(
+    channels: &[Channel],
+    users: &[String],
+    forwarded: &Forwarded,
+) -> anyhow::Result<()> {
     let jobs = users.iter().cloned().enumerate().map(|(i, username)| {
         let mut client = AuthServiceClient::new(channels[i % channels.len()].clone());
+        let forwarded = forwarded.grpc(i).cloned();
         async move {
             let mut patience = Patience::new();
             loop {
-                let request = RegisterRequest {
+                let mut request = Request::new(RegisterRequest {
                     username: username.clone(),
                     password: PASSWORD.into(),
-                };
+                });
+                stamp(&mut request, forwarded.as_ref());
                 match client.register(request).await {
                     Ok(_) => return Ok(()),
                     Err(status) if patience.wait_after(status.code()).await => {}
@@ -180,11 +211,16 @@ async fn register_over_grpc(channels: &[Channel], users: &[String]) -> anyhow::R
 
 /// Registers `users` with `POST /register`, over at most [`SETUP_PARALLELISM`]
 /// keep-alive connections: each job borrows one from a shared pool.
-async fn register_over_http(target: &Arc<http::Target>, users: &[String]) -> anyhow::Result<()> {
+async fn register_over_http(
+    target: &Arc<http::Target>,
+    users: &[String],
+    forwarded: &Forwarded,
+) -> anyhow::Result<()> {
     let pool: Arc<Mutex<Vec<Connection>>> = Arc::default();
-    let jobs = users.iter().cloned().map(|username| {
+    let jobs = users.iter().cloned().enumerate().map(|(i, username)| {
         let pool = pool.clone();
         let target = target.clone();
+        let forwarded = forwarded.http(i).cloned();
         async move {
             let taken = pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
             let mut connection = taken.unwrap_or_else(|| Connection::new(target));
@@ -192,7 +228,7 @@ async fn register_over_http(target: &Arc<http::Target>, users: &[String]) -> any
             let body = http::credentials(&username);
             loop {
                 let answer = connection
-                    .post("/register", body.clone())
+                    .post("/register", body.clone(), forwarded.as_ref())
                     .await
                     .with_context(|| format!("preparing the login pool: registering {username}"))?;
                 let code = http_code(answer.status);

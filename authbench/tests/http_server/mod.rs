@@ -40,11 +40,13 @@ impl Reply {
     }
 }
 
-/// A request as the handler sees it: method, path, the JSON body's username.
+/// A request as the handler sees it: method, path, the JSON body's username, the
+/// X-Forwarded-For header.
 pub struct Seen<'a> {
     pub method: &'a str,
     pub path: &'a str,
     pub username: Option<String>,
+    pub forwarded_for: Option<String>,
 }
 
 type Handler = dyn Fn(&Seen<'_>) -> Reply + Send + Sync;
@@ -106,6 +108,10 @@ async fn answer(
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let method = request.method().to_string();
     let path = request.uri().path().to_string();
+    let forwarded_for = request
+        .headers()
+        .get("x-forwarded-for")
+        .map(|value| value.to_str().unwrap().to_owned());
     let body = request
         .into_body()
         .collect()
@@ -119,6 +125,7 @@ async fn answer(
         method: &method,
         path: &path,
         username,
+        forwarded_for,
     });
     if !reply.delay.is_zero() {
         tokio::time::sleep(reply.delay).await;
