@@ -24,10 +24,6 @@
 # Environment (defaults in brackets):
 #   BENCH_DURATION    measured seconds per scenario [15]
 #   BENCH_WARMUP      warm-up seconds per scenario [5]
-#   BENCH_HASH_QUEUE  the server's AUTHD_HASH_QUEUE [300]: the largest concurrency
-#                     that is not meant as overload (register 300) fits in it, and a
-#                     full queue waits about 3x the 100-concurrency run, the p99 target
-#                     for overload; "default" leaves authd's own (64 per hash thread)
 #   BENCH_OVERLOAD_RUNS  how many times the overload rows run, each right after the
 #                     uncongested row it is set against (login at 100, register at
 #                     300, the polite client alone); the summary gives the median of
@@ -40,10 +36,9 @@
 #                     this URL, each on a fresh schema that is dropped afterwards
 #                     (needs psql) [unset: SQLite only]
 #   BENCH_BASELINE_AUTHD  an authd binary of another revision (e.g. built from a
-#                     `git worktree` of it): the login and register rows at 100k and
-#                     600k, and the overload rows, are run with it too, in the same
-#                     run, marked "baseline", against its own hash-bound limit
-#                     [unset: no baseline rows]
+#                     `git worktree` of it): every row of authd is run with it too,
+#                     in the same run, marked "baseline", against its own hash-bound
+#                     limit and with its own defaults [unset: no baseline rows]
 #   BENCH_REPORT_SERVICE  "off" leaves out the report's service's rows [on]. When on,
 #                     a Python virtualenv with bench/report-service/requirements.txt
 #                     is made once (python3 -m venv, pip from PyPI) and reused, in
@@ -86,14 +81,11 @@ else
     DURATION=${BENCH_DURATION:-15}
     WARMUP=${BENCH_WARMUP:-5}
 fi
-HASH_QUEUE=${BENCH_HASH_QUEUE:-300}
 OVERLOAD_RUNS=${BENCH_OVERLOAD_RUNS:-3}
 REPORT_SERVICE=${BENCH_REPORT_SERVICE:-on}
 [[ $DURATION =~ ^[0-9]+$ && $DURATION -ge 1 ]] || die "BENCH_DURATION must be whole seconds ≥ 1"
 [[ $WARMUP =~ ^[0-9]+$ ]] || die "BENCH_WARMUP must be whole seconds"
 [[ $OVERLOAD_RUNS =~ ^[1-9][0-9]*$ ]] || die "BENCH_OVERLOAD_RUNS must be a number ≥ 1"
-[[ $HASH_QUEUE == default || $HASH_QUEUE =~ ^[1-9][0-9]*$ ]] ||
-    die "BENCH_HASH_QUEUE must be a positive number or 'default'"
 [[ $REPORT_SERVICE == on || $REPORT_SERVICE == off ]] ||
     die "BENCH_REPORT_SERVICE must be 'on' or 'off'"
 for tool in cargo taskset python3; do
@@ -160,30 +152,34 @@ TARGET=http://127.0.0.1:$PORT
 HEALTH_TARGET=http://127.0.0.1:$HEALTH_PORT
 TOKEN_KEY="bench:$(head -c 32 /dev/urandom | base64 | tr -d '\n')"
 
-# start_server ITERATIONS [BINARY]: a fresh authd (this revision's, or BINARY) on a
-# fresh database, SERVING when it returns.
+# start_server ITERATIONS [BINARY] [CPUS]: a fresh authd (this revision's, or BINARY)
+# on a fresh database, on the server's cores (or CPUS, with a hash thread per core),
+# SERVING when it returns.
 start_server() {
-    local binary=${2:-$AUTHD}
+    local binary=${2:-$AUTHD} cpus=${3:-$SERVER_CPUS} threads=$HASH_THREADS
+    [[ -n ${3:-} ]] && threads=$(taskset -c "$3" nproc)
     stop_server
     rm -f "$WORK"/authd.db*
-    local queue_env=()
-    [[ $HASH_QUEUE != default ]] && queue_env=("AUTHD_HASH_QUEUE=$HASH_QUEUE")
-    # authbench is one client (127.0.0.1): its share is the whole in-flight cap, as
-    # the load of many clients would be, and no limit on Register (it registers every
-    # user from that one address; an older BINARY ignores the variable). Everything
-    # else is authd's defaults.
+    # authbench acts for its users as a signup service does, each in x-forwarded-for
+    # (authbench --forwarded-for), from 127.0.0.1: the one address trusted to say so.
+    # Every other setting is authd's default. A baseline BINARY runs with the settings
+    # its own suite ran it with (it knows no trusted callers), so its rows are the
+    # rates it published.
+    local revision_env=(AUTHD_TRUSTED_CALLERS=127.0.0.1)
+    if [[ $binary != "$AUTHD" ]]; then
+        revision_env=(AUTHD_HASH_QUEUE=300 AUTHD_MAX_IN_FLIGHT_PER_CLIENT=4096
+            AUTHD_REGISTER_LIMIT=off)
+    fi
     env AUTHD_LISTEN="127.0.0.1:$PORT" \
         AUTHD_DATABASE_URL="${DATABASE_URL:-sqlite://$WORK/authd.db}" \
         AUTHD_PBKDF2_ITERATIONS="$1" \
-        AUTHD_HASH_THREADS="$HASH_THREADS" \
-        "${queue_env[@]}" \
+        AUTHD_HASH_THREADS="$threads" \
+        "${revision_env[@]}" \
         AUTHD_TOKEN_KEYS="$TOKEN_KEY" \
-        AUTHD_MAX_IN_FLIGHT_PER_CLIENT=4096 \
-        AUTHD_REGISTER_LIMIT=off \
         AUTHD_METRICS_LISTEN= \
         AUTHD_HEALTH_LISTEN="127.0.0.1:$HEALTH_PORT" \
         AUTHD_LOG=warn \
-        taskset -c "$SERVER_CPUS" "$binary" >>"$WORK/server.log" 2>&1 &
+        taskset -c "$cpus" "$binary" >>"$WORK/server.log" 2>&1 &
     SERVER_PID=$!
     if ! "$AUTHBENCH" health --target "$TARGET" --requests 1 --concurrency 1 \
         --wait 30s --json >/dev/null; then
@@ -353,9 +349,12 @@ hash_bench before
 # measurement. Overload runs twice: with clients that ask again at once when
 # refused (the closed loop of the original report), and with clients that wait out
 # the RetryInfo hint. Overload logins use one account per request in flight, so no
-# login waits for another attempt on its account (the login throttle's rule).
-# "polite" is a client of its own address (127.0.0.2) with 20 logins in flight,
-# alone and beside one that re-asks at once with 2,000.
+# login waits for another attempt on its account (the login throttle's rule). Every
+# row sends authbench's default deadline, 10 s, unless it says otherwise, and from
+# 127.0.0.1 on behalf of one end user per account and per registration
+# (--forwarded-for, added below).
+# "polite" is a client of its own address (127.0.0.2), untrusted and forwarding
+# nothing, with 20 logins in flight, alone and beside 2,000 that re-ask at once.
 EAGER_LOGINS="login --concurrency 2000 --users 2000"
 SCENARIOS=(
     "login|600000|login|100||"
@@ -378,8 +377,9 @@ OVERLOAD_ROWS=(
     "register|10000|register|300||"
     "register overload, clients re-ask at once|10000|register|5000||"
     "register overload, clients back off|10000|register|5000||--backoff"
+    "login, 1 s deadlines, clients re-ask at once|10000|login|5000||--users 5000 --timeout 1s"
     "polite client alone|10000|login|20||--users 20 --bind 127.0.0.2"
-    "polite client beside one re-asking at once|10000|login|20|$EAGER_LOGINS|--users 20 --bind 127.0.0.2"
+    "polite client beside 2,000 re-asking at once|10000|login|20|$EAGER_LOGINS|--users 20 --bind 127.0.0.2"
 )
 # The report's service (rows named "report's service, …"): no deadline travels with
 # an HTTP request and it bounds no queue (5,000 registrations in flight wait some 25 s
@@ -406,12 +406,11 @@ fi
 BASELINE_OVERLOAD_ROWS=()
 if [[ -n ${BENCH_BASELINE_AUTHD:-} ]]; then
     [[ -x $BENCH_BASELINE_AUTHD ]] || die "BENCH_BASELINE_AUTHD: $BENCH_BASELINE_AUTHD is not an executable"
-    SCENARIOS+=(
-        "login, baseline|600000|login|100||"
-        "login, baseline|100000|login|100||"
-        "register, baseline|100000|register|100||"
-        "register, baseline|10000|register|100||"
-    )
+    for row in "${SCENARIOS[@]}"; do
+        IFS='|' read -r name rest <<<"$row"
+        [[ $name == "report's service"* || $name == *PostgreSQL* ]] && continue
+        SCENARIOS+=("$name, baseline|$rest")
+    done
     for row in "${OVERLOAD_ROWS[@]}"; do
         IFS='|' read -r name rest <<<"$row"
         BASELINE_OVERLOAD_ROWS+=("$name, baseline|$rest")
@@ -459,12 +458,17 @@ for row in "${RUNS[@]}"; do
         [[ $name == *baseline* ]] && binary=$BENCH_BASELINE_AUTHD
         start_server "$iterations" "$binary"
     fi
+    # authd's rows act for one end user per account and per registration (see the
+    # scenarios above); the report's service and a client of its own address forward
+    # nothing.
+    forward=()
+    [[ $name != "report's service"* ]] && forward=(--forwarded-for 131072)
     json=$WORK/run-$i.json
     background=
     if [[ -n $load ]]; then
         background=$WORK/run-$i-background.json
         # shellcheck disable=SC2086 # load is a list of words
-        taskset -c "$CLIENT_CPUS" "$AUTHBENCH" $load \
+        taskset -c "$CLIENT_CPUS" "$AUTHBENCH" $load "${forward[@]}" \
             --duration "$((WARMUP + DURATION + 11))s" --warmup 1s --target "$TARGET" \
             --threads "$CLIENT_THREADS" --json >"$background" &
         BG_PID=$!
@@ -484,9 +488,10 @@ for row in "${RUNS[@]}"; do
     # Probes go to the health-only port, as the shipped Kubernetes manifests do.
     target=$TARGET
     [[ $scenario == health ]] && target=$HEALTH_TARGET
+    [[ $flags == *--bind* ]] && forward=()
     # shellcheck disable=SC2086 # flags is a list of words
     bench "$json" "$target" "$scenario" --concurrency "$concurrency" \
-        --warmup "${WARMUP}s" --duration "${DURATION}s" $flags
+        --warmup "${WARMUP}s" --duration "${DURATION}s" $flags "${forward[@]}"
     if [[ -n $PROBE_PID ]]; then
         wait "$PROBE_PID" || die "the health prober failed"
     fi
@@ -502,6 +507,33 @@ for row in "${RUNS[@]}"; do
 done
 
 drop_schema
+
+# Users arriving at once, as people do after an outage or at the start of a day:
+# AT_ONCE_USERS logins sent together, one per user, each with a 10 s deadline and no
+# retry, at the default cost, with the server on every core (a hash thread per core;
+# authbench beside it sends only these requests), BENCH_OVERLOAD_RUNS times; the
+# baseline too.
+AT_ONCE_USERS=300
+AT_ONCE=$WORK/at-once.tsv
+: >"$AT_ONCE"
+at_once=("$AUTHD|authd")
+[[ -n ${BENCH_BASELINE_AUTHD:-} ]] && at_once+=("$BENCH_BASELINE_AUTHD|baseline")
+ALL_CPUS=$(cpu_range 0 $((NPROC - 1)))
+for ((run = 1; run <= OVERLOAD_RUNS; run++)); do
+    for entry in "${at_once[@]}"; do
+        IFS='|' read -r binary label <<<"$entry"
+        echo "== $AT_ONCE_USERS users at once, PBKDF2 600000, every core: $label (run $run)" >&2
+        start_server 600000 "$binary" "$ALL_CPUS"
+        json=$WORK/at-once-$label-$run.json
+        "$AUTHBENCH" login --target "$TARGET" --concurrency "$AT_ONCE_USERS" \
+            --requests "$AT_ONCE_USERS" --users "$AT_ONCE_USERS" --forwarded-for 131072 \
+            --timeout 10s --threads "$CLIENT_THREADS" --json >"$json" ||
+            die "authbench failed for $AT_ONCE_USERS users at once ($label)"
+        stop_server
+        printf '%s\t%s\t%s\n' "$label" "$run" "$json" >>"$AT_ONCE"
+    done
+done
+
 hash_bench after
 
 CPU_MODEL=$(awk -F': *' '/^model name/ { print $2; exit }' /proc/cpuinfo)
@@ -512,11 +544,13 @@ if [[ -n $(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null) ]
 fi
 
 mkdir -p "$(dirname "$OUT")"
-python3 - "$MANIFEST" "$WORK" "$REPORT_SKIPPED" "$OVERLOAD_RUNS" >"$WORK/table.md" <<'PY'
+python3 - "$MANIFEST" "$WORK" "$REPORT_SKIPPED" "$OVERLOAD_RUNS" "$AT_ONCE" "$ALL_CPUS" \
+    >"$WORK/table.md" <<'PY'
 import json, statistics, sys
 
 manifest, work, report_skipped = sys.argv[1], sys.argv[2], sys.argv[3]
 overload_runs = int(sys.argv[4])
+at_once_runs, all_cpus = sys.argv[5], sys.argv[6]
 import os
 REPORT = "report's service"
 limits, measured = {}, {}
@@ -579,6 +613,7 @@ for line in open(manifest):
         bref = b["codes"].get("RESOURCE_EXHAUSTED", 0)
         notes.append(f"- {name}: the background `authbench {load}` ran at "
                      f"{b['ok_qps']:.0f} successful req/s, "
+                     f"{100 * b['ok'] / max(b['requests'], 1):.1f} % answered OK, "
                      f"{100 * bref / max(b['requests'], 1):.1f} % RESOURCE_EXHAUSTED, "
                      f"p99 of its successes {ms((b.get('ok_latency_ms') or {}).get('p99'))} ms.")
 print()
@@ -648,7 +683,8 @@ for suffix in ("", ", baseline"):
         (f"login overload, clients back off{suffix}", 2000, f"login{suffix}", 100),
         (f"register overload, clients re-ask at once{suffix}", 5000, f"register{suffix}", 300),
         (f"register overload, clients back off{suffix}", 5000, f"register{suffix}", 300),
-        (f"polite client beside one re-asking at once{suffix}", 20,
+        (f"login, 1 s deadlines, clients re-ask at once{suffix}", 5000, f"login{suffix}", 100),
+        (f"polite client beside 2,000 re-asking at once{suffix}", 20,
          f"polite client alone{suffix}", 20),
     ]
     for name, conc, base_name, base_conc in pairs:
@@ -662,6 +698,26 @@ for suffix in ("", ", baseline"):
         success = min(o["success"] for o, _ in paired)
         print(f"| {name} | {spread(rates)} | {spread(p99s) if p99s else '—'} "
               f"| {100 * success:.1f} % |")
+# Users at once: how many of them were answered OK, and when the last answer came.
+print()
+print("## Users logging in at once")
+print()
+print(f"Each run: {{n}} logins sent together, one per user, a 10 s deadline, no retry, "
+      f"PBKDF2 600k, the server on CPU {all_cpus} with a hash thread per core.".replace(
+          "{n}", "the users'"))
+print()
+print("| server | run | answered OK | refused | other | last answer (ms) | p50 (ms) |")
+print("|---|---:|---:|---:|---:|---:|---:|")
+for line in open(at_once_runs):
+    label, run, path = line.rstrip("\n").split("\t")
+    r = json.load(open(path))
+    codes = r["codes"]
+    other = sum(n for c, n in codes.items() if c not in ("OK", "RESOURCE_EXHAUSTED"))
+    other += r["client_errors"]["connection"] + r["client_errors"]["timeout"]
+    every = r.get("latency_ms") or {}
+    print(f"| {label} | {run} | {r['ok']} of {r['requests']} "
+          f"| {codes.get('RESOURCE_EXHAUSTED', 0)} | {other} | {ms(every.get('max'))} "
+          f"| {ms(every.get('p50'))} |")
 # authd against the report's service, in the same run on the same cores: the issue's
 # targets, with clients that re-ask at once.
 print()
@@ -716,13 +772,16 @@ PY
         baseline=" BENCH_BASELINE_AUTHD=$BENCH_BASELINE_AUTHD"
     fi
     echo "- Command: \`$COMMAND\`" \
-        "(BENCH_DURATION=$DURATION BENCH_WARMUP=$WARMUP BENCH_HASH_QUEUE=$HASH_QUEUE" \
+        "(BENCH_DURATION=$DURATION BENCH_WARMUP=$WARMUP" \
         "BENCH_OVERLOAD_RUNS=$OVERLOAD_RUNS$baseline)"
     echo "- authd revision: $REVISION"
-    echo "- Layout: authd on CPU $SERVER_CPUS (AUTHD_HASH_THREADS=$HASH_THREADS," \
-        "AUTHD_HASH_QUEUE=$HASH_QUEUE), authbench on CPU $CLIENT_CPUS ($CLIENT_THREADS" \
-        "runtime thread(s)); each scenario on a freshly started authd with a new SQLite" \
-        "file; closed loop, ${WARMUP} s warm-up (not counted), then ${DURATION} s measured."
+    echo "- Layout: authd on CPU $SERVER_CPUS (AUTHD_HASH_THREADS=$HASH_THREADS, its" \
+        "other settings the defaults but AUTHD_TRUSTED_CALLERS=127.0.0.1), authbench on" \
+        "CPU $CLIENT_CPUS ($CLIENT_THREADS runtime thread(s); from 127.0.0.1 on behalf of" \
+        "one end user per account and per registration, --forwarded-for); each scenario" \
+        "on a freshly started authd with a new SQLite file; closed loop, 10 s deadlines" \
+        "unless the row says otherwise, ${WARMUP} s warm-up (not counted), then" \
+        "${DURATION} s measured."
     if [[ -n $REPORT_PYTHON ]]; then
         echo "- The report's service: bench/report-service ($REPORT_VERSIONS), one uvicorn" \
             "worker on CPU $SERVER_CPUS, freshly started per row on a new SQLite file;" \
