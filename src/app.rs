@@ -314,9 +314,10 @@ impl Application {
             });
         }
         let admission = Admission::new(
-            config
-                .overload
-                .admission(MAX_MESSAGE_BYTES + GRPC_FRAME_HEADER),
+            config.overload.admission(
+                MAX_MESSAGE_BYTES + GRPC_FRAME_HEADER,
+                accounts.hasher().pool().parallelism(),
+            ),
             metrics.overload.clone(),
         );
         let pushback = Pushback::new(config.overload.pushback(), metrics.overload.clone());

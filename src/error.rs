@@ -93,7 +93,8 @@ impl TokenError {
 /// A wait as whole seconds, rounded up, for `retry-after` and `ratelimit-reset`:
 /// a client that waits that long finds what it waits for.
 pub(crate) fn whole_seconds(wait: Duration) -> u64 {
-    wait.as_secs() + u64::from(wait.subsec_nanos() > 0)
+    wait.as_secs()
+        .saturating_add(u64::from(wait.subsec_nanos() > 0))
 }
 
 /// The `retry-after` of a refusal: whole seconds, rounded up, at least 1.

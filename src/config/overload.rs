@@ -103,14 +103,20 @@ impl OverloadConfig {
     }
 
     /// The admission layer's settings: `max_body_bytes` is the largest request worth
-    /// receiving (the server's message limit, framing included).
-    pub(crate) fn admission(&self, max_body_bytes: usize) -> AdmissionSettings {
+    /// receiving (the server's message limit, framing included), and
+    /// `hash_parallelism` the hashes the server runs side by side.
+    pub(crate) fn admission(
+        &self,
+        max_body_bytes: usize,
+        hash_parallelism: usize,
+    ) -> AdmissionSettings {
         AdmissionSettings {
             max_in_flight: self.max_in_flight,
             max_per_client: self.max_in_flight_per_client(),
             receive_timeout: self.receive_timeout,
             max_body_bytes,
             max_wait: self.max_wait,
+            hash_parallelism: u32::try_from(hash_parallelism).unwrap_or(u32::MAX),
         }
     }
 
@@ -154,15 +160,15 @@ mod tests {
         let mut c = Config::defaults().overload;
         c.max_in_flight = 100;
         c.refusal_hold_max = 10;
-        assert_eq!(c.admission(1024).max_per_client, 25);
-        assert_eq!(c.admission(1024).max_wait, Duration::from_secs(5));
+        assert_eq!(c.admission(1024, 64).max_per_client, 25);
+        assert_eq!(c.admission(1024, 64).max_wait, Duration::from_secs(5));
         assert_eq!(c.pushback().max_held_per_client, 5);
         c.max_in_flight = 1;
         c.refusal_hold_max = 1;
         assert_eq!(c.max_in_flight_per_client(), 1);
         assert_eq!(c.refusal_hold_max_per_client(), 1);
         c.max_in_flight_per_client = Some(7);
-        assert_eq!(c.admission(1024).max_per_client, 7);
+        assert_eq!(c.admission(1024, 64).max_per_client, 7);
     }
 
     #[test]

@@ -74,8 +74,10 @@ pub const BUSY_ROOM: f64 = 0.75;
 /// The longest deadline taken as one: a longer `grpc-timeout` is this long.
 const LONGEST_DEADLINE: Duration = Duration::from_secs(24 * 3600);
 
-/// The shortest retry hint of a refusal.
+/// The shortest and the longest retry hint of a refusal (the longest when almost
+/// nothing is being answered).
 const SHORTEST_HINT: Duration = Duration::from_millis(10);
+const LONGEST_HINT: Duration = Duration::from_secs(60);
 
 /// How admission control is configured.
 #[derive(Debug, Clone)]
@@ -90,6 +92,10 @@ pub struct AdmissionSettings {
     pub max_body_bytes: usize,
     /// The deadline of a call that brings none, from its arrival.
     pub max_wait: Duration,
+    /// Requests that hash a password the server runs side by side (hashing threads
+    /// times their lanes): with fewer than half of it in flight, the rate measured is
+    /// no evidence of the capacity ([`super::pace`]).
+    pub hash_parallelism: u32,
 }
 
 /// The kinds of requests whose pace is measured apart.
@@ -164,10 +170,13 @@ impl Admission {
             .clamp(1, Semaphore::MAX_PERMITS as u32);
         settings.max_per_client = settings.max_per_client.max(1);
         let now = Instant::now();
-        let in_flight = || InFlight {
+        // The others run side by side on the runtime's threads, one a core.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let hash_parallelism = settings.hash_parallelism;
+        let in_flight = |parallelism: u32| InFlight {
             count: 0,
             busy_clients: 0,
-            pace: Pace::new(now),
+            pace: Pace::new(now, parallelism),
         };
         Arc::new(Self {
             permits: Arc::new(Semaphore::new(settings.max_in_flight as usize)),
@@ -176,7 +185,10 @@ impl Admission {
             clients: Mutex::new(Open {
                 total: 0,
                 clients: HashMap::new(),
-                kinds: [in_flight(), in_flight()],
+                kinds: [
+                    in_flight(hash_parallelism),
+                    in_flight(u32::try_from(cores).unwrap_or(u32::MAX)),
+                ],
             }),
             metrics,
         })
@@ -226,6 +238,7 @@ impl Admission {
             client,
             kind,
             in_flight: false,
+            answered: false,
         })
     }
 
@@ -242,7 +255,12 @@ impl Admission {
         let Open { clients, kinds, .. } = &mut *open;
         let mine = clients.entry(share.client).or_default();
         let of_kind = &mut kinds[kind];
-        if let Some(predicted) = of_kind.pace.predicted(of_kind.count) {
+        // With nothing of its kind in flight a request waits for nothing: it is
+        // admitted whatever was measured, which also lets a rate measured low recover.
+        let predicted = (of_kind.count > 0)
+            .then(|| of_kind.pace.predicted(of_kind.count))
+            .flatten();
+        if let Some(predicted) = predicted {
             let time = answer_by.saturating_duration_since(now);
             let held = mine.in_flight[kind];
             let active = of_kind.busy_clients + u32::from(held == 0);
@@ -276,6 +294,8 @@ struct ClientShare {
     client: IpAddr,
     kind: Kind,
     in_flight: bool,
+    /// Whether its work was done: answered, neither at its deadline nor abandoned.
+    answered: bool,
 }
 
 impl Drop for ClientShare {
@@ -298,7 +318,7 @@ impl Drop for ClientShare {
             if mine.in_flight[kind] == 0 {
                 of_kind.busy_clients -= 1;
             }
-            if of_kind.pace.answered(now, of_kind.count) {
+            if of_kind.pace.ended(now, of_kind.count, self.answered) {
                 let metrics = &self.admission.metrics;
                 let rate = of_kind.pace.rate().unwrap_or(0.0);
                 metrics.answer_rate[kind].set(rate);
@@ -312,6 +332,13 @@ impl Drop for ClientShare {
             clients.remove(&self.client);
         }
     }
+}
+
+/// Whether a response says the work was not done: its deadline passed first, or it
+/// was cancelled (a status the handler gives in the headers).
+fn unanswered(response: &Response) -> bool {
+    let status = response.headers().get("grpc-status");
+    status.is_some_and(|code| code == "4" || code == "1")
 }
 
 /// The admission layer around `state`.
@@ -412,13 +439,16 @@ impl Middleware for Admission {
                 };
                 return answer(Error::Overloaded {
                     what,
-                    retry_after: predicted.max(SHORTEST_HINT),
+                    retry_after: predicted.clamp(SHORTEST_HINT, LONGEST_HINT),
                 });
             }
             parts.extensions.insert(Deadline(deadline.into_std()));
             let req = http::Request::from_parts(parts, Body::new(Full::new(body)));
             match tokio::time::timeout_at(answer_by, inner.call(req)).await {
-                Ok(result) => result,
+                Ok(result) => {
+                    share.answered = result.as_ref().is_ok_and(|response| !unanswered(response));
+                    result
+                }
                 Err(_) => answer(Error::DeadlineExceeded),
             }
         })
@@ -445,6 +475,7 @@ pub(crate) mod tests {
             receive_timeout: Duration::from_secs(5),
             max_body_bytes: 64,
             max_wait: Duration::from_secs(60),
+            hash_parallelism: 1,
         }
     }
 

@@ -67,6 +67,7 @@ impl Drop for Closer {
 #[derive(Clone)]
 pub struct HashPool {
     queue: Arc<HashQueue<Queued>>,
+    threads: usize,
     _closer: Arc<Closer>,
     engine: Engine,
     pub(super) metrics: HashMetrics,
@@ -96,6 +97,7 @@ impl HashPool {
         Ok(Self {
             _closer: Arc::new(Closer(queue.clone())),
             queue,
+            threads,
             engine,
             metrics,
         })
@@ -104,6 +106,12 @@ impl HashPool {
     /// The engine the threads hash on.
     pub fn engine(&self) -> Engine {
         self.engine
+    }
+
+    /// Hashes the threads run side by side when busy: the threads times the
+    /// engine's lanes.
+    pub fn parallelism(&self) -> usize {
+        self.threads * self.engine.lanes()
     }
 
     pub fn stats(&self) -> PoolSnapshot {
