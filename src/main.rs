@@ -74,8 +74,24 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let done = match cli.command.unwrap_or(Command::Serve) {
         // Its own exit statuses (refused, usage, no answer) and its own error line.
         Command::Admin(command) => return Ok(authd::admin_command(&config, &command).await),
-        Command::Migrate => {
+        Command::Migrate {
+            status,
+            check_rollback,
+        } => {
             config.read_secret_files()?;
+            if let Some(version) = check_rollback {
+                let verdict = app::check_rollback(&config, &version).await?;
+                println!("{}", verdict.reason);
+                return Ok(if verdict.safe {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                });
+            }
+            if status {
+                print!("{}", app::schema(&config).await?);
+                return Ok(ExitCode::SUCCESS);
+            }
             app::migrate(&config).await?;
             tracing::info!(database = %config.store.database_url, "migrations applied");
             Ok(())

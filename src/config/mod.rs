@@ -102,8 +102,19 @@ pub struct Cli {
 pub enum Command {
     /// Serve gRPC until SIGTERM or SIGINT (the default when no command is given).
     Serve,
-    /// Create or upgrade the database schema, then exit.
-    Migrate,
+    /// Create or upgrade the database schema, then exit. With --status or
+    /// --check-rollback it reads the schema and changes nothing.
+    Migrate {
+        /// Print the schema's state: the migrations applied, the level a release must
+        /// know to run on it, and which releases do.
+        #[arg(long, conflicts_with = "check_rollback")]
+        status: bool,
+        /// Whether authd VERSION (e.g. 0.1.0) can run on this database's schema, for a
+        /// rollback to it: prints the answer and its reason; exit status 1 when it
+        /// cannot.
+        #[arg(long, value_name = "VERSION")]
+        check_rollback: Option<String>,
+    },
     /// Measure this machine's PBKDF2 rate with the server's hashing code, then exit:
     /// hashes/s per thread and in total, the hash-bound limit of logins and registrations.
     HashBench {

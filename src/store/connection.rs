@@ -1,6 +1,6 @@
 //! Connections: which database to open and how (the settings, connect options,
-//! migrations, SQLite's file permissions), and the pools every operation takes a
-//! connection from, bounded alike on both backends.
+//! SQLite's file permissions; the migrations run on open are `schema`'s), and the
+//! pools every operation takes a connection from, bounded alike on both backends.
 //!
 //! [`Connections`] is a backend's pool (SQLite's readers, kept by authd: `kept`;
 //! PostgreSQL's one sqlx pool) with the wait for a connection measured (`authd_store_pool_acquire_duration_seconds`)
@@ -9,8 +9,7 @@
 //! to the pool ([`Lease`]). Reads that are the same on both backends are written once
 //! over it (`users`, `session`, `admin`, `factor`), each a statement they build and
 //! [`Connections::fetch_optional`] (or `fetch_one`, `fetch_all`) runs. This file
-//! builds no statement of its own beyond migrations, and knows nothing of users or
-//! sessions.
+//! builds no statement of its own, and knows nothing of users or sessions.
 //!
 //! SQLite: WAL, `synchronous=FULL` (a commit that returned is durable), a busy
 //! timeout, foreign keys; the writer connection (`sqlite`'s writer task) creates and
@@ -26,6 +25,7 @@
 
 use super::StoreError;
 use super::kept::{Kept, Lent};
+use super::schema::SchemaState;
 use crate::metrics::Metrics;
 use anyhow::Context as _;
 use prometheus::Histogram;
@@ -187,8 +187,7 @@ pub(super) async fn open_sqlite_writer(
     let mut conn = SqliteConnection::connect_with(&options)
         .await
         .with_context(|| format!("opening SQLite database {}", settings.path.display()))?;
-    sqlx::migrate!("migrations/sqlite")
-        .run(&mut conn)
+    super::schema::migrate_sqlite(&mut conn)
         .await
         .with_context(|| format!("migrating SQLite database {}", settings.path.display()))?;
     Ok(conn)
@@ -220,15 +219,40 @@ pub(super) async fn migrate_postgres(settings: &PostgresSettings) -> anyhow::Res
     let mut conn = PgConnection::connect_with(&postgres_options(settings)?)
         .await
         .context("connecting to PostgreSQL")?;
-    // sqlx holds an advisory lock while it migrates, so replicas starting together
-    // take turns instead of racing.
-    sqlx::migrate!("migrations/postgres")
-        .run(&mut conn)
+    super::schema::migrate_postgres(&mut conn)
         .await
         .context("migrating the PostgreSQL database")?;
     conn.close()
         .await
         .context("closing the migration connection")
+}
+
+/// What the database's schema is, read without changing it (`authd migrate
+/// --status`); an SQLite file that does not exist is an error, not an empty schema.
+pub(super) async fn read_schema(settings: &StoreSettings) -> anyhow::Result<SchemaState> {
+    match settings {
+        StoreSettings::Sqlite(s) => {
+            anyhow::ensure!(
+                s.path.exists(),
+                "no SQLite database at {}",
+                s.path.display()
+            );
+            let mut conn = SqliteConnection::connect_with(&sqlite_options(s).read_only(true))
+                .await
+                .with_context(|| format!("opening SQLite database {}", s.path.display()))?;
+            let state = super::schema::sqlite_state(&mut conn).await;
+            conn.close().await.context("closing the SQLite database")?;
+            state
+        }
+        StoreSettings::Postgres(s) => {
+            let mut conn = PgConnection::connect_with(&postgres_options(s)?)
+                .await
+                .context("connecting to PostgreSQL")?;
+            let state = super::schema::postgres_state(&mut conn).await;
+            conn.close().await.context("closing the connection")?;
+            state
+        }
+    }
 }
 
 /// A backend's pool of connections: the wait for one is measured, and every

@@ -27,8 +27,10 @@
 //! - `admin`: accounts as the admin API sees and changes them, and the per-user
 //!   token cutoffs.
 //! - `factor`: the second factor: TOTP factors, recovery codes, Login's challenges.
-//! - `connection`: the backend choice and its settings, connect options, migrations,
-//!   and the pools operations take a bounded connection from.
+//! - `connection`: the backend choice and its settings, connect options, and the
+//!   pools operations take a bounded connection from.
+//! - `schema`: the migrations' two ledgers and the compatibility levels: what a
+//!   release may run on, and whether a rollback is safe.
 //! - `kept`: SQLite's read-only connections, lent without sqlx's pool checks.
 //! - `users`: users' rows and statements, and their reads, written once for both
 //!   backends.
@@ -46,6 +48,7 @@ mod connection;
 mod factor;
 mod kept;
 mod postgres;
+mod schema;
 mod session;
 mod sqlite;
 mod sqlite_lookups;
@@ -56,6 +59,7 @@ mod users;
 pub use admin::{Account, AccountKey, Change, Cutoff, PageQuery, Revoked, SessionInfo};
 pub use connection::{PostgresSettings, SqliteSettings, StoreSettings};
 pub use factor::{Factor, FactorAnswer, FactorWrite, LiveChallenge, Proof, Proved, Purpose};
+pub use schema::{RELEASES, SchemaState};
 pub use session::{
     EndReason, Ended, EndedSession, LiveSession, LoggedOut, NewSession, Purged, Refreshed, Rotation,
 };
@@ -319,6 +323,11 @@ impl Store {
     /// Safe when several replicas start at once (sqlx takes a migration lock).
     pub async fn migrate(settings: &StoreSettings) -> anyhow::Result<()> {
         connection::migrate_only(settings).await
+    }
+
+    /// The database's schema, read without changing it: `authd migrate --status`.
+    pub async fn schema(settings: &StoreSettings) -> anyhow::Result<SchemaState> {
+        connection::read_schema(settings).await
     }
 
     /// Stores a new user; [`StoreError::Duplicate`] when the username is taken.

@@ -10,6 +10,7 @@ use authd::{
 };
 use sqlx::{Connection, PgConnection, SqliteConnection, sqlite::SqliteConnectOptions};
 use std::{
+    path::Path,
     sync::{Arc, Once},
     time::Duration,
 };
@@ -496,7 +497,12 @@ pub fn ok_and_taken<T>(results: &[Result<T, Status>]) -> (usize, usize) {
 /// The `authd` binary, with none of the test runner's `AUTHD_*` (or `OTEL_*`) variables: only
 /// what a test sets.
 pub fn authd_command() -> std::process::Command {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_authd"));
+    authd_command_of(Path::new(env!("CARGO_BIN_EXE_authd")))
+}
+
+/// An `authd` binary (this release's, or another's), as [`authd_command`].
+pub fn authd_command_of(binary: &Path) -> std::process::Command {
+    let mut cmd = std::process::Command::new(binary);
     for (key, _) in std::env::vars_os() {
         let key_text = key.to_string_lossy();
         if key_text.starts_with("AUTHD_") || key_text.starts_with("OTEL_") {
