@@ -1,5 +1,7 @@
-"""Checks that docs/configuration.md documents every option of src/config/ once.
+"""Checks that docs/configuration.md documents every option of src/config/ once, and
+that docs/observability.md documents every metric of src/ once, with its labels.
 
+Options:
 - An option table is a markdown table whose header names a `flag` and an `env var`
   column; each of its rows documents the option named in those two cells (a `--flag`
   and an environment variable). Tables with other headers (commands, the secrets and
@@ -14,8 +16,23 @@
   simple default (`default_value`/`default_value_t`) can be read, the row must name
   the same flag and, when its default is one literal, the same default.
 
+Metrics:
+- A metric table of docs/observability.md is a markdown table whose first column is
+  named `metric`; each of its rows documents one metric, named in that cell as one
+  code span, `name` or `name{label,label}`, with its type in the `type` column.
+- Every metric registered in any `.rs` file under src/ has exactly one row, with the
+  labels it is registered with (in any order) and its type (counter, gauge or
+  histogram), and every metric with a row is registered. A registration is a call of
+  one of the registry's helpers (`.counter("authd_…", help)`, `.counter_vec(…,
+  &["label", …])`, `.gauge`, `.gauge_vec`, `.float_gauge_vec`, `.histogram`,
+  `.histogram_vec`) or a `Opts::new("…")`/`HistogramOpts::new("…")` given to a
+  prometheus type, its name a string literal; the process collector of the
+  prometheus crate (`ProcessCollector`) adds its own seven `process_*` gauges and
+  counter.
+
 Standard library only. Run by .ci/run: `python3 .ci/check-docs.py [DOC [CONFIG_DIR]]`
-(CONFIG_DIR may also name one `.rs` file).
+(DOC and CONFIG_DIR are the options' page and source, CONFIG_DIR may also name one
+`.rs` file; the metrics are always docs/observability.md against src/).
 """
 
 import pathlib
@@ -316,9 +333,284 @@ for number, flags, envs, default in rows:
                             f"`{doc_default}`, but {src_envs[env]} says "
                             f"\"{src_default[env]}\"")
 
-if problems:
-    print(f"{DOC}: {len(problems)} problem(s):", file=sys.stderr)
-    for problem in problems:
-        print(f"  {problem}", file=sys.stderr)
-    sys.exit(1)
-print(f"{DOC}: {len(by_env)} options, each documented once")
+option_problems = problems
+
+# --- metrics: src/ against docs/observability.md ----------------------------------------
+
+METRICS_DOC_PATH = root / "docs/observability.md"
+METRICS_SRC_PATH = root / "src"
+METRICS_DOC, METRICS_SRC = shown(METRICS_DOC_PATH), shown(METRICS_SRC_PATH)
+
+METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+# The registry's helpers (src/metrics/mod.rs, `Families`), by the type they register.
+HELPERS = {
+    "counter": "counter",
+    "counter_vec": "counter",
+    "gauge": "gauge",
+    "gauge_vec": "gauge",
+    "float_gauge_vec": "gauge",
+    "histogram": "histogram",
+    "histogram_vec": "histogram",
+}
+# A prometheus type given an `Opts::new(…)` of its own, by the type it registers.
+PROMETHEUS_TYPES = {
+    "Counter": "counter", "IntCounter": "counter", "CounterVec": "counter",
+    "IntCounterVec": "counter", "Gauge": "gauge", "IntGauge": "gauge",
+    "GaugeVec": "gauge", "IntGaugeVec": "gauge", "Histogram": "histogram",
+    "HistogramVec": "histogram",
+}
+# What the prometheus crate's process collector registers (its process_collector.rs).
+PROCESS_METRICS = {
+    "process_cpu_seconds_total": "counter",
+    "process_open_fds": "gauge",
+    "process_max_fds": "gauge",
+    "process_virtual_memory_bytes": "gauge",
+    "process_resident_memory_bytes": "gauge",
+    "process_start_time_seconds": "gauge",
+    "process_threads": "gauge",
+}
+
+
+def call_arguments(code, open_paren):
+    """The top-level arguments of the call whose `(` is at `open_paren`, and the offset
+    after its `)`; None when the parentheses do not balance."""
+    depth, i, in_str, start, args = 1, open_paren + 1, False, open_paren + 1, []
+    while i < len(code):
+        ch = code[i]
+        if in_str:
+            if ch == "\\":
+                i += 1
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth == 0:
+                args.append(code[start:i].strip())
+                return [a for a in args if a], i + 1
+        elif ch == "," and depth == 1:
+            args.append(code[start:i].strip())
+            start = i + 1
+        i += 1
+    return None
+
+
+def literal_name(argument):
+    """The metric name of a string-literal argument, else None."""
+    found = re.fullmatch(r'"([^"\\]*)"', argument)
+    if found and METRIC_NAME.fullmatch(found.group(1)):
+        return found.group(1)
+    return None
+
+
+def literal_labels(argument):
+    """The labels of a `&["a", "b"]` argument, else None."""
+    found = re.fullmatch(r"&\s*\[\s*((?:\"[^\"]*\"\s*,?\s*)*)\]", argument)
+    if not found:
+        return None
+    return re.findall(r'"([^"]*)"', found.group(1))
+
+
+def plain(code):
+    """`code` with raw strings and character literals replaced by ones that hold no quote
+    or bracket, line numbers unchanged, so that the scanners below need know only
+    plain strings."""
+    code = re.sub(r'(?<![\w])r(#+)"(.*?)"\1',
+                  lambda m: '"' + "\n" * m.group(2).count("\n") + '"', code, flags=re.S)
+    return re.sub(r"'(\\.|[^\\'\n])'", "'_'", code)
+
+
+def without_tests(code):
+    """`code` with each `#[cfg(test)] mod … { … }` blanked (line numbers unchanged): a
+    registry a unit test builds for itself is not the server's."""
+    out, last = [], 0
+    for match in re.finditer(r"#\[\s*cfg\s*\(\s*test\s*\)\s*\]\s*(?:pub(?:\([^)]*\))?\s+)?"
+                             r"mod\s+\w+\s*\{", code):
+        if match.start() < last:
+            continue
+        depth, i, in_str = 1, match.end(), False
+        while i < len(code) and depth:
+            ch = code[i]
+            if in_str:
+                if ch == "\\":
+                    i += 1
+                elif ch == '"':
+                    in_str = False
+            elif ch == '"':
+                in_str = True
+            elif ch == "{":
+                depth += 1
+            elif ch == "}":
+                depth -= 1
+            i += 1
+        out.append(code[last:match.start()])
+        out.append("".join(c if c == "\n" else " " for c in code[match.start():i]))
+        last = i
+    out.append(code[last:])
+    return "".join(out)
+
+
+# name -> {"labels": [...] or None, "type": …, "where": "src/…:line"}
+registered = {}
+metric_problems = []
+
+
+def register(name, kind, labels, where):
+    if name in registered:
+        first = registered[name]
+        if (first["type"], sorted(first["labels"] or [])) != (kind, sorted(labels or [])):
+            metric_problems.append(f"{where}: {name} is registered again, with another type "
+                                   f"or other labels than at {first['where']}")
+        return
+    registered[name] = {"labels": labels, "type": kind, "where": where}
+
+
+metric_src_files = sorted(METRICS_SRC_PATH.rglob("*.rs"))
+if not metric_src_files:
+    sys.exit(f"{METRICS_SRC}: no .rs file in it; has the source moved?")
+for file in metric_src_files:
+    try:
+        code = without_tests(plain(strip_comments(file.read_text(encoding="utf-8"))))
+    except OSError as e:
+        sys.exit(f"{shown(file)}: cannot read it: {e}")
+
+    def where(offset):
+        return f"{shown(file)}:{code.count(chr(10), 0, offset) + 1}"
+
+    for match in re.finditer(r"\.\s*(" + "|".join(HELPERS) + r")\s*\(", code):
+        parsed = call_arguments(code, match.end() - 1)
+        if not parsed or not parsed[0]:
+            continue
+        args = parsed[0]
+        name = literal_name(args[0])
+        if name is None:
+            continue  # the helpers' own definitions, which pass a variable on
+        helper = match.group(1)
+        labels = []
+        if helper.endswith("_vec"):
+            labels = literal_labels(args[-1]) if len(args) >= 3 else None
+            if labels is None:
+                metric_problems.append(f"{where(match.start())}: {name}'s labels are not a "
+                                       '&["…", …] list of literals: this check cannot read them')
+        register(name, HELPERS[helper], labels, where(match.start()))
+
+    for match in re.finditer(r"\b(?:prometheus::)?(Histogram)?Opts::new\s*\(", code):
+        parsed = call_arguments(code, match.end() - 1)
+        if not parsed or not parsed[0]:
+            continue
+        args, after = parsed
+        name = literal_name(args[0])
+        if name is None:
+            continue
+        # The type it is given to: `Gauge::with_opts(Opts::new(…))` or
+        # `IntCounterVec::new(Opts::new(…), &["label"])`.
+        given = re.search(r"(?:prometheus::)?(\w+)::(with_opts|new)\s*\(\s*$",
+                          code[max(0, match.start() - 200):match.start()])
+        kind = PROMETHEUS_TYPES.get(given.group(1)) if given else None
+        if kind is None:
+            metric_problems.append(f"{where(match.start())}: {name}: the prometheus type it is "
+                                   "given to cannot be read here")
+            continue
+        labels = []
+        if given.group(1).endswith("Vec"):
+            rest = re.match(r"\s*,\s*(&\s*\[[^\]]*\])", code[after:])
+            labels = literal_labels(rest.group(1)) if rest else None
+            if labels is None:
+                metric_problems.append(f"{where(match.start())}: {name}'s labels are not a "
+                                       '&["…", …] list of literals: this check cannot read them')
+        register(name, kind, labels, where(match.start()))
+
+    process = re.search(r"\bProcessCollector\b", code)
+    if process:
+        for name, kind in PROCESS_METRICS.items():
+            register(name, kind, [], where(process.start()))
+
+if not registered:
+    sys.exit(f"{METRICS_SRC}: no metric registration found; have the metrics moved?")
+
+try:
+    metric_doc_lines = METRICS_DOC_PATH.read_text(encoding="utf-8").splitlines()
+except OSError as e:
+    sys.exit(f"{METRICS_DOC}: cannot read it: {e}")
+
+METRIC_CELL = re.compile(r"`([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([a-z0-9_,\s]*)\})?`")
+documented = {}  # name -> [(line, labels, type)]
+header, in_fence = None, False
+for number, line in enumerate(metric_doc_lines, 1):
+    text = line.strip()
+    if re.match(r"^(```|~~~)", text):
+        in_fence, header = not in_fence, None
+        continue
+    if in_fence or not text.startswith("|"):
+        header = None
+        continue
+    following = metric_doc_lines[number].strip() if number < len(metric_doc_lines) else ""
+    if SEPARATOR.match(text):
+        continue
+    if header is None:
+        if SEPARATOR.match(following):
+            header = cells(text)
+        continue
+    if column(header, "metric") != 0:
+        continue  # not a table of metrics (the bottleneck's places, the alerts)
+    row = cells(text)
+    spans = re.findall(r"`[^`]*`", row[0])
+    named = [METRIC_CELL.fullmatch(span) for span in spans]
+    if len(spans) != 1 or not named[0]:
+        metric_problems.append(f"{METRICS_DOC}:{number}: a metric row names "
+                               f"{len(spans)} code spans ({row[0]}): one row per metric, "
+                               "its cell `name` or `name{label,…}`")
+        continue
+    name, label_text = named[0].group(1), named[0].group(2)
+    labels = [l.strip() for l in label_text.split(",") if l.strip()] if label_text else []
+    kind = cell(row, column(header, "type")).strip("` ").lower() or None
+    documented.setdefault(name, []).append((number, labels, kind))
+
+
+def label_list(labels):
+    return "{" + ",".join(labels) + "}" if labels else "no labels"
+
+
+for name, info in sorted(registered.items(), key=lambda item: where_key(item[1]["where"])):
+    rows = documented.get(name)
+    if not rows:
+        labels = info["labels"] or []
+        metric_problems.append(f"{info['where']}: {name} ({info['type']}, "
+                               f"{label_list(labels)}) has no row in {METRICS_DOC}")
+        continue
+    if len(rows) > 1:
+        metric_problems.append(f"{METRICS_DOC}: {name} is documented {len(rows)} times, lines "
+                               f"{', '.join(str(r[0]) for r in rows)}: keep one row, with "
+                               "every label")
+    for number, labels, kind in rows:
+        if info["labels"] is not None and sorted(labels) != sorted(info["labels"]):
+            metric_problems.append(f"{METRICS_DOC}:{number}: {name} is documented with "
+                                   f"{label_list(labels)}, but {info['where']} registers it "
+                                   f"with {label_list(info['labels'])}")
+        if kind is not None and kind != info["type"]:
+            metric_problems.append(f"{METRICS_DOC}:{number}: {name} is documented as a {kind}, "
+                                   f"but {info['where']} registers a {info['type']}")
+for name, rows in sorted(documented.items(), key=lambda item: item[1][0][0]):
+    if name not in registered:
+        metric_problems.append(f"{METRICS_DOC}:{rows[0][0]}: {name} has a row, but nothing "
+                               f"in {METRICS_SRC} registers it")
+
+# --- the verdict ----------------------------------------------------------------------
+
+failed = False
+for page, problems, fine in (
+    (DOC, option_problems, f"{len(by_env)} options, each documented once"),
+    (METRICS_DOC, metric_problems,
+     f"{len(registered)} metrics, each documented once with its labels and type"),
+):
+    if problems:
+        failed = True
+        print(f"{page}: {len(problems)} problem(s):", file=sys.stderr)
+        for problem in problems:
+            print(f"  {problem}", file=sys.stderr)
+    else:
+        print(f"{page}: {fine}")
+sys.exit(1 if failed else 0)

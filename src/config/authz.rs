@@ -13,7 +13,7 @@ use clap::Args;
 #[derive(Debug, Clone, Args)]
 pub struct AuthzConfig {
     /// Address of the HTTP forward-auth port (GET /forward-auth, for nginx
-    /// auth_request, Traefik ForwardAuth, Caddy forward_auth; docs/proxies.md);
+    /// auth_request, Traefik ForwardAuth, Caddy forward_auth; docs/mesh.md);
     /// empty or "off" (the default) turns it off. Plain HTTP/1.1: keep it on a
     /// network only the proxies reach.
     #[arg(

@@ -50,7 +50,8 @@ pub struct OverloadConfig {
     pub max_wait: Duration,
 
     /// Longest a refused request is held before its answer: a RESOURCE_EXHAUSTED answer
-    /// with a retry hint (full hash queue, in-flight caps, rate limits, login throttle)
+    /// with a retry hint (not answerable before its deadline, in-flight caps, rate
+    /// limits, login throttle)
     /// is sent at its hint or its slot of --refusal-rate, whichever is later, at most
     /// this long after and before four fifths of the time left to the client's
     /// deadline (a call with no deadline at most 1s), and its RetryInfo says what is

@@ -58,9 +58,9 @@ pub struct PasswordConfig {
     )]
     pub hash_backend: HashBackend,
 
-    /// Which kernel hashes how many passwords at once: builtin takes the plan measured on
-    /// the reference machine of the pbkdf2-lanes docs (SHA-NI streams for up to 8 hashes
-    /// at hand, AVX-512 vectors beyond, where the CPU has them); measure times each
+    /// Which kernel hashes how many passwords at once: builtin takes a fixed plan, made
+    /// on an AMD EPYC Zen 5 (SHA-NI streams for up to 8 hashes at hand, AVX-512 vectors
+    /// beyond, where the CPU has them); measure times each
     /// kernel of the engine at start (0.2 to 1.3 s of one core, by CPU) and takes, for
     /// each number of hashes at hand (1 to 32), the cheapest per hash; or a plan as `authd
     /// hash-bench` prints it ("1: sha-ni x1, 2-13: sha-ni x2, 14-32: avx512 x32"), so

@@ -89,12 +89,13 @@ pub struct ServerConfig {
           value_parser = clap::value_parser!(u8).range(0..=19), global = true, display_order = 38)]
     pub runtime_thread_nice: u8,
 
-    /// Scheduling policy of the threads that answer AuthService requests: normal
-    /// (`SCHED_OTHER`: a thread woken by an answer or a packet may preempt the
-    /// running one at once) or batch (`SCHED_BATCH`: it waits for the running one
-    /// to block or end its turn, so SQLite's threads hand a statement's rows over
-    /// in one go: more Logins a second on a saturated core; before Linux 6.6, a
-    /// longer wait for the core behind a busy hashing thread).
+    /// Scheduling policy of the threads that answer AuthService requests: normal, the
+    /// default, right for every host; or batch (Linux's SCHED_BATCH): a woken thread
+    /// lets the running one finish its turn, so a Login costs fewer context switches
+    /// and a core kept busy by Logins answers more of them. Choose batch for such
+    /// hosts on Linux 6.6 or later; on older kernels it can delay a request by up to
+    /// a scheduler tick (1 to 10 ms) while the hashing threads are busy. Probes are
+    /// not affected.
     #[arg(long, env = "AUTHD_RUNTIME_THREAD_POLICY", value_enum, default_value_t = Policy::Normal,
           global = true, display_order = 95)]
     pub runtime_thread_policy: Policy,

@@ -35,7 +35,7 @@ fn grpcurl() -> Option<PathBuf> {
 }
 
 /// grpcurl, or `None` (and one line) when `test` is to be skipped.
-fn grpcurl_or_skip(test: &str) -> Option<PathBuf> {
+pub(crate) fn grpcurl_or_skip(test: &str) -> Option<PathBuf> {
     let found = grpcurl();
     if found.is_none() {
         skipped(

@@ -21,6 +21,7 @@ mod metrics;
 mod outage;
 mod overload;
 mod ratelimit;
+mod readme;
 mod redis_servers;
 mod reflection;
 mod register;
