@@ -126,26 +126,40 @@ def strip_comments(text):
     return "".join(out)
 
 
+def call_arguments(code, open_paren):
+    """The top-level arguments of the call whose `(` is at `open_paren`, and the offset
+    after its `)`; None when the parentheses do not balance."""
+    depth, i, in_str, start, args = 1, open_paren + 1, False, open_paren + 1, []
+    while i < len(code):
+        ch = code[i]
+        if in_str:
+            if ch == "\\":
+                i += 1
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth == 0:
+                args.append(code[start:i].strip())
+                return [a for a in args if a], i + 1
+        elif ch == "," and depth == 1:
+            args.append(code[start:i].strip())
+            start = i + 1
+        i += 1
+    return None
+
+
 def arg_attributes(code):
     """(start offset, attribute body, field name or None) of every `#[arg(…)]`."""
     for match in re.finditer(r"#\[\s*arg\s*\(", code):
-        depth, i, in_str = 1, match.end(), False
-        while i < len(code) and depth:
-            ch = code[i]
-            if in_str:
-                if ch == "\\":
-                    i += 1
-                elif ch == '"':
-                    in_str = False
-            elif ch == '"':
-                in_str = True
-            elif ch in "([{":
-                depth += 1
-            elif ch in ")]}":
-                depth -= 1
-            i += 1
-        if depth:  # unbalanced (a file being edited): the env regex below still sees it
+        found = call_arguments(code, match.end() - 1)
+        if found is None:  # unbalanced (a file being edited): the env regex below still sees it
             continue
+        i = found[1]
         body = code[match.end() : i - 1]
         # The field it annotates: the next `name:` after any further attributes.
         rest = code[i:]
@@ -369,33 +383,6 @@ PROCESS_METRICS = {
     "process_start_time_seconds": "gauge",
     "process_threads": "gauge",
 }
-
-
-def call_arguments(code, open_paren):
-    """The top-level arguments of the call whose `(` is at `open_paren`, and the offset
-    after its `)`; None when the parentheses do not balance."""
-    depth, i, in_str, start, args = 1, open_paren + 1, False, open_paren + 1, []
-    while i < len(code):
-        ch = code[i]
-        if in_str:
-            if ch == "\\":
-                i += 1
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-            if depth == 0:
-                args.append(code[start:i].strip())
-                return [a for a in args if a], i + 1
-        elif ch == "," and depth == 1:
-            args.append(code[start:i].strip())
-            start = i + 1
-        i += 1
-    return None
 
 
 def literal_name(argument):

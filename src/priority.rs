@@ -13,11 +13,9 @@
 //! packet) does not preempt the thread that woke it but runs when that thread
 //! blocks or its turn ends, so SQLite's thread sends all the rows of a statement
 //! before the worker reads them instead of the core changing hands once a row. The
-//! shares by nice value stay as they are. Not the default: under the scheduler of
-//! kernels before Linux 6.6 (CFS) a woken normal worker preempts a busy thread of
-//! lower priority, such as a hashing thread, and a batch one waits up to a
-//! scheduler tick for it. Under EEVDF (6.6 and later) a woken normal worker was
-//! measured to wait for a busy thread as long as a batch one (docs/benchmarks.md).
+//! shares by nice value stay as they are. Not the default: on some kernels a woken
+//! normal worker preempts a busy thread of lower priority, such as a hashing thread,
+//! where a batch one waits up to a scheduler tick for it.
 //!
 //! It imports nothing of authd's.
 

@@ -22,10 +22,10 @@
 //!   average (a newcomer holds none) may be predicted to take up to [`ROOM`] of the
 //!   time to its deadline; a client holding its share or more, a client alone
 //!   included, up to [`BUSY_ROOM`] of it. A busy client alone still keeps every
-//!   hashing thread busy (a tenth of its deadline's worth of work is many batches),
-//!   and a client arriving beside it always finds room: it is never refused for the
-//!   busy one's sake. The margin below the whole time also absorbs the error of the
-//!   prediction.
+//!   hashing thread busy (three quarters of its deadline's worth of work is many
+//!   batches), and a client arriving beside it always finds room: it is never
+//!   refused for the busy one's sake. The margin below the whole time also absorbs
+//!   the error of the prediction.
 //! - Memory is bounded apart from time, by count: `AUTHD_MAX_IN_FLIGHT` requests in
 //!   flight, and per client `AUTHD_MAX_IN_FLIGHT_PER_CLIENT` open (being received or in
 //!   flight), past which a client may open more while more than that many places of
