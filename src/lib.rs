@@ -45,6 +45,7 @@
 //!                      keys that seal TOTP secrets at rest
 //!     password         the PBKDF2 policy, on a pool of hashing threads behind a
 //!                      first-in, first-out queue; `authd hash-bench`
+//!       password::foreign  hashes made by other systems, verified as they are
 //!     priority         the OS scheduling priority of the runtime's and the hashing threads
 //!     token            JWT EdDSA / HS256 with a key ring (kid -> key), the key file,
 //!                      the JWKS document

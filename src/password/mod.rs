@@ -9,6 +9,8 @@
 //! - `queue`: the order the threads serve work in (first in, first out).
 //! - `bench`: `authd hash-bench`, this machine's hashing rate with this code.
 //! - `testing`: the setup the unit tests of `pool` and `worker` share.
+//! - `foreign`: hashes made by other systems (PHC, bcrypt, Django, Werkzeug, passlib,
+//!   raw columns), parsed within cost caps and verified as they are, never written.
 //!
 //! [`Hasher`] holds the current parameters, verifies unknown users against a dummy
 //! hash, and says when a stored hash was made with other parameters and should be
@@ -46,6 +48,7 @@ use std::{
 };
 
 pub mod bench;
+pub mod foreign;
 mod pool;
 mod queue;
 #[cfg(test)]
