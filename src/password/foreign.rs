@@ -713,10 +713,10 @@ fn parse_phc_pbkdf2(input: &str, prf: Prf) -> Result<ForeignHash, FormatError> {
     let iterations = values[0].and_then(number);
     let salt = base64(salt, format, "the salt is not base64")?;
     let output = base64(hash, format, "the hash is not base64")?;
-    if let Some(length) = values[1] {
-        if number(length) != u32::try_from(output.len()).ok() {
-            return Err(malformed(format, "l is not the hash's length"));
-        }
+    if let Some(length) = values[1]
+        && number(length) != u32::try_from(output.len()).ok()
+    {
+        return Err(malformed(format, "l is not the hash's length"));
     }
     pbkdf2_hash(format, prf, iterations, salt, output)
 }
@@ -1145,7 +1145,7 @@ mod tests {
         ] {
             let error = ForeignHash::parse(&stored).unwrap_err();
             assert_eq!(error.to_string(), reason);
-            assert!(!quotes(&reason, &[salt.into(), hash.into()]));
+            assert!(!quotes(reason, &[salt.into(), hash.into()]));
         }
     }
 
@@ -1502,7 +1502,7 @@ mod tests {
                         assert!(!quotes(&e.to_string(), &secrets), "{mutated}: {e}");
                     }
                     // Verifying runs the crates on what parsing let through: a sample.
-                    Ok(hash) if i % 8 == 0 => {
+                    Ok(hash) if i % 31 == 0 => {
                         let _ = hash.verify(password);
                     }
                     Ok(_) => {}
