@@ -546,3 +546,107 @@ impl Store {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::path::Path;
+
+    /// The files of this folder that `code` (one file's, without its unit tests)
+    /// names through `super::` or `crate::store::`, in paths and in brace lists;
+    /// a name that is no file of the folder is an item of this file, `mod`.
+    fn imports(code: &str, files: &BTreeSet<String>) -> BTreeSet<String> {
+        let ident = |s: &str| -> String {
+            (s.trim_start().chars())
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect()
+        };
+        let mut names = BTreeSet::new();
+        for prefix in ["super::", "crate::store::"] {
+            for (at, _) in code.match_indices(prefix) {
+                let rest = &code[at + prefix.len()..];
+                let Some(list) = rest.strip_prefix('{') else {
+                    names.insert(ident(rest));
+                    continue;
+                };
+                let (mut depth, mut item) = (1, String::new());
+                for c in list.chars() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' if depth == 1 => break,
+                        '}' => depth -= 1,
+                        ',' if depth == 1 => {
+                            names.insert(ident(&std::mem::take(&mut item)));
+                        }
+                        c if depth == 1 => item.push(c),
+                        _ => {}
+                    }
+                }
+                names.insert(ident(&item));
+            }
+        }
+        (names.into_iter())
+            .filter(|name| !name.is_empty() && name != "self")
+            .map(|name| {
+                if files.contains(&name) {
+                    name
+                } else {
+                    "mod".to_owned()
+                }
+            })
+            .collect()
+    }
+
+    /// No file of the store imports one that imports it, directly or through
+    /// others, and none imports this file: this file stands above them all.
+    #[test]
+    fn the_files_of_the_store_import_each_other_in_one_direction() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/store");
+        let files: BTreeSet<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| Some(e.ok()?.path().file_stem()?.to_str()?.to_owned()))
+            .collect();
+        let graph: BTreeMap<String, BTreeSet<String>> = (files.iter())
+            .filter(|name| *name != "mod")
+            .map(|name| {
+                let text = std::fs::read_to_string(dir.join(format!("{name}.rs"))).unwrap();
+                let code = text.split("#[cfg(test)]\nmod tests").next().unwrap();
+                let code: Vec<&str> = (code.lines())
+                    .filter(|l| !l.trim_start().starts_with("//"))
+                    .collect();
+                let mut found = imports(&code.join("\n"), &files);
+                found.remove(name);
+                (name.clone(), found)
+            })
+            .collect();
+        let mut wrong: Vec<String> = (graph.iter())
+            .filter(|(_, imports)| imports.contains("mod"))
+            .map(|(name, _)| format!("`{name}` imports from mod.rs"))
+            .collect();
+        // Depth-first: a file met again while still on the path closes a cycle.
+        fn visit<'a>(
+            graph: &'a BTreeMap<String, BTreeSet<String>>,
+            file: &'a str,
+            path: &mut Vec<&'a str>,
+            done: &mut BTreeSet<&'a str>,
+            wrong: &mut Vec<String>,
+        ) {
+            if let Some(at) = path.iter().position(|f| *f == file) {
+                wrong.push(format!("a cycle: {} -> {file}", path[at..].join(" -> ")));
+                return;
+            }
+            if !done.insert(file) {
+                return;
+            }
+            path.push(file);
+            for import in graph.get(file).into_iter().flatten() {
+                visit(graph, import, path, done, wrong);
+            }
+            path.pop();
+        }
+        let mut done = BTreeSet::new();
+        for file in graph.keys() {
+            visit(&graph, file, &mut Vec::new(), &mut done, &mut wrong);
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
+}
