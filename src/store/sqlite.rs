@@ -18,8 +18,9 @@
 //! migrations). The reads are written once for both backends (`users`, `session`,
 //! `admin`, `factor`) and run on the reader pool, but for the reads of users by
 //! name, which are gathered into batches (`sqlite_lookups`); what is here is the
-//! writer task (what it writes is `sqlite_writes`, sending runs of inserts as
-//! `sqlite_runs` does).
+//! writer task and `SqliteStore`'s implementation of `backend::Backend` (each kind of
+//! write is `writes`'s, the transaction of a batch `sqlite_writes`'s, sending runs of
+//! inserts as `sqlite_runs` does).
 
 use super::{
     admin::{self, Account, PageQuery},
