@@ -2,9 +2,9 @@
 //! sees them, pages of them, disabling, enabling and deleting one, and the per-user
 //! token cutoffs every replica's revocation poller reads.
 //!
-//! The reads run on either backend's [`Connections`], generic over the database;
-//! the writes ([`admin_ops`], instantiated once per connection type) run inside one
-//! transaction the backend holds, as the session writes do. Each write decides its
+//! The reads run on either backend's [`Conns`]; the writes ([`disable`], [`enable`],
+//! [`delete`], [`end_sessions_of`], [`set_password`], [`purge_cutoffs`]) on a
+//! [`Conn`] inside one transaction the backend holds, as the session writes do. Each write decides its
 //! race in the database:
 //! - disabling takes the next `password_version` in the same statement that marks
 //!   the account, so a Login or a ChangePassword already past its hash stores
@@ -20,43 +20,50 @@
 //! names, PostgreSQL uses `COLLATE "C"` (a locale's order would not keep a prefix
 //! in one range).
 
-use super::{StoreError, connection::Connections};
-use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
+use super::{
+    db::{Conn, Conns, Row, Statement},
+    error::StoreError,
+    session::{EndReason, end_user_sessions},
+};
 
 /// The admin statements. `$N` placeholders are understood by both backends; the
 /// page query differs only in its collation.
 pub(super) mod sql {
-    /// The columns of an account, with its live sessions (at `$1`) and the start of
-    /// its newest stored session.
-    macro_rules! account_columns {
-        () => {
-            "SELECT id, username, created_at, updated_at, disabled_at, disabled_reason, \
-             (SELECT COUNT(*) FROM sessions s WHERE s.user_id = users.id \
-                AND s.ended_at IS NULL AND s.expires_at > $1) AS live_sessions, \
-             (SELECT MAX(s.created_at) FROM sessions s WHERE s.user_id = users.id) \
-                AS last_login_at \
-             FROM users "
-        };
-    }
-    pub const ACCOUNT_BY_ID: &str = concat!(account_columns!(), "WHERE id = $2");
-    pub const ACCOUNT_BY_USERNAME: &str = concat!(account_columns!(), "WHERE username = $2");
+    // Each statement of an account reads its columns, with its live sessions (at
+    // `$1`) and the start of its newest stored session.
+    pub const ACCOUNT_BY_ID: &str = "SELECT id, username, created_at, updated_at, disabled_at, disabled_reason, \
+         (SELECT COUNT(*) FROM sessions s WHERE s.user_id = users.id \
+            AND s.ended_at IS NULL AND s.expires_at > $1) AS live_sessions, \
+         (SELECT MAX(s.created_at) FROM sessions s WHERE s.user_id = users.id) \
+            AS last_login_at \
+         FROM users WHERE id = $2";
+    pub const ACCOUNT_BY_USERNAME: &str = "SELECT id, username, created_at, updated_at, disabled_at, disabled_reason, \
+         (SELECT COUNT(*) FROM sessions s WHERE s.user_id = users.id \
+            AND s.ended_at IS NULL AND s.expires_at > $1) AS live_sessions, \
+         (SELECT MAX(s.created_at) FROM sessions s WHERE s.user_id = users.id) \
+            AS last_login_at \
+         FROM users WHERE username = $2";
     /// A page after `$2`, within [`$3`, `$4`), by the disabled filter `$5` (0: any,
     /// 1: disabled only, 2: in use only), at most `$6`.
-    pub const PAGE_SQLITE: &str = concat!(
-        account_columns!(),
-        "WHERE username > $2 AND username >= $3 AND username < $4 \
+    pub const PAGE_SQLITE: &str = "SELECT id, username, created_at, updated_at, disabled_at, disabled_reason, \
+         (SELECT COUNT(*) FROM sessions s WHERE s.user_id = users.id \
+            AND s.ended_at IS NULL AND s.expires_at > $1) AS live_sessions, \
+         (SELECT MAX(s.created_at) FROM sessions s WHERE s.user_id = users.id) \
+            AS last_login_at \
+         FROM users WHERE username > $2 AND username >= $3 AND username < $4 \
          AND ($5 = 0 OR ($5 = 1 AND disabled_at IS NOT NULL) \
               OR ($5 = 2 AND disabled_at IS NULL)) \
-         ORDER BY username LIMIT $6"
-    );
-    pub const PAGE_POSTGRES: &str = concat!(
-        account_columns!(),
-        "WHERE username COLLATE \"C\" > $2 AND username COLLATE \"C\" >= $3 \
+         ORDER BY username LIMIT $6";
+    pub const PAGE_POSTGRES: &str = "SELECT id, username, created_at, updated_at, disabled_at, disabled_reason, \
+         (SELECT COUNT(*) FROM sessions s WHERE s.user_id = users.id \
+            AND s.ended_at IS NULL AND s.expires_at > $1) AS live_sessions, \
+         (SELECT MAX(s.created_at) FROM sessions s WHERE s.user_id = users.id) \
+            AS last_login_at \
+         FROM users WHERE username COLLATE \"C\" > $2 AND username COLLATE \"C\" >= $3 \
          AND username COLLATE \"C\" < $4 \
          AND ($5 = 0 OR ($5 = 1 AND disabled_at IS NOT NULL) \
               OR ($5 = 2 AND disabled_at IS NULL)) \
-         ORDER BY username COLLATE \"C\" LIMIT $6"
-    );
+         ORDER BY username COLLATE \"C\" LIMIT $6";
     /// Marks the account and takes the next password version, if it is in use.
     pub const DISABLE: &str = "UPDATE users SET disabled_at = $1, disabled_reason = $2, \
          password_version = password_version + 1, updated_at = $1 \
@@ -185,73 +192,44 @@ pub enum Change<T> {
     NoSuchUser,
 }
 
-fn account_from_row<'r, R>(row: &'r R) -> Result<Account, sqlx::Error>
-where
-    R: Row,
-    &'r str: ColumnIndex<R>,
-    String: Decode<'r, R::Database> + Type<R::Database>,
-    i64: Decode<'r, R::Database> + Type<R::Database>,
-    Option<i64>: Decode<'r, R::Database>,
-    Option<String>: Decode<'r, R::Database>,
-{
-    let disabled_at: Option<i64> = row.try_get("disabled_at")?;
-    let reason: Option<String> = row.try_get("disabled_reason")?;
+fn account_from_row(row: &Row) -> Result<Account, sqlx::Error> {
+    let disabled_at: Option<i64> = row.get("disabled_at")?;
+    let reason: Option<String> = row.get("disabled_reason")?;
     Ok(Account {
-        id: row.try_get("id")?,
-        username: row.try_get("username")?,
-        created_at: row.try_get("created_at")?,
-        updated_at: row.try_get("updated_at")?,
+        id: row.get("id")?,
+        username: row.get("username")?,
+        created_at: row.get("created_at")?,
+        updated_at: row.get("updated_at")?,
         disabled: disabled_at.map(|at| (at, reason.unwrap_or_default())),
-        live_sessions: row.try_get("live_sessions")?,
-        last_login_at: row.try_get("last_login_at")?,
+        live_sessions: row.get("live_sessions")?,
+        last_login_at: row.get("last_login_at")?,
     })
 }
 
 /// The account `key` names, read on `conns`, its live sessions counted at `now`.
-pub(super) async fn account<DB>(
-    conns: &Connections<DB>,
+pub(super) async fn account(
+    conns: Conns<'_>,
     key: &AccountKey,
     now: i64,
-) -> Result<Option<Account>, StoreError>
-where
-    DB: Database,
-    DB::Arguments: IntoArguments<DB>,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'a> &'a str: Encode<'a, DB> + Type<DB> + ColumnIndex<DB::Row>,
-    for<'r> String: Decode<'r, DB> + Type<DB>,
-    for<'r> i64: Encode<'r, DB> + Decode<'r, DB> + Type<DB>,
-    for<'r> Option<i64>: Decode<'r, DB>,
-    for<'r> Option<String>: Decode<'r, DB>,
-{
+) -> Result<Option<Account>, StoreError> {
     let (statement, value) = match key {
         AccountKey::Id(id) => (sql::ACCOUNT_BY_ID, id.as_str()),
         AccountKey::Username(name) => (sql::ACCOUNT_BY_USERNAME, name.as_str()),
     };
-    let query = sqlx::query::<DB>(statement).bind(now).bind(value);
-    let row = conns.fetch_optional(query).await?;
+    let row = (conns.fetch_optional(Statement::new(statement).bind(now).bind(value))).await?;
     Ok(row.as_ref().map(account_from_row).transpose()?)
 }
 
 /// A page of accounts in username order, with `statement` (the backend's form of
 /// the page query).
-pub(super) async fn page<DB>(
-    conns: &Connections<DB>,
+pub(super) async fn page(
+    conns: Conns<'_>,
     statement: &'static str,
     query: &PageQuery,
     now: i64,
-) -> Result<Vec<Account>, StoreError>
-where
-    DB: Database,
-    DB::Arguments: IntoArguments<DB>,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'a> &'a str: Encode<'a, DB> + Type<DB> + ColumnIndex<DB::Row>,
-    for<'r> String: Decode<'r, DB> + Type<DB>,
-    for<'r> i64: Encode<'r, DB> + Decode<'r, DB> + Type<DB>,
-    for<'r> Option<i64>: Decode<'r, DB>,
-    for<'r> Option<String>: Decode<'r, DB>,
-{
+) -> Result<Vec<Account>, StoreError> {
     let (low, high) = query.bounds();
-    let read = sqlx::query::<DB>(statement)
+    let read = Statement::new(statement)
         .bind(now)
         .bind(query.after.as_str())
         .bind(low.as_str())
@@ -266,23 +244,13 @@ where
 }
 
 /// The live sessions of `user_id` at `now`, newest first, at most `limit`.
-pub(super) async fn live_sessions<DB>(
-    conns: &Connections<DB>,
+pub(super) async fn live_sessions(
+    conns: Conns<'_>,
     user_id: &str,
     now: i64,
     limit: i64,
-) -> Result<Vec<SessionInfo>, StoreError>
-where
-    DB: Database,
-    DB::Arguments: IntoArguments<DB>,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'a> &'a str: Encode<'a, DB> + Type<DB> + ColumnIndex<DB::Row>,
-    for<'r> String: Decode<'r, DB> + Type<DB>,
-    for<'r> i64: Encode<'r, DB> + Decode<'r, DB> + Type<DB>,
-    for<'r> Option<i64>: Decode<'r, DB>,
-    for<'r> Option<String>: Decode<'r, DB>,
-{
-    let query = (sqlx::query::<DB>(sql::LIVE_SESSIONS))
+) -> Result<Vec<SessionInfo>, StoreError> {
+    let query = (Statement::new(sql::LIVE_SESSIONS))
         .bind(user_id)
         .bind(now)
         .bind(limit);
@@ -291,11 +259,11 @@ where
         .iter()
         .map(|row| {
             Ok(SessionInfo {
-                id: row.try_get("id")?,
-                started_at: row.try_get("created_at")?,
-                refreshed_at: row.try_get("rotated_at")?,
-                expires_at: row.try_get("expires_at")?,
-                client_addr: row.try_get("client_addr")?,
+                id: row.get("id")?,
+                started_at: row.get("created_at")?,
+                refreshed_at: row.get("rotated_at")?,
+                expires_at: row.get("expires_at")?,
+                client_addr: row.get("client_addr")?,
             })
         })
         .collect::<Result<_, sqlx::Error>>()?)
@@ -303,20 +271,12 @@ where
 
 /// Cutoffs written after `after` (cutoff_at, user_id), in that order, at most
 /// `limit`: what the revocation pollers read.
-pub(super) async fn cutoffs_since<DB>(
-    conns: &Connections<DB>,
+pub(super) async fn cutoffs_since(
+    conns: Conns<'_>,
     after: (i64, &str),
     limit: i64,
-) -> Result<Vec<Cutoff>, StoreError>
-where
-    DB: Database,
-    DB::Arguments: IntoArguments<DB>,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'a> &'a str: Encode<'a, DB> + Type<DB> + ColumnIndex<DB::Row>,
-    for<'a> i64: Encode<'a, DB> + Decode<'a, DB> + Type<DB>,
-    for<'r> String: Decode<'r, DB> + Type<DB>,
-{
-    let query = (sqlx::query::<DB>(sql::CUTOFFS_SINCE))
+) -> Result<Vec<Cutoff>, StoreError> {
+    let query = (Statement::new(sql::CUTOFFS_SINCE))
         .bind(after.0)
         .bind(after.1)
         .bind(limit);
@@ -325,194 +285,170 @@ where
         .iter()
         .map(|row| {
             Ok(Cutoff {
-                user_id: row.try_get("user_id")?,
-                cutoff_at: row.try_get("cutoff_at")?,
+                user_id: row.get("user_id")?,
+                cutoff_at: row.get("cutoff_at")?,
             })
         })
         .collect::<Result<_, sqlx::Error>>()?)
 }
 
-/// The admin writes, for a connection type (`SqliteConnection`, `PgConnection`).
-/// Each runs inside a transaction its caller holds.
-macro_rules! admin_ops {
-    ($conn:ty) => {
-        // Instantiated beside `session_ops`, whose imports (`EndReason`) and
-        // `end_user_sessions` it uses.
-        use $crate::store::admin::{Change, Revoked, sql as admin_sql};
+// The admin writes. Each runs inside a transaction its caller holds.
 
-        async fn cutoff(conn: &mut $conn, user_id: &str, now: i64) -> Result<(), sqlx::Error> {
-            sqlx::query(admin_sql::CUTOFF)
-                .bind(user_id)
-                .bind(now)
-                .execute(&mut *conn)
-                .await
-                .map(drop)
-        }
+async fn cutoff(conn: &mut Conn<'_>, user_id: &str, now: i64) -> Result<(), sqlx::Error> {
+    let statement = Statement::new(sql::CUTOFF).bind(user_id).bind(now);
+    conn.execute(statement).await.map(drop)
+}
 
-        async fn exists(conn: &mut $conn, user_id: &str) -> Result<bool, sqlx::Error> {
-            let found: Option<String> = sqlx::query_scalar("SELECT id FROM users WHERE id = $1")
-                .bind(user_id)
-                .fetch_optional(&mut *conn)
-                .await?;
-            Ok(found.is_some())
-        }
+async fn exists(conn: &mut Conn<'_>, user_id: &str) -> Result<bool, sqlx::Error> {
+    let found: Option<String> = conn
+        .fetch_optional(Statement::new("SELECT id FROM users WHERE id = $1").bind(user_id))
+        .await?
+        .map(|row| row.first())
+        .transpose()?;
+    Ok(found.is_some())
+}
 
-        pub(crate) async fn disable(
-            conn: &mut $conn,
-            user_id: &str,
-            reason: &str,
-            now: i64,
-        ) -> Result<Change<Revoked>, sqlx::Error> {
-            let marked = sqlx::query(admin_sql::DISABLE)
+pub(super) async fn disable(
+    conn: &mut Conn<'_>,
+    user_id: &str,
+    reason: &str,
+    now: i64,
+) -> Result<Change<Revoked>, sqlx::Error> {
+    let marked = conn
+        .execute(
+            Statement::new(sql::DISABLE)
                 .bind(now)
                 .bind(reason)
-                .bind(user_id)
-                .execute(&mut *conn)
-                .await?
-                .rows_affected()
-                == 1;
-            if !marked {
-                return Ok(if exists(conn, user_id).await? {
-                    Change::AlreadySo
-                } else {
-                    Change::NoSuchUser
-                });
-            }
-            let sessions = end_user_sessions(conn, user_id, EndReason::Disabled, now).await?;
-            cutoff(conn, user_id, now).await?;
-            Ok(Change::Done(Revoked {
-                sessions,
-                cutoff_at: now,
-            }))
-        }
+                .bind(user_id),
+        )
+        .await?
+        == 1;
+    if !marked {
+        return Ok(if exists(conn, user_id).await? {
+            Change::AlreadySo
+        } else {
+            Change::NoSuchUser
+        });
+    }
+    let sessions = end_user_sessions(conn, user_id, EndReason::Disabled, now).await?;
+    cutoff(conn, user_id, now).await?;
+    Ok(Change::Done(Revoked {
+        sessions,
+        cutoff_at: now,
+    }))
+}
 
-        pub(crate) async fn enable(
-            conn: &mut $conn,
-            user_id: &str,
-            now: i64,
-        ) -> Result<Change<()>, sqlx::Error> {
-            let cleared = sqlx::query(admin_sql::ENABLE)
-                .bind(now)
-                .bind(user_id)
-                .execute(&mut *conn)
-                .await?
-                .rows_affected()
-                == 1;
-            Ok(if cleared {
-                Change::Done(())
-            } else if exists(conn, user_id).await? {
-                Change::AlreadySo
-            } else {
-                Change::NoSuchUser
-            })
-        }
+pub(super) async fn enable(
+    conn: &mut Conn<'_>,
+    user_id: &str,
+    now: i64,
+) -> Result<Change<()>, sqlx::Error> {
+    let cleared = conn
+        .execute(Statement::new(sql::ENABLE).bind(now).bind(user_id))
+        .await?
+        == 1;
+    Ok(if cleared {
+        Change::Done(())
+    } else if exists(conn, user_id).await? {
+        Change::AlreadySo
+    } else {
+        Change::NoSuchUser
+    })
+}
 
-        pub(crate) async fn delete(
-            conn: &mut $conn,
-            user_id: &str,
-            now: i64,
-        ) -> Result<Change<Revoked>, sqlx::Error> {
-            let sessions: Vec<String> =
-                sqlx::query_scalar("SELECT id FROM sessions WHERE user_id = $1")
-                    .bind(user_id)
-                    .fetch_all(&mut *conn)
-                    .await?;
-            sqlx::query(admin_sql::DELETE_RETIRED)
-                .bind(user_id)
-                .execute(&mut *conn)
-                .await?;
-            sqlx::query(admin_sql::DELETE_SESSIONS)
-                .bind(user_id)
-                .execute(&mut *conn)
-                .await?;
-            let deleted = sqlx::query(admin_sql::DELETE_USER)
-                .bind(user_id)
-                .execute(&mut *conn)
-                .await?
-                .rows_affected()
-                == 1;
-            if !deleted {
-                return Ok(Change::NoSuchUser);
-            }
-            cutoff(conn, user_id, now).await?;
-            Ok(Change::Done(Revoked {
-                sessions,
-                cutoff_at: now,
-            }))
-        }
+pub(super) async fn delete(
+    conn: &mut Conn<'_>,
+    user_id: &str,
+    now: i64,
+) -> Result<Change<Revoked>, sqlx::Error> {
+    let sessions: Vec<String> = conn
+        .fetch_column(Statement::new("SELECT id FROM sessions WHERE user_id = $1").bind(user_id))
+        .await?;
+    conn.execute(Statement::new(sql::DELETE_RETIRED).bind(user_id))
+        .await?;
+    conn.execute(Statement::new(sql::DELETE_SESSIONS).bind(user_id))
+        .await?;
+    let deleted = conn
+        .execute(Statement::new(sql::DELETE_USER).bind(user_id))
+        .await?
+        == 1;
+    if !deleted {
+        return Ok(Change::NoSuchUser);
+    }
+    cutoff(conn, user_id, now).await?;
+    Ok(Change::Done(Revoked {
+        sessions,
+        cutoff_at: now,
+    }))
+}
 
-        /// Ends the named live sessions of `user_id` (all of them when `ids` is
-        /// empty); returns those it ended.
-        pub(crate) async fn end_sessions_of(
-            conn: &mut $conn,
-            user_id: &str,
-            ids: &[String],
-            now: i64,
-        ) -> Result<Vec<String>, sqlx::Error> {
-            if ids.is_empty() {
-                return end_user_sessions(conn, user_id, EndReason::Admin, now).await;
-            }
-            let mut ended = Vec::new();
-            for id in ids {
-                let done = sqlx::query(admin_sql::END_NAMED)
+/// Ends the named live sessions of `user_id` (all of them when `ids` is
+/// empty); returns those it ended.
+pub(super) async fn end_sessions_of(
+    conn: &mut Conn<'_>,
+    user_id: &str,
+    ids: &[String],
+    now: i64,
+) -> Result<Vec<String>, sqlx::Error> {
+    if ids.is_empty() {
+        return end_user_sessions(conn, user_id, EndReason::Admin, now).await;
+    }
+    let mut ended = Vec::new();
+    for id in ids {
+        let done = conn
+            .execute(
+                Statement::new(sql::END_NAMED)
                     .bind(now)
                     .bind(EndReason::Admin.label())
                     .bind(id.as_str())
-                    .bind(user_id)
-                    .execute(&mut *conn)
-                    .await?;
-                if done.rows_affected() == 1 {
-                    ended.push(id.clone());
-                }
-            }
-            Ok(ended)
+                    .bind(user_id),
+            )
+            .await?;
+        if done == 1 {
+            ended.push(id.clone());
         }
-
-        /// An administrator's new password for `user_id`, and (with
-        /// `end_sessions`) every live session ended; `None` when there is no such
-        /// user.
-        pub(crate) async fn set_password(
-            conn: &mut $conn,
-            user_id: &str,
-            hash: &str,
-            end_sessions: bool,
-            now: i64,
-        ) -> Result<Option<Vec<String>>, sqlx::Error> {
-            let changed = sqlx::query(admin_sql::SET_PASSWORD)
-                .bind(hash)
-                .bind(now)
-                .bind(user_id)
-                .execute(&mut *conn)
-                .await?
-                .rows_affected()
-                == 1;
-            if !changed {
-                return Ok(None);
-            }
-            if !end_sessions {
-                return Ok(Some(Vec::new()));
-            }
-            end_user_sessions(conn, user_id, EndReason::Admin, now)
-                .await
-                .map(Some)
-        }
-
-        pub(crate) async fn purge_cutoffs(
-            conn: &mut $conn,
-            before: i64,
-            limit: i64,
-        ) -> Result<u64, sqlx::Error> {
-            Ok(sqlx::query(admin_sql::PURGE_CUTOFFS)
-                .bind(before)
-                .bind(limit)
-                .execute(&mut *conn)
-                .await?
-                .rows_affected())
-        }
-    };
+    }
+    Ok(ended)
 }
 
-pub(super) use admin_ops;
+/// An administrator's new password for `user_id`, and (with
+/// `end_sessions`) every live session ended; `None` when there is no such
+/// user.
+pub(super) async fn set_password(
+    conn: &mut Conn<'_>,
+    user_id: &str,
+    hash: &str,
+    end_sessions: bool,
+    now: i64,
+) -> Result<Option<Vec<String>>, sqlx::Error> {
+    let changed = conn
+        .execute(
+            Statement::new(sql::SET_PASSWORD)
+                .bind(hash)
+                .bind(now)
+                .bind(user_id),
+        )
+        .await?
+        == 1;
+    if !changed {
+        return Ok(None);
+    }
+    if !end_sessions {
+        return Ok(Some(Vec::new()));
+    }
+    end_user_sessions(conn, user_id, EndReason::Admin, now)
+        .await
+        .map(Some)
+}
+
+pub(super) async fn purge_cutoffs(
+    conn: &mut Conn<'_>,
+    before: i64,
+    limit: i64,
+) -> Result<u64, sqlx::Error> {
+    conn.execute(Statement::new(sql::PURGE_CUTOFFS).bind(before).bind(limit))
+        .await
+}
 
 #[cfg(test)]
 mod tests {

@@ -6,10 +6,8 @@
 //! PostgreSQL's one sqlx pool) with the wait for a connection measured (`authd_store_pool_acquire_duration_seconds`)
 //! and each operation bounded ([`operation_limit`] of the statement timeout, see
 //! [`within`]); a connection whose operation did not finish is closed, never returned
-//! to the pool ([`Lease`]). Reads that are the same on both backends are written once
-//! over it (`users`, `session`, `admin`, `factor`), each a statement they build and
-//! [`Connections::fetch_optional`] (or `fetch_one`, `fetch_all`) runs. This file
-//! builds no statement of its own, and knows nothing of users or sessions.
+//! to the pool ([`Lease`]). The statements run on it are `db`'s: this file builds
+//! no statement of its own, and knows nothing of users or sessions.
 //!
 //! SQLite: WAL, `synchronous=FULL` (a commit that returned is durable), a busy
 //! timeout, foreign keys; the writer connection (`sqlite`'s writer task) creates and
@@ -23,17 +21,16 @@
 //! their own without that timeout: rewriting a large table may take longer than any
 //! request should; sqlx holds an advisory lock meanwhile, so replicas take turns.
 
-use super::StoreError;
+use super::error::StoreError;
 use super::kept::{Kept, Lent};
 use super::schema::SchemaState;
 use crate::metrics::Metrics;
 use anyhow::Context as _;
 use prometheus::Histogram;
 use sqlx::{
-    Connection, Database, Executor, IntoArguments, PgConnection, PgPool, Sqlite, SqliteConnection,
+    Connection, Database, PgConnection, PgPool, Sqlite, SqliteConnection,
     pool::PoolConnection,
     postgres::{PgConnectOptions, PgPoolOptions},
-    query::Query,
     sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous},
 };
 use std::{
@@ -344,52 +341,6 @@ impl<DB: Database> Connections<DB> {
         };
         self.wait.observe(started.elapsed().as_secs_f64());
         Ok(Lease { held: Some(held?) })
-    }
-
-    /// The row `query` finds, if any: one read on a leased connection, bounded by
-    /// [`Connections::limit`], the connection given back once it has an answer.
-    pub(super) async fn fetch_optional<'q, A>(
-        &self,
-        query: Query<'q, DB, A>,
-    ) -> Result<Option<DB::Row>, StoreError>
-    where
-        A: 'q + Send + IntoArguments<DB>,
-        for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    {
-        let mut conn = self.lease().await?;
-        let row = within(self.limit, query.fetch_optional(&mut *conn)).await?;
-        conn.finish();
-        Ok(row?)
-    }
-
-    /// The one row `query` answers, read as [`Connections::fetch_optional`] reads.
-    pub(super) async fn fetch_one<'q, A>(
-        &self,
-        query: Query<'q, DB, A>,
-    ) -> Result<DB::Row, StoreError>
-    where
-        A: 'q + Send + IntoArguments<DB>,
-        for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    {
-        let mut conn = self.lease().await?;
-        let row = within(self.limit, query.fetch_one(&mut *conn)).await?;
-        conn.finish();
-        Ok(row?)
-    }
-
-    /// Every row `query` finds, read as [`Connections::fetch_optional`] reads.
-    pub(super) async fn fetch_all<'q, A>(
-        &self,
-        query: Query<'q, DB, A>,
-    ) -> Result<Vec<DB::Row>, StoreError>
-    where
-        A: 'q + Send + IntoArguments<DB>,
-        for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    {
-        let mut conn = self.lease().await?;
-        let rows = within(self.limit, query.fetch_all(&mut *conn)).await?;
-        conn.finish();
-        Ok(rows?)
     }
 
     pub(super) async fn close(&self) {

@@ -13,11 +13,13 @@
 //! turning the factor off, replacing the recovery codes) are one transaction
 //! ([`FactorWrite::Prove`]): nothing is done on a proof refused, and a proof is not
 //! used up for a challenge that is gone. The reads ([`factor`], [`live_challenge`])
-//! run on either backend's [`Connections`]; the writes ([`factor_ops`]) inside the
-//! transaction each backend holds.
+//! run on either backend's [`Conns`]; the writes ([`factor_write`]) on a [`Conn`]
+//! inside the transaction each backend holds.
 
-use super::{StoreError, connection::Connections};
-use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type};
+use super::{
+    db::{Conn, Conns, Statement},
+    error::StoreError,
+};
 
 pub(super) mod sql {
     pub const FACTOR: &str =
@@ -180,47 +182,27 @@ pub enum FactorAnswer {
 }
 
 /// The factor of `user_id`, read on `conns`.
-pub(super) async fn factor<DB>(
-    conns: &Connections<DB>,
-    user_id: &str,
-) -> Result<Option<Factor>, StoreError>
-where
-    DB: Database,
-    DB::Arguments: IntoArguments<DB>,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'a> &'a str: Encode<'a, DB> + Type<DB> + ColumnIndex<DB::Row>,
-    for<'r> String: Decode<'r, DB> + Type<DB>,
-    for<'r> i64: Decode<'r, DB> + Type<DB>,
-    for<'r> Option<i64>: Decode<'r, DB>,
-{
-    let query = sqlx::query::<DB>(sql::FACTOR).bind(user_id);
+pub(super) async fn factor(conns: Conns<'_>, user_id: &str) -> Result<Option<Factor>, StoreError> {
+    let query = Statement::new(sql::FACTOR).bind(user_id);
     let Some(row) = conns.fetch_optional(query).await? else {
         return Ok(None);
     };
-    let enabled_at: Option<i64> = row.try_get("enabled_at").map_err(StoreError::from)?;
+    let enabled_at: Option<i64> = row.get("enabled_at").map_err(StoreError::from)?;
     Ok(Some(Factor {
-        sealed: row.try_get("secret").map_err(StoreError::from)?,
+        sealed: row.get("secret").map_err(StoreError::from)?,
         enabled: enabled_at.is_some(),
-        last_step: row.try_get("last_step").map_err(StoreError::from)?,
+        last_step: row.get("last_step").map_err(StoreError::from)?,
     }))
 }
 
 /// The challenge of `digest` if it is live at `now` with attempts left (of `max`).
-pub(super) async fn live_challenge<DB>(
-    conns: &Connections<DB>,
+pub(super) async fn live_challenge(
+    conns: Conns<'_>,
     digest: &str,
     now: i64,
     max: i64,
-) -> Result<Option<LiveChallenge>, StoreError>
-where
-    DB: Database,
-    DB::Arguments: IntoArguments<DB>,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'a> &'a str: Encode<'a, DB> + Type<DB> + ColumnIndex<DB::Row>,
-    for<'r> String: Decode<'r, DB> + Type<DB>,
-    for<'r> i64: Encode<'r, DB> + Decode<'r, DB> + Type<DB>,
-{
-    let query = (sqlx::query::<DB>(sql::LIVE_CHALLENGE))
+) -> Result<Option<LiveChallenge>, StoreError> {
+    let query = (Statement::new(sql::LIVE_CHALLENGE))
         .bind(digest)
         .bind(now)
         .bind(max);
@@ -228,208 +210,195 @@ where
         return Ok(None);
     };
     Ok(Some(LiveChallenge {
-        user_id: row.try_get("user_id").map_err(StoreError::from)?,
-        password_version: row.try_get("password_version").map_err(StoreError::from)?,
+        user_id: row.get("user_id").map_err(StoreError::from)?,
+        password_version: row.get("password_version").map_err(StoreError::from)?,
     }))
 }
 
-/// The second factor's writes, for a connection type (`SqliteConnection`,
-/// `PgConnection`). Each runs inside a transaction its caller holds.
-macro_rules! factor_ops {
-    ($conn:ty) => {
-        use $crate::store::factor::{
-            FactorAnswer, FactorWrite, Proof, Proved, Purpose, sql as factor_sql,
-        };
+// The second factor's writes. Each runs inside a transaction its caller holds.
 
-        async fn replace_recovery(
-            conn: &mut $conn,
-            user_id: &str,
-            digests: &[String],
-        ) -> Result<(), sqlx::Error> {
-            sqlx::query(factor_sql::DELETE_RECOVERY)
+async fn replace_recovery(
+    conn: &mut Conn<'_>,
+    user_id: &str,
+    digests: &[String],
+) -> Result<(), sqlx::Error> {
+    conn.execute(Statement::new(sql::DELETE_RECOVERY).bind(user_id))
+        .await?;
+    for digest in digests {
+        conn.execute(
+            Statement::new(sql::INSERT_RECOVERY)
                 .bind(user_id)
-                .execute(&mut *conn)
-                .await?;
-            for digest in digests {
-                sqlx::query(factor_sql::INSERT_RECOVERY)
-                    .bind(user_id)
-                    .bind(digest.as_str())
-                    .execute(&mut *conn)
-                    .await?;
-            }
-            Ok(())
-        }
-
-        async fn remove_factor(conn: &mut $conn, user_id: &str) -> Result<bool, sqlx::Error> {
-            let removed = sqlx::query(factor_sql::DELETE_FACTOR)
-                .bind(user_id)
-                .execute(&mut *conn)
-                .await?
-                .rows_affected()
-                == 1;
-            sqlx::query(factor_sql::DELETE_RECOVERY)
-                .bind(user_id)
-                .execute(&mut *conn)
-                .await?;
-            Ok(removed)
-        }
-
-        async fn prove(
-            conn: &mut $conn,
-            user_id: &str,
-            proof: &Proof,
-        ) -> Result<bool, sqlx::Error> {
-            let done = match proof {
-                Proof::Step(step) => {
-                    sqlx::query(factor_sql::USE_STEP)
-                        .bind(*step)
-                        .bind(user_id)
-                        .execute(&mut *conn)
-                        .await?
-                }
-                Proof::Recovery(digest) => {
-                    sqlx::query(factor_sql::USE_RECOVERY)
-                        .bind(user_id)
-                        .bind(digest.as_str())
-                        .execute(&mut *conn)
-                        .await?
-                }
-            };
-            Ok(done.rows_affected() == 1)
-        }
-
-        pub(crate) async fn factor_write(
-            conn: &mut $conn,
-            write: &FactorWrite,
-        ) -> Result<FactorAnswer, sqlx::Error> {
-            Ok(match write {
-                FactorWrite::Begin {
-                    user_id,
-                    sealed,
-                    now,
-                } => {
-                    let done = sqlx::query(factor_sql::BEGIN)
-                        .bind(user_id.as_str())
-                        .bind(sealed.as_str())
-                        .bind(*now)
-                        .execute(&mut *conn)
-                        .await?;
-                    FactorAnswer::Wrote(done.rows_affected() == 1)
-                }
-                FactorWrite::Confirm {
-                    user_id,
-                    sealed,
-                    step,
-                    recovery,
-                    now,
-                } => {
-                    let on = sqlx::query(factor_sql::CONFIRM)
-                        .bind(*now)
-                        .bind(*step)
-                        .bind(user_id.as_str())
-                        .bind(sealed.as_str())
-                        .execute(&mut *conn)
-                        .await?
-                        .rows_affected()
-                        == 1;
-                    if on {
-                        replace_recovery(conn, user_id, recovery).await?;
-                    }
-                    FactorAnswer::Wrote(on)
-                }
-                FactorWrite::Prove {
-                    user_id,
-                    proof,
-                    purpose,
-                    now,
-                } => {
-                    // The challenge first: its row is taken (locked on PostgreSQL)
-                    // before the proof is used, and given back if the proof fails.
-                    if let Purpose::Challenge(digest) = purpose {
-                        let taken = sqlx::query(factor_sql::USE_CHALLENGE)
-                            .bind(*now)
-                            .bind(digest.as_str())
-                            .bind(user_id.as_str())
-                            .execute(&mut *conn)
-                            .await?
-                            .rows_affected()
-                            == 1;
-                        if !taken {
-                            return Ok(FactorAnswer::Proved(Proved::ChallengeGone));
-                        }
-                    }
-                    if !prove(conn, user_id, proof).await? {
-                        if let Purpose::Challenge(digest) = purpose {
-                            sqlx::query(factor_sql::UNUSE_CHALLENGE)
-                                .bind(digest.as_str())
-                                .execute(&mut *conn)
-                                .await?;
-                        }
-                        return Ok(FactorAnswer::Proved(Proved::Refused));
-                    }
-                    match purpose {
-                        Purpose::Challenge(_) => {}
-                        Purpose::Disable => {
-                            remove_factor(conn, user_id).await?;
-                        }
-                        Purpose::Replace(digests) => {
-                            replace_recovery(conn, user_id, digests).await?;
-                        }
-                    }
-                    FactorAnswer::Proved(Proved::Accepted)
-                }
-                FactorWrite::NewChallenge {
-                    digest,
-                    user_id,
-                    password_version,
-                    now,
-                    expires_at,
-                } => {
-                    sqlx::query(factor_sql::PURGE_CHALLENGES)
-                        .bind(user_id.as_str())
-                        .bind(*now)
-                        .execute(&mut *conn)
-                        .await?;
-                    sqlx::query(factor_sql::INSERT_CHALLENGE)
-                        .bind(digest.as_str())
-                        .bind(user_id.as_str())
-                        .bind(*password_version)
-                        .bind(*now)
-                        .bind(*expires_at)
-                        .execute(&mut *conn)
-                        .await?;
-                    FactorAnswer::Wrote(true)
-                }
-                FactorWrite::Attempt { digest, now, max } => {
-                    let user: Option<String> = sqlx::query_scalar(factor_sql::ATTEMPT)
-                        .bind(digest.as_str())
-                        .bind(*now)
-                        .bind(*max)
-                        .fetch_optional(&mut *conn)
-                        .await?;
-                    FactorAnswer::Attempted(user)
-                }
-                FactorWrite::PurgeChallenges { now, limit } => {
-                    let done = sqlx::query(factor_sql::PURGE_EXPIRED_CHALLENGES)
-                        .bind(*now)
-                        .bind(*limit)
-                        .execute(&mut *conn)
-                        .await?;
-                    FactorAnswer::Count(done.rows_affected())
-                }
-                FactorWrite::Remove { user_id } => {
-                    sqlx::query(factor_sql::DELETE_CHALLENGES)
-                        .bind(user_id.as_str())
-                        .execute(&mut *conn)
-                        .await?;
-                    FactorAnswer::Wrote(remove_factor(conn, user_id).await?)
-                }
-            })
-        }
-    };
+                .bind(digest.as_str()),
+        )
+        .await?;
+    }
+    Ok(())
 }
 
-pub(super) use factor_ops;
+async fn remove_factor(conn: &mut Conn<'_>, user_id: &str) -> Result<bool, sqlx::Error> {
+    let removed = conn
+        .execute(Statement::new(sql::DELETE_FACTOR).bind(user_id))
+        .await?
+        == 1;
+    conn.execute(Statement::new(sql::DELETE_RECOVERY).bind(user_id))
+        .await?;
+    Ok(removed)
+}
+
+async fn prove(conn: &mut Conn<'_>, user_id: &str, proof: &Proof) -> Result<bool, sqlx::Error> {
+    let done = match proof {
+        Proof::Step(step) => {
+            conn.execute(Statement::new(sql::USE_STEP).bind(*step).bind(user_id))
+                .await?
+        }
+        Proof::Recovery(digest) => {
+            conn.execute(
+                Statement::new(sql::USE_RECOVERY)
+                    .bind(user_id)
+                    .bind(digest.as_str()),
+            )
+            .await?
+        }
+    };
+    Ok(done == 1)
+}
+
+pub(super) async fn factor_write(
+    conn: &mut Conn<'_>,
+    write: &FactorWrite,
+) -> Result<FactorAnswer, sqlx::Error> {
+    Ok(match write {
+        FactorWrite::Begin {
+            user_id,
+            sealed,
+            now,
+        } => {
+            let done = conn
+                .execute(
+                    Statement::new(sql::BEGIN)
+                        .bind(user_id.as_str())
+                        .bind(sealed.as_str())
+                        .bind(*now),
+                )
+                .await?;
+            FactorAnswer::Wrote(done == 1)
+        }
+        FactorWrite::Confirm {
+            user_id,
+            sealed,
+            step,
+            recovery,
+            now,
+        } => {
+            let on = conn
+                .execute(
+                    Statement::new(sql::CONFIRM)
+                        .bind(*now)
+                        .bind(*step)
+                        .bind(user_id.as_str())
+                        .bind(sealed.as_str()),
+                )
+                .await?
+                == 1;
+            if on {
+                replace_recovery(conn, user_id, recovery).await?;
+            }
+            FactorAnswer::Wrote(on)
+        }
+        FactorWrite::Prove {
+            user_id,
+            proof,
+            purpose,
+            now,
+        } => {
+            // The challenge first: its row is taken (locked on PostgreSQL)
+            // before the proof is used, and given back if the proof fails.
+            if let Purpose::Challenge(digest) = purpose {
+                let taken = conn
+                    .execute(
+                        Statement::new(sql::USE_CHALLENGE)
+                            .bind(*now)
+                            .bind(digest.as_str())
+                            .bind(user_id.as_str()),
+                    )
+                    .await?
+                    == 1;
+                if !taken {
+                    return Ok(FactorAnswer::Proved(Proved::ChallengeGone));
+                }
+            }
+            if !prove(conn, user_id, proof).await? {
+                if let Purpose::Challenge(digest) = purpose {
+                    conn.execute(Statement::new(sql::UNUSE_CHALLENGE).bind(digest.as_str()))
+                        .await?;
+                }
+                return Ok(FactorAnswer::Proved(Proved::Refused));
+            }
+            match purpose {
+                Purpose::Challenge(_) => {}
+                Purpose::Disable => {
+                    remove_factor(conn, user_id).await?;
+                }
+                Purpose::Replace(digests) => {
+                    replace_recovery(conn, user_id, digests).await?;
+                }
+            }
+            FactorAnswer::Proved(Proved::Accepted)
+        }
+        FactorWrite::NewChallenge {
+            digest,
+            user_id,
+            password_version,
+            now,
+            expires_at,
+        } => {
+            conn.execute(
+                Statement::new(sql::PURGE_CHALLENGES)
+                    .bind(user_id.as_str())
+                    .bind(*now),
+            )
+            .await?;
+            conn.execute(
+                Statement::new(sql::INSERT_CHALLENGE)
+                    .bind(digest.as_str())
+                    .bind(user_id.as_str())
+                    .bind(*password_version)
+                    .bind(*now)
+                    .bind(*expires_at),
+            )
+            .await?;
+            FactorAnswer::Wrote(true)
+        }
+        FactorWrite::Attempt { digest, now, max } => {
+            let user: Option<String> = conn
+                .fetch_optional(
+                    Statement::new(sql::ATTEMPT)
+                        .bind(digest.as_str())
+                        .bind(*now)
+                        .bind(*max),
+                )
+                .await?
+                .map(|row| row.first())
+                .transpose()?;
+            FactorAnswer::Attempted(user)
+        }
+        FactorWrite::PurgeChallenges { now, limit } => {
+            let done = conn
+                .execute(
+                    Statement::new(sql::PURGE_EXPIRED_CHALLENGES)
+                        .bind(*now)
+                        .bind(*limit),
+                )
+                .await?;
+            FactorAnswer::Count(done)
+        }
+        FactorWrite::Remove { user_id } => {
+            conn.execute(Statement::new(sql::DELETE_CHALLENGES).bind(user_id.as_str()))
+                .await?;
+            FactorAnswer::Wrote(remove_factor(conn, user_id).await?)
+        }
+    })
+}
 
 #[cfg(test)]
 mod tests {

@@ -1,13 +1,15 @@
 //! Where users are kept. [`Store`] is the one type the use cases see; which
 //! database sits behind it (SQLite or PostgreSQL) is chosen by the URL at start.
 //!
-//! Both backends run the same statements and read rows with the same mapper; they
-//! differ in how they write: SQLite through one batching writer task, PostgreSQL
-//! through its pool, with uniqueness enforced by the database.
+//! Both backends implement one trait (`backend::Backend`), every operation of the
+//! store, and run the same statements through the same code (`db`); they differ in
+//! how they write: SQLite through one batching writer task, PostgreSQL through its
+//! pool, with uniqueness enforced by the database.
 //!
-//! Errors are classified here, once: a uniqueness conflict is [`StoreError::Duplicate`],
-//! a database that cannot be reached is [`StoreError::Unavailable`], the rest is
-//! unexpected and carries its cause for the log.
+//! Errors are classified once (`error`): a uniqueness conflict is
+//! [`StoreError::Duplicate`], a database that cannot be reached is
+//! [`StoreError::Unavailable`], the rest is unexpected and carries its cause for the
+//! log.
 //!
 //! Every operation is timed here, by backend and operation
 //! (`authd_store_operation_duration_seconds`); the backends add what only they see:
@@ -24,6 +26,20 @@
 //!
 //! # Layout
 //!
+//! Each file imports only files listed after it (and `error` and `db`, which every
+//! file below `backend` may use); none imports this one.
+//!
+//! - this file: [`Store`], and the metrics and spans of every operation.
+//! - `backend`: the `Backend` trait, every operation, which each backend implements;
+//!   the reads and writes that are the same on both, written once over it.
+//! - `sqlite`: the reader pool and the one batching writer task.
+//! - `sqlite_lookups`: reads of users by name, gathered into batches.
+//! - `sqlite_writes`: the transaction of the writer task's batch.
+//! - `sqlite_runs`: runs of one statement sent to a connection as one query: the
+//!   writer's consecutive inserts, the gathered reads of users.
+//! - `postgres`: operations on a PostgreSQL pool, each write in a transaction.
+//! - `writes`: each kind of write, what it came to, and how one is applied on a
+//!   connection (both backends).
 //! - `admin`: accounts as the admin API sees and changes them, and the per-user
 //!   token cutoffs.
 //! - `factor`: the second factor: TOTP factors, recovery codes, Login's challenges.
@@ -35,16 +51,16 @@
 //! - `users`: users' rows and statements, and their reads, written once for both
 //!   backends.
 //! - `session`: sessions' rows, statements and the rotation rule.
-//! - `sqlite`: the reader pool and the one batching writer task.
-//! - `sqlite_writes`: each kind of write that task applies, and its transaction.
-//! - `sqlite_runs`: runs of one statement sent to a connection as one query: the
-//!   writer's consecutive inserts, the gathered reads of users.
-//! - `sqlite_lookups`: reads of users by name, gathered into batches.
-//! - `postgres`: operations on a PostgreSQL pool.
-//! - this file: [`Store`], the errors, and the metrics and spans of every operation.
+//! - `db`: the one executor type of every statement: a statement and its
+//!   arguments, run on a connection of either backend or on a backend's pool; rows
+//!   read by column.
+//! - `error`: [`StoreError`], and how a database's errors are classified.
 
 mod admin;
+mod backend;
 mod connection;
+mod db;
+mod error;
 mod factor;
 mod kept;
 mod postgres;
@@ -55,137 +71,47 @@ mod sqlite_lookups;
 mod sqlite_runs;
 mod sqlite_writes;
 mod users;
+mod writes;
 
 pub use admin::{Account, AccountKey, Change, Cutoff, PageQuery, Revoked, SessionInfo};
+pub use backend::WriterSnapshot;
 pub use connection::{PostgresSettings, SqliteSettings, StoreSettings};
+pub(crate) use db::unix_millis;
+pub use error::StoreError;
 pub use factor::{Factor, FactorAnswer, FactorWrite, LiveChallenge, Proof, Proved, Purpose};
 pub use schema::{RELEASES, SchemaState};
 pub use session::{
     EndReason, Ended, EndedSession, LiveSession, LoggedOut, NewSession, Purged, Refreshed, Rotation,
 };
-pub use sqlite::WriterSnapshot;
 pub use users::{NewUser, User};
 
-use crate::{credentials::Username, error::Error, metrics::Metrics, otel};
+use crate::{credentials::Username, metrics::Metrics, otel};
+use backend::{Backend, Op};
 use prometheus::{Histogram, IntCounter};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 use tokio::sync::watch;
-
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("username already taken")]
-    Duplicate,
-    #[error("database unavailable: {0}")]
-    Unavailable(String),
-    #[error(transparent)]
-    Other(#[from] anyhow::Error),
-}
-
-impl StoreError {
-    /// This error as told to each of the many operations it failed at once (a
-    /// batch): an unavailable database stays one (with its reason); anything else
-    /// becomes `failed`, its cause logged once by whoever met it.
-    pub(crate) fn for_each_of_many(&self, failed: &'static str) -> StoreError {
-        match self {
-            StoreError::Unavailable(why) => StoreError::Unavailable(why.clone()),
-            _ => StoreError::Other(anyhow::anyhow!(failed)),
-        }
-    }
-}
-
-impl From<sqlx::Error> for StoreError {
-    fn from(err: sqlx::Error) -> Self {
-        match &err {
-            sqlx::Error::Database(db) if db.is_unique_violation() => StoreError::Duplicate,
-            // PostgreSQL: query_canceled (57014, what `statement_timeout` raises) and
-            // lock_not_available (55P03): the database is there but cannot answer now.
-            sqlx::Error::Database(db)
-                if db.code().is_some_and(|c| c == "57014" || c == "55P03") =>
-            {
-                StoreError::Unavailable(format!(
-                    "the database did not answer in time: {}",
-                    db.message()
-                ))
-            }
-            // PostgreSQL: connection exceptions (08…), shutting down or starting up
-            // (57P01-57P03), too many connections (53300).
-            sqlx::Error::Database(db)
-                if db.code().is_some_and(|c| {
-                    c.starts_with("08") || c.starts_with("57P") || c == "53300"
-                }) =>
-            {
-                StoreError::Unavailable(format!(
-                    "the database refused the request: {}",
-                    db.message()
-                ))
-            }
-            // SQLite: busy (5) or locked (6), in their extended forms too: another
-            // connection (another process) holds the lock past the busy timeout.
-            sqlx::Error::Database(db)
-                if db
-                    .try_downcast_ref::<sqlx::sqlite::SqliteError>()
-                    .and_then(sqlx::error::DatabaseError::code)
-                    .and_then(|code| code.parse::<i32>().ok())
-                    .is_some_and(|code| matches!(code & 0xff, 5 | 6)) =>
-            {
-                StoreError::Unavailable(format!("the database is locked: {}", db.message()))
-            }
-            sqlx::Error::PoolTimedOut => {
-                StoreError::Unavailable("timed out waiting for a database connection".into())
-            }
-            sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => {
-                StoreError::Unavailable("the database connection is closed".into())
-            }
-            sqlx::Error::Io(e) => {
-                StoreError::Unavailable(format!("cannot reach the database: {e}"))
-            }
-            sqlx::Error::Tls(e) => {
-                StoreError::Unavailable(format!("TLS with the database failed: {e}"))
-            }
-            // A connection cut mid-conversation (or mid-handshake) surfaces as a
-            // protocol error: the database is not reachable, not misbehaving.
-            sqlx::Error::Protocol(e) => {
-                StoreError::Unavailable(format!("the database connection broke: {e}"))
-            }
-            _ => StoreError::Other(anyhow::Error::new(err).context("database error")),
-        }
-    }
-}
-
-impl From<StoreError> for Error {
-    fn from(err: StoreError) -> Self {
-        match err {
-            StoreError::Duplicate => Error::AlreadyExists,
-            StoreError::Unavailable(why) => Error::Unavailable(why),
-            StoreError::Other(cause) => Error::Internal(cause),
-        }
-    }
-}
 
 /// The storage backend, chosen by the database URL, and its metrics.
 pub struct Store {
-    backend: Backend,
+    backend: Box<dyn Backend>,
     ops: Operations,
     /// Counts the operations that failed as unavailable; readiness watches it.
     unavailable: watch::Sender<u64>,
 }
 
-enum Backend {
-    Sqlite(sqlite::SqliteStore),
-    Postgres(postgres::PostgresStore),
-}
-
-/// The metric handles of one operation, resolved when the store opens.
+/// The metric handles of one operation, resolved when the store opens, and its name.
 struct OperationMetrics {
+    name: &'static str,
     duration: Histogram,
     unavailable: IntCounter,
     failed: IntCounter,
 }
 
 impl OperationMetrics {
-    fn new(metrics: &Metrics, backend: &str, operation: &str) -> Self {
+    fn new(metrics: &Metrics, backend: &str, operation: &'static str) -> Self {
         let errors = &metrics.store.operation_errors;
         Self {
+            name: operation,
             duration: (metrics.store.operation_duration).with_label_values(&[backend, operation]),
             unavailable: errors.with_label_values(&[backend, operation, "unavailable"]),
             failed: errors.with_label_values(&[backend, operation, "other"]),
@@ -263,30 +189,16 @@ impl Operations {
     }
 }
 
-/// Dispatches a call to whichever backend this store is.
-macro_rules! each_backend {
-    ($store:expr, $backend:ident => $call:expr) => {
-        match &$store.backend {
-            Backend::Sqlite($backend) => $call,
-            Backend::Postgres($backend) => $call,
-        }
-    };
-}
-
-/// Runs a store operation, records its duration and failure, and announces a
-/// failure to reach the database.
-macro_rules! timed {
-    ($store:expr, $op:ident, $backend:ident => $call:expr) => {{
+impl Store {
+    /// Runs one operation of the backend, records its duration and failure, and
+    /// announces a failure to reach the database.
+    async fn timed<T>(&self, metrics: &OperationMetrics, op: Op<'_, T>) -> Result<T, StoreError> {
         let started = Instant::now();
-        let mut span = otel::child(stringify!($op));
-        span.set("db.system", $store.db_system());
-        span.set("db.operation.name", stringify!($op));
-        // Each backend's operation runs boxed: the future of a database call (a
-        // pool's lease, a query, a timeout) is kilobytes, and every request future
-        // that awaits a store operation would otherwise hold the largest of them
-        // inline, and be copied whole each time it moves.
-        let result = each_backend!($store, $backend => Box::pin(async { $call }).await);
-        $store.ops.$op.record(started, &result);
+        let mut span = otel::child(metrics.name);
+        span.set("db.system", self.backend.db_system());
+        span.set("db.operation.name", metrics.name);
+        let result = op.await;
+        metrics.record(started, &result);
         match &result {
             Err(StoreError::Unavailable(_)) => span.fail("database unavailable"),
             Err(StoreError::Other(_)) => span.fail("store error"),
@@ -294,21 +206,17 @@ macro_rules! timed {
         }
         drop(span);
         if matches!(result, Err(StoreError::Unavailable(_))) {
-            $store.unavailable.send_modify(|n| *n = n.wrapping_add(1));
+            self.unavailable.send_modify(|n| *n = n.wrapping_add(1));
         }
         result
-    }};
-}
+    }
 
-impl Store {
     /// Opens the database and brings its schema up to date; records into `metrics`.
     pub async fn open(settings: StoreSettings, metrics: &Metrics) -> anyhow::Result<Self> {
-        let backend = match settings {
-            StoreSettings::Sqlite(s) => {
-                Backend::Sqlite(sqlite::SqliteStore::open(s, metrics).await?)
-            }
+        let backend: Box<dyn Backend> = match settings {
+            StoreSettings::Sqlite(s) => Box::new(sqlite::SqliteStore::open(s, metrics).await?),
             StoreSettings::Postgres(s) => {
-                Backend::Postgres(postgres::PostgresStore::open(s, metrics).await?)
+                Box::new(postgres::PostgresStore::open(s, metrics).await?)
             }
         };
         let ops = Operations::new(metrics, backend.name());
@@ -332,11 +240,13 @@ impl Store {
 
     /// Stores a new user; [`StoreError::Duplicate`] when the username is taken.
     pub async fn insert_user(&self, user: NewUser) -> Result<(), StoreError> {
-        timed!(self, insert_user, s => s.insert_user(user).await)
+        self.timed(&self.ops.insert_user, self.backend.insert_user(user))
+            .await
     }
 
     pub async fn find_user(&self, username: &Username) -> Result<Option<User>, StoreError> {
-        timed!(self, find_user, s => s.find_user(username).await)
+        self.timed(&self.ops.find_user, self.backend.find_user(username))
+            .await
     }
 
     /// Stores a rehash of the same password; nothing when the password's version is
@@ -347,7 +257,11 @@ impl Store {
         hash: String,
         version: i64,
     ) -> Result<(), StoreError> {
-        timed!(self, update_password_hash, s => s.update_password_hash(id, hash, version).await)
+        self.timed(
+            &self.ops.update_password_hash,
+            self.backend.update_password_hash(id, hash, version),
+        )
+        .await
     }
 
     /// Stores a new session (Login) if the user's password is still at the version
@@ -355,12 +269,17 @@ impl Store {
     /// a password change on any replica: the session is stored before the change
     /// (which then ends it) or not at all.
     pub async fn insert_session(&self, session: NewSession) -> Result<bool, StoreError> {
-        timed!(self, insert_session, s => s.insert_session(session).await)
+        self.timed(
+            &self.ops.insert_session,
+            self.backend.insert_session(session),
+        )
+        .await
     }
 
     /// Runs a Refresh: rotation, the retry rule, or reuse (see `session`).
     pub async fn rotate(&self, rotation: Rotation) -> Result<Refreshed, StoreError> {
-        timed!(self, rotate_session, s => s.rotate(rotation).await)
+        self.timed(&self.ops.rotate_session, self.backend.rotate(rotation))
+            .await
     }
 
     /// Logout by a refresh token's digest (see `session` for which tokens end what).
@@ -371,7 +290,11 @@ impl Store {
         now: i64,
         grace_ms: i64,
     ) -> Result<LoggedOut, StoreError> {
-        timed!(self, end_sessions, s => s.end_by_digest(digest, all, now, grace_ms).await)
+        self.timed(
+            &self.ops.end_sessions,
+            self.backend.end_by_digest(digest, all, now, grace_ms),
+        )
+        .await
     }
 
     /// Logout by a verified access token's session id and user; `None` when that
@@ -383,7 +306,11 @@ impl Store {
         all: bool,
         now: i64,
     ) -> Result<Option<Ended>, StoreError> {
-        timed!(self, end_sessions, s => s.end_by_id(id, user_id, all, now).await)
+        self.timed(
+            &self.ops.end_sessions,
+            self.backend.end_by_id(id, user_id, all, now),
+        )
+        .await
     }
 
     /// Stores a new password hash, if the password is still at `version` (the one
@@ -396,7 +323,11 @@ impl Store {
         version: i64,
         now: i64,
     ) -> Result<Option<Vec<String>>, StoreError> {
-        timed!(self, change_password, s => s.change_password(id, hash, version, now).await)
+        self.timed(
+            &self.ops.change_password,
+            self.backend.change_password(id, hash, version, now),
+        )
+        .await
     }
 
     /// Sessions ended after `after` (ended_at, id), in that order, at most `limit`
@@ -406,7 +337,11 @@ impl Store {
         after: (i64, &str),
         limit: i64,
     ) -> Result<Vec<EndedSession>, StoreError> {
-        timed!(self, ended_sessions, s => session::ended_since(s.readers(), after, limit).await)
+        self.timed(
+            &self.ops.ended_sessions,
+            self.backend.ended_since(after, limit),
+        )
+        .await
     }
 
     /// Deletes up to `limit` sessions that expired by `now`, and up to `limit`
@@ -417,12 +352,17 @@ impl Store {
         ended_before: i64,
         limit: i64,
     ) -> Result<Purged, StoreError> {
-        timed!(self, purge_sessions, s => s.purge(now, ended_before, limit).await)
+        self.timed(
+            &self.ops.purge_sessions,
+            self.backend.purge(now, ended_before, limit),
+        )
+        .await
     }
 
     /// The account `key` names, its live sessions counted at `now`.
     pub async fn account(&self, key: &AccountKey, now: i64) -> Result<Option<Account>, StoreError> {
-        timed!(self, get_account, s => admin::account(s.readers(), key, now).await)
+        self.timed(&self.ops.get_account, self.backend.account(key, now))
+            .await
     }
 
     /// A page of accounts in username order (byte order).
@@ -431,7 +371,11 @@ impl Store {
         query: &PageQuery,
         now: i64,
     ) -> Result<Vec<Account>, StoreError> {
-        timed!(self, list_accounts, s => s.accounts_page(query, now).await)
+        self.timed(
+            &self.ops.list_accounts,
+            self.backend.accounts_page(query, now),
+        )
+        .await
     }
 
     /// Disables the account `id`: marks it, takes the next password version (a
@@ -443,18 +387,24 @@ impl Store {
         reason: &str,
         now: i64,
     ) -> Result<Change<Revoked>, StoreError> {
-        timed!(self, disable_user, s => s.disable_user(id, reason, now).await)
+        self.timed(
+            &self.ops.disable_user,
+            self.backend.disable_user(id, reason, now),
+        )
+        .await
     }
 
     /// Enables the account `id` again; its cutoff stays.
     pub async fn enable_user(&self, id: &str, now: i64) -> Result<Change<()>, StoreError> {
-        timed!(self, enable_user, s => s.enable_user(id, now).await)
+        self.timed(&self.ops.enable_user, self.backend.enable_user(id, now))
+            .await
     }
 
     /// Deletes the account `id`, its sessions and their refresh tokens, and writes
     /// its token cutoff at `now`, in one transaction.
     pub async fn delete_user(&self, id: &str, now: i64) -> Result<Change<Revoked>, StoreError> {
-        timed!(self, delete_user, s => s.delete_user(id, now).await)
+        self.timed(&self.ops.delete_user, self.backend.delete_user(id, now))
+            .await
     }
 
     /// Cutoffs written after `after` (cutoff_at, user_id), in that order, at most
@@ -464,7 +414,8 @@ impl Store {
         after: (i64, &str),
         limit: i64,
     ) -> Result<Vec<Cutoff>, StoreError> {
-        timed!(self, cutoffs, s => admin::cutoffs_since(s.readers(), after, limit).await)
+        self.timed(&self.ops.cutoffs, self.backend.cutoffs_since(after, limit))
+            .await
     }
 
     /// The live sessions of `user_id` at `now`, newest first, at most `limit`.
@@ -474,7 +425,11 @@ impl Store {
         now: i64,
         limit: i64,
     ) -> Result<Vec<SessionInfo>, StoreError> {
-        timed!(self, live_sessions, s => admin::live_sessions(s.readers(), user_id, now, limit).await)
+        self.timed(
+            &self.ops.live_sessions,
+            self.backend.live_sessions(user_id, now, limit),
+        )
+        .await
     }
 
     /// Ends the named live sessions of `user_id` (every one when `ids` is empty);
@@ -485,7 +440,11 @@ impl Store {
         ids: Vec<String>,
         now: i64,
     ) -> Result<Vec<String>, StoreError> {
-        timed!(self, end_sessions_of, s => s.end_sessions_of(user_id, ids, now).await)
+        self.timed(
+            &self.ops.end_sessions_of,
+            self.backend.end_sessions_of(user_id, ids, now),
+        )
+        .await
     }
 
     /// An administrator's new password hash for `user_id` (the next version), and
@@ -498,17 +457,23 @@ impl Store {
         end_sessions: bool,
         now: i64,
     ) -> Result<Option<Vec<String>>, StoreError> {
-        timed!(self, set_password, s => s.set_password(user_id, hash, end_sessions, now).await)
+        self.timed(
+            &self.ops.set_password,
+            self.backend.set_password(user_id, hash, end_sessions, now),
+        )
+        .await
     }
 
     /// The user of id `id`.
     pub async fn find_user_by_id(&self, id: &str) -> Result<Option<User>, StoreError> {
-        timed!(self, find_user_by_id, s => users::find_by_id(s.readers(), id).await)
+        self.timed(&self.ops.find_user_by_id, self.backend.find_user_by_id(id))
+            .await
     }
 
     /// The TOTP factor of `user_id` (on or pending), if any.
     pub async fn factor(&self, user_id: &str) -> Result<Option<Factor>, StoreError> {
-        timed!(self, read_factor, s => factor::factor(s.readers(), user_id).await)
+        self.timed(&self.ops.read_factor, self.backend.factor(user_id))
+            .await
     }
 
     /// The Login challenge of `digest`, if it is live at `now` with fewer than `max`
@@ -519,22 +484,35 @@ impl Store {
         now: i64,
         max: i64,
     ) -> Result<Option<LiveChallenge>, StoreError> {
-        timed!(self, read_challenge, s => factor::live_challenge(s.readers(), digest, now, max).await)
+        self.timed(
+            &self.ops.read_challenge,
+            self.backend.live_challenge(digest, now, max),
+        )
+        .await
     }
 
     /// A write of the second factor, in one transaction (see `factor`).
     pub async fn factor_write(&self, write: FactorWrite) -> Result<FactorAnswer, StoreError> {
-        timed!(self, write_factor, s => s.factor_write(write).await)
+        self.timed(&self.ops.write_factor, self.backend.factor_write(write))
+            .await
     }
 
     /// Deletes up to `limit` cutoffs written at or before `before`.
     pub async fn purge_cutoffs(&self, before: i64, limit: i64) -> Result<u64, StoreError> {
-        timed!(self, purge_cutoffs, s => s.purge_cutoffs(before, limit).await)
+        self.timed(
+            &self.ops.purge_cutoffs,
+            self.backend.purge_cutoffs(before, limit),
+        )
+        .await
     }
 
     /// The highest PBKDF2 iteration count of any stored hash (0 with no users).
     pub async fn max_hash_iterations(&self) -> Result<u32, StoreError> {
-        timed!(self, max_hash_iterations, s => s.max_hash_iterations().await)
+        self.timed(
+            &self.ops.max_hash_iterations,
+            self.backend.max_hash_iterations(),
+        )
+        .await
     }
 
     /// Checks that the database answers a real query the way requests run theirs
@@ -542,7 +520,7 @@ impl Store {
     /// commits: for readiness. Returns what the query read, the highest stored
     /// iteration count.
     pub async fn probe(&self) -> Result<u32, StoreError> {
-        timed!(self, probe, s => s.probe().await)
+        self.timed(&self.ops.probe, self.backend.probe()).await
     }
 
     /// A receiver whose value changes each time an operation fails because the
@@ -553,45 +531,122 @@ impl Store {
 
     /// Commits everything queued and closes the connections.
     pub async fn close(&self) {
-        each_backend!(self, s => s.close().await)
+        self.backend.close().await
     }
 
     /// Whether other processes may write to this database (PostgreSQL, shared by
     /// replicas); a SQLite file has one process, which knows all it writes.
     pub fn is_shared(&self) -> bool {
-        matches!(self.backend, Backend::Postgres(_))
-    }
-
-    /// The `db.system` of the store's spans (OpenTelemetry's names).
-    fn db_system(&self) -> &'static str {
-        match &self.backend {
-            Backend::Sqlite(_) => "sqlite",
-            Backend::Postgres(_) => "postgresql",
-        }
+        self.backend.is_shared()
     }
 
     /// The SQLite writer's counters; `None` for other backends.
     pub fn writer_stats(&self) -> Option<WriterSnapshot> {
-        match &self.backend {
-            Backend::Sqlite(s) => Some(s.writer_stats()),
-            Backend::Postgres(_) => None,
-        }
+        self.backend.writer_stats()
     }
 }
 
-impl Backend {
-    /// The `backend` label of the store's metrics.
-    fn name(&self) -> &'static str {
-        match self {
-            Backend::Sqlite(_) => "sqlite",
-            Backend::Postgres(_) => "postgres",
-        }
-    }
-}
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::path::Path;
 
-pub(crate) fn unix_millis() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
+    /// The files of this folder that `code` (one file's, without its unit tests)
+    /// names through `super::` or `crate::store::`, in paths and in brace lists;
+    /// a name that is no file of the folder is an item of this file, `mod`.
+    fn imports(code: &str, files: &BTreeSet<String>) -> BTreeSet<String> {
+        let ident = |s: &str| -> String {
+            (s.trim_start().chars())
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect()
+        };
+        let mut names = BTreeSet::new();
+        for prefix in ["super::", "crate::store::"] {
+            for (at, _) in code.match_indices(prefix) {
+                let rest = &code[at + prefix.len()..];
+                let Some(list) = rest.strip_prefix('{') else {
+                    names.insert(ident(rest));
+                    continue;
+                };
+                let (mut depth, mut item) = (1, String::new());
+                for c in list.chars() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' if depth == 1 => break,
+                        '}' => depth -= 1,
+                        ',' if depth == 1 => {
+                            names.insert(ident(&std::mem::take(&mut item)));
+                        }
+                        c if depth == 1 => item.push(c),
+                        _ => {}
+                    }
+                }
+                names.insert(ident(&item));
+            }
+        }
+        (names.into_iter())
+            .filter(|name| !name.is_empty() && name != "self")
+            .map(|name| {
+                if files.contains(&name) {
+                    name
+                } else {
+                    "mod".to_owned()
+                }
+            })
+            .collect()
+    }
+
+    /// No file of the store imports one that imports it, directly or through
+    /// others, and none imports this file: this file stands above them all.
+    #[test]
+    fn the_files_of_the_store_import_each_other_in_one_direction() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/store");
+        let files: BTreeSet<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| Some(e.ok()?.path().file_stem()?.to_str()?.to_owned()))
+            .collect();
+        let graph: BTreeMap<String, BTreeSet<String>> = (files.iter())
+            .filter(|name| *name != "mod")
+            .map(|name| {
+                let text = std::fs::read_to_string(dir.join(format!("{name}.rs"))).unwrap();
+                let code = text.split("#[cfg(test)]\nmod tests").next().unwrap();
+                let code: Vec<&str> = (code.lines())
+                    .filter(|l| !l.trim_start().starts_with("//"))
+                    .collect();
+                let mut found = imports(&code.join("\n"), &files);
+                found.remove(name);
+                (name.clone(), found)
+            })
+            .collect();
+        let mut wrong: Vec<String> = (graph.iter())
+            .filter(|(_, imports)| imports.contains("mod"))
+            .map(|(name, _)| format!("`{name}` imports from mod.rs"))
+            .collect();
+        // Depth-first: a file met again while still on the path closes a cycle.
+        fn visit<'a>(
+            graph: &'a BTreeMap<String, BTreeSet<String>>,
+            file: &'a str,
+            path: &mut Vec<&'a str>,
+            done: &mut BTreeSet<&'a str>,
+            wrong: &mut Vec<String>,
+        ) {
+            if let Some(at) = path.iter().position(|f| *f == file) {
+                wrong.push(format!("a cycle: {} -> {file}", path[at..].join(" -> ")));
+                return;
+            }
+            if !done.insert(file) {
+                return;
+            }
+            path.push(file);
+            for import in graph.get(file).into_iter().flatten() {
+                visit(graph, import, path, done, wrong);
+            }
+            path.pop();
+        }
+        let mut done = BTreeSet::new();
+        for file in graph.keys() {
+            visit(&graph, file, &mut Vec::new(), &mut done, &mut wrong);
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
 }

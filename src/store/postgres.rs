@@ -14,50 +14,24 @@
 //! (`AUTHD_DB_STATEMENT_TIMEOUT`), so a statement stuck behind a lock is cancelled
 //! by PostgreSQL and the connection stays usable; authd also stops waiting on its
 //! own shortly after (`connection::operation_limit`), for a peer that stopped
-//! answering. Connecting and migrating are `connection`'s; the reads are written
-//! once for both backends (`users`, `session`, `admin`, `factor`); what is here
-//! are the writes.
+//! answering. Connecting and migrating are `connection`'s; the reads and the
+//! writes are written once for both backends (`users`, `session`, `admin`,
+//! `factor`, `writes`); what is here is how PostgreSQL runs them: each write in a
+//! transaction of its own ([`PostgresStore::transaction`]), the inserts alone.
 
 use super::{
-    StoreError,
-    admin::{self, Account, Change, PageQuery, Revoked},
+    admin::{self, Account, PageQuery},
+    backend::{Backend, Op},
     connection::{Connections, PostgresSettings, connect_postgres, migrate_postgres, within},
-    factor::{self, FactorAnswer, FactorWrite},
-    session::{
-        self, EndReason, Ended, LoggedOut, NewSession, Purged, Refreshed, Rotation, session_ops,
-    },
-    unix_millis,
-    users::{self, NewUser, User, insert_user_query, password_hash_query},
+    db::{Conn, Conns, Statement, unix_millis},
+    error::StoreError,
+    session::{NewSession, new_session_args, sql::INSERT_SESSION_LOCKING},
+    users::{self, NewUser, User, insert_user, password_hash},
+    writes::{Answer, Write, apply_one},
 };
 use crate::{credentials::Username, metrics::Metrics};
-use sqlx::{Connection, PgConnection, Postgres};
-
-/// The session statements on a pooled connection.
-mod ops {
-    super::session_ops!(sqlx::PgConnection, sqlx::postgres::PgRow);
-    super::admin::admin_ops!(sqlx::PgConnection);
-    super::factor::factor_ops!(sqlx::PgConnection);
-}
-
-/// Runs `$body` (which uses `$tx`, a `&mut PgConnection`) in a transaction on a
-/// pooled connection, bounded by the operation limit, and commits it.
-macro_rules! in_transaction {
-    ($store:expr, |$tx:ident| $body:expr) => {{
-        let mut conn = $store.conns.lease().await?;
-        let result = within($store.conns.limit(), async {
-            let mut transaction = conn.begin().await?;
-            let value = {
-                let $tx: &mut PgConnection = &mut transaction;
-                $body
-            };
-            transaction.commit().await?;
-            Ok::<_, sqlx::Error>(value)
-        })
-        .await?;
-        conn.finish();
-        result.map_err(StoreError::from)
-    }};
-}
+use futures_util::future::BoxFuture;
+use sqlx::{Connection, Postgres};
 
 pub struct PostgresStore {
     conns: Connections<Postgres>,
@@ -75,192 +49,98 @@ impl PostgresStore {
         })
     }
 
-    pub(crate) async fn insert_user(&self, user: NewUser) -> Result<(), StoreError> {
+    /// Applies `write` in a transaction on a pooled connection, bounded by the
+    /// operation limit, and commits it. A write that changes a user's password or
+    /// state takes the user's row lock first: a Login's insert (which locks it FOR
+    /// SHARE) either committed before, and its session is ended by the write, or
+    /// waits, and then finds the new version.
+    async fn transaction(&self, write: Write) -> Result<Answer, StoreError> {
         let mut conn = self.conns.lease().await?;
-        let inserted = within(
-            self.conns.limit(),
-            insert_user_query(&user, unix_millis()).execute(&mut *conn),
-        )
+        let result = within(self.conns.limit(), async {
+            let mut transaction = conn.begin().await?;
+            let answer =
+                apply_one(&mut Conn::Postgres(&mut transaction), &write, unix_millis()).await?;
+            transaction.commit().await?;
+            Ok::<_, sqlx::Error>(answer)
+        })
         .await?;
         conn.finish();
-        if inserted?.rows_affected() == 1 {
+        result?
+    }
+
+    async fn insert(&self, user: NewUser) -> Result<(), StoreError> {
+        let inserted = self
+            .conns()
+            .execute(insert_user(&user, unix_millis()))
+            .await?;
+        if inserted == 1 {
             Ok(())
         } else {
             Err(StoreError::Duplicate)
         }
     }
+}
 
-    pub(crate) async fn find_user(&self, username: &Username) -> Result<Option<User>, StoreError> {
-        users::find(&self.conns, username).await
+impl Backend for PostgresStore {
+    fn name(&self) -> &'static str {
+        "postgres"
     }
 
-    pub(crate) async fn update_password_hash(
-        &self,
-        id: &str,
-        hash: String,
-        version: i64,
-    ) -> Result<(), StoreError> {
-        let mut conn = self.conns.lease().await?;
-        let updated = within(
-            self.conns.limit(),
-            password_hash_query(id, &hash, version, false, unix_millis()).execute(&mut *conn),
-        )
-        .await?;
-        conn.finish();
-        updated?;
-        Ok(())
+    fn db_system(&self) -> &'static str {
+        "postgresql"
     }
 
-    pub(crate) async fn max_hash_iterations(&self) -> Result<u32, StoreError> {
-        users::max_hash_iterations(&self.conns).await
+    /// Shared by replicas.
+    fn is_shared(&self) -> bool {
+        true
     }
 
-    pub(crate) async fn insert_session(&self, session: NewSession) -> Result<bool, StoreError> {
-        let mut conn = self.conns.lease().await?;
-        let insert =
-            session::bind_new_session(sqlx::query(session::sql::INSERT_SESSION_LOCKING), &session);
-        let inserted = within(self.conns.limit(), insert.execute(&mut *conn)).await?;
-        conn.finish();
-        Ok(inserted?.rows_affected() == 1)
+    fn conns(&self) -> Conns<'_> {
+        Conns::Postgres(&self.conns)
     }
 
-    pub(crate) async fn rotate(&self, rotation: Rotation) -> Result<Refreshed, StoreError> {
-        in_transaction!(self, |tx| ops::rotate(tx, &rotation).await?)
+    fn apply(&self, write: Write) -> Op<'_, Answer> {
+        Box::pin(self.transaction(write))
     }
 
-    pub(crate) async fn end_by_digest(
-        &self,
-        digest: &str,
-        all: bool,
-        now: i64,
-        grace_ms: i64,
-    ) -> Result<LoggedOut, StoreError> {
-        in_transaction!(self, |tx| ops::end_by_digest(
-            tx, digest, all, now, grace_ms
-        )
-        .await?)
+    fn insert_user(&self, user: NewUser) -> Op<'_, ()> {
+        Box::pin(self.insert(user))
     }
 
-    pub(crate) async fn end_by_id(
-        &self,
-        id: &str,
-        user_id: &str,
-        all: bool,
-        now: i64,
-    ) -> Result<Option<Ended>, StoreError> {
-        in_transaction!(self, |tx| ops::end_by_id(tx, id, user_id, all, now).await?)
+    fn find_user<'a>(&'a self, username: &'a Username) -> Op<'a, Option<User>> {
+        Box::pin(users::find(self.conns(), username))
     }
 
-    pub(crate) async fn change_password(
-        &self,
-        id: &str,
-        hash: String,
-        version: i64,
-        now: i64,
-    ) -> Result<Option<Vec<String>>, StoreError> {
-        // The update takes the user's row lock first: a Login's insert (which locks
-        // it FOR SHARE) either committed before, and its session is ended below, or
-        // waits, and then finds the new version.
-        in_transaction!(self, |tx| {
-            let changed = password_hash_query(id, &hash, version, true, now)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected()
-                == 1;
-            if changed {
-                Some(ops::end_user_sessions(tx, id, EndReason::PasswordChange, now).await?)
-            } else {
-                None
-            }
+    fn update_password_hash<'a>(&'a self, id: &'a str, hash: String, version: i64) -> Op<'a, ()> {
+        Box::pin(async move {
+            let statement = password_hash(id, &hash, version, false, unix_millis());
+            self.conns().execute(statement).await.map(drop)
         })
     }
 
-    pub(crate) async fn purge(
-        &self,
-        now: i64,
-        ended_before: i64,
-        limit: i64,
-    ) -> Result<Purged, StoreError> {
-        in_transaction!(self, |tx| ops::purge(tx, now, ended_before, limit).await?)
+    /// The locking form of Login's insert (see `session::sql`).
+    fn insert_session(&self, session: NewSession) -> Op<'_, bool> {
+        Box::pin(async move {
+            let statement =
+                Statement::new(INSERT_SESSION_LOCKING).bind_all(new_session_args(&session));
+            Ok(self.conns().execute(statement).await? == 1)
+        })
     }
 
-    /// The update takes the user's row lock first, as a password change does: a
-    /// Login's insert (FOR SHARE) committed before, and its session is ended here,
-    /// or it waits, and then finds the new version.
-    pub(crate) async fn disable_user(
-        &self,
-        id: &str,
-        reason: &str,
-        now: i64,
-    ) -> Result<Change<Revoked>, StoreError> {
-        in_transaction!(self, |tx| ops::disable(tx, id, reason, now).await?)
+    fn accounts_page<'a>(&'a self, query: &'a PageQuery, now: i64) -> Op<'a, Vec<Account>> {
+        Box::pin(admin::page(
+            self.conns(),
+            admin::sql::PAGE_POSTGRES,
+            query,
+            now,
+        ))
     }
 
-    pub(crate) async fn enable_user(&self, id: &str, now: i64) -> Result<Change<()>, StoreError> {
-        in_transaction!(self, |tx| ops::enable(tx, id, now).await?)
+    fn probe(&self) -> Op<'_, u32> {
+        self.max_hash_iterations()
     }
 
-    pub(crate) async fn delete_user(
-        &self,
-        id: &str,
-        now: i64,
-    ) -> Result<Change<Revoked>, StoreError> {
-        in_transaction!(self, |tx| ops::delete(tx, id, now).await?)
-    }
-
-    pub(crate) async fn purge_cutoffs(&self, before: i64, limit: i64) -> Result<u64, StoreError> {
-        in_transaction!(self, |tx| ops::purge_cutoffs(tx, before, limit).await?)
-    }
-
-    pub(crate) async fn end_sessions_of(
-        &self,
-        user_id: &str,
-        ids: Vec<String>,
-        now: i64,
-    ) -> Result<Vec<String>, StoreError> {
-        in_transaction!(self, |tx| ops::end_sessions_of(tx, user_id, &ids, now)
-            .await?)
-    }
-
-    /// The update takes the user's row lock first, as a password change does.
-    pub(crate) async fn set_password(
-        &self,
-        user_id: &str,
-        hash: String,
-        end_sessions: bool,
-        now: i64,
-    ) -> Result<Option<Vec<String>>, StoreError> {
-        in_transaction!(self, |tx| ops::set_password(
-            tx,
-            user_id,
-            &hash,
-            end_sessions,
-            now
-        )
-        .await?)
-    }
-
-    pub(crate) async fn factor_write(&self, w: FactorWrite) -> Result<FactorAnswer, StoreError> {
-        in_transaction!(self, |tx| ops::factor_write(tx, &w).await?)
-    }
-
-    pub(crate) fn readers(&self) -> &Connections<Postgres> {
-        &self.conns
-    }
-
-    pub(crate) async fn accounts_page(
-        &self,
-        query: &PageQuery,
-        now: i64,
-    ) -> Result<Vec<Account>, StoreError> {
-        admin::page(&self.conns, admin::sql::PAGE_POSTGRES, query, now).await
-    }
-
-    pub(crate) async fn probe(&self) -> Result<u32, StoreError> {
-        self.max_hash_iterations().await
-    }
-
-    pub(crate) async fn close(&self) {
-        self.conns.close().await;
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.conns.close())
     }
 }

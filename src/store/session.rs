@@ -1,10 +1,10 @@
 //! Sessions in the store: the rows, the statements, and the rotation rule.
 //!
-//! Both backends run the same statements, through the same code. The one read,
-//! [`ended_since`], is generic over the database and runs on either backend's
-//! connections; the writes ([`session_ops`] is instantiated once per connection
-//! type, Login's insert is bound by [`bind_new_session`]) run inside one transaction
-//! per operation: SQLite's batching writer (which runs every write of a batch in its
+//! Both backends run the same statements, through the same code (`db`). The one
+//! read, [`ended_since`], runs on either backend's connections; the writes
+//! ([`rotate`], [`end_by_digest`], [`end_by_id`], [`end_user_sessions`], [`purge`];
+//! Login's insert is bound by [`new_session_args`]) run inside one transaction per
+//! operation: SQLite's batching writer (which runs every write of a batch in its
 //! transaction, one after the other) and a PostgreSQL transaction. Races between
 //! requests, on one replica or many, are decided by the database: every change is a
 //! conditional `UPDATE … WHERE refresh_digest = …` (or `ended_at IS NULL`) whose
@@ -19,11 +19,11 @@
 //! the row); the others find the token one step back and are given the winner's
 //! result.
 
-use super::{StoreError, connection::Connections};
-use crate::refresh::{RefreshToken, RotationKey};
-use sqlx::{
-    ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row as _, Type, query::Query,
+use super::{
+    db::{Arg, Conn, Conns, Row, Statement},
+    error::StoreError,
 };
+use crate::refresh::{RefreshToken, RotationKey};
 
 /// Why a session ended: the `end_reason` column and the `reason` label of
 /// `authd_sessions_ended_total`.
@@ -217,359 +217,320 @@ pub(super) mod sql {
 
 /// Sessions ended after `after` (ended_at, id), in that order, at most `limit`: what
 /// the revocation pollers read, on `conns` (PostgreSQL's pool, SQLite's readers).
-pub(super) async fn ended_since<DB>(
-    conns: &Connections<DB>,
+pub(super) async fn ended_since(
+    conns: Conns<'_>,
     after: (i64, &str),
     limit: i64,
-) -> Result<Vec<EndedSession>, StoreError>
-where
-    DB: Database,
-    DB::Arguments: IntoArguments<DB>,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'a> &'a str: Encode<'a, DB> + Type<DB> + ColumnIndex<DB::Row>,
-    for<'a> i64: Encode<'a, DB> + Decode<'a, DB> + Type<DB>,
-    for<'r> String: Decode<'r, DB> + Type<DB>,
-{
-    let query = (sqlx::query::<DB>(sql::ENDED_SINCE))
+) -> Result<Vec<EndedSession>, StoreError> {
+    let statement = (Statement::new(sql::ENDED_SINCE))
         .bind(after.0)
         .bind(after.1)
         .bind(limit);
     let ended = conns
-        .fetch_all(query)
+        .fetch_all(statement)
         .await?
         .iter()
         .map(|row| {
             Ok(EndedSession {
-                id: row.try_get("id")?,
-                ended_at: row.try_get("ended_at")?,
+                id: row.get("id")?,
+                ended_at: row.get("ended_at")?,
             })
         })
         .collect::<Result<_, sqlx::Error>>()?;
     Ok(ended)
 }
 
-/// `query` (a form of `INSERT_SESSION`, or copies of it) with `s`'s values added as
-/// its next nine arguments, those of `$1` to `$9`.
-pub(super) fn bind_new_session<DB>(
-    query: Query<'static, DB, DB::Arguments>,
-    s: &NewSession,
-) -> Query<'static, DB, DB::Arguments>
-where
-    DB: Database,
-    for<'a> &'a str: Encode<'a, DB> + Type<DB>,
-    for<'a> String: Encode<'a, DB> + Type<DB>,
-    for<'a> i64: Encode<'a, DB> + Type<DB>,
-    for<'a> Option<&'a str>: Encode<'a, DB> + Type<DB>,
-{
-    query
-        .bind(s.id.as_str())
-        .bind(s.user_id.as_str())
-        .bind(s.rotation_key.to_hex())
-        .bind(s.refresh_digest.as_str())
-        .bind(s.created_at)
-        .bind(s.expires_at)
-        .bind(s.password_version)
-        .bind(s.client_addr.as_deref())
-        .bind(s.amr.as_str())
+/// `s`'s values as the arguments of a form of `INSERT_SESSION`, those of `$1` to
+/// `$9`.
+pub(super) fn new_session_args(s: &NewSession) -> [Arg<'_>; 9] {
+    [
+        s.id.as_str().into(),
+        s.user_id.as_str().into(),
+        s.rotation_key.to_hex().into(),
+        s.refresh_digest.as_str().into(),
+        s.created_at.into(),
+        s.expires_at.into(),
+        s.password_version.into(),
+        s.client_addr.as_deref().into(),
+        s.amr.as_str().into(),
+    ]
 }
 
-/// The session operations, written once for a connection type (`SqliteConnection`,
-/// `PgConnection`). Each runs inside a transaction its caller holds. Login's insert
-/// is not one of them: SQLite's writer sends runs of it (`sqlite_runs`), PostgreSQL
-/// its locking form alone.
-macro_rules! session_ops {
-    ($conn:ty, $row:ty) => {
-        use sqlx::Row as _;
-        use $crate::refresh::RotationKey;
-        use $crate::store::session::{
-            EndReason, Ended, LiveSession, LoggedOut, Purged, Refreshed, Rotation, sql,
-        };
+// The session writes. Each runs inside a transaction its caller holds. Login's
+// insert is not one of them: SQLite's writer sends runs of it (`sqlite_runs`),
+// PostgreSQL its locking form alone.
 
-        /// The live session a `FIND_CURRENT` or `FIND_BY_PREVIOUS` row describes.
-        fn live(row: &$row) -> Result<LiveSession, sqlx::Error> {
-            let id: String = row.try_get("id")?;
-            let user_id: String = row.try_get("user_id")?;
-            let expires_at: i64 = row.try_get("expires_at")?;
-            let amr: String = row.try_get("amr")?;
-            let username: String = row.try_get("username")?;
-            Ok(LiveSession {
-                id,
-                user_id,
-                username,
-                expires_at,
-                amr,
-            })
-        }
+/// The live session a `FIND_CURRENT` or `FIND_BY_PREVIOUS` row describes.
+fn live(row: &Row) -> Result<LiveSession, sqlx::Error> {
+    let id: String = row.get("id")?;
+    let user_id: String = row.get("user_id")?;
+    let expires_at: i64 = row.get("expires_at")?;
+    let amr: String = row.get("amr")?;
+    let username: String = row.get("username")?;
+    Ok(LiveSession {
+        id,
+        user_id,
+        username,
+        expires_at,
+        amr,
+    })
+}
 
-        fn rotation_key(row: &$row) -> Result<RotationKey, sqlx::Error> {
-            let text: String = row.try_get("rotation_key")?;
-            RotationKey::from_hex(&text).ok_or_else(|| {
-                sqlx::Error::Decode("a session's rotation key is not 64 hex digits".into())
-            })
-        }
+fn rotation_key(row: &Row) -> Result<RotationKey, sqlx::Error> {
+    let text: String = row.get("rotation_key")?;
+    RotationKey::from_hex(&text)
+        .ok_or_else(|| sqlx::Error::Decode("a session's rotation key is not 64 hex digits".into()))
+}
 
-        async fn end_one(
-            conn: &mut $conn,
-            id: &str,
-            reason: EndReason,
-            now: i64,
-        ) -> Result<bool, sqlx::Error> {
-            let done = sqlx::query(sql::END_SESSION)
+async fn end_one(
+    conn: &mut Conn<'_>,
+    id: &str,
+    reason: EndReason,
+    now: i64,
+) -> Result<bool, sqlx::Error> {
+    let done = conn
+        .execute(
+            Statement::new(sql::END_SESSION)
                 .bind(now)
                 .bind(reason.label())
-                .bind(id)
-                .execute(&mut *conn)
-                .await?;
-            Ok(done.rows_affected() == 1)
-        }
+                .bind(id),
+        )
+        .await?;
+    Ok(done == 1)
+}
 
-        pub(crate) async fn rotate(
-            conn: &mut $conn,
-            r: &Rotation,
-        ) -> Result<Refreshed, sqlx::Error> {
-            let presented = r.presented.store_key();
-            // 1. The token that works now: rotate from it, if this request wins.
-            let current = sqlx::query(sql::FIND_CURRENT)
-                .bind(presented.as_str())
-                .fetch_optional(&mut *conn)
-                .await?;
-            if let Some(row) = current {
-                let expires_at: i64 = row.try_get("expires_at")?;
-                if expires_at <= r.now {
-                    return Ok(Refreshed::Refused("the session has expired"));
-                }
-                let id: String = row.try_get("id")?;
-                let next = r.presented.next(&rotation_key(&row)?);
-                sqlx::query(sql::RETIRE_PREVIOUS)
-                    .bind(presented.as_str())
-                    .execute(&mut *conn)
-                    .await?;
-                let won = sqlx::query(sql::ROTATE_CURRENT)
+pub(super) async fn rotate(conn: &mut Conn<'_>, r: &Rotation) -> Result<Refreshed, sqlx::Error> {
+    let presented = r.presented.store_key();
+    // 1. The token that works now: rotate from it, if this request wins.
+    let current = conn
+        .fetch_optional(Statement::new(sql::FIND_CURRENT).bind(presented.as_str()))
+        .await?;
+    if let Some(row) = current {
+        let expires_at: i64 = row.get("expires_at")?;
+        if expires_at <= r.now {
+            return Ok(Refreshed::Refused("the session has expired"));
+        }
+        let id: String = row.get("id")?;
+        let next = r.presented.next(&rotation_key(&row)?);
+        conn.execute(Statement::new(sql::RETIRE_PREVIOUS).bind(presented.as_str()))
+            .await?;
+        let won = conn
+            .execute(
+                Statement::new(sql::ROTATE_CURRENT)
                     .bind(next.store_key())
                     .bind(r.now)
                     .bind(id.as_str())
-                    .bind(presented.as_str())
-                    .execute(&mut *conn)
-                    .await?
-                    .rows_affected()
-                    == 1;
-                if won {
-                    return Ok(Refreshed::Rotated {
-                        session: live(&row)?,
-                        refresh_token: next,
-                        replay: false,
-                    });
-                }
-                // Another request rotated it first: it is the previous token now.
-            }
-            // 2. The token just rotated: the same answer within the grace, else reuse.
-            let previous = sqlx::query(sql::FIND_BY_PREVIOUS)
-                .bind(presented.as_str())
-                .fetch_optional(&mut *conn)
-                .await?;
-            if let Some(row) = previous {
-                let id: String = row.try_get("id")?;
-                let rotated_at: Option<i64> = row.try_get("rotated_at")?;
-                let ended_at: Option<i64> = row.try_get("ended_at")?;
-                let expires_at: i64 = row.try_get("expires_at")?;
-                if ended_at.is_some() {
-                    return Ok(Refreshed::Reused {
-                        session_id: id,
-                        ended_now: false,
-                    });
-                }
-                if expires_at <= r.now {
-                    return Ok(Refreshed::Refused("the session has expired"));
-                }
-                let within_grace =
-                    rotated_at.is_some_and(|at| r.now.saturating_sub(at) <= r.grace_ms);
-                if within_grace {
-                    let next = r.presented.next(&rotation_key(&row)?);
-                    let current: String = row.try_get("refresh_digest")?;
-                    if next.store_key() == current {
-                        return Ok(Refreshed::Rotated {
-                            session: live(&row)?,
-                            refresh_token: next,
-                            replay: true,
-                        });
-                    }
-                    return Ok(Refreshed::Refused(
-                        "the refresh token does not lead to the session's current one",
-                    ));
-                }
-                let ended_now = end_one(conn, &id, EndReason::Reuse, r.now).await?;
-                return Ok(Refreshed::Reused {
-                    session_id: id,
-                    ended_now,
+                    .bind(presented.as_str()),
+            )
+            .await?
+            == 1;
+        if won {
+            return Ok(Refreshed::Rotated {
+                session: live(&row)?,
+                refresh_token: next,
+                replay: false,
+            });
+        }
+        // Another request rotated it first: it is the previous token now.
+    }
+    // 2. The token just rotated: the same answer within the grace, else reuse.
+    let previous = conn
+        .fetch_optional(Statement::new(sql::FIND_BY_PREVIOUS).bind(presented.as_str()))
+        .await?;
+    if let Some(row) = previous {
+        let id: String = row.get("id")?;
+        let rotated_at: Option<i64> = row.get("rotated_at")?;
+        let ended_at: Option<i64> = row.get("ended_at")?;
+        let expires_at: i64 = row.get("expires_at")?;
+        if ended_at.is_some() {
+            return Ok(Refreshed::Reused {
+                session_id: id,
+                ended_now: false,
+            });
+        }
+        if expires_at <= r.now {
+            return Ok(Refreshed::Refused("the session has expired"));
+        }
+        let within_grace = rotated_at.is_some_and(|at| r.now.saturating_sub(at) <= r.grace_ms);
+        if within_grace {
+            let next = r.presented.next(&rotation_key(&row)?);
+            let current: String = row.get("refresh_digest")?;
+            if next.store_key() == current {
+                return Ok(Refreshed::Rotated {
+                    session: live(&row)?,
+                    refresh_token: next,
+                    replay: true,
                 });
             }
-            // 3. A token rotated out before that: reuse.
-            let retired: Option<String> = sqlx::query_scalar(sql::FIND_RETIRED)
-                .bind(presented.as_str())
-                .fetch_optional(&mut *conn)
-                .await?;
-            if let Some(id) = retired {
-                let ended_now = end_one(conn, &id, EndReason::Reuse, r.now).await?;
-                return Ok(Refreshed::Reused {
-                    session_id: id,
-                    ended_now,
-                });
-            }
-            Ok(Refreshed::Refused("unknown refresh token"))
+            return Ok(Refreshed::Refused(
+                "the refresh token does not lead to the session's current one",
+            ));
         }
-
-        pub(crate) async fn end_user_sessions(
-            conn: &mut $conn,
-            user_id: &str,
-            reason: EndReason,
-            now: i64,
-        ) -> Result<Vec<String>, sqlx::Error> {
-            sqlx::query_scalar(sql::END_USER_SESSIONS)
-                .bind(now)
-                .bind(reason.label())
-                .bind(user_id)
-                .fetch_all(&mut *conn)
-                .await
-        }
-
-        /// Logout by refresh token. Only the current token of a live session ends
-        /// sessions (with `all`, all of its user's); a token rotated out ends its own
-        /// session by the reuse rule and nothing else (within the retry grace, not
-        /// even that); any other ends nothing.
-        pub(crate) async fn end_by_digest(
-            conn: &mut $conn,
-            digest: &str,
-            all: bool,
-            now: i64,
-            grace_ms: i64,
-        ) -> Result<LoggedOut, sqlx::Error> {
-            let current = sqlx::query(sql::FIND_CURRENT)
-                .bind(digest)
-                .fetch_optional(&mut *conn)
-                .await?;
-            if let Some(row) = current {
-                let expires_at: i64 = row.try_get("expires_at")?;
-                if expires_at <= now {
-                    return Ok(LoggedOut::Refused("the session has expired"));
-                }
-                let (id, user_id) = (row.try_get("id")?, row.try_get("user_id")?);
-                return Ok(LoggedOut::Ended(
-                    end_named(conn, id, user_id, all, now).await?,
-                ));
-            }
-            let previous = sqlx::query(sql::FIND_BY_PREVIOUS)
-                .bind(digest)
-                .fetch_optional(&mut *conn)
-                .await?;
-            let session = if let Some(row) = previous {
-                let id: String = row.try_get("id")?;
-                let rotated_at: Option<i64> = row.try_get("rotated_at")?;
-                let ended_at: Option<i64> = row.try_get("ended_at")?;
-                let expires_at: i64 = row.try_get("expires_at")?;
-                if ended_at.is_some() {
-                    return Ok(LoggedOut::Refused("a refresh token of an ended session"));
-                }
-                if expires_at <= now {
-                    return Ok(LoggedOut::Refused("the session has expired"));
-                }
-                // Within the grace it may be the owner's retry (as Refresh reads it):
-                // refused, but not punished.
-                if rotated_at.is_some_and(|at| now.saturating_sub(at) <= grace_ms) {
-                    return Ok(LoggedOut::Refused("a refresh token rotated moments ago"));
-                }
-                id
-            } else {
-                let retired: Option<String> = sqlx::query_scalar(sql::FIND_RETIRED)
-                    .bind(digest)
-                    .fetch_optional(&mut *conn)
-                    .await?;
-                match retired {
-                    Some(id) => id,
-                    None => return Ok(LoggedOut::Refused("unknown refresh token")),
-                }
-            };
-            let ended_now = end_one(conn, &session, EndReason::Reuse, now).await?;
-            Ok(LoggedOut::Reused {
-                session_id: session,
-                ended_now,
-            })
-        }
-
-        /// Logout by access token (its signature and expiry already verified): its
-        /// session, or all of its user's, only while that session is live. `None`:
-        /// the session has ended, expired or is gone, and nothing ends. A token that
-        /// names no session (issued before sessions) can only end them all.
-        pub(crate) async fn end_by_id(
-            conn: &mut $conn,
-            id: &str,
-            user_id: &str,
-            all: bool,
-            now: i64,
-        ) -> Result<Option<Ended>, sqlx::Error> {
-            if id.is_empty() {
-                return end_named(conn, String::new(), user_id.to_owned(), all, now)
-                    .await
-                    .map(|ended| all.then_some(ended));
-            }
-            let Some(row) = sqlx::query(sql::SESSION_STATE)
-                .bind(id)
-                .fetch_optional(&mut *conn)
-                .await?
-            else {
-                return Ok(None);
-            };
-            let owner: String = row.try_get("user_id")?;
-            let ended_at: Option<i64> = row.try_get("ended_at")?;
-            let expires_at: i64 = row.try_get("expires_at")?;
-            if ended_at.is_some() || expires_at <= now {
-                return Ok(None);
-            }
-            end_named(conn, id.to_owned(), owner, all, now)
-                .await
-                .map(Some)
-        }
-
-        async fn end_named(
-            conn: &mut $conn,
-            id: String,
-            user_id: String,
-            all: bool,
-            now: i64,
-        ) -> Result<Ended, sqlx::Error> {
-            let ended_now = if all {
-                end_user_sessions(conn, &user_id, EndReason::Logout, now).await?
-            } else if end_one(conn, &id, EndReason::Logout, now).await? {
-                vec![id.clone()]
-            } else {
-                Vec::new()
-            };
-            Ok(Ended {
-                ended_now,
-                named: Some(id),
-            })
-        }
-
-        pub(crate) async fn purge(
-            conn: &mut $conn,
-            now: i64,
-            ended_before: i64,
-            limit: i64,
-        ) -> Result<Purged, sqlx::Error> {
-            let expired = sqlx::query(sql::PURGE_EXPIRED)
-                .bind(now)
-                .bind(limit)
-                .execute(&mut *conn)
-                .await?
-                .rows_affected();
-            let ended = sqlx::query(sql::PURGE_ENDED)
-                .bind(ended_before)
-                .bind(limit)
-                .execute(&mut *conn)
-                .await?
-                .rows_affected();
-            Ok(Purged { expired, ended })
-        }
-    };
+        let ended_now = end_one(conn, &id, EndReason::Reuse, r.now).await?;
+        return Ok(Refreshed::Reused {
+            session_id: id,
+            ended_now,
+        });
+    }
+    // 3. A token rotated out before that: reuse.
+    let retired: Option<String> = conn
+        .fetch_optional(Statement::new(sql::FIND_RETIRED).bind(presented.as_str()))
+        .await?
+        .map(|row| row.first())
+        .transpose()?;
+    if let Some(id) = retired {
+        let ended_now = end_one(conn, &id, EndReason::Reuse, r.now).await?;
+        return Ok(Refreshed::Reused {
+            session_id: id,
+            ended_now,
+        });
+    }
+    Ok(Refreshed::Refused("unknown refresh token"))
 }
 
-pub(super) use session_ops;
+pub(super) async fn end_user_sessions(
+    conn: &mut Conn<'_>,
+    user_id: &str,
+    reason: EndReason,
+    now: i64,
+) -> Result<Vec<String>, sqlx::Error> {
+    let statement = Statement::new(sql::END_USER_SESSIONS)
+        .bind(now)
+        .bind(reason.label())
+        .bind(user_id);
+    conn.fetch_column(statement).await
+}
+
+/// Logout by refresh token. Only the current token of a live session ends
+/// sessions (with `all`, all of its user's); a token rotated out ends its own
+/// session by the reuse rule and nothing else (within the retry grace, not
+/// even that); any other ends nothing.
+pub(super) async fn end_by_digest(
+    conn: &mut Conn<'_>,
+    digest: &str,
+    all: bool,
+    now: i64,
+    grace_ms: i64,
+) -> Result<LoggedOut, sqlx::Error> {
+    let current = conn
+        .fetch_optional(Statement::new(sql::FIND_CURRENT).bind(digest))
+        .await?;
+    if let Some(row) = current {
+        let expires_at: i64 = row.get("expires_at")?;
+        if expires_at <= now {
+            return Ok(LoggedOut::Refused("the session has expired"));
+        }
+        let (id, user_id) = (row.get("id")?, row.get("user_id")?);
+        return Ok(LoggedOut::Ended(
+            end_named(conn, id, user_id, all, now).await?,
+        ));
+    }
+    let previous = conn
+        .fetch_optional(Statement::new(sql::FIND_BY_PREVIOUS).bind(digest))
+        .await?;
+    let session = if let Some(row) = previous {
+        let id: String = row.get("id")?;
+        let rotated_at: Option<i64> = row.get("rotated_at")?;
+        let ended_at: Option<i64> = row.get("ended_at")?;
+        let expires_at: i64 = row.get("expires_at")?;
+        if ended_at.is_some() {
+            return Ok(LoggedOut::Refused("a refresh token of an ended session"));
+        }
+        if expires_at <= now {
+            return Ok(LoggedOut::Refused("the session has expired"));
+        }
+        // Within the grace it may be the owner's retry (as Refresh reads it):
+        // refused, but not punished.
+        if rotated_at.is_some_and(|at| now.saturating_sub(at) <= grace_ms) {
+            return Ok(LoggedOut::Refused("a refresh token rotated moments ago"));
+        }
+        id
+    } else {
+        let retired: Option<String> = conn
+            .fetch_optional(Statement::new(sql::FIND_RETIRED).bind(digest))
+            .await?
+            .map(|row| row.first())
+            .transpose()?;
+        match retired {
+            Some(id) => id,
+            None => return Ok(LoggedOut::Refused("unknown refresh token")),
+        }
+    };
+    let ended_now = end_one(conn, &session, EndReason::Reuse, now).await?;
+    Ok(LoggedOut::Reused {
+        session_id: session,
+        ended_now,
+    })
+}
+
+/// Logout by access token (its signature and expiry already verified): its
+/// session, or all of its user's, only while that session is live. `None`:
+/// the session has ended, expired or is gone, and nothing ends. A token that
+/// names no session (issued before sessions) can only end them all.
+pub(super) async fn end_by_id(
+    conn: &mut Conn<'_>,
+    id: &str,
+    user_id: &str,
+    all: bool,
+    now: i64,
+) -> Result<Option<Ended>, sqlx::Error> {
+    if id.is_empty() {
+        return end_named(conn, String::new(), user_id.to_owned(), all, now)
+            .await
+            .map(|ended| all.then_some(ended));
+    }
+    let Some(row) = conn
+        .fetch_optional(Statement::new(sql::SESSION_STATE).bind(id))
+        .await?
+    else {
+        return Ok(None);
+    };
+    let owner: String = row.get("user_id")?;
+    let ended_at: Option<i64> = row.get("ended_at")?;
+    let expires_at: i64 = row.get("expires_at")?;
+    if ended_at.is_some() || expires_at <= now {
+        return Ok(None);
+    }
+    end_named(conn, id.to_owned(), owner, all, now)
+        .await
+        .map(Some)
+}
+
+async fn end_named(
+    conn: &mut Conn<'_>,
+    id: String,
+    user_id: String,
+    all: bool,
+    now: i64,
+) -> Result<Ended, sqlx::Error> {
+    let ended_now = if all {
+        end_user_sessions(conn, &user_id, EndReason::Logout, now).await?
+    } else if end_one(conn, &id, EndReason::Logout, now).await? {
+        vec![id.clone()]
+    } else {
+        Vec::new()
+    };
+    Ok(Ended {
+        ended_now,
+        named: Some(id),
+    })
+}
+
+pub(super) async fn purge(
+    conn: &mut Conn<'_>,
+    now: i64,
+    ended_before: i64,
+    limit: i64,
+) -> Result<Purged, sqlx::Error> {
+    let expired = conn
+        .execute(Statement::new(sql::PURGE_EXPIRED).bind(now).bind(limit))
+        .await?;
+    let ended = conn
+        .execute(
+            Statement::new(sql::PURGE_ENDED)
+                .bind(ended_before)
+                .bind(limit),
+        )
+        .await?;
+    Ok(Purged { expired, ended })
+}

@@ -18,23 +18,28 @@
 //! migrations). The reads are written once for both backends (`users`, `session`,
 //! `admin`, `factor`) and run on the reader pool, but for the reads of users by
 //! name, which are gathered into batches (`sqlite_lookups`); what is here is the
-//! writer task (what it writes is `sqlite_writes`, sending runs of inserts as
-//! `sqlite_runs` does).
+//! writer task and `SqliteStore`'s implementation of `backend::Backend` (each kind of
+//! write is `writes`'s, the transaction of a batch `sqlite_writes`'s, sending runs of
+//! inserts as `sqlite_runs` does).
 
 use super::{
-    StoreError,
-    admin::{self, Account, Change, PageQuery, Revoked},
+    admin::{self, Account, PageQuery},
+    backend::{Backend, Op, WriterSnapshot},
     connection::{
         Connections, SqliteSettings, open_sqlite_readers, open_sqlite_writer, operation_limit,
         within,
     },
-    factor::{FactorAnswer, FactorWrite},
-    session::{Ended, LoggedOut, NewSession, Purged, Refreshed, Rotation},
+    db::Conns,
+    error::{StoreError, closed},
+    session::NewSession,
     sqlite_lookups::Lookups,
-    sqlite_writes::{Answer, Reply, Write, apply},
+    sqlite_runs::take_queued,
+    sqlite_writes::{Reply, apply},
     users::{self, NewUser, User},
+    writes::{Answer, Write},
 };
 use crate::{credentials::Username, metrics::Metrics};
+use futures_util::future::BoxFuture;
 use prometheus::Histogram;
 use sqlx::{Connection as _, Sqlite, SqliteConnection};
 use std::{
@@ -49,17 +54,6 @@ use tokio::{
     task::JoinHandle,
 };
 
-/// Counters of the writer task.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WriterSnapshot {
-    /// Transactions committed.
-    pub transactions: u64,
-    /// Writes (inserts and updates) acknowledged by those transactions.
-    pub writes: u64,
-    /// The largest number of writes in one transaction.
-    pub largest_batch: u64,
-}
-
 #[derive(Default)]
 struct WriterStats {
     transactions: AtomicU64,
@@ -69,24 +63,6 @@ struct WriterStats {
 
 /// What the writer runs to answer a ping once what came before has committed.
 const PING: &str = "SELECT 1";
-
-/// The value of a writer answer of the kind `$kind`; any other kind is a bug,
-/// reported as an internal error.
-macro_rules! answered {
-    ($answer:expr, $kind:ident) => {
-        match $answer {
-            Answer::$kind(value) => Ok(value),
-            _ => Err(unexpected()),
-        }
-    };
-}
-
-/// A writer answer of the wrong kind: a bug, reported as an internal error.
-fn unexpected() -> StoreError {
-    StoreError::Other(anyhow::anyhow!(
-        "the SQLite writer answered another kind of write"
-    ))
-}
 
 enum Command {
     Write {
@@ -167,194 +143,10 @@ impl SqliteStore {
         .await?
     }
 
-    pub(crate) async fn insert_user(&self, user: NewUser) -> Result<(), StoreError> {
-        self.write(Write::Insert(user)).await.map(drop)
-    }
-
-    pub(crate) async fn insert_session(&self, session: NewSession) -> Result<bool, StoreError> {
-        answered!(self.write(Write::InsertSession(session)).await?, Wrote)
-    }
-
-    pub(crate) async fn rotate(&self, rotation: Rotation) -> Result<Refreshed, StoreError> {
-        answered!(self.write(Write::Rotate(rotation)).await?, Refreshed)
-    }
-
-    pub(crate) async fn end_by_digest(
-        &self,
-        digest: &str,
-        all: bool,
-        now: i64,
-        grace_ms: i64,
-    ) -> Result<LoggedOut, StoreError> {
-        let write = Write::EndByDigest {
-            digest: digest.to_owned(),
-            all,
-            now,
-            grace_ms,
-        };
-        answered!(self.write(write).await?, LoggedOut)
-    }
-
-    pub(crate) async fn end_by_id(
-        &self,
-        id: &str,
-        user_id: &str,
-        all: bool,
-        now: i64,
-    ) -> Result<Option<Ended>, StoreError> {
-        let write = Write::EndById {
-            id: id.to_owned(),
-            user_id: user_id.to_owned(),
-            all,
-            now,
-        };
-        answered!(self.write(write).await?, Ended)
-    }
-
-    pub(crate) async fn change_password(
-        &self,
-        id: &str,
-        hash: String,
-        version: i64,
-        now: i64,
-    ) -> Result<Option<Vec<String>>, StoreError> {
-        let write = Write::ChangePassword {
-            id: id.to_owned(),
-            hash,
-            version,
-            now,
-        };
-        answered!(self.write(write).await?, EndedIds)
-    }
-
-    pub(crate) async fn purge(
-        &self,
-        now: i64,
-        ended_before: i64,
-        limit: i64,
-    ) -> Result<Purged, StoreError> {
-        let write = Write::Purge {
-            now,
-            ended_before,
-            limit,
-        };
-        answered!(self.write(write).await?, Purged)
-    }
-
-    pub(crate) async fn disable_user(
-        &self,
-        id: &str,
-        reason: &str,
-        now: i64,
-    ) -> Result<Change<Revoked>, StoreError> {
-        let write = Write::Disable {
-            id: id.to_owned(),
-            reason: reason.to_owned(),
-            now,
-        };
-        answered!(self.write(write).await?, Revoked)
-    }
-
-    pub(crate) async fn enable_user(&self, id: &str, now: i64) -> Result<Change<()>, StoreError> {
-        let write = Write::Enable {
-            id: id.to_owned(),
-            now,
-        };
-        answered!(self.write(write).await?, Enabled)
-    }
-
-    pub(crate) async fn delete_user(
-        &self,
-        id: &str,
-        now: i64,
-    ) -> Result<Change<Revoked>, StoreError> {
-        let write = Write::Delete {
-            id: id.to_owned(),
-            now,
-        };
-        answered!(self.write(write).await?, Revoked)
-    }
-
-    pub(crate) async fn purge_cutoffs(&self, before: i64, limit: i64) -> Result<u64, StoreError> {
-        answered!(
-            self.write(Write::PurgeCutoffs { before, limit }).await?,
-            Count
-        )
-    }
-
-    pub(crate) async fn end_sessions_of(
-        &self,
-        user_id: &str,
-        ids: Vec<String>,
-        now: i64,
-    ) -> Result<Vec<String>, StoreError> {
-        let write = Write::EndSessionsOf {
-            user_id: user_id.to_owned(),
-            ids,
-            now,
-        };
-        answered!(self.write(write).await?, Ids)
-    }
-
-    pub(crate) async fn set_password(
-        &self,
-        user_id: &str,
-        hash: String,
-        end_sessions: bool,
-        now: i64,
-    ) -> Result<Option<Vec<String>>, StoreError> {
-        let write = Write::SetPassword {
-            user_id: user_id.to_owned(),
-            hash,
-            end_sessions,
-            now,
-        };
-        answered!(self.write(write).await?, EndedIds)
-    }
-
-    pub(crate) async fn factor_write(&self, w: FactorWrite) -> Result<FactorAnswer, StoreError> {
-        answered!(self.write(Write::Factor(w)).await?, Factor)
-    }
-
-    pub(crate) fn readers(&self) -> &Connections<Sqlite> {
-        &self.readers
-    }
-
-    pub(crate) async fn accounts_page(
-        &self,
-        query: &PageQuery,
-        now: i64,
-    ) -> Result<Vec<Account>, StoreError> {
-        admin::page(&self.readers, admin::sql::PAGE_SQLITE, query, now).await
-    }
-
-    pub(crate) async fn update_password_hash(
-        &self,
-        id: &str,
-        hash: String,
-        version: i64,
-    ) -> Result<(), StoreError> {
-        self.write(Write::UpdateHash {
-            id: id.to_owned(),
-            hash,
-            version,
-        })
-        .await
-        .map(drop)
-    }
-
-    pub(crate) async fn find_user(&self, username: &Username) -> Result<Option<User>, StoreError> {
-        self.lookups.find(username).await
-    }
-
-    pub(crate) async fn max_hash_iterations(&self) -> Result<u32, StoreError> {
-        users::max_hash_iterations(&self.readers).await
-    }
-
     /// A read through the reader pool, then a round trip through the writer (which
     /// answers once it has committed what was queued before).
-    pub(crate) async fn probe(&self) -> Result<u32, StoreError> {
-        let max = self.max_hash_iterations().await?;
+    async fn probe_now(&self) -> Result<u32, StoreError> {
+        let max = users::max_hash_iterations(self.conns()).await?;
         let (reply, result) = oneshot::channel();
         within(self.limit, async {
             self.writer
@@ -367,7 +159,7 @@ impl SqliteStore {
         Ok(max)
     }
 
-    pub(crate) async fn close(&self) {
+    async fn close_now(&self) {
         let task = self.writer_task.lock().expect("writer task lock").take();
         let Some(task) = task else { return };
         let (reply, done) = oneshot::channel();
@@ -386,18 +178,74 @@ impl SqliteStore {
         }
         self.readers.close().await;
     }
+}
 
-    pub(crate) fn writer_stats(&self) -> WriterSnapshot {
-        WriterSnapshot {
+impl Backend for SqliteStore {
+    fn name(&self) -> &'static str {
+        "sqlite"
+    }
+
+    fn db_system(&self) -> &'static str {
+        "sqlite"
+    }
+
+    /// A SQLite file has one process, which knows all it writes.
+    fn is_shared(&self) -> bool {
+        false
+    }
+
+    fn conns(&self) -> Conns<'_> {
+        Conns::Sqlite(&self.readers)
+    }
+
+    /// Queued to the writer task, which applies it in its next batch's transaction.
+    fn apply(&self, write: Write) -> Op<'_, Answer> {
+        Box::pin(self.write(write))
+    }
+
+    fn insert_user(&self, user: NewUser) -> Op<'_, ()> {
+        Box::pin(async move { self.write(Write::Insert(user)).await.map(drop) })
+    }
+
+    /// Gathered with the other lookups queued meanwhile (`sqlite_lookups`).
+    fn find_user<'a>(&'a self, username: &'a Username) -> Op<'a, Option<User>> {
+        Box::pin(self.lookups.find(username))
+    }
+
+    fn update_password_hash<'a>(&'a self, id: &'a str, hash: String, version: i64) -> Op<'a, ()> {
+        let id = id.to_owned();
+        let write = Write::UpdateHash { id, hash, version };
+        Box::pin(async move { self.write(write).await.map(drop) })
+    }
+
+    fn insert_session(&self, session: NewSession) -> Op<'_, bool> {
+        Box::pin(async move { self.write(Write::InsertSession(session)).await?.take() })
+    }
+
+    fn accounts_page<'a>(&'a self, query: &'a PageQuery, now: i64) -> Op<'a, Vec<Account>> {
+        Box::pin(admin::page(
+            self.conns(),
+            admin::sql::PAGE_SQLITE,
+            query,
+            now,
+        ))
+    }
+
+    fn probe(&self) -> Op<'_, u32> {
+        Box::pin(self.probe_now())
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.close_now())
+    }
+
+    fn writer_stats(&self) -> Option<WriterSnapshot> {
+        Some(WriterSnapshot {
             transactions: self.stats.transactions.load(Ordering::Relaxed),
             writes: self.stats.writes.load(Ordering::Relaxed),
             largest_batch: self.stats.largest_batch.load(Ordering::Relaxed),
-        }
+        })
     }
-}
-
-pub(super) fn closed() -> StoreError {
-    StoreError::Unavailable("the database is closed (shutting down)".into())
 }
 
 async fn run_writer(
@@ -453,27 +301,6 @@ async fn run_writer(
     if let Some(reply) = close_reply {
         let _ = reply.send(());
     }
-}
-
-/// Waits for at least one item of `queue`, lets the requests the runtime is about to
-/// run queue theirs (one yield), and takes what is queued, up to `max` in `into`:
-/// what the writer commits and the lookups read together. `false` once every
-/// sender is gone.
-pub(super) async fn take_queued<T>(
-    queue: &mut mpsc::Receiver<T>,
-    into: &mut Vec<T>,
-    max: usize,
-) -> bool {
-    if queue.recv_many(into, max).await == 0 {
-        return false;
-    }
-    tokio::task::yield_now().await;
-    while into.len() < max
-        && let Ok(item) = queue.try_recv()
-    {
-        into.push(item);
-    }
-    true
 }
 
 type Pending = (Write, Reply);
@@ -560,7 +387,7 @@ pub(super) mod tests {
             .filter(|r| matches!(r, Err(StoreError::Duplicate)))
             .count();
         assert_eq!((winners, duplicates), (1, 9), "{results:?}");
-        let stats = store.writer_stats();
+        let stats = store.writer_stats().unwrap();
         assert_eq!(stats.transactions, 1);
         assert_eq!(stats.largest_batch, 10);
         let found = store
@@ -581,7 +408,7 @@ pub(super) mod tests {
         let results =
             join_all((0..100).map(|i| store.insert_user(user(i, &format!("user{i}"))))).await;
         assert!(results.iter().all(Result::is_ok));
-        let stats = store.writer_stats();
+        let stats = store.writer_stats().unwrap();
         assert_eq!(stats.writes, 100);
         // At most 64 per batch: two transactions.
         assert_eq!(stats.transactions, 2);
@@ -631,7 +458,7 @@ pub(super) mod tests {
         });
         first.await.unwrap().unwrap();
         second.await.unwrap().unwrap();
-        let stats = store.writer_stats();
+        let stats = store.writer_stats().unwrap();
         assert_eq!((stats.writes, stats.transactions), (2, 1), "{stats:?}");
         store.close().await;
     }

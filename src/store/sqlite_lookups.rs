@@ -12,10 +12,9 @@
 //! queue is bounded; a caller waits for room within its own bound.
 
 use super::{
-    StoreError,
     connection::{Connections, Lease, within},
-    sqlite::{closed, take_queued},
-    sqlite_runs::{self, LONGEST},
+    error::{StoreError, closed},
+    sqlite_runs::{self, LONGEST, take_queued},
     users::User,
 };
 use crate::credentials::Username;
@@ -116,6 +115,7 @@ mod tests {
         metrics::Metrics,
         store::{
             StoreError,
+            backend::Backend as _,
             sqlite::tests::{open, open_with, settings, user},
         },
     };

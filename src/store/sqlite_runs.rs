@@ -14,25 +14,26 @@
 //! Reads of users by name go the same way, each statement's row (or none) told
 //! apart by the end of that statement.
 //!
+//! What a run holds is what was queued: [`take_queued`] is how the writer and the
+//! lookups gather it.
+//!
 //! The texts are made once, for runs of 1, 2, 4, … [`LONGEST`] statements, so the
 //! connection's statement cache holds a few of them; a run is sent as the longest of
 //! those that fit, then the rest.
 
 use super::{
-    session::{NewSession, bind_new_session, sql::INSERT_SESSION},
+    db::{Arg, Row, SqliteQuery},
+    session::{NewSession, new_session_args, sql::INSERT_SESSION},
     users::{
-        NewUser, User, bind_new_user,
+        NewUser, User, new_user_args,
         sql::{FIND_USER, INSERT_USER},
         user_from_row,
     },
 };
 use futures_util::TryStreamExt as _;
-use sqlx::{
-    AssertSqlSafe, Either, Executor as _, Sqlite, SqliteConnection, sqlite::SqliteArguments,
-};
+use sqlx::{AssertSqlSafe, Either, Executor as _, SqliteConnection};
 use std::sync::{Arc, LazyLock};
-
-type SqliteQuery = sqlx::query::Query<'static, Sqlite, SqliteArguments>;
+use tokio::sync::mpsc;
 
 /// The most statements in one query.
 pub(super) const LONGEST: usize = 32;
@@ -128,6 +129,11 @@ async fn run<T>(
     Ok(changed)
 }
 
+/// `query` with `args` as its next arguments.
+fn bind<'a>(query: SqliteQuery, args: impl IntoIterator<Item = Arg<'a>>) -> SqliteQuery {
+    (args.into_iter()).fold(query, |q, arg| arg.bind_sqlite(q))
+}
+
 /// A run's query ran `ran` of its `n` statements: all of them, or an error (the
 /// outcomes would no longer match the writes).
 fn ran_all(ran: usize, n: usize) -> Result<(), sqlx::Error> {
@@ -146,7 +152,10 @@ pub(super) async fn insert_sessions(
     conn: &mut SqliteConnection,
     sessions: &[&NewSession],
 ) -> Result<Vec<bool>, sqlx::Error> {
-    let changed = run(conn, &SESSIONS, sessions, bind_new_session).await?;
+    let changed = run(conn, &SESSIONS, sessions, |q, s| {
+        bind(q, new_session_args(s))
+    })
+    .await?;
     Ok(changed.into_iter().map(|n| n == 1).collect())
 }
 
@@ -157,7 +166,7 @@ pub(super) async fn insert_users(
     users: &[&NewUser],
     now: i64,
 ) -> Result<Vec<bool>, sqlx::Error> {
-    let changed = run(conn, &USERS, users, |q, u| bind_new_user(q, u, now)).await?;
+    let changed = run(conn, &USERS, users, |q, u| bind(q, new_user_args(u, now))).await?;
     Ok(changed.into_iter().map(|n| n == 1).collect())
 }
 
@@ -173,13 +182,34 @@ pub(super) async fn find_users(
         while let Some(step) = steps.try_next().await? {
             match step {
                 // A username is unique: one row at most per statement.
-                Either::Right(row) => found = Some(user_from_row(&row)?),
+                Either::Right(row) => found = Some(user_from_row(&Row::Sqlite(row))?),
                 Either::Left(_) => users.push(found.take()),
             }
         }
         ran_all(users.len() - before, n)?;
     }
     Ok(users)
+}
+
+/// Waits for at least one item of `queue`, lets the requests the runtime is about to
+/// run queue theirs (one yield), and takes what is queued, up to `max` in `into`:
+/// what the writer commits and the lookups read together. `false` once every
+/// sender is gone.
+pub(super) async fn take_queued<T>(
+    queue: &mut mpsc::Receiver<T>,
+    into: &mut Vec<T>,
+    max: usize,
+) -> bool {
+    if queue.recv_many(into, max).await == 0 {
+        return false;
+    }
+    tokio::task::yield_now().await;
+    while into.len() < max
+        && let Ok(item) = queue.try_recv()
+    {
+        into.push(item);
+    }
+    true
 }
 
 #[cfg(test)]
@@ -190,6 +220,7 @@ mod tests {
         refresh::RotationKey,
         store::{
             StoreError,
+            backend::Backend as _,
             sqlite::tests::{open, settings, user},
         },
     };
@@ -259,7 +290,7 @@ mod tests {
             .await
             .unwrap()
             .unwrap();
-        let before = store.writer_stats();
+        let before = store.writer_stats().unwrap();
         let (store, alice) = (&store, &alice);
         let writes: Vec<BoxFuture<'_, (bool, bool)>> = (0..70)
             .map(|i| match i % 10 {
@@ -290,7 +321,7 @@ mod tests {
         for (i, (got, expected)) in outcomes.iter().enumerate() {
             assert_eq!(got, expected, "write {i}");
         }
-        let after = store.writer_stats();
+        let after = store.writer_stats().unwrap();
         assert_eq!(after.writes - before.writes, 70);
         assert_eq!(after.transactions - before.transactions, 2);
 

@@ -1,38 +1,33 @@
 //! Users in the store: the rows, their statements, and the reads, written once for
 //! both backends.
 //!
-//! The writes are built here ([`insert_user_query`], [`bind_new_user`],
-//! [`password_hash_query`]) and run by each backend its own way (SQLite's batching
-//! writer, a PostgreSQL pooled connection); the reads ([`find`],
-//! [`max_hash_iterations`]) run on whichever backend's [`Connections`], generic over
-//! the database (SQLite gathers its reads by name: `sqlite_lookups`). Usernames are
-//! stored lowercased, so the UNIQUE (username) constraint is case-insensitive. A
-//! password change takes the next `password_version`; a rehash keeps it, and
-//! neither writes unless the version is still the one verified.
+//! The writes are built here ([`insert_user`], [`new_user_args`], [`password_hash`])
+//! and run by each backend its own way (SQLite's batching writer, a PostgreSQL pooled
+//! connection); the reads ([`find`], [`find_by_id`], [`max_hash_iterations`]) run on
+//! either backend's [`Conns`] (SQLite gathers its reads by name: `sqlite_lookups`).
+//! Usernames are stored lowercased, so the UNIQUE (username) constraint is
+//! case-insensitive. A password change takes the next `password_version`; a rehash
+//! keeps it, and neither writes unless the version is still the one verified.
 
-use super::{StoreError, connection::Connections};
-use crate::credentials::Username;
-use sqlx::{
-    ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row, Type, query::Query,
+use super::{
+    db::{Arg, Conns, Row, Statement},
+    error::StoreError,
 };
+use crate::credentials::Username;
 
 /// The users' statements. `$N` placeholders are PostgreSQL's and are also understood
 /// by SQLite, so each statement is written once.
 pub(super) mod sql {
     /// The user, its cutoff, and whether its second factor is on.
-    macro_rules! find_user {
-        ($by:literal) => {
-            concat!(
-                "SELECT u.id, u.username, u.password_hash, u.password_version, \
-                 u.disabled_at, c.cutoff_at, (SELECT COUNT(*) FROM totp_factors f \
-                 WHERE f.user_id = u.id AND f.enabled_at IS NOT NULL) AS factors \
-                 FROM users u LEFT JOIN user_cutoffs c ON c.user_id = u.id WHERE ",
-                $by
-            )
-        };
-    }
-    pub const FIND_USER: &str = find_user!("u.username = $1");
-    pub const FIND_USER_BY_ID: &str = find_user!("u.id = $1");
+    pub const FIND_USER: &str = "SELECT u.id, u.username, u.password_hash, u.password_version, \
+         u.disabled_at, c.cutoff_at, (SELECT COUNT(*) FROM totp_factors f \
+         WHERE f.user_id = u.id AND f.enabled_at IS NOT NULL) AS factors \
+         FROM users u LEFT JOIN user_cutoffs c ON c.user_id = u.id WHERE u.username = $1";
+    /// [`FIND_USER`] by id.
+    pub const FIND_USER_BY_ID: &str = "SELECT u.id, u.username, u.password_hash, u.password_version, \
+         u.disabled_at, c.cutoff_at, (SELECT COUNT(*) FROM totp_factors f \
+         WHERE f.user_id = u.id AND f.enabled_at IS NOT NULL) AS factors \
+         FROM users u LEFT JOIN user_cutoffs c ON c.user_id = u.id WHERE u.id = $1";
     /// Usernames are stored lowercased, so the UNIQUE (username) conflict is
     /// case-insensitive. A conflict inserts nothing: zero rows affected.
     pub const INSERT_USER: &str = "INSERT INTO users (id, username, password_hash, created_at, updated_at) \
@@ -54,86 +49,54 @@ fn iterations_from_column(max: Option<i64>) -> u32 {
     max.map_or(0, |n| u32::try_from(n.max(0)).unwrap_or(u32::MAX))
 }
 
-pub(super) fn insert_user_query<DB>(user: &NewUser, now: i64) -> Query<'static, DB, DB::Arguments>
-where
-    DB: Database,
-    for<'a> &'a str: Encode<'a, DB> + Type<DB>,
-    for<'a> i64: Encode<'a, DB> + Type<DB>,
-{
-    bind_new_user(sqlx::query(sql::INSERT_USER), user, now)
+/// Stores `user` at `now`, unless its username is taken (nothing changes then).
+pub(super) fn insert_user(user: &NewUser, now: i64) -> Statement<'_> {
+    Statement::new(sql::INSERT_USER).bind_all(new_user_args(user, now))
 }
 
-/// `query` (`INSERT_USER`, or copies of it) with `user`'s values added as its next
-/// five arguments, those of `$1` to `$5`.
-pub(super) fn bind_new_user<DB>(
-    query: Query<'static, DB, DB::Arguments>,
-    user: &NewUser,
-    now: i64,
-) -> Query<'static, DB, DB::Arguments>
-where
-    DB: Database,
-    for<'a> &'a str: Encode<'a, DB> + Type<DB>,
-    for<'a> i64: Encode<'a, DB> + Type<DB>,
-{
-    query
-        .bind(user.id.as_str())
-        .bind(user.username.as_str())
-        .bind(user.password_hash.as_str())
-        .bind(now)
-        .bind(now)
+/// `user`'s values as the arguments of `INSERT_USER`, those of `$1` to `$5`.
+pub(super) fn new_user_args(user: &NewUser, now: i64) -> [Arg<'_>; 5] {
+    [
+        user.id.as_str().into(),
+        user.username.as_str().into(),
+        user.password_hash.as_str().into(),
+        now.into(),
+        now.into(),
+    ]
 }
 
 /// A new hash of user `id` whose password is at `version`: a rehash of the same
 /// password, or (`change`) a new password, which takes the next version.
-pub(super) fn password_hash_query<'q, DB>(
-    id: &'q str,
-    hash: &'q str,
+pub(super) fn password_hash<'a>(
+    id: &'a str,
+    hash: &'a str,
     version: i64,
     change: bool,
     now: i64,
-) -> Query<'q, DB, DB::Arguments>
-where
-    DB: Database,
-    &'q str: Encode<'q, DB> + Type<DB>,
-    i64: Encode<'q, DB> + Type<DB>,
-{
+) -> Statement<'a> {
     let statement = if change {
         sql::CHANGE_PASSWORD
     } else {
         sql::UPDATE_PASSWORD_HASH
     };
-    sqlx::query(statement)
+    Statement::new(statement)
         .bind(hash)
         .bind(now)
         .bind(id)
         .bind(version)
 }
 
-fn find_user_query<'q, DB>(by: &'static str, key: &'q str) -> Query<'q, DB, DB::Arguments>
-where
-    DB: Database,
-    &'q str: Encode<'q, DB> + Type<DB>,
-{
-    sqlx::query(by).bind(key)
-}
-
-pub(super) fn user_from_row<'r, R>(row: &'r R) -> Result<User, sqlx::Error>
-where
-    R: Row,
-    &'r str: ColumnIndex<R>,
-    String: Decode<'r, R::Database> + Type<R::Database>,
-    i64: Decode<'r, R::Database> + Type<R::Database>,
-    Option<i64>: Decode<'r, R::Database>,
-{
-    let disabled_at: Option<i64> = row.try_get("disabled_at")?;
-    let factors: i64 = row.try_get("factors")?;
+/// The user a `FIND_USER` row describes.
+pub(super) fn user_from_row(row: &Row) -> Result<User, sqlx::Error> {
+    let disabled_at: Option<i64> = row.get("disabled_at")?;
+    let factors: i64 = row.get("factors")?;
     Ok(User {
-        id: row.try_get("id")?,
-        username: Username::from_store(row.try_get("username")?),
-        password_hash: row.try_get("password_hash")?,
-        password_version: row.try_get("password_version")?,
+        id: row.get("id")?,
+        username: Username::from_store(row.get("username")?),
+        password_hash: row.get("password_hash")?,
+        password_version: row.get("password_version")?,
         disabled: disabled_at.is_some(),
-        cutoff_at: row.try_get("cutoff_at")?,
+        cutoff_at: row.get("cutoff_at")?,
         has_factor: factors > 0,
     })
 }
@@ -165,73 +128,36 @@ pub struct NewUser {
 }
 
 /// The user named `username`, read on `conns` (PostgreSQL's pool, SQLite's readers).
-pub(super) async fn find<DB>(
-    conns: &Connections<DB>,
+pub(super) async fn find(
+    conns: Conns<'_>,
     username: &Username,
-) -> Result<Option<User>, StoreError>
-where
-    DB: Database,
-    DB::Arguments: IntoArguments<DB>,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'a> &'a str: Encode<'a, DB> + Type<DB> + ColumnIndex<DB::Row>,
-    for<'r> String: Decode<'r, DB> + Type<DB>,
-    for<'r> i64: Decode<'r, DB> + Type<DB>,
-    for<'r> Option<i64>: Decode<'r, DB>,
-{
+) -> Result<Option<User>, StoreError> {
     find_by(conns, sql::FIND_USER, username.as_str()).await
 }
 
 /// The user of id `id`, read on `conns`.
-pub(super) async fn find_by_id<DB>(
-    conns: &Connections<DB>,
-    id: &str,
-) -> Result<Option<User>, StoreError>
-where
-    DB: Database,
-    DB::Arguments: IntoArguments<DB>,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'a> &'a str: Encode<'a, DB> + Type<DB> + ColumnIndex<DB::Row>,
-    for<'r> String: Decode<'r, DB> + Type<DB>,
-    for<'r> i64: Decode<'r, DB> + Type<DB>,
-    for<'r> Option<i64>: Decode<'r, DB>,
-{
+pub(super) async fn find_by_id(conns: Conns<'_>, id: &str) -> Result<Option<User>, StoreError> {
     find_by(conns, sql::FIND_USER_BY_ID, id).await
 }
 
-async fn find_by<DB>(
-    conns: &Connections<DB>,
+async fn find_by(
+    conns: Conns<'_>,
     statement: &'static str,
     key: &str,
-) -> Result<Option<User>, StoreError>
-where
-    DB: Database,
-    DB::Arguments: IntoArguments<DB>,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'a> &'a str: Encode<'a, DB> + Type<DB> + ColumnIndex<DB::Row>,
-    for<'r> String: Decode<'r, DB> + Type<DB>,
-    for<'r> i64: Decode<'r, DB> + Type<DB>,
-    for<'r> Option<i64>: Decode<'r, DB>,
-{
+) -> Result<Option<User>, StoreError> {
     let row = conns
-        .fetch_optional(find_user_query::<DB>(statement, key))
+        .fetch_optional(Statement::new(statement).bind(key))
         .await?;
     Ok(row.as_ref().map(user_from_row).transpose()?)
 }
 
 /// The highest PBKDF2 iteration count of any stored hash (0 with no users), read on
 /// `conns`.
-pub(super) async fn max_hash_iterations<DB>(conns: &Connections<DB>) -> Result<u32, StoreError>
-where
-    DB: Database,
-    DB::Arguments: IntoArguments<DB>,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    usize: ColumnIndex<DB::Row>,
-    for<'r> Option<i64>: Decode<'r, DB> + Type<DB>,
-{
+pub(super) async fn max_hash_iterations(conns: Conns<'_>) -> Result<u32, StoreError> {
     let row = conns
-        .fetch_one(sqlx::query::<DB>(sql::MAX_HASH_ITERATIONS))
+        .fetch_one(Statement::new(sql::MAX_HASH_ITERATIONS))
         .await?;
-    let max: Option<i64> = row.try_get(0)?;
+    let max: Option<i64> = row.first()?;
     Ok(iterations_from_column(max))
 }
 

@@ -1,0 +1,299 @@
+//! Each kind of write the store makes in a transaction, what it came to, and how one
+//! is applied on a connection ([`apply_one`]): the same for both backends, SQLite's
+//! writer task applying many in the transaction of its batch (`sqlite_writes`),
+//! PostgreSQL each in a transaction of its own (`postgres`).
+
+use super::{
+    admin::{self, Change, Revoked},
+    db::Conn,
+    error::StoreError,
+    factor::{self, FactorAnswer, FactorWrite},
+    session::{self, EndReason, Ended, LoggedOut, NewSession, Purged, Refreshed, Rotation},
+    users::{NewUser, password_hash},
+};
+
+/// A write: applied by SQLite's writer task in the batch it takes, by PostgreSQL in
+/// a transaction of its own.
+pub(super) enum Write {
+    Insert(NewUser),
+    UpdateHash {
+        id: String,
+        hash: String,
+        version: i64,
+    },
+    InsertSession(NewSession),
+    Rotate(Rotation),
+    EndByDigest {
+        digest: String,
+        all: bool,
+        now: i64,
+        grace_ms: i64,
+    },
+    EndById {
+        id: String,
+        user_id: String,
+        all: bool,
+        now: i64,
+    },
+    /// A new hash, and every session of the user ended, in one transaction.
+    ChangePassword {
+        id: String,
+        hash: String,
+        version: i64,
+        now: i64,
+    },
+    Purge {
+        now: i64,
+        ended_before: i64,
+        limit: i64,
+    },
+    Disable {
+        id: String,
+        reason: String,
+        now: i64,
+    },
+    Enable {
+        id: String,
+        now: i64,
+    },
+    Delete {
+        id: String,
+        now: i64,
+    },
+    PurgeCutoffs {
+        before: i64,
+        limit: i64,
+    },
+    EndSessionsOf {
+        user_id: String,
+        ids: Vec<String>,
+        now: i64,
+    },
+    SetPassword {
+        user_id: String,
+        hash: String,
+        end_sessions: bool,
+        now: i64,
+    },
+    Factor(FactorWrite),
+}
+
+/// What a write came to, for the caller to unwrap (each write has one kind).
+pub(super) enum Answer {
+    Done,
+    /// Whether a conditional write wrote.
+    Wrote(bool),
+    Refreshed(Refreshed),
+    LoggedOut(LoggedOut),
+    Ended(Option<Ended>),
+    EndedIds(Option<Vec<String>>),
+    Purged(Purged),
+    Revoked(Change<Revoked>),
+    Enabled(Change<()>),
+    Count(u64),
+    Ids(Vec<String>),
+    Factor(FactorAnswer),
+}
+
+/// The value an [`Answer`] holds for one kind of write.
+pub(super) trait Answered: Sized {
+    fn from_answer(answer: Answer) -> Option<Self>;
+}
+
+impl Answer {
+    /// The value of this answer, of the kind its write gives; another kind is a bug,
+    /// reported as an internal error.
+    pub(super) fn take<T: Answered>(self) -> Result<T, StoreError> {
+        T::from_answer(self).ok_or_else(|| {
+            StoreError::Other(anyhow::anyhow!("a write was answered with another kind"))
+        })
+    }
+}
+
+impl Answered for () {
+    fn from_answer(answer: Answer) -> Option<Self> {
+        match answer {
+            Answer::Done => Some(()),
+            _ => None,
+        }
+    }
+}
+
+impl Answered for bool {
+    fn from_answer(answer: Answer) -> Option<Self> {
+        match answer {
+            Answer::Wrote(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+impl Answered for Refreshed {
+    fn from_answer(answer: Answer) -> Option<Self> {
+        match answer {
+            Answer::Refreshed(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+impl Answered for LoggedOut {
+    fn from_answer(answer: Answer) -> Option<Self> {
+        match answer {
+            Answer::LoggedOut(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+impl Answered for Option<Ended> {
+    fn from_answer(answer: Answer) -> Option<Self> {
+        match answer {
+            Answer::Ended(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+impl Answered for Option<Vec<String>> {
+    fn from_answer(answer: Answer) -> Option<Self> {
+        match answer {
+            Answer::EndedIds(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+impl Answered for Purged {
+    fn from_answer(answer: Answer) -> Option<Self> {
+        match answer {
+            Answer::Purged(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+impl Answered for Change<Revoked> {
+    fn from_answer(answer: Answer) -> Option<Self> {
+        match answer {
+            Answer::Revoked(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+impl Answered for Change<()> {
+    fn from_answer(answer: Answer) -> Option<Self> {
+        match answer {
+            Answer::Enabled(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+impl Answered for u64 {
+    fn from_answer(answer: Answer) -> Option<Self> {
+        match answer {
+            Answer::Count(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+impl Answered for Vec<String> {
+    fn from_answer(answer: Answer) -> Option<Self> {
+        match answer {
+            Answer::Ids(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+impl Answered for FactorAnswer {
+    fn from_answer(answer: Answer) -> Option<Self> {
+        match answer {
+            Answer::Factor(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+/// Applies one write on `conn`, inside the transaction its caller holds; `now` is
+/// the time of a rehash. The inserts are not applied here: SQLite's writer sends
+/// runs of them (`sqlite_runs`), PostgreSQL runs its own forms alone.
+pub(super) async fn apply_one(
+    conn: &mut Conn<'_>,
+    write: &Write,
+    now: i64,
+) -> Result<Result<Answer, StoreError>, sqlx::Error> {
+    Ok(match write {
+        Write::Insert(_) | Write::InsertSession(_) => {
+            unreachable!("inserts go in runs or alone, never here")
+        }
+        Write::UpdateHash { id, hash, version } => {
+            conn.execute(password_hash(id, hash, *version, false, now))
+                .await?;
+            Ok(Answer::Done)
+        }
+        Write::Rotate(rotation) => Ok(Answer::Refreshed(session::rotate(conn, rotation).await?)),
+        Write::EndByDigest {
+            digest,
+            all,
+            now,
+            grace_ms,
+        } => Ok(Answer::LoggedOut(
+            session::end_by_digest(conn, digest, *all, *now, *grace_ms).await?,
+        )),
+        Write::EndById {
+            id,
+            user_id,
+            all,
+            now,
+        } => Ok(Answer::Ended(
+            session::end_by_id(conn, id, user_id, *all, *now).await?,
+        )),
+        Write::ChangePassword {
+            id,
+            hash,
+            version,
+            now,
+        } => {
+            let changed = (conn
+                .execute(password_hash(id, hash, *version, true, *now))
+                .await?)
+                == 1;
+            Ok(Answer::EndedIds(if changed {
+                Some(session::end_user_sessions(conn, id, EndReason::PasswordChange, *now).await?)
+            } else {
+                None
+            }))
+        }
+        Write::Purge {
+            now,
+            ended_before,
+            limit,
+        } => Ok(Answer::Purged(
+            session::purge(conn, *now, *ended_before, *limit).await?,
+        )),
+        Write::Disable { id, reason, now } => Ok(Answer::Revoked(
+            admin::disable(conn, id, reason, *now).await?,
+        )),
+        Write::Enable { id, now } => Ok(Answer::Enabled(admin::enable(conn, id, *now).await?)),
+        Write::Delete { id, now } => Ok(Answer::Revoked(admin::delete(conn, id, *now).await?)),
+        Write::PurgeCutoffs { before, limit } => Ok(Answer::Count(
+            admin::purge_cutoffs(conn, *before, *limit).await?,
+        )),
+        Write::EndSessionsOf { user_id, ids, now } => Ok(Answer::Ids(
+            admin::end_sessions_of(conn, user_id, ids, *now).await?,
+        )),
+        Write::SetPassword {
+            user_id,
+            hash,
+            end_sessions,
+            now,
+        } => Ok(Answer::EndedIds(
+            admin::set_password(conn, user_id, hash, *end_sessions, *now).await?,
+        )),
+        Write::Factor(w) => Ok(Answer::Factor(factor::factor_write(conn, w).await?)),
+    })
+}
