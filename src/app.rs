@@ -12,7 +12,7 @@ use crate::{
     blocklist::Blocklist,
     config::Config,
     extauthz::{self, AuthorizationApi, Authorizer},
-    grpc::{AuthApi, MAX_MESSAGE_BYTES},
+    grpc::AuthApi,
     health,
     layers::{
         access,
@@ -26,7 +26,7 @@ use crate::{
     pb::{self, auth_service_server::AuthServiceServer},
     ratelimit::{self, RateLimitStats, RateLimiter},
     redis::SharedRedis,
-    rpc::TrustedCallers,
+    rpc::{MAX_MESSAGE_BYTES, TrustedCallers},
     store::{Store, WriterSnapshot},
     throttle::Throttle,
     token::{self, LiveKeyRing, keyfile::KeyFile},
