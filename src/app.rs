@@ -18,7 +18,7 @@ use crate::{
         access,
         admission::{self, Admission},
         pushback::{self, Pushback},
-        trace,
+        ratelimit as rate_limit, trace,
     },
     metrics::{self, Metrics},
     otel::Traces,
@@ -592,7 +592,7 @@ impl Application {
             // Mutual TLS: an identity not allowed for the method costs nothing further.
             .layer(access::layer(config.tls.allow_list()))
             // Then: a request refused by a rate limit never takes an admission slot.
-            .layer(ratelimit::layer(rate_limiter))
+            .layer(rate_limit::layer(rate_limiter))
             .layer(admission::layer(admission.clone()))
             .service(routes);
         // The admin API: its own port, its own routes; stops when the gRPC port does.

@@ -20,12 +20,15 @@
 //!     trace            request id, one log event and the request metrics per request
 //!     pushback         refusals with a retry hint held on a timer before their answer
 //!     access           mutual TLS allow-list: identity per method (PERMISSION_DENIED)
-//!   ratelimit          per-rule sliding windows, on Redis or in process (its layer
-//!                      rejects, never queues)
+//!   layers::ratelimit  the rate limits: asks the limiter, refuses at once, never
+//!                      queues (health and reflection exempt)
 //!   layers::admission  the one decision on load: admitted when it can be answered
 //!                      before its deadline, at the pace measured (layers::pace);
 //!                      whole request first, memory bounds, drain (reject, never
 //!                      queue what cannot be served in time)
+//!   ratelimit          the limiter the rate-limit layer asks: rules, keys, per-rule
+//!                      sliding windows on Redis or in process; Envoy's rate limit
+//!                      service on the same limiter
 //!   codec              protobuf decoding; malformed -> INVALID_ARGUMENT, generic
 //!   grpc               proto <-> domain, for auth.v1.AuthService
 //!   extauthz           external authorization: Envoy's Check (gRPC) and HTTP
