@@ -78,8 +78,10 @@
 //!
 //! Around the request path, above it all (each importing only those after it and
 //! the request path):
-//! - [`app`]: [`app::Application`] binds, wires everything and runs until shut down;
-//!   `main.rs`, the integration tests and authbench's tests start the service through it.
+//! - [`app`]: [`app::Application`] builds each component from its configuration
+//!   group (the core, each port, each background task), binds, and runs until shut
+//!   down, every task under one supervisor; `main.rs`, the integration tests and
+//!   authbench's tests start the service through it.
 //! - `health`: readiness from store probes and real request failures; liveness; and
 //!   `health::check`, `authd health`, the client side: one check, an exit status.
 //! - `admin_client`: `authd admin`, the admin API's command-line client: users and
