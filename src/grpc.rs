@@ -34,9 +34,6 @@ use std::{
 };
 use tonic::{Request, Response, Status};
 
-/// Requests larger than this are refused by the decoder (a login is well under 2 KiB).
-pub const MAX_MESSAGE_BYTES: usize = 4 * 1024;
-
 /// `auth.v1.AuthService` backed by [`Accounts`].
 pub struct AuthApi {
     accounts: Arc<Accounts>,

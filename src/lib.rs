@@ -20,12 +20,15 @@
 //!     trace            request id, one log event and the request metrics per request
 //!     pushback         refusals with a retry hint held on a timer before their answer
 //!     access           mutual TLS allow-list: identity per method (PERMISSION_DENIED)
-//!   ratelimit          per-rule sliding windows, on Redis or in process (its layer
-//!                      rejects, never queues)
+//!   layers::ratelimit  the rate limits: asks the limiter, refuses at once, never
+//!                      queues (health and reflection exempt)
 //!   layers::admission  the one decision on load: admitted when it can be answered
 //!                      before its deadline, at the pace measured (layers::pace);
 //!                      whole request first, memory bounds, drain (reject, never
 //!                      queue what cannot be served in time)
+//!   ratelimit          the limiter the rate-limit layer asks: rules, keys, per-rule
+//!                      sliding windows on Redis or in process; Envoy's rate limit
+//!                      service on the same limiter
 //!   codec              protobuf decoding; malformed -> INVALID_ARGUMENT, generic
 //!   grpc               proto <-> domain, for auth.v1.AuthService
 //!   extauthz           external authorization: Envoy's Check (gRPC) and HTTP
@@ -76,8 +79,10 @@
 //!
 //! Around the request path, above it all (each importing only those after it and
 //! the request path):
-//! - [`app`]: [`app::Application`] binds, wires everything and runs until shut down;
-//!   `main.rs`, the integration tests and authbench's tests start the service through it.
+//! - [`app`]: [`app::Application`] builds each component from its configuration
+//!   group (the core, each port, each background task), binds, and runs until shut
+//!   down, every task under one supervisor; `main.rs`, the integration tests and
+//!   authbench's tests start the service through it.
 //! - `health`: readiness from store probes and real request failures; liveness; and
 //!   `health::check`, `authd health`, the client side: one check, an exit status.
 //! - `admin_client`: `authd admin`, the admin API's command-line client: users and
@@ -92,8 +97,10 @@
 //!   in one line. It imports nothing of the crate.
 //!
 //! The public surface is [`app`], [`config`], [`pb`] and the few items re-exported
-//! below for `main.rs` and the tests; every module is private. A unit test checks
-//! that this map names every module, and each folder's module docs every file in it.
+//! below for `main.rs` and the tests; every module is private. Unit tests check
+//! that this map names every module, and each folder's module docs every file in it;
+//! that the imports run down this map; and that no two files of a folder import
+//! each other.
 //!
 //! The load generator is a package of its own (`authbench/`), a gRPC client of authd
 //! and nothing more.
@@ -270,10 +277,8 @@ mod tests {
         assert!(missing.is_empty(), "{}", missing.join("\n"));
     }
 
-    /// The top-level modules that `path`'s code (not its comments, not its unit
-    /// tests) names through `crate::`, in paths (`crate::a::b`) and in brace lists
-    /// (`crate::{a, b::{c, d}}`, over any number of lines).
-    fn imports_of(path: &Path) -> std::collections::BTreeSet<String> {
+    /// The code of `path`: not its comments, not its unit tests.
+    fn code_of(path: &Path) -> String {
         let text = std::fs::read_to_string(path).unwrap();
         let code = text
             .split("#[cfg(test)]\nmod tests")
@@ -282,15 +287,26 @@ mod tests {
         let code: Vec<&str> = (code.lines())
             .filter(|l| !l.trim_start().starts_with("//"))
             .collect();
-        let code = code.join("\n");
+        code.join("\n")
+    }
+
+    /// The first names of the paths that `code` starts with `prefix` (such as
+    /// `crate::` or `super::`), in paths (`crate::a::b`) and in brace lists
+    /// (`crate::{a, b::{c, d}}`, over any number of lines).
+    fn names_after(code: &str, prefix: &str) -> std::collections::BTreeSet<String> {
+        let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
         let ident = |s: &str| -> String {
             (s.trim_start().chars())
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .take_while(|c| is_ident(*c))
                 .collect()
         };
         let mut found = std::collections::BTreeSet::new();
-        for (at, _) in code.match_indices("crate::") {
-            let rest = &code[at + "crate::".len()..];
+        for (at, _) in code.match_indices(prefix) {
+            // `prefix` itself, not the end of a longer name (`self::super::` is fine).
+            if code[..at].chars().next_back().is_some_and(is_ident) {
+                continue;
+            }
+            let rest = &code[at + prefix.len()..];
             let Some(list) = rest.strip_prefix('{') else {
                 found.insert(ident(rest));
                 continue;
@@ -312,23 +328,35 @@ mod tests {
             }
             found.insert(ident(&item));
         }
-        found.retain(|name| !name.is_empty() && name != "pb" && name != "self");
+        found.retain(|name| !name.is_empty() && name != "self");
         found
     }
 
+    /// The top-level modules that `path`'s code names through `crate::`.
+    fn imports_of(path: &Path) -> std::collections::BTreeSet<String> {
+        let mut found = names_after(&code_of(path), "crate::");
+        found.remove("pb");
+        found
+    }
+
+    /// The `.rs` files of `path`: itself, or every file under the folder.
+    fn files(path: &Path) -> Vec<std::path::PathBuf> {
+        if path.is_dir() {
+            std::fs::read_dir(path)
+                .unwrap()
+                .flat_map(|e| files(&e.unwrap().path()))
+                .collect()
+        } else {
+            vec![path.to_owned()]
+        }
+    }
+
+    /// Modules and the modules each one imports.
+    type Graph = std::collections::BTreeMap<String, std::collections::BTreeSet<String>>;
+
     /// Every top-level module and the modules it imports (its files' imports, all
     /// but itself).
-    fn import_graph() -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
-        fn files(path: &Path) -> Vec<std::path::PathBuf> {
-            if path.is_dir() {
-                std::fs::read_dir(path)
-                    .unwrap()
-                    .flat_map(|e| files(&e.unwrap().path()))
-                    .collect()
-            } else {
-                vec![path.to_owned()]
-            }
-        }
+    fn import_graph() -> Graph {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         modules_in(&src, &["lib", "main"])
             .into_iter()
@@ -369,16 +397,22 @@ mod tests {
                 "`{module}` imports a module that is not a file: {imports:?}"
             );
         }
+        wrong.extend(cycles(&graph));
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
+
+    /// Every import cycle of `graph`, each as the path that closes it.
+    fn cycles(graph: &Graph) -> Vec<String> {
         // Depth-first: a module met again while still on the path closes a cycle.
         fn visit<'a>(
-            graph: &'a std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+            graph: &'a Graph,
             module: &'a str,
             path: &mut Vec<&'a str>,
             done: &mut std::collections::BTreeSet<&'a str>,
-            wrong: &mut Vec<String>,
+            found: &mut Vec<String>,
         ) {
             if let Some(at) = path.iter().position(|m| *m == module) {
-                wrong.push(format!(
+                found.push(format!(
                     "an import cycle: {} -> {module}",
                     path[at..].join(" -> ")
                 ));
@@ -389,13 +423,83 @@ mod tests {
             }
             path.push(module);
             for import in &graph[module] {
-                visit(graph, import, path, done, wrong);
+                visit(graph, import, path, done, found);
             }
             path.pop();
         }
-        let mut done = std::collections::BTreeSet::new();
+        let (mut done, mut found) = (std::collections::BTreeSet::new(), Vec::new());
         for module in graph.keys() {
-            visit(&graph, module, &mut Vec::new(), &mut done, &mut wrong);
+            visit(graph, module, &mut Vec::new(), &mut done, &mut found);
+        }
+        found
+    }
+
+    /// The files (and subfolders) of the folder `dir`, module `crate::{path}`, and the
+    /// siblings each one imports: through `crate::{path}::name`, or `super::name` from
+    /// a file directly in the folder. (What the folder's `mod.rs` declares and
+    /// re-exports is its own; an item reached through a re-export is not followed.)
+    fn folder_graph(dir: &Path, path: &str) -> Graph {
+        let siblings = modules_in(dir, &["mod"]);
+        let names: std::collections::BTreeSet<String> =
+            siblings.iter().map(|(name, _)| name.clone()).collect();
+        siblings
+            .iter()
+            .map(|(name, at)| {
+                let mut imports = std::collections::BTreeSet::new();
+                for file in files(at) {
+                    let code = code_of(&file);
+                    imports.extend(names_after(&code, &format!("crate::{path}::")));
+                    if file == *at {
+                        imports.extend(names_after(&code, "super::"));
+                    }
+                }
+                imports.retain(|i| names.contains(i) && i != name);
+                (name.clone(), imports)
+            })
+            .collect()
+    }
+
+    /// Every folder under `dir` (module `crate::{path}`), itself included, with
+    /// its module path.
+    fn folders(dir: &Path, path: &str) -> Vec<(std::path::PathBuf, String)> {
+        let mut all = vec![(dir.to_owned(), path.to_owned())];
+        for (name, at) in modules_in(dir, &["mod"]) {
+            if at.is_dir() {
+                all.extend(folders(&at, &format!("{path}::{name}")));
+            }
+        }
+        all
+    }
+
+    /// The same promise inside each folder: no two files of a folder (at any depth)
+    /// import each other, directly or around a longer cycle.
+    #[test]
+    fn no_files_of_a_folder_import_each_other() {
+        // The one cycle known today, sqlite -> sqlite_lookups -> sqlite in
+        // src/store: the store's rewrite removes it; remove this exception with it.
+        // Any other cycle, in src/store or elsewhere, fails.
+        const KNOWN: (&str, [&str; 2]) = ("store", ["sqlite", "sqlite_lookups"]);
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut wrong = Vec::new();
+        for (top, dir) in modules_in(&src, &["lib", "main"]) {
+            if !dir.is_dir() {
+                continue;
+            }
+            for (dir, path) in folders(&dir, &top) {
+                for cycle in cycles(&folder_graph(&dir, &path)) {
+                    let known = path == KNOWN.0
+                        && [
+                            format!("an import cycle: {0} -> {1} -> {0}", KNOWN.1[0], KNOWN.1[1]),
+                            format!("an import cycle: {1} -> {0} -> {1}", KNOWN.1[0], KNOWN.1[1]),
+                        ]
+                        .contains(&cycle);
+                    if known {
+                        eprintln!("known, allowed for now: src/{path}: {cycle}");
+                    } else {
+                        wrong.push(format!("src/{}: {cycle}", path.replace("::", "/")));
+                    }
+                }
+            }
         }
         assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     }

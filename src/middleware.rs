@@ -2,7 +2,7 @@
 //! hand each request, with the inner service ready to serve it, to a [`Middleware`].
 //!
 //! A layer is then only its policy, what to do with one request (see `trace`,
-//! `ratelimit::layer`, `admission`); tower's contract is kept here, once: the inner
+//! `layers::ratelimit`, `admission`); tower's contract is kept here, once: the inner
 //! service that `poll_ready` drove to readiness is the one that serves the request,
 //! and the layer keeps a fresh clone for the next. Every layer sees requests and
 //! responses with tonic's body type, as the router below them does.

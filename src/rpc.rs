@@ -211,6 +211,10 @@ impl Rpc {
     }
 }
 
+/// Requests larger than this are refused by the decoder (a login is well under 2 KiB),
+/// on the gRPC and the admin ports alike.
+pub(crate) const MAX_MESSAGE_BYTES: usize = 4 * 1024;
+
 /// The largest `Check` request (a gRPC frame's payload) authd reads: it carries
 /// every header of the proxied request (Envoy's own default bound on headers is
 /// 60 KiB), far more than authd's own messages.

@@ -20,7 +20,7 @@ use std::{
     sync::{Arc, Mutex},
     time::Duration,
 };
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 /// The SHA-256 of a file's content.
 pub(crate) type Digest = [u8; 32];
@@ -165,30 +165,28 @@ impl<C: Content> Watched<C> {
         }
     }
 
-    /// Re-reads the file every `interval` until `stopped` turns true.
-    pub(crate) fn spawn(
+    /// Re-reads the file every `interval` until `stopped` is cancelled.
+    pub(crate) async fn reread_every(
         self: Arc<Self>,
         interval: Duration,
-        mut stopped: watch::Receiver<bool>,
-    ) -> tokio::task::JoinHandle<()> {
-        tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(interval);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            ticks.tick().await; // the first tick is now: the file was just read
-            loop {
-                tokio::select! {
-                    _ = ticks.tick() => {}
-                    _ = stopped.wait_for(|s| *s) => return,
-                }
-                let file = self.clone();
-                if tokio::task::spawn_blocking(move || file.check())
-                    .await
-                    .is_err()
-                {
-                    tracing::error!("re-reading the {} failed", C::NAME);
-                }
+        stopped: CancellationToken,
+    ) {
+        let mut ticks = tokio::time::interval(interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks.tick().await; // the first tick is now: the file was just read
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => {}
+                () = stopped.cancelled() => return,
             }
-        })
+            let file = self.clone();
+            if tokio::task::spawn_blocking(move || file.check())
+                .await
+                .is_err()
+            {
+                tracing::error!("re-reading the {} failed", C::NAME);
+            }
+        }
     }
 }
 
@@ -310,14 +308,17 @@ mod tests {
         std::fs::write(&path, "1\n").unwrap();
         let reloads = counters();
         let file = Arc::new(watch(&path, &reloads));
-        let (stop, stopped) = watch::channel(false);
-        let task = file.clone().spawn(Duration::from_secs(1), stopped);
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(
+            file.clone()
+                .reread_every(Duration::from_secs(1), stop.clone()),
+        );
         std::fs::write(&path, "2\n").unwrap();
         while reloads.with_label_values(&["ok"]).get() == 0 {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         assert_eq!(*file.content().in_force.lock().unwrap(), [2]);
-        stop.send(true).unwrap();
+        stop.cancel();
         task.await.unwrap();
     }
 }

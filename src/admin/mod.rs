@@ -132,7 +132,7 @@ impl AdminApi {
 
     pub fn server(self) -> admin_service_server::AdminServiceServer<Self> {
         admin_service_server::AdminServiceServer::new(self)
-            .max_decoding_message_size(crate::grpc::MAX_MESSAGE_BYTES)
+            .max_decoding_message_size(crate::rpc::MAX_MESSAGE_BYTES)
     }
 
     fn caller<T>(&self, request: &Request<T>) -> Caller {

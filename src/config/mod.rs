@@ -8,7 +8,7 @@
 //! one group of options per component, each in a file of its own that declares the
 //! options, parses and checks them, and builds the settings its component takes
 //! (`config.store.settings()`, `config.passwords.hasher(…)`, `config.tls.files()`):
-//! the wiring in `app.rs` never translates a field, and an option is added in one
+//! the wiring in `app/` never translates a field, and an option is added in one
 //! group file (and in docs/configuration.md).
 //!
 //! - `server`: the listeners (gRPC, health), the bounds of every connection, the

@@ -1,6 +1,6 @@
 //! HTTP forward-auth: `/forward-auth` for nginx `auth_request`, Traefik ForwardAuth,
 //! Caddy `forward_auth` (and Envoy's HTTP ext_authz mode), on a port of its own
-//! (`AUTHD_FORWARD_AUTH_LISTEN`), served by `transport::serve` within the same
+//! (`AUTHD_FORWARD_AUTH_LISTEN`), served by `transport::Listener` within the same
 //! bounds of connections and time as every listener.
 //!
 //! Any method: the proxies send the client's (nginx), or GET. It reads the

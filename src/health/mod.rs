@@ -21,8 +21,8 @@ pub mod check;
 
 use crate::accounts::Accounts;
 use prometheus::IntGauge;
-use std::{sync::Arc, time::Duration};
-use tokio::{task::JoinHandle, time::Instant};
+use std::{future::Future, sync::Arc, time::Duration};
+use tokio::time::Instant;
 use tonic_health::{ServingStatus, server::HealthReporter};
 
 /// The service name reported besides the server-wide `""`.
@@ -71,17 +71,17 @@ pub async fn probe(accounts: &Accounts) -> Result<(), String> {
 
 /// Drives readiness from the store's failures and from probes (see the module
 /// docs); `serving` is the status reported when it starts. Changes are logged once
-/// each way.
-pub fn spawn_checker(
+/// each way. The checker runs until its future is dropped.
+pub fn checker(
     reporter: HealthReporter,
     accounts: Arc<Accounts>,
     interval: Duration,
     mut serving: bool,
     gauge: IntGauge,
-) -> JoinHandle<()> {
+) -> impl Future<Output = ()> + Send + 'static {
     // Subscribed before the first wait: a failure from now on is seen.
     let mut failures = accounts.store().unavailable_events();
-    tokio::spawn(async move {
+    async move {
         let next_wait = |serving: bool| {
             if serving {
                 interval
@@ -122,5 +122,5 @@ pub fn spawn_checker(
             }
             next_probe = Instant::now() + next_wait(serving);
         }
-    })
+    }
 }

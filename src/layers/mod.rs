@@ -5,7 +5,8 @@
 //! - `trace`: request id, one log event and the request metrics per request;
 //! - `pushback`: refusals with a retry hint held on a timer before their answer;
 //! - `access`: the mutual-TLS allow-list, identity per method (PERMISSION_DENIED);
-//! - (the rate limit layer, `crate::ratelimit::layer`, stands here);
+//! - `ratelimit`: the rate limits of `AUTHD_RATE_LIMITS`, refused at once with
+//!   RESOURCE_EXHAUSTED, decided by `crate::ratelimit`'s limiter;
 //! - `admission`: whole request first, admitted when it can be answered before its
 //!   deadline, memory bounds (in-flight cap, share per client), drain;
 //! - `pace` (not a layer): the measured rate of answers of one kind of request and
@@ -14,10 +15,12 @@
 //! Below them, `crate::codec` decodes the request for the handler.
 //!
 //! A layer imports the bottom floor (`rpc`, `error`, `middleware`, `metrics`,
-//! `otel`) and nothing of the handler or of another layer.
+//! `otel`), and the rate-limit layer its limiter (`crate::ratelimit`); none
+//! imports the handler or another layer.
 
 pub(crate) mod access;
 pub(crate) mod admission;
 pub(crate) mod pace;
 pub(crate) mod pushback;
+pub(crate) mod ratelimit;
 pub(crate) mod trace;

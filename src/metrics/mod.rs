@@ -252,7 +252,7 @@ fn registered_process_collector(registry: &Registry) {
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// The router of the plain-HTTP port: `GET /metrics`. Served by
-/// `transport::serve`, which bounds its connections like every listener's.
+/// `transport::Listener`, which bounds its connections like every listener's.
 pub(crate) fn router(metrics: Arc<Metrics>) -> axum::Router {
     use axum::{http::header, routing::get};
     axum::Router::new().route(

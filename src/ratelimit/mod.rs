@@ -1,7 +1,7 @@
 //! Rate limiting: the rules of `AUTHD_RATE_LIMITS`, the keys a request is counted
 //! under, and the limiter that decides, on Redis when one is configured and in
-//! process otherwise. It knows nothing of health or reflection: [`layer`] exempts
-//! them before asking, and of the configuration only the [`Settings`] it is given.
+//! process otherwise. It knows nothing of health or reflection: its tower layer
+//! (`crate::layers::ratelimit`) exempts them before asking, and of the configuration only the [`Settings`] it is given.
 //!
 //! One job per file:
 //! - `rules`: the rule syntax, parsed once at the edge;
@@ -9,7 +9,6 @@
 //! - `limiter`: the [`RateLimiter`] (Redis tier, local fallback, prober, stats);
 //! - `redis`: the Lua script that decides for all matching rules in one round trip;
 //! - `local`: the in-process sliding-window log, the same rules per replica;
-//! - [`layer`]: the tower layer that asks for a decision and answers;
 //! - `descriptors`: the rules file of Envoy's rate limit service (envoyproxy/
 //!   ratelimit's YAML, a compatible subset) and how a descriptor matches it;
 //! - `reload`: the rules file in force, re-read live, a bad one kept out;
@@ -18,7 +17,6 @@
 
 mod descriptors;
 mod keys;
-pub mod layer;
 mod limiter;
 mod local;
 mod redis;
@@ -28,7 +26,6 @@ mod service;
 
 use std::time::Duration;
 
-pub(crate) use layer::layer;
 pub use limiter::{Backend, RateLimitStats, RateLimiter};
 pub(crate) use reload::LiveRules;
 pub use rules::{KeyKind, RateLimits, RegisterLimit};

@@ -3,9 +3,8 @@
 //! close on idleness or shutdown.
 
 use super::{
-    BoxError, HttpService, Limits, Protocol, ResponseBody, Slot,
+    BoxError, HttpService, Limits, Protocol, ResponseBody, Shared, Slot,
     io::{FirstBytes, HTTP2_PREFACE_LEN},
-    tls::ServerTls,
 };
 use crate::{
     metrics::ListenerMetrics,
@@ -31,9 +30,9 @@ use std::{
 use tokio::{
     io::{AsyncRead, AsyncWrite},
     net::TcpStream,
-    sync::watch,
     time::Instant,
 };
+use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpConnectInfo;
 
 /// Stream resets a peer may make the server send (malformed requests and the
@@ -46,37 +45,29 @@ const MAX_PENDING_ACCEPT_RESETS: usize = 20;
 /// Largest header block accepted (names, values and HPACK overhead).
 const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
 
-#[allow(clippy::too_many_arguments)]
+/// Serves one accepted connection, holding its `_slot` under the caps until it closes.
 pub(super) async fn serve<S, B>(
     stream: TcpStream,
     peer: SocketAddr,
-    local: Option<SocketAddr>,
-    protocol: Protocol,
-    tls: Option<Arc<ServerTls>>,
-    limits: Arc<Limits>,
-    callers: Arc<TrustedCallers>,
-    service: S,
-    mut shutdown: watch::Receiver<bool>,
-    metrics: ListenerMetrics,
     _slot: Slot,
+    service: S,
+    shared: Arc<Shared>,
 ) where
     S: HttpService<B>,
     B: ResponseBody,
 {
     super::tune(&stream);
+    let (limits, metrics) = (&shared.limits, &shared.metrics);
     metrics.open.inc();
     let _open = scopeguard(metrics.open.clone());
     let info = TcpConnectInfo {
-        local_addr: local,
+        local_addr: shared.local,
         remote_addr: Some(peer),
     };
-    let Some(tls) = tls else {
+    let Some(tls) = shared.tls.clone() else {
         let within = limits.handshake_timeout;
-        let caller = Caller::new(peer, None, &callers);
-        return serve_http(
-            stream, within, protocol, info, caller, limits, service, shutdown, metrics,
-        )
-        .await;
+        let caller = Caller::new(peer, None, &shared.callers);
+        return serve_http(stream, within, info, caller, service, &shared).await;
     };
     // The TLS handshake, then the HTTP/2 preface, within one handshake timeout: a
     // client that connects and sends no ClientHello (or stalls in the middle) is
@@ -84,7 +75,7 @@ pub(super) async fn serve<S, B>(
     let started = Instant::now();
     let handshake = tokio::select! {
         handshake = tokio::time::timeout(limits.handshake_timeout, tls.acceptor().accept(stream)) => handshake,
-        () = super::stopped(&mut shutdown) => return,
+        () = shared.shutdown.cancelled() => return,
     };
     let stream = match handshake {
         Ok(Ok(stream)) => stream,
@@ -106,11 +97,8 @@ pub(super) async fn serve<S, B>(
         .and_then(|chain| chain.first())
         .and_then(|cert| super::tls::identity(cert));
     let within = limits.handshake_timeout.saturating_sub(started.elapsed());
-    let caller = Caller::new(peer, identity, &callers);
-    serve_http(
-        stream, within, protocol, info, caller, limits, service, shutdown, metrics,
-    )
-    .await;
+    let caller = Caller::new(peer, identity, &shared.callers);
+    serve_http(stream, within, info, caller, service, &shared).await;
 }
 
 /// Who is at the other end of a connection: its client certificate's identity,
@@ -153,22 +141,19 @@ impl Caller {
 
 /// Serves HTTP on an established byte stream (plain TCP, or TLS once its handshake
 /// is done), whose first bytes must arrive `within`.
-#[allow(clippy::too_many_arguments)]
 async fn serve_http<IO, S, B>(
     stream: IO,
     within: Duration,
-    protocol: Protocol,
     info: TcpConnectInfo,
     caller: Caller,
-    limits: Arc<Limits>,
     service: S,
-    shutdown: watch::Receiver<bool>,
-    metrics: ListenerMetrics,
+    shared: &Shared,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     S: HttpService<B>,
     B: ResponseBody,
 {
+    let (protocol, limits, metrics) = (shared.protocol, &shared.limits, &shared.metrics);
     let peer = info.remote_addr;
     let activity = Arc::new(Activity::new());
     let needed = match protocol {
@@ -199,7 +184,7 @@ async fn serve_http<IO, S, B>(
                 .max_pending_accept_reset_streams(MAX_PENDING_ACCEPT_RESETS)
                 .max_header_list_size(MAX_HEADER_LIST_BYTES);
             let connection = builder.serve_connection(io, service);
-            drive(connection, &activity, &limits, shutdown, &metrics).await
+            drive(connection, &activity, limits, &shared.shutdown, metrics).await
         }
         Protocol::Http1 => {
             let mut builder = hyper::server::conn::http1::Builder::new();
@@ -209,7 +194,7 @@ async fn serve_http<IO, S, B>(
                 .max_buf_size(64 * 1024)
                 .keep_alive(true);
             let connection = builder.serve_connection(io, service);
-            drive(connection, &activity, &limits, shutdown, &metrics).await
+            drive(connection, &activity, limits, &shared.shutdown, metrics).await
         }
     };
     if let Err(e) = closed {
@@ -255,7 +240,7 @@ async fn drive<C: Graceful>(
     connection: C,
     activity: &Activity,
     limits: &Limits,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: &CancellationToken,
     metrics: &ListenerMetrics,
 ) -> hyper::Result<()> {
     let mut connection = std::pin::pin!(connection);
@@ -268,7 +253,7 @@ async fn drive<C: Graceful>(
                 connection.as_mut().graceful_shutdown();
                 closing = true;
             }
-            () = super::stopped(&mut shutdown), if !closing => {
+            () = shutdown.cancelled(), if !closing => {
                 connection.as_mut().graceful_shutdown();
                 closing = true;
             }

@@ -47,11 +47,12 @@ use std::{
 };
 use tokio::{
     net::{TcpListener, TcpStream},
-    sync::{OwnedSemaphorePermit, Semaphore, watch},
+    sync::{OwnedSemaphorePermit, Semaphore},
     task::JoinSet,
 };
 
 use crate::{metrics::ListenerMetrics, rpc::TrustedCallers};
+use tokio_util::sync::CancellationToken;
 
 /// The boxed error of a response body.
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -141,38 +142,81 @@ impl<B> ResponseBody for B where
 {
 }
 
-/// Serves `service` on every connection `listener` accepts, within `limits`, until
-/// `shutdown` turns true; then stops accepting and waits for the connections to
-/// close gracefully. Dropping the returned future closes them all at once. With
-/// `tls`, every connection speaks TLS (HTTP/2 only). `callers` may name the client
-/// of their requests in `x-forwarded-for`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn serve<S, B>(
-    name: &'static str,
-    listener: TcpListener,
+/// A bound listener and how it serves: the HTTP version it speaks, its TLS, the
+/// bounds of its connections and who may name the client of their requests.
+pub(crate) struct Listener {
+    /// Its name in logs and in the metrics' `listener` label.
+    pub name: &'static str,
+    pub socket: TcpListener,
+    pub protocol: Protocol,
+    /// With TLS, every connection speaks TLS (HTTP/2 only).
+    pub tls: Option<Arc<tls::ServerTls>>,
+    pub limits: Limits,
+    /// Callers that may name the client of their requests in `x-forwarded-for`.
+    pub callers: Arc<TrustedCallers>,
+    pub metrics: ListenerMetrics,
+}
+
+/// What every connection of one listener shares.
+pub(super) struct Shared {
+    local: Option<SocketAddr>,
     protocol: Protocol,
     tls: Option<Arc<tls::ServerTls>>,
     limits: Limits,
     callers: Arc<TrustedCallers>,
     metrics: ListenerMetrics,
-    service: S,
-    mut shutdown: watch::Receiver<bool>,
-) where
+    shutdown: CancellationToken,
+}
+
+impl Listener {
+    /// Serves `service` on every connection the socket accepts, within the limits,
+    /// until `shutdown` is cancelled; then stops accepting and waits for the
+    /// connections to close gracefully. Dropping the returned future closes them all
+    /// at once.
+    pub(crate) async fn serve<S, B>(self, service: S, shutdown: CancellationToken)
+    where
+        S: HttpService<B>,
+        B: ResponseBody,
+    {
+        let Self {
+            name,
+            socket: listener,
+            protocol,
+            tls,
+            limits,
+            callers,
+            metrics,
+        } = self;
+        let shared = Arc::new(Shared {
+            local: listener.local_addr().ok(),
+            protocol,
+            tls,
+            limits,
+            callers,
+            metrics,
+            shutdown,
+        });
+        accept(name, listener, service, shared).await
+    }
+}
+
+/// The accept loop of one listener, then its graceful close.
+async fn accept<S, B>(name: &'static str, listener: TcpListener, service: S, shared: Arc<Shared>)
+where
     S: HttpService<B>,
     B: ResponseBody,
 {
+    let (limits, metrics, shutdown) = (&shared.limits, &shared.metrics, &shared.shutdown);
     metrics.max_connections.set(limits.max_connections as i64);
-    let limits = Arc::new(limits);
     let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let clients = Arc::new(Clients::default());
-    let local = listener.local_addr().ok();
     let mut connections = JoinSet::new();
     let mut backoff = ACCEPT_BACKOFF_MIN;
     let mut failing = false;
     loop {
         let accepted = tokio::select! {
             biased;
-            () = stopped(&mut shutdown) => break,
+            () = shutdown.cancelled() => break,
             Some(_) = connections.join_next(), if !connections.is_empty() => continue,
             accepted = listener.accept() => accepted,
         };
@@ -196,14 +240,14 @@ pub(crate) async fn serve<S, B>(
                     );
                 }
                 tokio::select! {
-                    () = stopped(&mut shutdown) => break,
+                    () = shutdown.cancelled() => break,
                     () = tokio::time::sleep(backoff) => {}
                 }
                 backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
                 continue;
             }
         };
-        let Some(slot) = admit(&permits, &clients, &limits, peer.ip(), &metrics.refused) else {
+        let Some(slot) = admit(&permits, &clients, limits, peer.ip(), &metrics.refused) else {
             // Dropping the stream closes it: the client learns at once.
             drop(stream);
             continue;
@@ -211,15 +255,9 @@ pub(crate) async fn serve<S, B>(
         connections.spawn(connection::serve(
             stream,
             peer,
-            local,
-            protocol,
-            tls.clone(),
-            limits.clone(),
-            callers.clone(),
-            service.clone(),
-            shutdown.clone(),
-            metrics.clone(),
             slot,
+            service.clone(),
+            shared.clone(),
         ));
     }
     // Closes the listening socket: new clients are refused by the kernel at once.
@@ -238,11 +276,6 @@ pub(crate) async fn serve<S, B>(
 
 /// How long connections may take to close gracefully after a shutdown.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
-
-/// Resolves once `shutdown` is true (or its sender is gone).
-async fn stopped(shutdown: &mut watch::Receiver<bool>) {
-    let _ = shutdown.wait_for(|stop| *stop).await;
-}
 
 /// Errors of `accept` that concern one connection only, not the listener.
 fn is_per_connection(e: &std::io::Error) -> bool {

@@ -22,7 +22,6 @@ use std::{
     sync::{Arc, Mutex},
     time::{Duration, SystemTime},
 };
-use tokio::sync::watch;
 use tokio_rustls::{
     TlsAcceptor,
     rustls::{
@@ -33,6 +32,7 @@ use tokio_rustls::{
         sign::{CertifiedKey, SingleCertAndKey},
     },
 };
+use tokio_util::sync::CancellationToken;
 
 /// PEM files larger than this are refused: certificates, keys and CA bundles are a
 /// few kilobytes (a large public CA bundle is a few hundred).
@@ -177,27 +177,24 @@ impl ServerTls {
         }
     }
 
-    /// Polls the files every `every` until `shutdown`.
-    pub(crate) fn spawn_reloader(
-        self: &Arc<Self>,
+    /// Polls the files every `every` until `shutdown` is cancelled.
+    pub(crate) async fn reload_every(
+        self: Arc<Self>,
         every: Duration,
-        mut shutdown: watch::Receiver<bool>,
-    ) -> tokio::task::JoinHandle<()> {
-        let tls = self.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            tick.tick().await;
-            loop {
-                tokio::select! {
-                    () = super::stopped(&mut shutdown) => return,
-                    _ = tick.tick() => {}
-                }
-                // Small files, read off the async workers; one read at a time.
-                let t = tls.clone();
-                let _ = tokio::task::spawn_blocking(move || t.reload_if_changed()).await;
+        shutdown: CancellationToken,
+    ) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = tick.tick() => {}
             }
-        })
+            // Small files, read off the async workers; one read at a time.
+            let t = self.clone();
+            let _ = tokio::task::spawn_blocking(move || t.reload_if_changed()).await;
+        }
     }
 }
 

@@ -1,5 +1,6 @@
 //! The rate-limit tower layer, outside admission control: it asks the
-//! [`RateLimiter`] about every request a rule matches and refuses at once with
+//! [`RateLimiter`] (`crate::ratelimit`: the rules, the keys and the decision, on
+//! Redis or in process) about every request a rule matches and refuses at once with
 //! RESOURCE_EXHAUSTED (the error maps itself to its status), or lets it through and
 //! adds `ratelimit-limit` / `ratelimit-remaining` / `ratelimit-reset` to the
 //! response headers.
@@ -9,10 +10,10 @@
 //! `RateLimit` waits for a slot; this refuses), and never limit health or
 //! reflection: probes and tooling must answer however busy the service is.
 
-use super::{Quota, RateLimiter};
 use crate::{
     error::whole_seconds,
     middleware::{BoxFuture, Middleware, MiddlewareLayer, Request, Response},
+    ratelimit::{Quota, RateLimiter},
     rpc::{self, Rpc},
 };
 use http::HeaderValue;

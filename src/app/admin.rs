@@ -1,0 +1,90 @@
+//! The admin port (`AUTHD_ADMIN_LISTEN`, off by default): `auth.admin.v1`, health
+//! and its own reflection, on its own routes; stopped with the gRPC port.
+
+use super::{
+    core::Core,
+    health::HealthService,
+    supervisor::{Stage, Supervisor},
+};
+use crate::{
+    admin::{AdminApi, AdminSettings},
+    config::Config,
+    layers::trace,
+    pb,
+    transport::{self, Limits, Listener, Protocol},
+};
+use std::net::SocketAddr;
+use tokio::net::TcpListener;
+use tonic::service::Routes;
+
+/// The admin port, bound, with its settings.
+pub(super) struct AdminPort {
+    socket: TcpListener,
+    addr: SocketAddr,
+    settings: AdminSettings,
+}
+
+impl AdminPort {
+    /// Bound when `AUTHD_ADMIN_LISTEN` is set; its settings are checked either way.
+    pub(super) async fn bind(config: &Config) -> anyhow::Result<Option<Self>> {
+        let settings = config.admin.settings(config.tls.tls_client_ca.is_some())?;
+        let (Some(addr), Some(settings)) = (config.admin.admin_listen.addr(), settings) else {
+            return Ok(None);
+        };
+        let socket = transport::bind(addr, "admin").await?;
+        let addr = socket.local_addr()?;
+        Ok(Some(Self {
+            socket,
+            addr,
+            settings,
+        }))
+    }
+
+    pub(super) fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub(super) fn serve(
+        self,
+        core: &Core,
+        health: HealthService,
+        tasks: &mut Supervisor,
+    ) -> anyhow::Result<()> {
+        let reflection = || {
+            tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(pb::admin::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
+        };
+        let api = AdminApi::new(
+            core.accounts.clone(),
+            core.blocklist.clone(),
+            self.settings,
+            core.accounts.audit().clone(),
+            core.metrics.admin.clone(),
+        );
+        let routes = Routes::new(health)
+            .add_service(reflection().build_v1()?)
+            .add_service(reflection().build_v1alpha()?)
+            .add_service(api.server());
+        let service = tower::ServiceBuilder::new()
+            .map_request(|request: http::Request<hyper::body::Incoming>| {
+                request.map(tonic::body::Body::new)
+            })
+            .layer(trace::layer(core.metrics.clone(), core.traces.clone()))
+            .service(routes);
+        let listener = Listener {
+            name: "admin",
+            socket: self.socket,
+            protocol: Protocol::Http2,
+            tls: core.tls.clone(),
+            limits: Limits::auxiliary(&core.limits),
+            callers: core.callers.clone(),
+            metrics: core.metrics.listener("admin"),
+        };
+        tasks.spawn(Stage::Serving, "admin", |stop| {
+            listener.serve(service, stop)
+        });
+        Ok(())
+    }
+}
