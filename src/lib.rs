@@ -475,10 +475,6 @@ mod tests {
     /// import each other, directly or around a longer cycle.
     #[test]
     fn no_files_of_a_folder_import_each_other() {
-        // The one cycle known today, sqlite -> sqlite_lookups -> sqlite in
-        // src/store: the store's rewrite removes it; remove this exception with it.
-        // Any other cycle, in src/store or elsewhere, fails.
-        const KNOWN: (&str, [&str; 2]) = ("store", ["sqlite", "sqlite_lookups"]);
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         let mut wrong = Vec::new();
         for (top, dir) in modules_in(&src, &["lib", "main"]) {
@@ -487,17 +483,7 @@ mod tests {
             }
             for (dir, path) in folders(&dir, &top) {
                 for cycle in cycles(&folder_graph(&dir, &path)) {
-                    let known = path == KNOWN.0
-                        && [
-                            format!("an import cycle: {0} -> {1} -> {0}", KNOWN.1[0], KNOWN.1[1]),
-                            format!("an import cycle: {1} -> {0} -> {1}", KNOWN.1[0], KNOWN.1[1]),
-                        ]
-                        .contains(&cycle);
-                    if known {
-                        eprintln!("known, allowed for now: src/{path}: {cycle}");
-                    } else {
-                        wrong.push(format!("src/{}: {cycle}", path.replace("::", "/")));
-                    }
+                    wrong.push(format!("src/{}: {cycle}", path.replace("::", "/")));
                 }
             }
         }
