@@ -66,9 +66,9 @@ pub use session::{
 pub use sqlite::WriterSnapshot;
 pub use users::{NewUser, User};
 
-use crate::{credentials::Username, error::Error, metrics::Metrics, otel};
+use crate::{clock::Clock, credentials::Username, error::Error, metrics::Metrics, otel};
 use prometheus::{Histogram, IntCounter};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::{sync::Arc, time::Instant};
 use tokio::sync::watch;
 
 #[derive(Debug, thiserror::Error)]
@@ -277,6 +277,7 @@ macro_rules! each_backend {
 /// failure to reach the database.
 macro_rules! timed {
     ($store:expr, $op:ident, $backend:ident => $call:expr) => {{
+        // A latency metric: how long the operation took, not the time of any rule.
         let started = Instant::now();
         let mut span = otel::child(stringify!($op));
         span.set("db.system", $store.db_system());
@@ -302,13 +303,19 @@ macro_rules! timed {
 
 impl Store {
     /// Opens the database and brings its schema up to date; records into `metrics`.
-    pub async fn open(settings: StoreSettings, metrics: &Metrics) -> anyhow::Result<Self> {
+    /// The times it writes of its own accord (a user's creation, a rehash) read `clock`;
+    /// every other operation is given its time by the caller.
+    pub async fn open(
+        settings: StoreSettings,
+        metrics: &Metrics,
+        clock: Arc<dyn Clock>,
+    ) -> anyhow::Result<Self> {
         let backend = match settings {
             StoreSettings::Sqlite(s) => {
-                Backend::Sqlite(sqlite::SqliteStore::open(s, metrics).await?)
+                Backend::Sqlite(sqlite::SqliteStore::open(s, metrics, clock).await?)
             }
             StoreSettings::Postgres(s) => {
-                Backend::Postgres(postgres::PostgresStore::open(s, metrics).await?)
+                Backend::Postgres(postgres::PostgresStore::open(s, metrics, clock).await?)
             }
         };
         let ops = Operations::new(metrics, backend.name());
@@ -587,11 +594,4 @@ impl Backend {
             Backend::Postgres(_) => "postgres",
         }
     }
-}
-
-pub(crate) fn unix_millis() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }

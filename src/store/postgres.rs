@@ -26,11 +26,11 @@ use super::{
     session::{
         self, EndReason, Ended, LoggedOut, NewSession, Purged, Refreshed, Rotation, session_ops,
     },
-    unix_millis,
     users::{self, NewUser, User, insert_user_query, password_hash_query},
 };
-use crate::{credentials::Username, metrics::Metrics};
+use crate::{clock::Clock, credentials::Username, metrics::Metrics};
 use sqlx::{Connection, PgConnection, Postgres};
+use std::sync::Arc;
 
 /// The session statements on a pooled connection.
 mod ops {
@@ -61,17 +61,21 @@ macro_rules! in_transaction {
 
 pub struct PostgresStore {
     conns: Connections<Postgres>,
+    /// The time of a user's creation and of a rehash.
+    clock: Arc<dyn Clock>,
 }
 
 impl PostgresStore {
     pub(crate) async fn open(
         settings: PostgresSettings,
         metrics: &Metrics,
+        clock: Arc<dyn Clock>,
     ) -> anyhow::Result<Self> {
         migrate_postgres(&settings).await?;
         let pool = connect_postgres(&settings).await?;
         Ok(Self {
             conns: Connections::new(pool, metrics, "postgres", settings.statement_timeout),
+            clock,
         })
     }
 
@@ -79,7 +83,7 @@ impl PostgresStore {
         let mut conn = self.conns.lease().await?;
         let inserted = within(
             self.conns.limit(),
-            insert_user_query(&user, unix_millis()).execute(&mut *conn),
+            insert_user_query(&user, self.clock.millis()).execute(&mut *conn),
         )
         .await?;
         conn.finish();
@@ -103,7 +107,7 @@ impl PostgresStore {
         let mut conn = self.conns.lease().await?;
         let updated = within(
             self.conns.limit(),
-            password_hash_query(id, &hash, version, false, unix_millis()).execute(&mut *conn),
+            password_hash_query(id, &hash, version, false, self.clock.millis()).execute(&mut *conn),
         )
         .await?;
         conn.finish();

@@ -7,7 +7,7 @@ use super::{
     factor,
     factor::{FactorAnswer, FactorWrite},
     session::{EndReason, Ended, LoggedOut, NewSession, Purged, Refreshed, Rotation, session_ops},
-    sqlite_runs, unix_millis,
+    sqlite_runs,
     users::{NewUser, password_hash_query},
 };
 use sqlx::SqliteConnection;
@@ -113,9 +113,9 @@ mod ops {
 pub(super) async fn apply(
     conn: &mut SqliteConnection,
     batch: &[(Write, Reply)],
+    now: i64,
 ) -> Result<Vec<Result<Answer, StoreError>>, sqlx::Error> {
     sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await?;
-    let now = unix_millis();
     let mut outcomes = Vec::with_capacity(batch.len());
     let mut rest = batch;
     while let Some((write, _)) = rest.first() {
