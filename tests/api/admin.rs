@@ -424,18 +424,18 @@ async fn disabling_refuses_the_password_and_every_token_and_enabling_restores_th
     // Her right password answers exactly as a wrong one: same code and message,
     // the same hash work, and counted as a failed login.
     let failed_before = failed_logins(&admin.app);
-    let wrong_rounds = crate::timing::rounds_of_a_failed_login(&mut admin.app, "dora").await;
+    let wrong_rounds = crate::equal_cost::rounds_of_a_failed_login(&mut admin.app, "dora").await;
     let wrong = expect_code(
         admin.app.login("dora", "not her password").await,
         Code::Unauthenticated,
     );
-    let before = crate::timing::rounds(&admin.app);
+    let before = crate::equal_cost::rounds(&admin.app);
     let right = expect_code(
         admin.app.login("dora", PASSWORD).await,
         Code::Unauthenticated,
     );
     assert_eq!(right.message(), wrong.message());
-    assert_eq!(crate::timing::rounds(&admin.app) - before, wrong_rounds);
+    assert_eq!(crate::equal_cost::rounds(&admin.app) - before, wrong_rounds);
     assert_eq!(failed_logins(&admin.app) - failed_before, 3.0);
     let changed = expect_code(
         change_password(&mut admin.app, "dora", PASSWORD).await,

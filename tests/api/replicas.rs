@@ -5,7 +5,7 @@ use crate::helpers::{
     Backend, TestDb, expect_code, login, ok_and_taken, register, spawn_app_behind_proxy,
     spawn_app_on, wait_until,
 };
-use crate::timing::rounds_of_a_failed_login;
+use crate::equal_cost::rounds_of_a_failed_login;
 use futures::future::join_all;
 use std::time::{Duration, Instant};
 use tonic::Code;
