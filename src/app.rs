@@ -280,7 +280,6 @@ impl Application {
                 throttle,
                 Audit::new(digest),
                 config.tokens.sessions(),
-                clock.clone(),
                 &metrics,
             )
             .with_second_factor(config.second_factor.settings()),

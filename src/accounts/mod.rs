@@ -172,9 +172,10 @@ impl Accounts {
         throttle: Arc<Throttle>,
         audit: Audit,
         settings: SessionSettings,
-        clock: Arc<dyn Clock>,
         metrics: &Metrics,
     ) -> Self {
+        // The tokens' clock: sessions, revocations and tokens keep one time.
+        let clock = tokens.clock().clone();
         let m = &metrics.sessions;
         let revocations = Revocations::new(
             settings.token_ttl,

@@ -138,6 +138,11 @@ impl Tokens {
         self
     }
 
+    /// The clock tokens are issued and checked by.
+    pub(crate) fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
     /// The ring in use, shared: for the JWKS document and the key file reload.
     pub fn key_ring(&self) -> &LiveKeyRing {
         &self.keys
