@@ -116,7 +116,6 @@ async fn failed_login(client: &mut AuthServiceClient<Channel>, username: &str) -
         .login(LoginRequest {
             username: username.into(),
             password: "not the password".into(),
-            ..Default::default()
         })
         .await;
     let took = started.elapsed();
