@@ -443,6 +443,7 @@ mod tests {
         ] {
             let p = password(candidate);
             let rounds = 200_000u32;
+            // Real time: what an ignored benchmark prints.
             let start = Instant::now();
             for _ in 0..rounds {
                 let _ = black_box(list.check(black_box(&p), &bob));
@@ -470,6 +471,7 @@ mod tests {
                     })
             };
             let before = rss("VmRSS:");
+            // Real time: what an ignored benchmark prints.
             let start = Instant::now();
             let set = read_list(Path::new(&path), MAX_FILE_BYTES).unwrap();
             let took = start.elapsed();

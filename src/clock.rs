@@ -1,16 +1,20 @@
-//! The one clock of the code that counts requests over time (the rate limiter's
-//! in-process windows, the login throttle's delays): read through [`Clock`], so that
-//! tests move time by hand (`ManualClock`) instead of sleeping. The second factor's
-//! codes and challenges read it too, and the integration tests hand the application
-//! a `ManualClock` of their own (`authd::ManualClock`), so that they compute codes
-//! for the time the server reads and move it past a step or a challenge's end.
+//! The one clock of every rule that depends on the time: tokens (`iat`, `exp`, their
+//! checks), sessions and the store's timestamps, the login throttle's delays, the
+//! rate limiter's in-process windows, the admin API's budget, the second factor's
+//! codes and challenges. The application builds it once (`Config::clock`, the
+//! machine's unless a test hands in a [`ManualClock`]) and gives it to every
+//! component, so that tests move time by hand instead of sleeping: they compute
+//! codes for the time the server reads and move it past a step, a delay, a window
+//! or a token's end.
 //!
-//! It owns nothing but the time: it must not import anything of the crate, and
-//! code that only measures how long something took reads `Instant` directly.
+//! It owns nothing but the time: it must not import anything of the crate. Code
+//! that only measures how long something took (latency metrics, pacing of the
+//! hashing threads, I/O timeouts, the transport's holds) reads `Instant` directly,
+//! each such reading saying why.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// Where counting code reads the time.
+/// Where code whose rules depend on the time reads it.
 pub(crate) trait Clock: Send + Sync + 'static {
     /// The monotonic time: for windows kept in this process only.
     fn now(&self) -> Instant;
@@ -19,6 +23,21 @@ pub(crate) trait Clock: Send + Sync + 'static {
     /// through Redis (which then must run NTP: the delays so kept are seconds to
     /// minutes, far longer than their clocks drift apart).
     fn unix_ms(&self) -> u64;
+
+    /// Milliseconds since the Unix epoch, as the store keeps them.
+    fn millis(&self) -> i64 {
+        i64::try_from(self.unix_ms()).unwrap_or(i64::MAX)
+    }
+
+    /// Whole seconds since the Unix epoch, as tokens carry them.
+    fn unix_secs(&self) -> u64 {
+        self.unix_ms() / 1000
+    }
+
+    /// The wall-clock time.
+    fn system_time(&self) -> SystemTime {
+        UNIX_EPOCH + Duration::from_millis(self.unix_ms())
+    }
 }
 
 /// The machine's clocks.
@@ -68,6 +87,11 @@ impl ManualClock {
     /// Milliseconds since the Unix epoch, as the clock reads now.
     pub fn unix_millis(&self) -> u64 {
         Clock::unix_ms(self)
+    }
+
+    /// The wall-clock time, as the clock reads now.
+    pub fn system_time(&self) -> SystemTime {
+        Clock::system_time(self)
     }
 
     fn elapsed(&self) -> Duration {

@@ -73,7 +73,7 @@
 //!   the one failure of a call and its timeout, and the failure mode.
 //! - `secret`: secret-bearing settings: URLs printed with their passwords hidden, and
 //!   the value parser whose errors never quote a secret.
-//! - `clock`: the time of the code that counts over time, faked in tests.
+//! - `clock`: the one clock of every rule that depends on the time, faked in tests.
 //! - `watched`: a file re-read while serving (the token key file, the rate limit
 //!   rules file): its content's digest, a change put in force, a bad one refused once.
 //!

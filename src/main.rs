@@ -153,6 +153,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 /// A kid for a new key: today's date and 8 random hex digits (`20260301-1a2b3c4d`),
 /// so that kids sort by age and never collide.
 fn new_kid() -> String {
+    // Real time: the date in a new key's name, for the operator.
     let today = humantime::format_rfc3339(std::time::SystemTime::now()).to_string();
     format!(
         "{}-{:08x}",

@@ -345,6 +345,7 @@ impl Carried {
             return;
         };
         // Spans carry wall-clock times; the pool measures with the monotonic clock.
+        // Real time: spans carry the machine's time, as other services' do.
         let now = (Instant::now(), SystemTime::now());
         let wall = |at: Instant| now.1 - now.0.saturating_duration_since(at);
         if let Some(mut span) = child_of(cx, name, Some(wall(start))).0 {

@@ -16,7 +16,7 @@ use super::{
 use crate::{
     credentials::Password,
     error::Error,
-    store::{Account, AccountKey, Change, EndReason, PageQuery, Revoked, SessionInfo, unix_millis},
+    store::{Account, AccountKey, Change, EndReason, PageQuery, Revoked, SessionInfo},
 };
 use std::time::Instant;
 
@@ -41,33 +41,27 @@ pub struct Changed {
 pub(super) fn session_id_after(now: i64, cutoff: Option<i64>) -> String {
     let at = match cutoff {
         Some(cutoff) if cutoff >= now => cutoff.saturating_add(1),
-        _ => return uuid::Uuid::now_v7().to_string(),
+        _ => now,
     };
-    let at = u64::try_from(at).unwrap_or(0);
-    let timestamp = uuid::Timestamp::from_unix(
-        uuid::NoContext,
-        at / 1000,
-        u32::try_from(at % 1000).unwrap_or(0) * 1_000_000,
-    );
-    uuid::Uuid::new_v7(timestamp).to_string()
+    super::uuid_v7(at).to_string()
 }
 
 impl Accounts {
     /// The account `key` names.
     pub async fn account(&self, key: &AccountKey) -> Result<Account, Error> {
-        (self.store.account(key, unix_millis()).await?).ok_or(Error::NoSuchUser)
+        (self.store.account(key, self.clock.millis()).await?).ok_or(Error::NoSuchUser)
     }
 
     /// A page of accounts in username order.
     pub async fn accounts_page(&self, query: &PageQuery) -> Result<Vec<Account>, Error> {
-        Ok(self.store.accounts_page(query, unix_millis()).await?)
+        Ok(self.store.accounts_page(query, self.clock.millis()).await?)
     }
 
     /// Disables the account: its password works for nothing (a Login answers as a
     /// wrong password does), its sessions end, and every token of them is refused.
     pub async fn disable_user(&self, key: &AccountKey, reason: &str) -> Result<Changed, Error> {
         let id = self.account(key).await?.id;
-        let now = unix_millis();
+        let now = self.clock.millis();
         let outcome = self.store.disable_user(&id, reason, now).await?;
         let (changed, sessions_ended) = match outcome {
             Change::Done(revoked) => {
@@ -90,7 +84,7 @@ impl Accounts {
     /// was disabled stay refused.
     pub async fn enable_user(&self, key: &AccountKey) -> Result<Changed, Error> {
         let id = self.account(key).await?.id;
-        let changed = match self.store.enable_user(&id, unix_millis()).await? {
+        let changed = match self.store.enable_user(&id, self.clock.millis()).await? {
             Change::Done(()) => true,
             Change::AlreadySo => false,
             Change::NoSuchUser => return Err(Error::NoSuchUser),
@@ -108,7 +102,7 @@ impl Accounts {
     /// Returns the account as it was.
     pub async fn delete_user(&self, key: &AccountKey) -> Result<Changed, Error> {
         let account = self.account(key).await?;
-        let now = unix_millis();
+        let now = self.clock.millis();
         match self.store.delete_user(&account.id, now).await? {
             Change::Done(revoked) => {
                 let sessions_ended = self.revoke(&account.id, &revoked, now);
@@ -124,7 +118,7 @@ impl Accounts {
 
     /// The live sessions of user `user_id`, newest first.
     pub async fn sessions_of(&self, user_id: &str) -> Result<Vec<SessionInfo>, Error> {
-        let now = unix_millis();
+        let now = self.clock.millis();
         Ok(self.store.live_sessions(user_id, now, MAX_SESSIONS).await?)
     }
 
@@ -132,7 +126,7 @@ impl Accounts {
     /// empty); returns how many it ended. Their tokens are refused here at once,
     /// on other replicas when their poller reads the ends.
     pub async fn end_sessions_of(&self, user_id: &str, ids: Vec<String>) -> Result<usize, Error> {
-        let now = unix_millis();
+        let now = self.clock.millis();
         let ended = self.store.end_sessions_of(user_id, ids, now).await?;
         for session in &ended {
             self.revocations.insert(session, now, now);
@@ -153,7 +147,7 @@ impl Accounts {
         deadline: Option<Instant>,
     ) -> Result<usize, Error> {
         let hash = self.hasher.hash(password, deadline).await?;
-        let now = unix_millis();
+        let now = self.clock.millis();
         let ended = (self
             .store
             .set_password(user_id, hash, !keep_sessions, now)
@@ -187,7 +181,7 @@ impl Accounts {
         cursor: &mut i64,
         read_store: bool,
     ) -> Result<usize, Error> {
-        let now = unix_millis();
+        let now = self.clock.millis();
         let mut after = (cursor.saturating_sub(POLL_LOOKBACK_MS), String::new());
         let mut read = 0;
         if !read_store {
@@ -227,15 +221,15 @@ mod tests {
 
     #[test]
     fn a_session_starts_after_its_users_cutoff() {
-        let now = unix_millis();
+        let now = 1_765_000_000_000;
         // A cutoff written by a replica whose clock is ahead.
         let ahead = now + 5_000;
         assert_eq!(start_of(&session_id_after(now, Some(ahead))), ahead + 1);
         assert_eq!(start_of(&session_id_after(now, Some(now))), now + 1);
         // An older cutoff, or none: the session starts now.
         let id = session_id_after(now, Some(now - 60_000));
-        assert!((start_of(&id) - now).abs() < 5_000);
+        assert_eq!(start_of(&id), now);
         let id = session_id_after(now, None);
-        assert!((start_of(&id) - now).abs() < 5_000);
+        assert_eq!(start_of(&id), now);
     }
 }

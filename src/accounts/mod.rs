@@ -37,16 +37,14 @@ pub use second_factor::SecondFactorSettings;
 
 use crate::{
     audit::{Audit, Caller, LoginFailure as Failure},
+    clock::Clock,
     credentials::{Password, Username},
     error::Error,
     metrics::{LoginOutcome, Metrics, SecondFactorMetrics},
     password::Hasher,
     refresh::{RefreshToken, RotationKey},
     revocation::Revocations,
-    store::{
-        EndReason, LiveSession, LoggedOut, NewSession, NewUser, Refreshed, Rotation, Store,
-        unix_millis,
-    },
+    store::{EndReason, LiveSession, LoggedOut, NewSession, NewUser, Refreshed, Rotation, Store},
     throttle::{Attempt, Begun, Throttle},
     token::{Jwks, TokenError, Tokens, VerifiedToken},
 };
@@ -140,6 +138,8 @@ pub struct Accounts {
     counters: SessionCounters,
     /// When the poller last read every replica's ends.
     synced: Arc<Mutex<Instant>>,
+    /// The time of sessions, revocations, challenges and codes.
+    clock: Arc<dyn Clock>,
     factors: SecondFactorSettings,
     metrics_sf: SecondFactorMetrics,
 }
@@ -152,6 +152,18 @@ fn system_time(unix_ms: i64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(u64::try_from(unix_ms).unwrap_or(0))
 }
 
+/// A UUIDv7 of `unix_ms` (its other bits random): ids that sort by the time they
+/// were made at, by the accounts' clock.
+fn uuid_v7(unix_ms: i64) -> uuid::Uuid {
+    let at = u64::try_from(unix_ms).unwrap_or(0);
+    let timestamp = uuid::Timestamp::from_unix(
+        uuid::NoContext,
+        at / 1000,
+        u32::try_from(at % 1000).unwrap_or(0) * 1_000_000,
+    );
+    uuid::Uuid::new_v7(timestamp)
+}
+
 impl Accounts {
     pub fn new(
         store: Arc<Store>,
@@ -162,6 +174,8 @@ impl Accounts {
         settings: SessionSettings,
         metrics: &Metrics,
     ) -> Self {
+        // The tokens' clock: sessions, revocations and tokens keep one time.
+        let clock = tokens.clock().clone();
         let m = &metrics.sessions;
         let revocations = Revocations::new(
             settings.token_ttl,
@@ -176,11 +190,11 @@ impl Accounts {
             ended: EndReason::ALL.map(|r| m.ended.with_label_values(&[r.label()])),
             poll_errors: m.poll_errors.clone(),
         };
-        let synced = Arc::new(Mutex::new(Instant::now()));
-        let (age, since): (Gauge, _) = (m.sync_age.clone(), synced.clone());
+        let synced = Arc::new(Mutex::new(clock.now()));
+        let (age, since, now): (Gauge, _, _) = (m.sync_age.clone(), synced.clone(), clock.clone());
         metrics.on_scrape(move || {
             let at = *since.lock().unwrap_or_else(|e| e.into_inner());
-            age.set(at.elapsed().as_secs_f64());
+            age.set(now.now().saturating_duration_since(at).as_secs_f64());
         });
         Self {
             store,
@@ -192,6 +206,7 @@ impl Accounts {
             revocations,
             counters,
             synced,
+            clock,
             factors: SecondFactorSettings::default(),
             metrics_sf: metrics.second_factor.clone(),
         }
@@ -201,6 +216,11 @@ impl Accounts {
     pub fn with_second_factor(mut self, factors: SecondFactorSettings) -> Self {
         self.factors = factors;
         self
+    }
+
+    /// The clock every rule of the accounts reads, for the API that fronts them.
+    pub(crate) fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
     }
 
     pub fn store(&self) -> &Arc<Store> {
@@ -250,7 +270,7 @@ impl Accounts {
         // concurrent registrations of one name.
         self.store.find_user(&username).await?;
         let password_hash = self.hasher.hash(password, deadline).await?;
-        let id = uuid::Uuid::now_v7().to_string();
+        let id = uuid_v7(self.clock.millis()).to_string();
         self.store
             .insert_user(NewUser {
                 id: id.clone(),
@@ -427,7 +447,7 @@ impl Accounts {
         caller: &Caller,
         amr: &str,
     ) -> Result<Session, Error> {
-        let now = unix_millis();
+        let now = self.clock.millis();
         let refresh_token = RefreshToken::issued_at(now);
         let session = LiveSession {
             id: admin::session_id_after(now, user.cutoff_at),
@@ -486,7 +506,7 @@ impl Accounts {
     pub async fn refresh(&self, presented: &str, caller: &Caller) -> Result<Session, Error> {
         let presented = RefreshToken::parse(presented)
             .ok_or(Error::InvalidRefreshToken("malformed refresh token"))?;
-        let now = unix_millis();
+        let now = self.clock.millis();
         let rotation = Rotation {
             presented,
             now,
@@ -544,7 +564,7 @@ impl Accounts {
         all: bool,
         caller: &Caller,
     ) -> Result<u32, Error> {
-        let now = unix_millis();
+        let now = self.clock.millis();
         // Both tokens are checked before anything ends: the access token in memory
         // (signature, expiry, and the sessions this replica knows to have ended),
         // and again in the store, which decides.
@@ -627,7 +647,7 @@ impl Accounts {
             .authenticate(&username, current, deadline, caller)
             .await?;
         let hash = self.hasher.hash(new, deadline).await?;
-        let now = unix_millis();
+        let now = self.clock.millis();
         // Only if the password is still the one checked: of two changes at once
         // with the same current password, one wins.
         let Some(ended) = (self.store)

@@ -8,22 +8,18 @@
 //! a place in the login throttle's second-factor counts first (refused there before
 //! it is checked once over the limit); a challenge gives at most
 //! [`CHALLENGE_ATTEMPTS`] code checks, each taken in the store before the check.
-//! The time of codes and challenges is the settings' clock (tests move it).
+//! The time of codes and challenges is the accounts' clock (tests move it).
 
 use super::{Accounts, LoginAnswer, Session};
 use crate::{
     audit::Caller,
-    clock::Clock,
     error::Error,
     metrics::{CodeOutcome, FactorChange},
     second_factor::{self as codes, Challenge, Code, DataKeys},
     store::{Account, AccountKey, FactorAnswer, FactorWrite, Proof, Proved, Purpose},
     throttle::Attempt,
 };
-use std::{
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 /// How many codes one Login challenge lets be checked.
 pub const CHALLENGE_ATTEMPTS: i64 = 5;
@@ -38,18 +34,15 @@ pub struct SecondFactorSettings {
     pub issuer: String,
     /// How long a Login's challenge lives.
     pub challenge_ttl: Duration,
-    /// The time codes and challenges are read at.
-    pub clock: Arc<dyn Clock>,
 }
 
 impl Default for SecondFactorSettings {
-    /// No data key, the default issuer and challenge lifetime, the machine's clock.
+    /// No data key, the default issuer and challenge lifetime.
     fn default() -> Self {
         Self {
             data_keys: None,
             issuer: "authd".into(),
             challenge_ttl: Duration::from_secs(5 * 60),
-            clock: Arc::new(crate::clock::SystemClock),
         }
     }
 }
@@ -105,7 +98,7 @@ enum Refusal {
 
 impl Accounts {
     fn now_ms(&self) -> i64 {
-        i64::try_from(self.factors.clock.unix_ms()).unwrap_or(i64::MAX)
+        self.clock.millis()
     }
 
     fn data_keys(&self) -> Result<&DataKeys, Error> {
@@ -423,7 +416,7 @@ impl Accounts {
     }
 
     fn now_secs(&self) -> u64 {
-        self.factors.clock.unix_ms() / 1000
+        self.clock.unix_secs()
     }
 
     /// What `code` would prove for `user_id` now: the latest step it is the code of

@@ -4,15 +4,8 @@
 //! no token needs any more, and of Login challenges that expired.
 
 use super::{Accounts, millis};
-use crate::{
-    error::Error,
-    revocation::CLOCK_SKEW,
-    store::{EndReason, unix_millis},
-};
-use std::{
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use crate::{error::Error, revocation::CLOCK_SKEW, store::EndReason};
+use std::{sync::Arc, time::Duration};
 
 /// Each revocation poll reads back this far before the latest end it has seen:
 /// ends written with a clock a little behind, or committed a little late.
@@ -33,7 +26,7 @@ impl Accounts {
     /// the server answers its first request: a restarted replica (and a SQLite one,
     /// whose poller reads nothing later) refuses what was revoked before it started.
     pub async fn load_revocations(&self) -> Result<usize, Error> {
-        let start = unix_millis().saturating_sub(self.keep_ms());
+        let start = self.clock.millis().saturating_sub(self.keep_ms());
         let (mut ended, mut cutoffs) = (start, start);
         Ok(
             self.poll_ended(&mut ended, true).await?
@@ -51,14 +44,14 @@ impl Accounts {
         let read_store = self.store.is_shared();
         let read = self.poll_ended(&mut cursor.ended, read_store).await?
             + self.poll_cutoffs(&mut cursor.cutoffs, read_store).await?;
-        self.revocations.forget_expired(unix_millis());
-        *self.synced.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        self.revocations.forget_expired(self.clock.millis());
+        *self.synced.lock().unwrap_or_else(|e| e.into_inner()) = self.clock.now();
         Ok(read)
     }
 
     /// Reads the sessions ended since `cursor`, the latest end seen.
     async fn poll_ended(&self, cursor: &mut i64, read_store: bool) -> Result<usize, Error> {
-        let now = unix_millis();
+        let now = self.clock.millis();
         let mut after = (cursor.saturating_sub(POLL_LOOKBACK_MS), String::new());
         let mut read = 0;
         if !read_store {
@@ -86,7 +79,7 @@ impl Accounts {
     /// Deletes sessions that expired, and sessions ended so long ago that no
     /// access token of theirs is valid (every poller has read them by then).
     async fn purge_sessions(&self) -> Result<(), Error> {
-        let now = unix_millis();
+        let now = self.clock.millis();
         let ended_before = now
             .saturating_sub(self.keep_ms())
             .saturating_sub(POLL_LOOKBACK_MS);
@@ -124,14 +117,15 @@ impl Accounts {
     /// counted, logged once per outage, and `authd_revocation_sync_age_seconds` grows.
     pub async fn upkeep(self: Arc<Self>, poll_every: Duration) {
         // Everything ended or cut off recently enough to matter, on the first poll.
-        let start = unix_millis().saturating_sub(self.keep_ms());
+        let start = self.clock.millis().saturating_sub(self.keep_ms());
         let mut cursor = Cursors {
             ended: start,
             cutoffs: start,
         };
         let mut poll = tokio::time::interval(poll_every);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // The first purge a minute after the start, not at once.
+        // The first purge a minute after the start, not at once. Both timers schedule
+        // work in real time (how often to look); what is kept reads the clock.
         let mut purge =
             tokio::time::interval_at(tokio::time::Instant::now() + PURGE_INTERVAL, PURGE_INTERVAL);
         purge.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

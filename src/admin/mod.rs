@@ -39,9 +39,8 @@ use base64::Engine as _;
 use std::{
     future::Future,
     sync::{Arc, Mutex},
-    time::Duration,
+    time::{Duration, Instant},
 };
-use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 
 /// The largest page ListUsers returns, and the page when none is asked for.
@@ -68,12 +67,12 @@ struct Budget {
 }
 
 impl Budget {
-    fn new(rate: u32) -> Self {
+    fn new(rate: u32, now: Instant) -> Self {
         let rate = f64::from(rate.max(1));
         Self {
             rate,
             tokens: rate,
-            at: Instant::now(),
+            at: now,
         }
     }
 
@@ -118,12 +117,13 @@ impl AdminApi {
         audit: Audit,
         metrics: AdminMetrics,
     ) -> Self {
+        let budget = Budget::new(settings.rate, accounts.clock().now());
         Self {
             accounts,
             blocklist,
             keys: settings.keys,
             allow: settings.allow,
-            budget: Mutex::new(Budget::new(settings.rate)),
+            budget: Mutex::new(budget),
             rate: settings.rate,
             audit,
             metrics,
@@ -149,7 +149,7 @@ impl AdminApi {
     fn admit<T>(&self, request: &Request<T>, needs: Needs) -> Result<Actor, Error> {
         let refused = {
             let mut budget = self.budget.lock().unwrap_or_else(|e| e.into_inner());
-            budget.take(Instant::now()).err()
+            budget.take(self.accounts.clock().now()).err()
         };
         if let Some(retry_after) = refused {
             return Err(Error::RateLimited {
@@ -544,6 +544,7 @@ impl admin_service_server::AdminService for AdminApi {
         &self,
         request: Request<SetPasswordRequest>,
     ) -> Result<Response<SetPasswordResponse>, Status> {
+        // The caller's deadline is real time (the hash queue drops what waited past it).
         let deadline = rpc::grpc_timeout(request.metadata().as_ref())
             .map(|timeout| std::time::Instant::now() + timeout);
         self.call("SetPassword", Needs::Change, request, |r| async move {
@@ -617,9 +618,8 @@ mod tests {
 
     #[test]
     fn the_budget_refills_at_its_rate() {
-        let start = Instant::now();
-        let mut budget = Budget::new(2);
-        budget.at = start;
+        let start = crate::clock::Clock::now(&crate::clock::ManualClock::new());
+        let mut budget = Budget::new(2, start);
         assert!(budget.take(start).is_ok());
         assert!(budget.take(start).is_ok());
         let wait = budget.take(start).unwrap_err();
@@ -644,7 +644,7 @@ mod tests {
 
     #[test]
     fn timestamps_keep_milliseconds() {
-        let now = std::time::SystemTime::now();
+        let now = std::time::UNIX_EPOCH + Duration::from_millis(1_765_000_000_123);
         let ms = millis_of(now);
         let t = timestamp(ms);
         assert_eq!(t.seconds * 1000 + i64::from(t.nanos / 1_000_000), ms);

@@ -55,6 +55,8 @@ impl Core {
     pub(super) async fn build(config: &Config) -> anyhow::Result<Self> {
         let keys = config.tokens.keys()?;
         let metrics = Arc::new(Metrics::new());
+        // The one clock of every component that reads the time.
+        let clock = config.clock();
         // Before anything is opened: a bad certificate or key stops the start with
         // one line naming the option.
         let tls = config
@@ -65,9 +67,11 @@ impl Core {
         let traces = Traces::start(&config.telemetry.trace_settings(), &metrics)?.map(Arc::new);
         // Before the store: a bad list file stops the start before anything is opened.
         let blocklist = Arc::new(config.passwords.blocklist(&metrics)?);
-        let store = Store::open(config.store.settings(), &metrics).await?;
+        let store = Store::open(config.store.settings(), &metrics, clock.clone()).await?;
         let hasher = config.passwords.hasher(&metrics)?;
-        let tokens = config.tokens.tokens(keys.ring.clone(), &metrics);
+        let tokens = config
+            .tokens
+            .tokens(keys.ring.clone(), &metrics, clock.clone());
         let key_ring = tokens.key_ring().clone();
         let key_file = keys.file.map(|(path, digest)| {
             Arc::new(KeyFile::for_ring(path, digest, key_ring.clone(), &metrics))
@@ -79,6 +83,7 @@ impl Core {
             config.limits.throttle(redis.clone())?,
             digest.clone(),
             metrics.throttle.clone(),
+            clock.clone(),
         )?;
         throttle.connect().await;
         let accounts = Arc::new(
@@ -113,7 +118,9 @@ impl Core {
         let file_rules = (rate_limit_rules.as_ref()).and_then(|r| r.current().file.authd.clone());
         // Never fails on a Redis outage: the limiter starts degraded and keeps trying.
         let rate_limiter = RateLimiter::start(
-            config.limits.rate_limiter(redis, file_rules.as_ref())?,
+            config
+                .limits
+                .rate_limiter(redis, file_rules.as_ref(), clock)?,
             &metrics,
         )
         .await?;

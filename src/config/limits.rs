@@ -188,20 +188,18 @@ pub struct LimitsConfig {
           action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new(),
           global = true, display_order = 93)]
     pub rate_limit_shadow: bool,
-
-    /// Tests only: the clock of the in-process rate-limit windows (none: the machine's).
-    #[arg(skip)]
-    pub rate_limit_clock: Option<Arc<crate::clock::ManualClock>>,
 }
 
 impl LimitsConfig {
     /// What the rate limiter needs; `redis` is the connection it shares with the
     /// login throttle (`None` without `--redis-url`).
-    /// `file_rules` are authd's RPC rules given by the rules file (`authd:`), if any.
+    /// `file_rules` are authd's RPC rules given by the rules file (`authd:`), if any;
+    /// `clock` (the application's) keeps the in-process windows.
     pub(crate) fn rate_limiter(
         &self,
         redis: Option<Arc<SharedRedis>>,
         file_rules: Option<&RateLimits>,
+        clock: Arc<dyn crate::clock::Clock>,
     ) -> anyhow::Result<RateLimitSettings> {
         let rules = self.authd_rules(file_rules)?;
         Ok(RateLimitSettings {
@@ -212,7 +210,7 @@ impl LimitsConfig {
             failure: self.rate_limit_failure,
             max_local_keys: self.rate_limit_max_keys as usize,
             descriptors: self.rate_limit_rules_file.is_some(),
-            clock: (self.rate_limit_clock.clone()).map(|c| c as Arc<dyn crate::clock::Clock>),
+            clock: Some(clock),
         })
     }
 

@@ -79,10 +79,13 @@ pub use telemetry::{LogFormat, TelemetryConfig};
 pub use tls::TlsConfig;
 pub use tokens::{KeyAlgorithm, TokenConfig};
 
-use crate::secret::RedisUrl;
+use crate::{
+    clock::{Clock, ManualClock, SystemClock},
+    secret::RedisUrl,
+};
 use clap::{ArgMatches, Args, Parser, Subcommand, parser::ValueSource};
 use parse::positive_duration;
-use std::{path::PathBuf, time::Duration};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 /// authd: a gRPC authentication service (Register, Login, ValidateToken).
 ///
@@ -220,10 +223,22 @@ pub struct Config {
     pub second_factor: SecondFactorConfig,
     #[command(flatten)]
     pub authz: AuthzConfig,
+
+    /// Tests only: the one clock every component reads (none: the machine's).
+    #[arg(skip)]
+    pub clock: Option<Arc<ManualClock>>,
 }
 
 impl Config {
     /// The defaults, as `authd` with no flags would use them (ignoring the environment).
+    /// The clock the application hands to every component that reads the time.
+    pub(crate) fn clock(&self) -> Arc<dyn Clock> {
+        match &self.clock {
+            Some(clock) => clock.clone(),
+            None => Arc::new(SystemClock),
+        }
+    }
+
     pub fn defaults() -> Self {
         let mut cli = Cli::command_for_defaults();
         cli.config.tokens.token_keys = None;

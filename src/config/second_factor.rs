@@ -8,15 +8,10 @@
 //! in (recovery codes, which need no key, still work).
 
 use super::parse::positive_duration;
-use crate::{
-    accounts::SecondFactorSettings,
-    clock::{Clock, ManualClock, SystemClock},
-    second_factor::DataKeys,
-    secret,
-};
+use crate::{accounts::SecondFactorSettings, second_factor::DataKeys, secret};
 use anyhow::Context as _;
 use clap::Args;
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{path::PathBuf, time::Duration};
 
 /// The longest a Login's challenge may live.
 pub const MAX_CHALLENGE_TTL: Duration = Duration::from_secs(5 * 60);
@@ -51,25 +46,15 @@ pub struct SecondFactorConfig {
     #[arg(long, env = "AUTHD_LOGIN_CHALLENGE_TTL", default_value = "5m",
           value_parser = challenge_ttl, global = true, display_order = 84)]
     pub login_challenge_ttl: Duration,
-
-    /// Tests only: the clock the second factor's codes and challenges read (none: the
-    /// machine's).
-    #[arg(skip)]
-    pub clock: Option<Arc<ManualClock>>,
 }
 
 impl SecondFactorConfig {
     /// What the accounts take.
     pub(crate) fn settings(&self) -> SecondFactorSettings {
-        let clock: Arc<dyn Clock> = match &self.clock {
-            Some(clock) => clock.clone(),
-            None => Arc::new(SystemClock),
-        };
         SecondFactorSettings {
             data_keys: self.data_keys.clone(),
             issuer: self.totp_issuer.clone(),
             challenge_ttl: self.login_challenge_ttl,
-            clock,
         }
     }
 

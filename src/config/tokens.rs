@@ -148,10 +148,16 @@ impl TokenConfig {
     }
 
     /// The issuer and verifier of access tokens, signing with `ring`.
-    pub(crate) fn tokens(&self, ring: KeyRing, metrics: &Metrics) -> Tokens {
+    pub(crate) fn tokens(
+        &self,
+        ring: KeyRing,
+        metrics: &Metrics,
+        clock: std::sync::Arc<dyn crate::clock::Clock>,
+    ) -> Tokens {
         Tokens::new(ring, self.token_ttl, metrics)
             .with_audience(&self.token_audience)
             .with_clock_skew(self.token_clock_skew)
+            .with_clock(clock)
     }
 
     /// The lifetimes of sessions and of their access tokens.

@@ -254,6 +254,7 @@ mod tests {
         // Accepts connections (the kernel does, from the backlog) but never speaks.
         let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = silent.local_addr().unwrap().to_string();
+        // Real time: the probe's network timeout.
         let started = std::time::Instant::now();
         let err = check(&addr, "", Duration::from_millis(300), &ClientTls::default())
             .await

@@ -89,6 +89,7 @@ pub fn checker(
                 interval.min(RECOVERY_INTERVAL)
             }
         };
+        // tokio's time: when to probe next (scheduling, not a rule).
         let mut next_probe = Instant::now() + next_wait(serving);
         loop {
             tokio::select! {
@@ -102,6 +103,7 @@ pub fn checker(
                         tracing::error!("a request could not reach the database: NOT_SERVING");
                         serving = false;
                         report(&reporter, false, &gauge).await;
+                        // tokio's time: when to probe next (scheduling, not a rule).
                         next_probe = Instant::now() + next_wait(serving);
                     }
                     // More failures while NOT_SERVING do not postpone the next probe.
@@ -120,6 +122,7 @@ pub fn checker(
                 serving = result.is_ok();
                 report(&reporter, serving, &gauge).await;
             }
+            // tokio's time: when to probe next (scheduling, not a rule).
             next_probe = Instant::now() + next_wait(serving);
         }
     }

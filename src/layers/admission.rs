@@ -169,6 +169,7 @@ impl Admission {
             .max_in_flight
             .clamp(1, Semaphore::MAX_PERMITS as u32);
         settings.max_per_client = settings.max_per_client.max(1);
+        // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let now = Instant::now();
         // The others run side by side on the runtime's threads, one a core.
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -300,6 +301,7 @@ struct ClientShare {
 
 impl Drop for ClientShare {
     fn drop(&mut self) {
+        // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let now = Instant::now();
         let kind = self.kind as usize;
         let mut open = self.admission.lock();
@@ -353,6 +355,7 @@ impl Middleware for Admission {
         S::Future: Send + 'static,
         S::Error: Send + 'static,
     {
+        // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let arrived = Instant::now();
         let rpc = Rpc::of_path(req.uri().path());
         if rpc.is_exempt() {
@@ -400,6 +403,7 @@ impl Middleware for Admission {
             let limited = Limited::new(body, max_body_bytes);
             let body = match tokio::time::timeout_at(receive_by, limited.collect()).await {
                 Ok(Ok(collected)) => collected.to_bytes(),
+                // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
                 Err(_) if Instant::now() >= deadline => return answer(Error::DeadlineExceeded),
                 Err(_) => return answer(Error::ReceiveTimeout),
                 Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
@@ -420,6 +424,7 @@ impl Middleware for Admission {
                     retry_after: Duration::from_millis(100),
                 });
             };
+            // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
             if let Err(refusal) = self.start(&mut share, Instant::now(), answer_by) {
                 let (what, predicted) = match refusal {
                     Refusal::Deadline { predicted } => {
@@ -793,11 +798,13 @@ pub(crate) mod tests {
         let (state, svc, metrics) = measured_at_100_a_second(config).await;
         // Alone in flight, held: answered DEADLINE_EXCEEDED at the longest wait, not
         // before (the clock here is the test's).
+        // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let start = Instant::now();
         let untimed = tokio::spawn(svc.clone().oneshot(call_from(1, LOGIN, None, true)));
         tokio::time::sleep(Duration::from_millis(450)).await;
         assert!(!untimed.is_finished());
         let response = untimed.await.unwrap().unwrap();
+        // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         assert_eq!(grpc_status(&response), Some("4")); // DEADLINE_EXCEEDED
         assert!(Instant::now() - start <= Duration::from_millis(500));
 

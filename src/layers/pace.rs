@@ -180,6 +180,7 @@ mod tests {
 
     #[test]
     fn nothing_is_predicted_before_a_window_is_measured() {
+        // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let now = Instant::now();
         let mut pace = Pace::new(now, 1);
         assert_eq!(pace.predicted(0), None);
@@ -191,6 +192,7 @@ mod tests {
 
     #[test]
     fn the_rate_counts_busy_time_only() {
+        // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let start = Instant::now();
         let mut pace = Pace::new(start, 1);
         let mut at = start;
@@ -209,6 +211,7 @@ mod tests {
 
     #[test]
     fn overlapping_requests_are_answered_at_the_throughput() {
+        // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let start = Instant::now();
         let mut pace = Pace::new(start, 1);
         // Always 10 in flight, one answered every millisecond: 1000 a second.
@@ -232,6 +235,7 @@ mod tests {
 
     #[test]
     fn a_window_waits_for_enough_answers_and_samples_are_smoothed() {
+        // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let start = Instant::now();
         let mut pace = Pace::new(start, 1);
         let mut at = start;
@@ -248,6 +252,7 @@ mod tests {
 
     #[test]
     fn requests_that_end_unanswered_are_no_answers() {
+        // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let start = Instant::now();
         let mut pace = Pace::new(start, 1);
         let mut at = start;
@@ -265,6 +270,7 @@ mod tests {
 
     #[test]
     fn a_server_with_room_to_spare_predicts_nothing_and_its_rate_only_rises() {
+        // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let start = Instant::now();
         let mut at = start;
         // Up to 64 side by side; one at a time, 100 a second, shows no capacity.

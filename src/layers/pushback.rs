@@ -109,6 +109,7 @@ impl Pushback {
             held: Mutex::new(Held {
                 total: 0,
                 clients: HashMap::new(),
+                // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
                 next_slot: Instant::now(),
                 origin: Instant::now(),
             }),
@@ -214,6 +215,7 @@ impl Middleware for Pushback {
         if Rpc::of_path(req.uri().path()).is_exempt() {
             return Box::pin(inner.call(req));
         }
+        // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let arrived = Instant::now();
         let deadline = rpc::grpc_timeout(req.headers()).and_then(|t| arrived.checked_add(t));
         let client = rpc::request_client(&req);
@@ -223,6 +225,7 @@ impl Middleware for Pushback {
             let mut busy = Duration::ZERO;
             let mut answer = pin!(inner.call(req));
             let response = std::future::poll_fn(|cx| {
+                // Real time: the work a refusal cost, a metric.
                 let start = std::time::Instant::now();
                 let poll = answer.as_mut().poll(cx);
                 busy += start.elapsed();
@@ -237,6 +240,7 @@ impl Middleware for Pushback {
                 return Ok(response);
             };
             self.metrics.refusal_seconds.inc_by(busy.as_secs_f64());
+            // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
             let refused = Instant::now();
             let longest = match deadline {
                 Some(deadline) => {
@@ -342,6 +346,7 @@ mod tests {
             metrics.overload.clone(),
         );
         let svc = layer(state.clone()).layer(refusing(overloaded));
+        // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let start = Instant::now();
         let response = svc.clone().oneshot(from("10.0.0.1", None)).await.unwrap();
         assert_eq!(start.elapsed(), Duration::from_secs(1));
@@ -349,6 +354,7 @@ mod tests {
         assert_eq!(hint_of(&response), Some(Duration::from_secs(2)));
         assert_eq!(response.headers().get("retry-after").unwrap(), "2");
         // Never past four fifths of the time left to the client's deadline.
+        // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let start = Instant::now();
         let response = svc
             .clone()
@@ -368,6 +374,7 @@ mod tests {
             what: "full",
             retry_after: Duration::from_millis(50),
         }));
+        // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let start = Instant::now();
         let response = svc.oneshot(from("10.0.0.1", None)).await.unwrap();
         assert_eq!(start.elapsed(), Duration::from_millis(60));
@@ -385,11 +392,13 @@ mod tests {
             what: "full",
             retry_after: Duration::from_secs(30),
         }));
+        // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let start = Instant::now();
         let response = svc.clone().oneshot(from("10.0.0.1", None)).await.unwrap();
         assert_eq!(start.elapsed(), UNTIMED_HOLD);
         assert_eq!(hint_of(&response), Some(Duration::from_secs(29)));
         // With a deadline, the hold may be longer: four fifths of the time left.
+        // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let start = Instant::now();
         svc.oneshot(from("10.0.0.1", Some("10S"))).await.unwrap();
         assert_eq!(start.elapsed(), Duration::from_secs(8));
@@ -409,6 +418,7 @@ mod tests {
         // Forty refusals at once: slots at 0, 100, 200, … ms; each waits for its slot
         // or its 150 ms hint, whichever is later, on the 20 ms grid, and none more
         // than 2 s (the calls' deadline, 10 s away, allows that).
+        // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let start = Instant::now();
         let calls: Vec<_> = (0..40)
             .map(|_| {
@@ -433,6 +443,7 @@ mod tests {
         assert_eq!(metrics.overload.held_total.get(), 40);
         // Once the crowd is gone, a refusal waits only for its hint again (on the grid).
         tokio::time::sleep(Duration::from_secs(3)).await;
+        // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let start = Instant::now();
         svc.oneshot(from("10.0.0.1", None)).await.unwrap();
         assert_eq!(start.elapsed(), Duration::from_millis(160));
@@ -445,6 +456,7 @@ mod tests {
             settings(Duration::from_secs(1), 10, 10),
             metrics.overload.clone(),
         );
+        // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let start = Instant::now();
         for error in [
             (|| Error::InvalidCredentials) as fn() -> Error,
@@ -494,6 +506,7 @@ mod tests {
         assert_eq!(metrics.overload.held.get(), 5);
         assert_eq!(metrics.overload.at_once.get(), 5);
         // A shutdown answers every held refusal at once.
+        // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let start = Instant::now();
         state.release();
         for call in pending {
@@ -531,6 +544,7 @@ mod tests {
         let metrics = Metrics::new();
         let state = Pushback::new(settings(Duration::ZERO, 10, 10), metrics.overload.clone());
         let svc = layer(state).layer(refusing(overloaded));
+        // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let start = Instant::now();
         let response = svc.oneshot(from("10.0.0.1", None)).await.unwrap();
         assert_eq!(start.elapsed(), Duration::ZERO);

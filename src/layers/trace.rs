@@ -79,6 +79,7 @@ impl Middleware for Trace {
         S::Future: Send + 'static,
         S::Error: Send + 'static,
     {
+        // Real time: the request's latency, for logs and metrics.
         let started = Instant::now();
         let path = req.uri().path();
         let rpc = Rpc::of_path(path);

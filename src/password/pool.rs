@@ -169,10 +169,12 @@ impl HashPool {
             if reply.is_closed() {
                 return TaskOutcome::Cancelled;
             }
+            // Real time: the caller's deadline and the time queued.
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 let _ = reply.send(Err(PoolError::Expired));
                 return TaskOutcome::Expired;
             }
+            // Real time: the caller's deadline and the time queued.
             let start = Instant::now();
             let value = work();
             // Counted before the answer, so a caller sees its own work counted.
@@ -187,6 +189,7 @@ impl HashPool {
     fn send(&self, deadline: Option<Instant>, work: Work) -> Result<(), PoolError> {
         let queued = Queued {
             deadline,
+            // Real time: the caller's deadline and the time queued.
             queued_at: Instant::now(),
             work,
             trace: otel::Carried::current(),

@@ -136,6 +136,7 @@ impl Worker {
     /// Takes queued work off the queue: into a lane, run on its own (a task), or
     /// dropped unrun (its deadline passed, or its caller went away).
     fn take(&self, queued: Queued, lanes: &mut Lanes<Resident>) {
+        // Real time: how long hashing takes (pacing, traces).
         let now = Instant::now();
         self.metrics.queue_depth.dec();
         self.metrics
@@ -159,6 +160,7 @@ impl Worker {
                 self.metrics.running.inc();
                 let record = |took: Duration| self.metrics.duration.observe(took.as_secs_f64());
                 match task(&record) {
+                    // Real time: how long hashing takes (pacing, traces).
                     TaskOutcome::Ran => trace.record("hash", now, Instant::now()),
                     TaskOutcome::Expired => self.metrics.dropped_deadline.inc(),
                     TaskOutcome::Cancelled => self.metrics.dropped_cancelled.inc(),
@@ -236,6 +238,7 @@ impl Worker {
     /// before its answer, so a caller sees its own work counted.
     fn finished(&self, start: Instant, trace: &otel::Carried) {
         self.metrics.running.dec();
+        // Real time: how long hashing takes (pacing, traces).
         let end = Instant::now();
         let took = end - start;
         self.metrics.duration.observe(took.as_secs_f64());
@@ -377,6 +380,7 @@ mod tests {
     async fn expired_work_is_dropped_before_running() {
         let metrics = Metrics::new();
         let pool = pool(1, &metrics);
+        // Real time: the caller's deadline.
         let past = Instant::now() - Duration::from_millis(1);
         let err = pool.derive(Some(past), job(b"late", 1)).await.unwrap_err();
         assert_eq!(err, PoolError::Expired);

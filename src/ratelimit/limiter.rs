@@ -400,6 +400,7 @@ impl RateLimiter {
             }
             Some(tier) if tier.health.is_up() => {
                 span.set("ratelimit.backend", "redis");
+                // Real time: the Redis call's latency, a metric.
                 let started = Instant::now();
                 let decided = tier.limiter.decide(checks).await;
                 (self.metrics.redis_duration).observe(started.elapsed().as_secs_f64());

@@ -232,6 +232,11 @@ fn sweep_now(logs: &mut Logs, now: Instant) {
 mod tests {
     use super::*;
 
+    /// Any instant: the windows read no clock, only the times they are given.
+    pub(super) fn origin() -> Instant {
+        crate::clock::Clock::now(&crate::clock::ManualClock::new())
+    }
+
     fn check(key: &str, limit: u32, window_ms: u64) -> Check {
         Check {
             rule: 0,
@@ -259,7 +264,7 @@ mod tests {
     #[test]
     fn allows_the_limit_in_any_window_then_slides() {
         let l = limiter(1_000_000);
-        let t0 = Instant::now();
+        let t0 = origin();
         let c = [check("k", 3, 1000)];
         for (i, at) in [0, 100, 200].into_iter().enumerate() {
             let o = l.decide(&c, t0 + ms(at));
@@ -287,7 +292,7 @@ mod tests {
     #[test]
     fn all_rules_must_allow_and_a_refusal_records_nothing() {
         let l = limiter(1_000_000);
-        let t0 = Instant::now();
+        let t0 = origin();
         let tight = check("tight", 1, 1000);
         let loose = check("loose", 10, 1000);
         assert!(l.decide(&[tight.clone(), loose.clone()], t0).allowed);
@@ -302,7 +307,7 @@ mod tests {
     #[test]
     fn hits_count_as_that_many_requests_or_not_at_all() {
         let l = limiter(1_000_000);
-        let t0 = Instant::now();
+        let t0 = origin();
         let mut five = check("k", 5, 1000);
         five.hits = 3;
         let o = l.decide(std::slice::from_ref(&five), t0);
@@ -330,7 +335,7 @@ mod tests {
     #[test]
     fn keys_are_independent() {
         let l = limiter(1_000_000);
-        let t0 = Instant::now();
+        let t0 = origin();
         assert!(l.decide(&[check("a", 1, 1000)], t0).allowed);
         assert!(!l.decide(&[check("a", 1, 1000)], t0).allowed);
         assert!(l.decide(&[check("b", 1, 1000)], t0).allowed);
@@ -339,7 +344,7 @@ mod tests {
     #[test]
     fn idle_logs_are_swept() {
         let l = limiter(1_000_000);
-        let t0 = Instant::now();
+        let t0 = origin();
         for i in 0..MIN_SWEEP {
             l.decide(&[check(&format!("early{i}"), 1, 10)], t0);
         }
@@ -374,7 +379,7 @@ mod cap_tests {
             overflowed: IntCounter::new("o", "o").unwrap(),
         };
         let l = LocalLimiter::new(3, metrics);
-        let t0 = Instant::now();
+        let t0 = super::tests::origin();
         for key in ["a", "b", "c"] {
             assert!(l.decide(&[check(0, key, 2)], t0).allowed, "{key}");
         }

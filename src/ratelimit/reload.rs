@@ -81,6 +81,7 @@ impl RulesInForce {
         let mut top = [0u8; 8];
         top[2..].copy_from_slice(&digest[..6]);
         m.rules_digest.set(i64::from_be_bytes(top));
+        // Real time: when the file was loaded, a metric for operators.
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
         m.rules_loaded_at
             .set(now.map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX)));

@@ -334,6 +334,7 @@ impl<DB: Database> Connections<DB> {
 
     /// Takes a connection from the pool, recording how long that took.
     pub(super) async fn lease(&self) -> Result<Lease<DB>, StoreError> {
+        // A latency metric: how long the lease took, not the time of any rule.
         let started = Instant::now();
         let held = match &self.pool {
             Pool::Sqlx(pool) => pool.acquire().await.map(Held::Pooled),

@@ -5,8 +5,6 @@
 //! The operations of `users`, `session`, `admin`, `factor` are plain functions over
 //! these, written once for SQLite and PostgreSQL; the arguments are bound with the
 //! same Rust types on both (`i64`, `&str`, `String`, `Option<&str>`).
-//!
-//! And the time as the store writes it: [`unix_millis`].
 
 use super::{
     connection::{Connections, Lease, within},
@@ -18,15 +16,6 @@ use sqlx::{
     query::Query,
     sqlite::{SqliteArguments, SqliteRow},
 };
-use std::time::{SystemTime, UNIX_EPOCH};
-
-/// Now, in Unix milliseconds: the time columns' unit.
-pub(crate) fn unix_millis() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
 
 /// A query on SQLite, its text static.
 pub(super) type SqliteQuery = Query<'static, Sqlite, SqliteArguments>;

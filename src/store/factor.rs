@@ -418,7 +418,8 @@ mod tests {
             max_batch: 64,
             statement_timeout: Duration::from_secs(5),
         });
-        let store = Store::open(settings, &Metrics::new()).await.unwrap();
+        let clock = std::sync::Arc::new(crate::clock::SystemClock);
+        let store = Store::open(settings, &Metrics::new(), clock).await.unwrap();
         let user = NewUser {
             id: "u1".into(),
             username: Username::parse("ulla").unwrap(),

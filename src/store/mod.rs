@@ -76,7 +76,6 @@ mod writes;
 pub use admin::{Account, AccountKey, Change, Cutoff, PageQuery, Revoked, SessionInfo};
 pub use backend::WriterSnapshot;
 pub use connection::{PostgresSettings, SqliteSettings, StoreSettings};
-pub(crate) use db::unix_millis;
 pub use error::StoreError;
 pub use factor::{Factor, FactorAnswer, FactorWrite, LiveChallenge, Proof, Proved, Purpose};
 pub use schema::{RELEASES, SchemaState};
@@ -85,10 +84,10 @@ pub use session::{
 };
 pub use users::{NewUser, User};
 
-use crate::{credentials::Username, metrics::Metrics, otel};
+use crate::{clock::Clock, credentials::Username, metrics::Metrics, otel};
 use backend::{Backend, Op};
 use prometheus::{Histogram, IntCounter};
-use std::time::Instant;
+use std::{sync::Arc, time::Instant};
 use tokio::sync::watch;
 
 /// The storage backend, chosen by the database URL, and its metrics.
@@ -193,6 +192,7 @@ impl Store {
     /// Runs one operation of the backend, records its duration and failure, and
     /// announces a failure to reach the database.
     async fn timed<T>(&self, metrics: &OperationMetrics, op: Op<'_, T>) -> Result<T, StoreError> {
+        // A latency metric: how long the operation took, not the time of any rule.
         let started = Instant::now();
         let mut span = otel::child(metrics.name);
         span.set("db.system", self.backend.db_system());
@@ -212,11 +212,20 @@ impl Store {
     }
 
     /// Opens the database and brings its schema up to date; records into `metrics`.
-    pub async fn open(settings: StoreSettings, metrics: &Metrics) -> anyhow::Result<Self> {
+    /// The times it writes of its own accord (a user's creation, a rehash, a
+    /// session's end) read `clock`; every other operation is given its time by the
+    /// caller.
+    pub async fn open(
+        settings: StoreSettings,
+        metrics: &Metrics,
+        clock: Arc<dyn Clock>,
+    ) -> anyhow::Result<Self> {
         let backend: Box<dyn Backend> = match settings {
-            StoreSettings::Sqlite(s) => Box::new(sqlite::SqliteStore::open(s, metrics).await?),
+            StoreSettings::Sqlite(s) => {
+                Box::new(sqlite::SqliteStore::open(s, metrics, clock).await?)
+            }
             StoreSettings::Postgres(s) => {
-                Box::new(postgres::PostgresStore::open(s, metrics).await?)
+                Box::new(postgres::PostgresStore::open(s, metrics, clock).await?)
             }
         };
         let ops = Operations::new(metrics, backend.name());

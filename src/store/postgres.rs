@@ -23,29 +23,34 @@ use super::{
     admin::{self, Account, PageQuery},
     backend::{Backend, Op},
     connection::{Connections, PostgresSettings, connect_postgres, migrate_postgres, within},
-    db::{Conn, Conns, Statement, unix_millis},
+    db::{Conn, Conns, Statement},
     error::StoreError,
     session::{NewSession, new_session_args, sql::INSERT_SESSION_LOCKING},
     users::{self, NewUser, User, insert_user, password_hash},
     writes::{Answer, Write, apply_one},
 };
-use crate::{credentials::Username, metrics::Metrics};
+use crate::{clock::Clock, credentials::Username, metrics::Metrics};
 use futures_util::future::BoxFuture;
 use sqlx::{Connection, Postgres};
+use std::sync::Arc;
 
 pub struct PostgresStore {
     conns: Connections<Postgres>,
+    /// The time of a write: a user's creation, a rehash, a session's end.
+    clock: Arc<dyn Clock>,
 }
 
 impl PostgresStore {
     pub(crate) async fn open(
         settings: PostgresSettings,
         metrics: &Metrics,
+        clock: Arc<dyn Clock>,
     ) -> anyhow::Result<Self> {
         migrate_postgres(&settings).await?;
         let pool = connect_postgres(&settings).await?;
         Ok(Self {
             conns: Connections::new(pool, metrics, "postgres", settings.statement_timeout),
+            clock,
         })
     }
 
@@ -58,8 +63,12 @@ impl PostgresStore {
         let mut conn = self.conns.lease().await?;
         let result = within(self.conns.limit(), async {
             let mut transaction = conn.begin().await?;
-            let answer =
-                apply_one(&mut Conn::Postgres(&mut transaction), &write, unix_millis()).await?;
+            let answer = apply_one(
+                &mut Conn::Postgres(&mut transaction),
+                &write,
+                self.clock.millis(),
+            )
+            .await?;
             transaction.commit().await?;
             Ok::<_, sqlx::Error>(answer)
         })
@@ -71,7 +80,7 @@ impl PostgresStore {
     async fn insert(&self, user: NewUser) -> Result<(), StoreError> {
         let inserted = self
             .conns()
-            .execute(insert_user(&user, unix_millis()))
+            .execute(insert_user(&user, self.clock.millis()))
             .await?;
         if inserted == 1 {
             Ok(())
@@ -113,7 +122,7 @@ impl Backend for PostgresStore {
 
     fn update_password_hash<'a>(&'a self, id: &'a str, hash: String, version: i64) -> Op<'a, ()> {
         Box::pin(async move {
-            let statement = password_hash(id, &hash, version, false, unix_millis());
+            let statement = password_hash(id, &hash, version, false, self.clock.millis());
             self.conns().execute(statement).await.map(drop)
         })
     }

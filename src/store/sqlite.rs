@@ -38,7 +38,7 @@ use super::{
     users::{self, NewUser, User},
     writes::{Answer, Write},
 };
-use crate::{credentials::Username, metrics::Metrics};
+use crate::{clock::Clock, credentials::Username, metrics::Metrics};
 use futures_util::future::BoxFuture;
 use prometheus::Histogram;
 use sqlx::{Connection as _, Sqlite, SqliteConnection};
@@ -95,7 +95,13 @@ struct WriterMetrics {
 }
 
 impl SqliteStore {
-    pub(crate) async fn open(settings: SqliteSettings, metrics: &Metrics) -> anyhow::Result<Self> {
+    /// The writer reads `clock` for the time of a write (a user's creation, a rehash,
+    /// a session's end).
+    pub(crate) async fn open(
+        settings: SqliteSettings,
+        metrics: &Metrics,
+        clock: Arc<dyn Clock>,
+    ) -> anyhow::Result<Self> {
         // The writer connection comes first: it creates the file and migrates it.
         let conn = open_sqlite_writer(&settings).await?;
         let readers = open_sqlite_readers(&settings).await?;
@@ -111,6 +117,7 @@ impl SqliteStore {
             settings.max_batch.max(1),
             stats.clone(),
             writer_metrics,
+            clock,
         ));
         let readers = Arc::new(Connections::new(
             readers,
@@ -254,6 +261,7 @@ async fn run_writer(
     max_batch: usize,
     stats: Arc<WriterStats>,
     metrics: WriterMetrics,
+    clock: Arc<dyn Clock>,
 ) {
     let mut received = Vec::with_capacity(max_batch);
     let mut batch = Vec::with_capacity(max_batch);
@@ -277,7 +285,7 @@ async fn run_writer(
             }
         }
         if !batch.is_empty() {
-            commit(&mut conn, &mut batch, &stats, &metrics).await;
+            commit(&mut conn, &mut batch, &stats, &metrics, clock.millis()).await;
         }
         for ping in pings {
             let result = sqlx::query(PING)
@@ -311,11 +319,13 @@ async fn commit(
     batch: &mut Vec<Pending>,
     stats: &WriterStats,
     metrics: &WriterMetrics,
+    now: i64,
 ) {
     let size = batch.len() as u64;
     metrics.batch_size.observe(size as f64);
+    // A latency metric: how long the commit took, not the time of any rule.
     let started = Instant::now();
-    match apply(conn, batch).await {
+    match apply(conn, batch, now).await {
         Ok(outcomes) => {
             metrics.commit.observe(started.elapsed().as_secs_f64());
             stats.transactions.fetch_add(1, Ordering::Relaxed);
@@ -352,7 +362,9 @@ pub(super) mod tests {
         dir: &tempfile::TempDir,
         metrics: &Metrics,
     ) -> SqliteStore {
-        SqliteStore::open(settings(dir), metrics).await.unwrap()
+        SqliteStore::open(settings(dir), metrics, Arc::new(crate::clock::SystemClock))
+            .await
+            .unwrap()
     }
 
     /// A database in `dir`: two readers, batches of at most 64 writes.

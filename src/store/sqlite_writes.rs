@@ -2,7 +2,7 @@
 //! (`sqlite` queues them and answers; each kind of write is `writes`'s).
 
 use super::{
-    db::{Conn, unix_millis},
+    db::Conn,
     error::StoreError,
     sqlite_runs,
     writes::{Answer, Write, apply_one},
@@ -21,9 +21,9 @@ pub(super) type Reply = oneshot::Sender<Result<Answer, StoreError>>;
 pub(super) async fn apply(
     conn: &mut SqliteConnection,
     batch: &[(Write, Reply)],
+    now: i64,
 ) -> Result<Vec<Result<Answer, StoreError>>, sqlx::Error> {
     sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await?;
-    let now = unix_millis();
     let mut outcomes = Vec::with_capacity(batch.len());
     let mut rest = batch;
     while let Some((write, _)) = rest.first() {

@@ -52,7 +52,7 @@ mod redis;
 mod rule;
 
 use crate::{
-    clock::{Clock, SystemClock},
+    clock::Clock,
     credentials::Username,
     error::Error,
     metrics::ThrottleMetrics,
@@ -218,6 +218,8 @@ impl Waiting {
                     scope
                 }
             };
+            // Real time, not the clock's: how long this request has been held waiting
+            // for the attempts in flight (and its caller's deadline), not a delay.
             let now = Instant::now();
             if now >= self.give_up {
                 if self.deadline.is_some_and(|d| now >= d) {
@@ -324,15 +326,8 @@ pub struct Throttle {
 }
 
 impl Throttle {
+    /// The throttle of `settings`, whose delays and counts' ages read `clock`.
     pub(crate) fn new(
-        settings: Settings,
-        digest: UsernameDigest,
-        metrics: ThrottleMetrics,
-    ) -> anyhow::Result<Arc<Self>> {
-        Self::with_clock(settings, digest, metrics, Arc::new(SystemClock))
-    }
-
-    pub(crate) fn with_clock(
         settings: Settings,
         digest: UsernameDigest,
         metrics: ThrottleMetrics,
@@ -420,6 +415,7 @@ impl Throttle {
             self.replica,
             self.reservations.fetch_add(1, Ordering::Relaxed)
         );
+        // Real time: a bound on holding this request (see `place`).
         let give_up = Instant::now() + MAX_WAIT;
         let give_up = deadline.map_or(give_up, |d| d.min(give_up));
         let waiting = Waiting {
@@ -566,7 +562,7 @@ mod tests {
     fn throttle(s: Settings) -> (Arc<Throttle>, Arc<ManualClock>) {
         let clock = Arc::new(ManualClock::new());
         let metrics = Metrics::new();
-        let t = Throttle::with_clock(
+        let t = Throttle::new(
             s,
             UsernameDigest::new([7; 32]),
             metrics.throttle.clone(),
@@ -787,6 +783,7 @@ mod tests {
         let (t, _clock) = throttle(settings());
         let _held: Vec<_> =
             futures::future::join_all((0..3).map(|_| begin(&t, "lou", "10.0.0.1"))).await;
+        // A caller's deadline is real time (a gRPC timeout), never the clock's.
         let deadline = Instant::now() + Duration::from_millis(20);
         let waited = place(&t, "lou", "10.0.0.1", Some(deadline)).await;
         assert!(matches!(waited, Err(Error::DeadlineExceeded)), "{waited:?}");

@@ -121,11 +121,13 @@ pub(super) fn sign(key: &Key, claims: &Claims) -> serde_json::Result<String> {
     Ok(token)
 }
 
-/// Checks a token against `ring`, allowing `clock_skew` on its times, and when
-/// `audience` is given that the token is meant for it (its `aud` names it).
+/// Checks a token against `ring` at `now` (Unix seconds), allowing `clock_skew` on
+/// its times, and when `audience` is given that the token is meant for it (its
+/// `aud` names it).
 pub(super) fn verify(
     ring: &KeyRing,
     token: &str,
+    now: u64,
     clock_skew: Duration,
     audience: Option<&str>,
 ) -> Result<VerifiedToken, TokenError> {
@@ -163,7 +165,6 @@ pub(super) fn verify(
         return Err(TokenError::Malformed);
     }
     let expires_at = unix_time(claims.exp).ok_or(TokenError::Malformed)?;
-    let now = unix_now();
     let skew = clock_skew.as_secs();
     if claims.exp.saturating_add(skew) <= now {
         return Err(TokenError::Expired);
@@ -207,11 +208,10 @@ pub(super) fn unix_time(secs: u64) -> Option<SystemTime> {
     UNIX_EPOCH.checked_add(Duration::from_secs(secs))
 }
 
+#[cfg(test)]
 pub(super) fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+    use crate::clock::{Clock as _, SystemClock};
+    SystemClock.unix_secs()
 }
 
 #[cfg(test)]

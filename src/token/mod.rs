@@ -41,10 +41,17 @@ pub use jwks::Jwks;
 pub use jwt::{ISSUER, VerifiedToken};
 pub use keys::{Algorithm, KeyRing, LiveKeyRing, generate_key_entry};
 
-use crate::{credentials::Username, metrics::Metrics};
-use jwt::{Audience, Claims, unix_now, unix_time};
+use crate::{
+    clock::{Clock, SystemClock},
+    credentials::Username,
+    metrics::Metrics,
+};
+use jwt::{Audience, Claims, unix_time};
 use prometheus::IntCounter;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::{
+    sync::Arc,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
 
 /// The longest lifetime a token may be issued with (`AUTHD_TOKEN_TTL`). A service
 /// that verifies tokens itself cannot see their sessions end: past a week, a stolen
@@ -90,6 +97,8 @@ pub struct Tokens {
     audience: Option<Audience>,
     /// How far `nbf` and `iat` may lie ahead of this clock, and `exp` behind it.
     clock_skew: Duration,
+    /// The time of `iat`, `nbf` and `exp`, and of their checks.
+    clock: Arc<dyn Clock>,
     issued: IntCounter,
     valid: IntCounter,
     /// Refusals, indexed by [`TokenError::index`].
@@ -104,6 +113,7 @@ impl Tokens {
             ttl,
             audience: None,
             clock_skew: DEFAULT_CLOCK_SKEW,
+            clock: Arc::new(SystemClock),
             issued: metrics.tokens.issued.clone(),
             valid: validated.with_label_values(&["ok"]),
             refused: TokenError::ALL.map(|e| validated.with_label_values(&[e.label()])),
@@ -120,6 +130,17 @@ impl Tokens {
     pub fn with_clock_skew(mut self, skew: Duration) -> Self {
         self.clock_skew = skew;
         self
+    }
+
+    /// The clock tokens are issued and checked by (the machine's unless told).
+    pub(crate) fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The clock tokens are issued and checked by.
+    pub(crate) fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
     }
 
     /// The ring in use, shared: for the JWKS document and the key file reload.
@@ -160,7 +181,7 @@ impl Tokens {
         amr: &str,
     ) -> anyhow::Result<IssuedToken> {
         let mut span = crate::otel::child("token.sign");
-        let now = unix_now();
+        let now = self.clock.unix_secs();
         let mut exp = now.saturating_add(self.ttl.as_secs().max(1));
         if let Some(end) = not_after {
             exp = exp.min(end.max(now + 1));
@@ -239,7 +260,8 @@ impl Tokens {
         token: &str,
         audience: Option<&str>,
     ) -> Result<VerifiedToken, TokenError> {
-        jwt::verify(&self.keys.current(), token, self.clock_skew, audience)
+        let now = self.clock.unix_secs();
+        jwt::verify(&self.keys.current(), token, now, self.clock_skew, audience)
     }
 }
 
@@ -264,7 +286,7 @@ mod tests {
     fn session_tokens_carry_sid_and_a_unique_jti_and_end_with_their_session() {
         let t = tokens(KEY_A);
         let alice = Username::parse("alice").unwrap();
-        let far = SystemTime::now() + Duration::from_secs(3600);
+        let far = t.clock.system_time() + Duration::from_secs(3600);
         let a = t
             .issue_in_session("id", &alice, "sid-1", far, "pwd otp")
             .unwrap();
@@ -281,7 +303,7 @@ mod tests {
         assert!(ca.jti.is_some());
         assert_ne!(ca.jti, cb.jti);
         // A session that ends in 10 s caps its tokens' lifetime (60 s here).
-        let soon = SystemTime::now() + Duration::from_secs(10);
+        let soon = t.clock.system_time() + Duration::from_secs(10);
         let capped = t
             .issue_in_session("id", &alice, "sid-1", soon, "pwd")
             .unwrap();
@@ -388,6 +410,27 @@ mod tests {
         let claims: Claims = decode_json(issued.token.split('.').nth(1).unwrap()).unwrap();
         assert_eq!(claims.nbf, Some(claims.iat));
         assert_eq!(claims.aud, None);
+    }
+
+    #[test]
+    fn tokens_are_issued_and_expire_by_the_clock() {
+        let clock = Arc::new(crate::clock::ManualClock::new());
+        let t = tokens(KEY_A)
+            .with_clock(clock.clone())
+            .with_clock_skew(Duration::from_secs(5));
+        let issued = t.issue("id", &Username::parse("alice").unwrap()).unwrap();
+        let claims: Claims = decode_json(issued.token.split('.').nth(1).unwrap()).unwrap();
+        assert_eq!(claims.iat, clock.unix_millis() / 1000);
+        assert_eq!(claims.exp, claims.iat + 60);
+        assert_eq!(
+            issued.expires_at,
+            UNIX_EPOCH + Duration::from_secs(claims.exp)
+        );
+        // Valid until `exp` plus the skew, by the clock's time alone.
+        clock.advance(Duration::from_secs(64));
+        assert!(t.verify(&issued.token).is_ok());
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(t.verify(&issued.token), Err(TokenError::Expired));
     }
 
     #[test]

@@ -72,6 +72,7 @@ pub(super) async fn serve<S, B>(
     // The TLS handshake, then the HTTP/2 preface, within one handshake timeout: a
     // client that connects and sends no ClientHello (or stalls in the middle) is
     // closed when it passes, as a plaintext one that sends no preface is.
+    // Real time: a connection's I/O timeouts.
     let started = Instant::now();
     let handshake = tokio::select! {
         handshake = tokio::time::timeout(limits.handshake_timeout, tls.acceptor().accept(stream)) => handshake,
@@ -272,6 +273,7 @@ struct Activity {
 impl Activity {
     fn new() -> Self {
         Self {
+            // Real time: a connection's I/O timeouts.
             origin: Instant::now(),
             open: AtomicUsize::new(0),
             idle_since_ms: AtomicU64::new(0),
@@ -291,6 +293,7 @@ impl Activity {
             if self.open.load(Ordering::SeqCst) == 0 {
                 let since = Duration::from_millis(self.idle_since_ms.load(Ordering::SeqCst));
                 let deadline = self.origin + since + idle;
+                // Real time: a connection's I/O timeouts.
                 if Instant::now() >= deadline {
                     // Check again: a request may have begun meanwhile.
                     if self.open.load(Ordering::SeqCst) == 0 {
@@ -422,6 +425,7 @@ mod tests {
         let waited = tokio::time::timeout(Duration::from_secs(20), activity.idle_for(idle)).await;
         assert!(waited.is_err());
         drop(open);
+        // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let started = tokio::time::Instant::now();
         activity.idle_for(idle).await;
         // Ten seconds after the request ended, not after the connection began.

@@ -9,11 +9,12 @@ use crate::{
     admin::{ADMIN_KEY, Admin, PASSWORD, READ_KEY, admin_app},
     helpers::{Backend, TestDb, expect_code},
 };
-use authd::pb::RefreshRequest;
+use authd::{ManualClock, pb::RefreshRequest};
 use serde_json::Value;
 use std::{
     io::Write as _,
     process::Stdio,
+    sync::Arc,
     time::{Duration, SystemTime},
 };
 use tonic::Code;
@@ -443,12 +444,10 @@ async fn each_failure_has_its_exit_status_and_one_line() {
     assert!(run.failed(3).contains("cannot connect"), "{}", run.stderr);
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = silent.local_addr().unwrap().to_string();
-    let started = std::time::Instant::now();
     let run = (Cli::at(&addr, ADMIN_KEY))
         .run(&["users", "list", "--timeout", "300ms"])
         .await;
     assert!(run.failed(3).contains("timeout"), "{}", run.stderr);
-    assert!(started.elapsed() < Duration::from_secs(5));
     drop(silent);
 }
 
@@ -510,12 +509,13 @@ async fn the_admin_key_never_shows() {
 #[tokio::test]
 async fn sessions_are_listed_and_ended_from_the_command_line() {
     let db = TestDb::new(Backend::Sqlite, "").await.unwrap();
-    let mut admin = admin_app(&db, |_| {}).await;
+    let clock = Arc::new(ManualClock::new());
+    let mut admin = admin_app(&db, |c| c.clock = Some(clock.clone())).await;
     let cli = Cli::of(&admin);
     let id = admin.app.register("carol", PASSWORD).await.unwrap();
     let older = admin.app.login("carol", PASSWORD).await.unwrap();
     // Apart in time: the list is newest first.
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    clock.advance(Duration::from_secs(1));
     let newer = admin.app.login("carol", PASSWORD).await.unwrap();
 
     let listed = cli

@@ -15,13 +15,15 @@
 //!   batch their lookup and their session's insert share with the others.
 //!
 //! Every verdict is a count (hashes reached, answers by code, sessions alive), never
-//! a time: throttle delays are hours long beside the tests.
+//! a time: throttle delays are hours long beside the tests, or (with the defaults)
+//! the tests move the apps' clock past them.
 
 use crate::helpers::{
     Backend, TestApp, TestDb, connect_from, expect_code, redis_url, spawn_app_on, spawn_app_with,
-    spawn_registrations, unique_name,
+    spawn_registrations, unique_name, wait_until,
 };
 use authd::{
+    ManualClock,
     config::Config,
     pb::{
         ChangePasswordRequest, LoginRequest, LoginResponse, LogoutRequest, RefreshRequest,
@@ -333,12 +335,10 @@ async fn no_session_verified_against_the_old_password_outlives_a_password_change
         })
     };
     // Let the logins get going, then change the password while they run.
-    for _ in 0..500 {
-        if app.handle.hash_stats().completed >= 10 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_until("ten logins have hashed", || {
+        app.handle.hash_stats().completed >= 10
+    })
+    .await;
     change_password(&app.client, PASSWORD, NEW_PASSWORD)
         .await
         .expect("the owner changes the password");
@@ -398,12 +398,10 @@ async fn a_taken_and_a_free_name_answer_alike_under_a_short_deadline(db: TestDb)
     app.register(OWNER, PASSWORD).await.unwrap();
     // Two registrations that keep the thread busy.
     let busy = spawn_registrations(&app.client, "busy", 2, PASSWORD);
-    for _ in 0..500 {
-        if app.handle.hash_stats().running > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    wait_until("a registration hashes", || {
+        app.handle.hash_stats().running > 0
+    })
+    .await;
     let free = unique_name("free");
     let mut answers = Vec::new();
     for name in [OWNER, free.as_str()] {
@@ -493,16 +491,21 @@ async fn a_client_probing_names_is_refused_by_the_default_limit() {
 /// Two replicas of one PostgreSQL database sharing the throttle's counts in Redis.
 /// With the throttle's delays hours long, or (`defaults`) as they are by default.
 async fn replicas_on_redis(test: &str) -> Option<(TestDb, TestApp, TestApp)> {
-    replicas_on_redis_with(test, false).await
+    replicas_on_redis_with(test, None).await
 }
 
-async fn replicas_on_redis_with(test: &str, defaults: bool) -> Option<(TestDb, TestApp, TestApp)> {
+/// Two replicas, with the throttle's defaults on `clock` when one is given.
+async fn replicas_on_redis_with(
+    test: &str,
+    defaults_on: Option<&Arc<ManualClock>>,
+) -> Option<(TestDb, TestApp, TestApp)> {
     let url = redis_url(test)?;
     let db = TestDb::new(Backend::Postgres, test).await?;
     let prefix = unique_name("authd-test-concurrency");
     let adjust = |c: &mut Config| {
-        if !defaults {
-            throttled(c);
+        match defaults_on {
+            Some(clock) => c.clock = Some(clock.clone()),
+            None => throttled(c),
         }
         c.limits.redis_url = Some(url.parse().unwrap());
         c.limits.rate_limit_prefix = prefix.clone();
@@ -568,71 +571,118 @@ async fn two_replicas_on_redis_let_the_owner_in_eight_times_at_once() {
     assert_eq!(count(&codes, "Ok"), 8, "{codes:?}");
 }
 
-/// Twenty addresses, ten workers each, guessing for `for_how_long` with the
-/// throttle's defaults (delays of a second and up): each worker sends its next
-/// guess as soon as an answer allows (at once after a wrong password, after the
-/// RetryInfo delay after a refusal). Returns the hashes reached after 1.5 s and in
-/// all. Counts only: a slower machine reaches fewer.
-async fn guessing_with_the_defaults(apps: &[&TestApp], for_how_long: Duration) -> (u64, u64) {
+/// Twenty addresses, ten workers each, guessing for `for_how_long` of the apps'
+/// clock with the throttle's defaults (delays of a second and up): each worker
+/// sends its next guess as soon as an answer allows (at once after a wrong
+/// password, once its RetryInfo delay has passed after a refusal). The clock moves
+/// only when every worker waits, to the first one's wake-up: the outcome depends on
+/// the throttle's rule alone, never on how fast the machine is.
+async fn guessing_with_the_defaults(
+    apps: &[&TestApp],
+    clock: &ManualClock,
+    for_how_long: Duration,
+) -> Guessed {
     use tonic_types::StatusExt as _;
     let before = hashes_so_far(apps);
-    let started = tokio::time::Instant::now();
-    let until = started + for_how_long;
     let mut workers = Vec::new();
     for n in 0..20 {
         let client = connect_from(apps[n % apps.len()].addr, address(40 + n)).await;
         for w in 0..10 {
-            let client = client.clone();
-            workers.push(tokio::spawn(async move {
-                let mut i = 0;
-                while tokio::time::Instant::now() < until {
-                    i += 1;
-                    let guess = format!("guess {w} {i}");
-                    let Err(status) = login(&client, OWNER, &guess).await else {
-                        panic!("a wrong guess logged in");
-                    };
-                    let wait = status
-                        .get_details_retry_info()
-                        .and_then(|r| r.retry_delay)
-                        .unwrap_or_default();
-                    let wake = tokio::time::Instant::now() + wait;
-                    tokio::time::sleep_until(wake.min(until)).await;
-                }
-            }));
+            workers.push((client.clone(), format!("guess {n} {w}"), Duration::ZERO));
         }
     }
-    tokio::time::sleep_until(started + Duration::from_millis(1500)).await;
-    let early = hashes(apps, before);
-    for worker in workers {
-        worker.await.unwrap();
+    let (mut now, mut first_round, mut rounds) = (Duration::ZERO, None, 0);
+    let mut codes = BTreeMap::new();
+    while now < for_how_long {
+        rounds += 1;
+        assert!(rounds < 1000, "the clock stopped moving: {codes:?}");
+        let due = workers.iter_mut().filter(|(_, _, wake)| *wake <= now);
+        let answers = join_all(due.map(|(client, guess, wake)| async move {
+            let answer = login(client, OWNER, guess).await;
+            *wake = match &answer {
+                Err(s) if s.code() == Code::ResourceExhausted => {
+                    let hint = s.get_details_retry_info().and_then(|r| r.retry_delay);
+                    now + hint.expect("a refusal says when to retry")
+                }
+                _ => now,
+            };
+            answer.map(drop)
+        }))
+        .await;
+        for (code, n) in tally(&answers) {
+            *codes.entry(code).or_insert(0) += n;
+        }
+        first_round.get_or_insert_with(|| hashes(apps, before));
+        let next = workers.iter().map(|(_, _, wake)| *wake).min().unwrap();
+        if next > now {
+            clock.advance(next - now);
+            now = next;
+        }
     }
-    (early, hashes(apps, before))
+    Guessed {
+        first_round: first_round.unwrap_or(0),
+        all: hashes(apps, before),
+        codes,
+    }
+}
+
+/// What [`guessing_with_the_defaults`] saw.
+struct Guessed {
+    /// Hashes reached by the first guess of every worker, all at once.
+    first_round: u64,
+    all: u64,
+    codes: BTreeMap<String, usize>,
+}
+
+impl Guessed {
+    /// With the defaults (an account delay of 1 s after 20 failures, doubling with
+    /// each further one): the first round reaches the account's threshold, then one
+    /// guess at a time gets through, at 1, 3, 7 and 15 s; every other guess is
+    /// refused before any hashing, and every hash is a wrong password's answer.
+    fn check(&self) {
+        let threshold = u64::from(Config::defaults().limits.login_account_failures);
+        let codes = &self.codes;
+        assert_eq!(self.first_round, threshold, "{codes:?}");
+        assert_eq!(self.all, threshold + 4, "{codes:?}");
+        assert_eq!(
+            count(codes, "Unauthenticated") as u64,
+            self.all,
+            "{codes:?}"
+        );
+        assert!(count(codes, "ResourceExhausted") >= 200, "{codes:?}");
+        assert_eq!(
+            count(codes, "Unauthenticated") + count(codes, "ResourceExhausted"),
+            codes.values().sum::<usize>(),
+            "{codes:?}"
+        );
+    }
+}
+
+/// The apps' clock, which these tests move.
+fn on_clock(clock: &Arc<ManualClock>) -> impl Fn(&mut Config) + '_ {
+    move |c: &mut Config| c.clock = Some(clock.clone())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_addresses_guessing_for_twenty_seconds_with_the_defaults() {
-    let mut app = spawn_app_with(|_| {}).await;
+    let clock = Arc::new(ManualClock::new());
+    let mut app = spawn_app_with(on_clock(&clock)).await;
     app.register(OWNER, PASSWORD).await.unwrap();
-    let (early, all) = guessing_with_the_defaults(&[&app], Duration::from_secs(20)).await;
-    assert!(early <= 25, "{early} hashed in the first 1.5 s");
-    assert!(all <= 35, "{all} hashed in 20 s");
-    println!("twenty addresses for 20 s, defaults: {early} hashed in 1.5 s, {all} in all");
+    let guessed = guessing_with_the_defaults(&[&app], &clock, Duration::from_secs(20)).await;
+    guessed.check();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_addresses_guessing_on_two_replicas_for_twenty_seconds_with_the_defaults() {
+    let clock = Arc::new(ManualClock::new());
     let Some((_db, mut a, b)) =
-        replicas_on_redis_with("twenty_addresses_on_two_replicas", true).await
+        replicas_on_redis_with("twenty_addresses_on_two_replicas", Some(&clock)).await
     else {
         return;
     };
     a.register(OWNER, PASSWORD).await.unwrap();
-    let (early, all) = guessing_with_the_defaults(&[&a, &b], Duration::from_secs(20)).await;
-    assert!(early <= 25, "{early} hashed in the first 1.5 s");
-    assert!(all <= 35, "{all} hashed in 20 s");
-    println!(
-        "twenty addresses on two replicas for 20 s, defaults: {early} hashed in 1.5 s, {all} in all"
-    );
+    let guessed = guessing_with_the_defaults(&[&a, &b], &clock, Duration::from_secs(20)).await;
+    guessed.check();
 }
 
 #[tokio::test]

@@ -19,7 +19,6 @@ use std::{
         Arc,
         atomic::{AtomicUsize, Ordering},
     },
-    time::Duration,
 };
 
 const PASSWORD: &str = "a fine password";
@@ -221,15 +220,14 @@ async fn start_nginx(authd: SocketAddr, upstream: SocketAddr) -> Option<Nginx> {
         addr: listen,
         _dir: dir,
     };
-    // Ready when it accepts (a bounded number of tries, not a timing assertion).
-    for _ in 0..200 {
-        if tokio::net::TcpStream::connect(listen).await.is_ok() {
-            return Some(nginx);
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    let log = std::fs::read_to_string(nginx._dir.path().join("error.log")).unwrap_or_default();
-    panic!("nginx did not start listening on {listen}:\n{log}");
+    // Ready when it accepts.
+    let log = nginx._dir.path().join("error.log");
+    let what = format!("nginx listens on {listen} (its log: {})", log.display());
+    crate::helpers::wait_for(&what, || async {
+        tokio::net::TcpStream::connect(listen).await.ok().map(drop)
+    })
+    .await;
+    Some(nginx)
 }
 
 /// An upstream that answers every request with the headers it received, one

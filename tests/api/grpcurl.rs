@@ -289,7 +289,7 @@ async fn grpcurl_calls_should_rate_limit_through_reflection() {
     let clock = Arc::new(ManualClock::new());
     let app: TestApp = spawn_app_with(|c| {
         c.limits.rate_limit_rules_file = Some(rules.clone());
-        c.limits.rate_limit_clock = Some(clock.clone());
+        c.clock = Some(clock.clone());
     })
     .await;
     let addr = app.addr;

@@ -6,7 +6,7 @@
 use std::{net::SocketAddr, time::Duration};
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
-    net::{TcpSocket, TcpStream},
+    net::TcpStream,
 };
 
 pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -24,15 +24,6 @@ pub const ACK: u8 = 0x1;
 
 /// SETTINGS_MAX_CONCURRENT_STREAMS.
 pub const MAX_CONCURRENT_STREAMS: u16 = 0x3;
-
-/// A TCP connection to `addr` from the loopback address `from` (e.g. "127.0.0.2").
-pub async fn connect_from(from: &str, addr: SocketAddr) -> TcpStream {
-    let socket = TcpSocket::new_v4().unwrap();
-    socket
-        .bind(format!("{from}:0").parse().unwrap())
-        .expect("bind a loopback source address");
-    socket.connect(addr).await.expect("connect")
-}
 
 /// One frame, as bytes.
 pub fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
@@ -308,7 +299,8 @@ pub async fn closed_within(stream: &mut TcpStream, within: Duration) {
 
 /// An HTTP/2 connection (the h2 crate's client) from the loopback address `from`.
 pub async fn h2_client_from(from: &str, addr: SocketAddr) -> h2::client::SendRequest<bytes::Bytes> {
-    let tcp = connect_from(from, addr).await;
+    let from = from.parse().expect("a loopback address");
+    let tcp = crate::helpers::tcp_from(from, addr).await.expect("connect");
     let (send, connection) = h2::client::handshake(tcp).await.expect("HTTP/2 handshake");
     tokio::spawn(async move {
         let _ = connection.await;

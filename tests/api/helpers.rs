@@ -414,17 +414,54 @@ impl TestApp {
             .map(|r| r.into_inner())
     }
 
+    /// Waits until this replica refuses `token` as UNAUTHENTICATED (as a revocation
+    /// made on another one reaches it); any other refusal fails the test.
+    pub async fn until_refused(&self, token: &str) {
+        wait_for("the token is refused", || {
+            let mut client = self.client.clone();
+            async move {
+                let answer = client
+                    .validate_token(authd::pb::ValidateTokenRequest {
+                        access_token: token.into(),
+                        ..Default::default()
+                    })
+                    .await;
+                match answer {
+                    Ok(_) => None,
+                    Err(status) if status.code() == Code::Unauthenticated => Some(()),
+                    Err(other) => panic!("refused otherwise: {other:?}"),
+                }
+            }
+        })
+        .await
+    }
+
     /// The health status of `service` ("" for the whole server).
     pub async fn health_status(&mut self, service: &str) -> ServingStatus {
-        let response = self
-            .health
-            .check(HealthCheckRequest {
-                service: service.into(),
-            })
-            .await
-            .expect("health answers");
-        ServingStatus::try_from(response.into_inner().status).expect("a known status")
+        health_of(&mut self.health, service).await
     }
+
+    /// Waits until the health status of `service` ("" for the whole server) is
+    /// `status`.
+    pub async fn until_health_is(&self, service: &str, status: ServingStatus) {
+        let what = format!("the health of {service:?} is {status:?}");
+        wait_for(&what, || {
+            let mut health = self.health.clone();
+            async move { (health_of(&mut health, service).await == status).then_some(()) }
+        })
+        .await
+    }
+}
+
+/// The health status of `service` on `health`.
+async fn health_of(health: &mut HealthClient<Channel>, service: &str) -> ServingStatus {
+    let response = health
+        .check(HealthCheckRequest {
+            service: service.into(),
+        })
+        .await
+        .expect("health answers");
+    ServingStatus::try_from(response.into_inner().status).expect("a known status")
 }
 
 pub async fn register(
@@ -524,10 +561,29 @@ pub fn metric(text: &str, series: &str) -> Option<f64> {
         .and_then(|value| value.trim().parse().ok())
 }
 
-/// Polls `condition` every few milliseconds for up to 10 s.
+/// [`metric`] of a series that must be in `text`.
+pub fn metric_of(text: &str, series: &str) -> f64 {
+    metric(text, series).unwrap_or_else(|| panic!("no {series} in:\n{text}"))
+}
+
+/// Polls `condition` every few milliseconds until it holds; fails the test if it
+/// still does not after 30 s (something that never happens, not a time asserted).
 pub async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !condition() {
+    wait_for(what, || std::future::ready(condition().then_some(()))).await
+}
+
+/// Polls `probe` (which may ask the server, the database…) every few
+/// milliseconds until it finds something, and returns it; fails the test if it
+/// still finds nothing after 30 s.
+pub async fn wait_for<T, F>(what: &str, mut probe: impl FnMut() -> F) -> T
+where
+    F: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(found) = probe().await {
+            return found;
+        }
         assert!(
             tokio::time::Instant::now() < deadline,
             "timed out waiting until {what}"
@@ -761,8 +817,18 @@ pub fn host_of(url: &str) -> String {
     }
 }
 
-/// A connection to `app` whose socket is bound to `source` (any 127.0.0.0/8
+/// A TCP connection to `addr` whose socket is bound to `source` (any 127.0.0.0/8
 /// address is this machine's), so that the server sees a client of its own.
+pub async fn tcp_from(
+    source: std::net::Ipv4Addr,
+    addr: std::net::SocketAddr,
+) -> std::io::Result<tokio::net::TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(std::net::SocketAddr::new(source.into(), 0))?;
+    socket.connect(addr).await
+}
+
+/// A gRPC client of `app` over a connection from `source` (see [`tcp_from`]).
 pub async fn connect_from(
     app: std::net::SocketAddr,
     source: std::net::Ipv4Addr,
@@ -771,9 +837,7 @@ pub async fn connect_from(
         .unwrap()
         .connect_with_connector(tower::service_fn(
             move |_: tonic::transport::Uri| async move {
-                let socket = tokio::net::TcpSocket::new_v4()?;
-                socket.bind(std::net::SocketAddr::new(source.into(), 0))?;
-                let stream = socket.connect(app).await?;
+                let stream = tcp_from(source, app).await?;
                 Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
             },
         ))

@@ -5,8 +5,8 @@
 //! rotation from HS256 to EdDSA and between Ed25519 keys by rewriting the key file.
 
 use crate::helpers::{
-    TEST_KEY, TEST_KID, TestApp, expect_code, http_get, key_spec, metric, spawn_app_with,
-    wait_until,
+    TEST_KEY, TEST_KID, TestApp, expect_code, http_get, key_spec, login, metric, spawn_app_with,
+    wait_for, wait_until,
 };
 use authd::{KeyAlgorithm, generate_key_entry};
 use base64::{
@@ -475,18 +475,16 @@ async fn the_key_file_is_reloaded_on_its_own_and_a_bad_file_keeps_the_ring() {
 
     // A good file: the periodic reload puts it in use; the old key's tokens no longer verify.
     write_keys(&path, &[&second]);
-    let mut signed_by_second = false;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !signed_by_second {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the new key never signed"
-        );
-        let token = login_token(&mut app, "sybil").await;
-        signed_by_second =
-            jsonwebtoken::decode_header(&token).unwrap().kid.as_deref() == Some("second");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let client = app.client.clone();
+    wait_for("the new key signs", || {
+        let mut client = client.clone();
+        async move {
+            let token = (login(&mut client, "sybil", PASSWORD).await.unwrap()).access_token;
+            let kid = jsonwebtoken::decode_header(&token).unwrap().kid;
+            (kid.as_deref() == Some("second")).then_some(())
+        }
+    })
+    .await;
     expect_code(app.validate(&first_token).await, Code::Unauthenticated);
     let (jwks, _) = fetch_jwks(&app).await;
     assert!(jwks.find("second").is_some() && jwks.find("first").is_none());
@@ -510,15 +508,12 @@ async fn a_bad_key_file_is_logged_without_its_content() {
     write_keys(&path, &[&format!("bad:ed25519:{secret}")]);
     // The refusal is counted, then the log read at exit.
     let metrics_addr: SocketAddr = running.metrics_addr.parse().unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
+    wait_for("the bad file is refused", || async {
         let (_, body) = http_get(metrics_addr, "/metrics", "").await;
-        if metric(&body, r#"authd_token_keys_reloads_total{outcome="error"}"#) == Some(1.0) {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "never refused");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        let refused = metric(&body, r#"authd_token_keys_reloads_total{outcome="error"}"#);
+        (refused == Some(1.0)).then_some(())
+    })
+    .await;
     let (status, log) = running.terminate().await;
     assert!(status.success());
     let refusal = log

@@ -85,15 +85,7 @@ async fn shutdown_reports_not_serving_refuses_new_work_and_finishes_work_in_flig
         !in_flight.is_finished() && handle.in_flight() == 1
     })
     .await;
-    let mut status = app.health_status("").await;
-    for _ in 0..200 {
-        if status == ServingStatus::NotServing {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        status = app.health_status("").await;
-    }
-    assert_eq!(status, ServingStatus::NotServing);
+    app.until_health_is("", ServingStatus::NotServing).await;
     assert_eq!(
         app.health_status("auth.v1.AuthService").await,
         ServingStatus::NotServing

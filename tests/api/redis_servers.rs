@@ -9,10 +9,10 @@
 //! sentinel's configuration, and run at a low `hz`, so they cost the shared cores
 //! little.
 
+use crate::helpers::wait_until;
 use std::{
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    time::{Duration, Instant},
 };
 
 /// Whether `redis-server` and `redis-cli` are installed; if not, says the test is
@@ -52,20 +52,6 @@ pub fn cli(port: u16, args: &[&str]) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Polls `condition` every 100 ms for up to `bound`; false if it never held.
-pub async fn poll(bound: Duration, mut condition: impl FnMut() -> bool) -> bool {
-    let give_up = Instant::now() + bound;
-    loop {
-        if condition() {
-            return true;
-        }
-        if Instant::now() > give_up {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// One `redis-server` on 127.0.0.1, killed when dropped.
 pub struct Server {
     pub port: u16,
@@ -101,12 +87,11 @@ impl Server {
             .expect("redis-server starts");
         self.child = Some(child);
         let port = self.port;
-        assert!(
-            poll(Duration::from_secs(20), || cli(port, &["ping"])
-                .is_some_and(|o| o.contains("PONG")))
-            .await,
-            "redis-server on port {port} never answered"
-        );
+        let what = format!("redis-server on port {port} answers");
+        wait_until(&what, || {
+            cli(port, &["ping"]).is_some_and(|o| o.contains("PONG"))
+        })
+        .await;
     }
 
     /// Kills it (SIGKILL: no goodbye to its peers) and waits for it to end.
@@ -201,15 +186,12 @@ impl Cluster {
     /// Waits (at most 30 s) until every node says `cluster_state:ok`.
     pub async fn wait_ok(&self) {
         let ports: Vec<u16> = self.nodes.iter().map(|n| n.port).collect();
-        assert!(
-            poll(Duration::from_secs(30), || ports.iter().all(|&p| cli(
-                p,
-                &["cluster", "info"]
-            )
-            .is_some_and(|o| o.contains("cluster_state:ok"))))
-            .await,
-            "the cluster never said cluster_state:ok on every node"
-        );
+        wait_until("every node says cluster_state:ok", || {
+            ports.iter().all(|&p| {
+                cli(p, &["cluster", "info"]).is_some_and(|o| o.contains("cluster_state:ok"))
+            })
+        })
+        .await;
     }
 
     /// authd's URL for it: every node, as an operator would list them.
@@ -332,20 +314,17 @@ impl Sentinels {
             _dir: dir,
         };
         let ports: Vec<u16> = set.sentinels.iter().map(|s| s.port).collect();
-        assert!(
-            poll(Duration::from_secs(30), || {
-                cli(replica_port, &["info", "replication"])
-                    .is_some_and(|o| o.contains("master_link_status:up"))
-                    && ports.iter().all(|&p| {
-                        cli(p, &["sentinel", "ckquorum", "mymaster"])
-                            .is_some_and(|o| o.starts_with("OK"))
-                            && cli(p, &["sentinel", "replicas", "mymaster"])
-                                .is_some_and(|o| o.contains(&replica_port.to_string()))
-                    })
-            })
-            .await,
-            "the sentinels never agreed on the master and its replica"
-        );
+        wait_until("the sentinels agree on the master and its replica", || {
+            cli(replica_port, &["info", "replication"])
+                .is_some_and(|o| o.contains("master_link_status:up"))
+                && ports.iter().all(|&p| {
+                    cli(p, &["sentinel", "ckquorum", "mymaster"])
+                        .is_some_and(|o| o.starts_with("OK"))
+                        && cli(p, &["sentinel", "replicas", "mymaster"])
+                            .is_some_and(|o| o.contains(&replica_port.to_string()))
+                })
+        })
+        .await;
         Some(set)
     }
 

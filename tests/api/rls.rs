@@ -89,7 +89,7 @@ async fn spawn_rls(
     let clock = Arc::new(ManualClock::new());
     let app = spawn_app_with(|c| {
         c.limits.rate_limit_rules_file = Some(file.path.clone());
-        c.limits.rate_limit_clock = Some(clock.clone());
+        c.clock = Some(clock.clone());
         if let Some((url, prefix)) = redis {
             c.limits.redis_url = Some(url.parse().unwrap());
             c.limits.rate_limit_prefix = prefix.to_owned();

@@ -6,8 +6,8 @@
 //! through them, and limits are exact again. The gap is measured and printed, never
 //! asserted.
 
-use crate::helpers::{TestApp, metric, spawn_app_with, unique_name};
-use crate::redis_servers::{Sentinels, cli, poll};
+use crate::helpers::{TestApp, metric, spawn_app_with, unique_name, wait_until};
+use crate::redis_servers::{Sentinels, cli};
 use authd::{FailureMode, RateLimitBackend as Backend, pb::LoginRequest};
 use std::time::{Duration, Instant};
 use tonic::Code;
@@ -82,11 +82,10 @@ async fn failover(test: &str, failure: FailureMode, kill: bool) {
     let series = |port: u16| format!("authd_redis_sentinel_master{{address=\"127.0.0.1:{port}\"}}");
     assert_eq!(metric(&text, &series(old)), Some(1.0), "{text}");
     // The replica has the log before the master goes (asynchronous replication).
-    assert!(
-        poll(Duration::from_secs(10), || cli(new, &["zcard", &key])
-            .is_some_and(|o| o.trim() == "2"))
-        .await
-    );
+    wait_until("the replica has the log", || {
+        cli(new, &["zcard", &key]).is_some_and(|o| o.trim() == "2")
+    })
+    .await;
 
     let killed = Instant::now();
     if kill {

@@ -3,8 +3,8 @@
 //! stored hash costs it holds count from the first request).
 
 use crate::{
+    equal_cost::rounds_of_a_failed_login,
     helpers::{Backend, TestDb, spawn_app_on},
-    timing::rounds_of_a_failed_login,
 };
 use authd::{Password, config::DatabaseUrl};
 use sqlx::{Connection, PgConnection, SqliteConnection, sqlite::SqliteConnectOptions};

@@ -13,7 +13,7 @@
 use crate::cli::spawn_authd;
 use crate::helpers::{
     ProxiedRedis, TEST_KEY, TEST_KID, TestApp, expect_code, key_spec, metric, redis_url,
-    spawn_app_with, unique_name,
+    spawn_app_with, unique_name, wait_for,
 };
 use authd::{
     FailureMode,
@@ -471,20 +471,13 @@ async fn a_hung_redis_costs_the_throttle_one_timeout_then_it_counts_in_process_u
     // Redis answers again: the connection's prober marks it up, and the counts are
     // kept in Redis again, with no further failure.
     proxy.restore();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
+    wait_for("the throttle is back on Redis", || async {
         login_from(&app.client, "192.0.2.9", OWNER, PASSWORD)
             .await
             .unwrap();
-        if throttle_metric("authd_login_throttle_fallback_active") == Some(0.0) {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the throttle is back on Redis"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        (throttle_metric("authd_login_throttle_fallback_active") == Some(0.0)).then_some(())
+    })
+    .await;
     assert_eq!(
         throttle_metric("authd_login_throttle_redis_errors_total"),
         Some(1.0)

@@ -90,7 +90,7 @@ pub(crate) async fn app_on(
     let keys = keys.to_owned();
     spawn_app_on(db, move |c| {
         c.second_factor.data_keys = (!keys.is_empty()).then(|| keys.parse().unwrap());
-        c.second_factor.clock = Some(clock);
+        c.clock = Some(clock);
         adjust(c);
     })
     .await
@@ -730,7 +730,7 @@ async fn an_administrator_removes_a_lost_factor() {
     let admin_clock = clock.clone();
     let mut admin = crate::admin::admin_app(&db, move |c| {
         c.second_factor.data_keys = Some(keys);
-        c.second_factor.clock = Some(admin_clock);
+        c.clock = Some(admin_clock);
     })
     .await;
     let user = enroll(&mut admin.app, &clock, "lotte").await;

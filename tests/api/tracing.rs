@@ -21,7 +21,6 @@ use opentelemetry_proto::tonic::{
 use std::{
     net::SocketAddr,
     sync::{Arc, Mutex},
-    time::Duration,
 };
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Request, Response, Status};
@@ -84,17 +83,14 @@ impl Collector {
 
     /// The spans of `trace_id` once `done` holds for them (polled; at most 30 s).
     async fn wait_for(&self, trace_id: &[u8], done: impl Fn(&[Span]) -> bool) -> Vec<Span> {
-        for _ in 0..300 {
+        crate::helpers::wait_for("the collector receives the spans of the trace", || {
             let spans: Vec<Span> = (self.spans.lock().unwrap().iter())
                 .filter(|(_, s)| s.trace_id == trace_id)
                 .map(|(_, s)| s.clone())
                 .collect();
-            if done(&spans) {
-                return spans;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("the collector never received the spans of the trace");
+            std::future::ready(done(&spans).then_some(spans))
+        })
+        .await
     }
 }
 
@@ -210,14 +206,7 @@ async fn a_login_continues_the_callers_trace_with_spans_for_each_wait() {
     app.stop().await.unwrap();
 }
 
-/// A metric of `text` with no labels.
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .unwrap_or_else(|| panic!("no {name} in {text}"))
-        .parse()
-        .unwrap()
-}
+use crate::helpers::metric_of as metric;
 
 #[tokio::test]
 async fn with_the_collector_down_tracing_pauses_and_resumes_once_it_is_back() {
@@ -234,22 +223,24 @@ async fn with_the_collector_down_tracing_pauses_and_resumes_once_it_is_back() {
     app.register("frank", "correct horse").await.unwrap();
     // The first export fails: its spans are given up and counted, and tracing
     // pauses; the logins that follow succeed without being traced at all.
-    let mut text = String::new();
-    for _ in 0..300 {
-        app.client
-            .login(login_with_traceparent("frank", "correct horse"))
-            .await
-            .unwrap();
-        text = app.handle.render_metrics();
-        if metric(&text, "authd_trace_requests_untraced_total") >= 1.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(
-        metric(&text, "authd_trace_requests_untraced_total") >= 1.0,
-        "{text}"
-    );
+    let (client, handle) = (app.client.clone(), app.handle.clone());
+    // Logs in with a trace context until `done` holds of the app's metrics.
+    let login_until = async |what: &str, done: &dyn Fn(&str) -> bool| {
+        crate::helpers::wait_for(what, || {
+            let (mut client, handle) = (client.clone(), handle.clone());
+            async move {
+                let login = login_with_traceparent("frank", "correct horse");
+                client.login(login).await.unwrap();
+                done(&handle.render_metrics()).then_some(())
+            }
+        })
+        .await
+    };
+    login_until("a login goes untraced", &|text| {
+        metric(text, "authd_trace_requests_untraced_total") >= 1.0
+    })
+    .await;
+    let text = app.handle.render_metrics();
     // A server span and its children, at least.
     assert!(
         metric(&text, "authd_trace_spans_dropped_total") >= 2.0,
@@ -260,25 +251,12 @@ async fn with_the_collector_down_tracing_pauses_and_resumes_once_it_is_back() {
     // The collector comes back: after a pause of at most 10 s a probe reaches it,
     // and the logins are traced again.
     let (collector, _) = Collector::start_on(port).await;
-    let mut back = false;
-    for _ in 0..300 {
-        app.client
-            .login(login_with_traceparent("frank", "correct horse"))
-            .await
-            .unwrap();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let received = collector
-            .spans
-            .lock()
-            .unwrap()
-            .iter()
+    login_until("the logins are traced again", &|text| {
+        let received = (collector.spans.lock().unwrap().iter())
             .any(|(_, s)| s.trace_id == TRACE_ID && s.kind == SpanKind::Server as i32);
-        if received && metric(&app.handle.render_metrics(), "authd_trace_export_paused") == 0.0 {
-            back = true;
-            break;
-        }
-    }
-    assert!(back, "{}", app.handle.render_metrics());
+        received && metric(text, "authd_trace_export_paused") == 0.0
+    })
+    .await;
     assert!(
         metric(
             &app.handle.render_metrics(),

@@ -4,12 +4,15 @@
 
 use crate::h2raw::{
     self, END_HEADERS, END_STREAM, GOAWAY, HEADERS, MAX_CONCURRENT_STREAMS, PING, RST_STREAM,
-    RawConnection, connect_from, frame, grpc_request, h2_client_from, raw_unary,
+    RawConnection, frame, grpc_request, h2_client_from, raw_unary,
 };
-use crate::helpers::{TestApp, metric, spawn_app_with, wait_until};
+use crate::helpers::{TestApp, metric, spawn_app_with, tcp_from, wait_until};
 use authd::pb::{LoginRequest, auth_service_client::AuthServiceClient};
 use prost::Message as _;
-use std::{net::SocketAddr, time::Duration};
+use std::{
+    net::{Ipv4Addr, SocketAddr},
+    time::Duration,
+};
 use tokio::io::AsyncWriteExt as _;
 use tonic::{Code, transport::Channel};
 use tonic_health::pb::{
@@ -70,7 +73,12 @@ async fn values_that_differ_in_every_answer_stay_out_of_the_hpack_tables() {
         c.overload.refusal_hold = Duration::ZERO;
     })
     .await;
-    let mut raw = RawConnection::open(connect_from("127.0.0.2", app.addr).await).await;
+    let mut raw = RawConnection::open(
+        tcp_from(Ipv4Addr::new(127, 0, 0, 2), app.addr)
+            .await
+            .unwrap(),
+    )
+    .await;
     let health = HealthCheckRequest::default().encode_to_vec();
     let path = "/grpc.health.v1.Health/Check";
     let mut answers = Vec::new();
@@ -118,7 +126,12 @@ async fn values_that_differ_in_every_answer_stay_out_of_the_hpack_tables() {
 #[tokio::test]
 async fn the_server_advertises_its_stream_limit() {
     let app = spawn_app_with(|c| c.server.max_streams_per_connection = 37).await;
-    let mut raw = RawConnection::open(connect_from("127.0.0.1", app.addr).await).await;
+    let mut raw = RawConnection::open(
+        tcp_from(Ipv4Addr::new(127, 0, 0, 1), app.addr)
+            .await
+            .unwrap(),
+    )
+    .await;
     let settings = raw.server_settings().await;
     assert!(
         settings.contains(&(MAX_CONCURRENT_STREAMS, 37)),
@@ -204,9 +217,13 @@ async fn a_request_not_received_in_time_gets_deadline_exceeded_and_frees_its_pla
 #[tokio::test]
 async fn a_connection_that_never_sends_the_preface_is_closed() {
     let app = spawn_app_with(|c| c.server.handshake_timeout = Duration::from_millis(200)).await;
-    let mut silent = connect_from("127.0.0.2", app.addr).await;
+    let mut silent = tcp_from(Ipv4Addr::new(127, 0, 0, 2), app.addr)
+        .await
+        .unwrap();
     // Half a preface is no better than none.
-    let mut trickle = connect_from("127.0.0.2", app.addr).await;
+    let mut trickle = tcp_from(Ipv4Addr::new(127, 0, 0, 2), app.addr)
+        .await
+        .unwrap();
     trickle.write_all(&h2raw::PREFACE[..10]).await.unwrap();
     h2raw::closed_within(&mut silent, Duration::from_secs(10)).await;
     h2raw::closed_within(&mut trickle, Duration::from_secs(10)).await;
@@ -224,8 +241,8 @@ async fn a_connection_that_never_sends_the_preface_is_closed() {
 async fn the_metrics_port_closes_half_sent_and_silent_connections() {
     let app = spawn_app_with(|c| c.server.handshake_timeout = Duration::from_millis(200)).await;
     let addr = app.handle.metrics_addr().unwrap();
-    let mut silent = connect_from("127.0.0.2", addr).await;
-    let mut half = connect_from("127.0.0.2", addr).await;
+    let mut silent = tcp_from(Ipv4Addr::new(127, 0, 0, 2), addr).await.unwrap();
+    let mut half = tcp_from(Ipv4Addr::new(127, 0, 0, 2), addr).await.unwrap();
     half.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
         .await
         .unwrap();
@@ -236,7 +253,9 @@ async fn the_metrics_port_closes_half_sent_and_silent_connections() {
 #[tokio::test]
 async fn an_idle_connection_is_closed_with_goaway() {
     let app = spawn_app_with(|c| c.server.idle_timeout = Duration::from_millis(300)).await;
-    let tcp = connect_from("127.0.0.2", app.addr).await;
+    let tcp = tcp_from(Ipv4Addr::new(127, 0, 0, 2), app.addr)
+        .await
+        .unwrap();
     let (send, connection) = h2::client::handshake(tcp).await.unwrap();
     let mut connection = tokio::spawn(connection);
     // One request (a health check), then nothing.
@@ -281,7 +300,12 @@ async fn a_peer_that_stops_answering_pings_is_closed() {
         c.server.keepalive_timeout = Duration::from_millis(200);
     })
     .await;
-    let mut raw = RawConnection::open(connect_from("127.0.0.2", app.addr).await).await;
+    let mut raw = RawConnection::open(
+        tcp_from(Ipv4Addr::new(127, 0, 0, 2), app.addr)
+            .await
+            .unwrap(),
+    )
+    .await;
     // A request in progress, so that the connection is not idle, and then silence:
     // no ACK for the server's SETTINGS, none for its PINGs.
     raw.send(&frame(
@@ -313,18 +337,32 @@ async fn connections_beyond_the_caps_are_closed_at_once() {
     // Two connections from 127.0.0.2 are served …
     let mut kept = Vec::new();
     for _ in 0..2 {
-        let mut raw = RawConnection::open(connect_from("127.0.0.2", app.addr).await).await;
+        let mut raw = RawConnection::open(
+            tcp_from(Ipv4Addr::new(127, 0, 0, 2), app.addr)
+                .await
+                .unwrap(),
+        )
+        .await;
         raw.server_settings().await;
         kept.push(raw);
     }
     // … a third from the same address is closed at once …
-    let mut third = connect_from("127.0.0.2", app.addr).await;
+    let mut third = tcp_from(Ipv4Addr::new(127, 0, 0, 2), app.addr)
+        .await
+        .unwrap();
     h2raw::closed_within(&mut third, Duration::from_secs(10)).await;
     // … while another client still gets the last place.
-    let mut other = RawConnection::open(connect_from("127.0.0.3", app.addr).await).await;
+    let mut other = RawConnection::open(
+        tcp_from(Ipv4Addr::new(127, 0, 0, 3), app.addr)
+            .await
+            .unwrap(),
+    )
+    .await;
     other.server_settings().await;
     // Now the listener is full for everyone.
-    let mut fourth = connect_from("127.0.0.4", app.addr).await;
+    let mut fourth = tcp_from(Ipv4Addr::new(127, 0, 0, 4), app.addr)
+        .await
+        .unwrap();
     h2raw::closed_within(&mut fourth, Duration::from_secs(10)).await;
     let text = app.handle.render_metrics();
     assert_eq!(
@@ -344,14 +382,24 @@ async fn connections_beyond_the_caps_are_closed_at_once() {
         ) == Some(3.0)
     })
     .await;
-    let mut again = RawConnection::open(connect_from("127.0.0.4", app.addr).await).await;
+    let mut again = RawConnection::open(
+        tcp_from(Ipv4Addr::new(127, 0, 0, 4), app.addr)
+            .await
+            .unwrap(),
+    )
+    .await;
     again.server_settings().await;
 }
 
 #[tokio::test]
 async fn a_flood_of_malformed_requests_ends_in_goaway() {
     let app = spawn_app_with(|_| {}).await;
-    let raw = RawConnection::open(connect_from("127.0.0.2", app.addr).await).await;
+    let raw = RawConnection::open(
+        tcp_from(Ipv4Addr::new(127, 0, 0, 2), app.addr)
+            .await
+            .unwrap(),
+    )
+    .await;
     // HEADERS with no :path or :scheme: each is a malformed request that the server
     // answers with RST_STREAM, until it has had enough and sends GOAWAY.
     let malformed = h2raw::header_block(&[(":method", "POST")]);
@@ -522,20 +570,15 @@ async fn accept_failures_back_off_instead_of_spinning() {
 /// `GET /metrics`, retried while the server is still backing off.
 async fn http_get_retrying(addr: SocketAddr) -> (String, String) {
     use tokio::io::AsyncReadExt as _;
-    for _ in 0..50 {
-        if let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await {
-            let request =
-                format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-            if stream.write_all(request.as_bytes()).await.is_ok() {
-                let mut raw = Vec::new();
-                if stream.read_to_end(&mut raw).await.is_ok() && !raw.is_empty() {
-                    let text = String::from_utf8(raw).unwrap();
-                    let (head, body) = text.split_once("\r\n\r\n").unwrap();
-                    return (head.to_owned(), body.to_owned());
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("the metrics port never answered again");
+    crate::helpers::wait_for("the metrics port answers again", || async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await.ok()?;
+        let text = String::from_utf8(raw).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n")?;
+        Some((head.to_owned(), body.to_owned()))
+    })
+    .await
 }

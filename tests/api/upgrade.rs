@@ -148,26 +148,19 @@ impl Previous {
         let health_addr: SocketAddr = format!("127.0.0.1:{health}").parse().unwrap();
         // SERVING on its health port, within a minute (an unoptimized build on a
         // busy machine).
-        let mut serving = false;
-        for _ in 0..600 {
-            if let Ok(channel) = Channel::from_shared(format!("http://{health_addr}"))
+        crate::helpers::wait_for("the previous release becomes SERVING", || async {
+            let channel = Channel::from_shared(format!("http://{health_addr}"))
                 .unwrap()
                 .connect()
                 .await
-            {
-                let request = HealthCheckRequest {
-                    service: String::new(),
-                };
-                if let Ok(answer) = HealthClient::new(channel).check(request).await {
-                    serving = answer.into_inner().status == ServingStatus::Serving as i32;
-                    if serving {
-                        break;
-                    }
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        assert!(serving, "the previous release became SERVING");
+                .ok()?;
+            let request = HealthCheckRequest {
+                service: String::new(),
+            };
+            let answer = HealthClient::new(channel).check(request).await.ok()?;
+            (answer.into_inner().status == ServingStatus::Serving as i32).then_some(())
+        })
+        .await;
         let replica = Replica {
             name: "N-1",
             auth: AuthServiceClient::new(
@@ -337,17 +330,14 @@ async fn credentials_cross(a: &Replica, b: &Replica, tag: &str) {
     assert_eq!(b.logout(&refresh).await.expect(&what), 1);
     let refused = a.refresh(&refresh).await.unwrap_err();
     assert_eq!(refused.code(), Code::Unauthenticated, "{what}: {refused:?}");
-    let mut ended = false;
-    for _ in 0..100 {
-        match a.validate(&access).await {
-            Err(s) if s.code() == Code::Unauthenticated => {
-                ended = true;
-                break;
-            }
-            _ => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
-    assert!(ended, "{what}: a logged-out session's token is refused");
+    let refused = format!("{what}: a logged-out session's token is refused");
+    crate::helpers::wait_for(&refused, || async {
+        let answer = a.validate(&access).await;
+        answer
+            .is_err_and(|s| s.code() == Code::Unauthenticated)
+            .then_some(())
+    })
+    .await;
 
     // A password changed on one is the password on the other.
     let request = ChangePasswordRequest {
