@@ -105,6 +105,36 @@ pub(crate) enum Protocol {
 const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(1);
 const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
+/// The pauses of an accept loop that keeps failing for want of resources: the
+/// first [`ACCEPT_BACKOFF_MIN`], each next one twice the last, up to
+/// [`ACCEPT_BACKOFF_MAX`]; an accepted connection starts it over. A loop that
+/// fails for as long as descriptors stay out tries about once a second, never
+/// spins.
+#[derive(Debug)]
+struct AcceptBackoff {
+    next: Duration,
+}
+
+impl AcceptBackoff {
+    fn new() -> Self {
+        Self {
+            next: ACCEPT_BACKOFF_MIN,
+        }
+    }
+
+    /// The pause after one more failure.
+    fn failed(&mut self) -> Duration {
+        let pause = self.next;
+        self.next = (pause * 2).min(ACCEPT_BACKOFF_MAX);
+        pause
+    }
+
+    /// A connection was accepted: the next failure pauses the least again.
+    fn accepted(&mut self) {
+        self.next = ACCEPT_BACKOFF_MIN;
+    }
+}
+
 /// What a listener serves: an HTTP service that never fails (tonic's router with
 /// its layers, or the plain-HTTP router), cloned for each connection.
 pub(crate) trait HttpService<B>:
@@ -211,7 +241,7 @@ where
     let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let clients = Arc::new(Clients::default());
     let mut connections = JoinSet::new();
-    let mut backoff = ACCEPT_BACKOFF_MIN;
+    let mut backoff = AcceptBackoff::new();
     let mut failing = false;
     loop {
         let accepted = tokio::select! {
@@ -225,7 +255,7 @@ where
                 if std::mem::take(&mut failing) {
                     tracing::info!(listener = name, "accepting connections again");
                 }
-                backoff = ACCEPT_BACKOFF_MIN;
+                backoff.accepted();
                 accepted
             }
             // The peer gave up between its SYN and our accept: nothing to wait for.
@@ -241,9 +271,8 @@ where
                 }
                 tokio::select! {
                     () = shutdown.cancelled() => break,
-                    () = tokio::time::sleep(backoff) => {}
+                    () = tokio::time::sleep(backoff.failed()) => {}
                 }
-                backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
                 continue;
             }
         };
@@ -381,6 +410,33 @@ pub(crate) fn raise_fd_limit() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Counted, not timed: the failures a loop following the back-off makes while
+    /// descriptors stay out for a given time.
+    fn failures_within(out_for: Duration) -> u32 {
+        let (mut backoff, mut waited, mut failures) = (AcceptBackoff::new(), Duration::ZERO, 0);
+        while waited < out_for {
+            failures += 1;
+            waited += backoff.failed();
+        }
+        failures
+    }
+
+    #[test]
+    fn a_failing_accept_backs_off_doubling_to_a_second_and_starts_over_once_it_accepts() {
+        let mut backoff = AcceptBackoff::new();
+        let pauses: Vec<u128> = (0..13).map(|_| backoff.failed().as_millis()).collect();
+        assert_eq!(
+            pauses,
+            [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000, 1000, 1000]
+        );
+        backoff.accepted();
+        assert_eq!(backoff.failed(), ACCEPT_BACKOFF_MIN);
+        // Out of descriptors for 2 s: 11 tries, not millions; for a minute, about
+        // one a second once the pauses reach their longest.
+        assert_eq!(failures_within(Duration::from_secs(2)), 11);
+        assert_eq!(failures_within(Duration::from_secs(60)), 69);
+    }
 
     #[test]
     fn per_client_counts_free_their_entry() {

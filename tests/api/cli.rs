@@ -288,6 +288,23 @@ pub(crate) fn spawn_authd_command(
 
 impl Running {
     /// A client of its gRPC port.
+    /// The next log event whose message starts with `message`, the lines before it
+    /// kept; fails when none comes within 30 s.
+    pub(crate) fn wait_for_log(&mut self, message: &str) -> serde_json::Value {
+        loop {
+            let line = (self.lines.recv_timeout(Duration::from_secs(30)))
+                .unwrap_or_else(|_| panic!("authd logs {message:?}; it logged {:#?}", self.log));
+            let event: serde_json::Value = serde_json::from_str(&line).expect("JSON log lines");
+            self.log.push(line);
+            if event["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with(message))
+            {
+                return event;
+            }
+        }
+    }
+
     pub(crate) async fn client(&self) -> AuthServiceClient<Channel> {
         AuthServiceClient::connect(format!("http://{}", self.addr))
             .await

@@ -528,7 +528,7 @@ async fn accept_failures_back_off_instead_of_spinning() {
             prlimit.env_remove(key);
         }
     }
-    let running = crate::cli::spawn_authd_command(prlimit, dir.path(), &[]);
+    let mut running = crate::cli::spawn_authd_command(prlimit, dir.path(), &[]);
     let metrics_addr: SocketAddr = running.metrics_addr.parse().unwrap();
     let mut held = Vec::new();
     for _ in 0..200 {
@@ -542,9 +542,10 @@ async fn accept_failures_back_off_instead_of_spinning() {
             _ => break,
         }
     }
-    // Two seconds out of descriptors: a spinning accept loop would fail millions of
-    // times; one that backs off (1 ms doubling to 1 s) a dozen or so.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Out of descriptors until the server says it backs off (how often it then
+    // tries is the back-off's own unit test, counted rather than timed).
+    let warned = running.wait_for_log("cannot accept connections");
+    assert_eq!(warned["listener"], "metrics", "{warned}");
     drop(held);
     let (head, body) = http_get_retrying(metrics_addr).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
@@ -554,10 +555,6 @@ async fn accept_failures_back_off_instead_of_spinning() {
     )
     .expect("the accept error counter");
     assert!(failures >= 1.0, "the descriptors never ran out");
-    assert!(
-        failures <= 100.0,
-        "{failures} failed accepts in 2 s: no back-off"
-    );
     // And the gRPC port, whose cap kept it within the limit, still serves.
     let mut client = running.client().await;
     crate::helpers::register(&mut client, "survivor", "a fine password")
