@@ -130,14 +130,14 @@ fn envoy_apis(out_dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         .codec_path("crate::codec::RequestCodec")
         // The two messages of the call are authd's own, reading and writing only
-        // what a decision needs (`extauthz::wire`); the rest are envoy-types'.
+        // what a decision needs (`handlers::extauthz::wire`); the rest are envoy-types'.
         .extern_path(
             ".envoy.service.auth.v3.CheckRequest",
-            "crate::extauthz::wire::CheckRequest",
+            "crate::handlers::extauthz::wire::CheckRequest",
         )
         .extern_path(
             ".envoy.service.auth.v3.CheckResponse",
-            "crate::extauthz::wire::CheckResponse",
+            "crate::handlers::extauthz::wire::CheckResponse",
         )
         .extern_path(PACKAGE, "::envoy_types::pb::envoy::service::auth::v3")
         .compile_fds(own)?;

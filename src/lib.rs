@@ -30,10 +30,11 @@
 //!                      sliding windows on Redis or in process; Envoy's rate limit
 //!                      service on the same limiter
 //!   codec              protobuf decoding; malformed -> INVALID_ARGUMENT, generic
-//!   grpc               proto <-> domain, for auth.v1.AuthService
-//!   extauthz           external authorization: Envoy's Check (gRPC) and HTTP
+//!   handlers           one per service a client calls, none importing another:
+//!     grpc             proto <-> domain, for auth.v1.AuthService
+//!     extauthz         external authorization: Envoy's Check (gRPC) and HTTP
 //!                      forward-auth, verified as ValidateToken, identity headers
-//!   admin              auth.admin.v1.AdminService on its own listener: admin keys and
+//!     admin            auth.admin.v1.AdminService on its own listener: admin keys and
 //!                      roles, its rate limit, proto <-> domain, audited
 //!   accounts           the register / login / validate / session use cases
 //!     audit            the audit trail: one event per security outcome on `authd::audit`
@@ -107,7 +108,6 @@
 #![forbid(unsafe_code)]
 
 pub(crate) mod accounts;
-pub(crate) mod admin;
 pub(crate) mod admin_client;
 pub mod app;
 pub(crate) mod audit;
@@ -118,8 +118,7 @@ pub(crate) mod codec;
 pub mod config;
 pub(crate) mod credentials;
 pub(crate) mod error;
-pub(crate) mod extauthz;
-pub(crate) mod grpc;
+pub(crate) mod handlers;
 pub(crate) mod health;
 pub(crate) mod layers;
 pub(crate) mod metrics;
@@ -168,7 +167,7 @@ pub mod pb {
 
     /// Envoy's external authorization service, `envoy.service.auth.v3.Authorization`:
     /// its server, generated on authd's codec over the call's own two messages
-    /// (`extauthz::wire`, Envoy's wire format with only what a decision reads) and
+    /// (`handlers::extauthz::wire`, Envoy's wire format with only what a decision reads) and
     /// envoy-types' others (see build.rs). Clients use envoy-types' messages.
     pub(crate) mod envoy_auth {
         #![allow(clippy::all, missing_docs)]

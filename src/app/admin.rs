@@ -7,8 +7,8 @@ use super::{
     supervisor::{Stage, Supervisor},
 };
 use crate::{
-    admin::{AdminApi, AdminSettings},
     config::Config,
+    handlers::admin::{AdminApi, AdminSettings},
     layers::trace,
     pb,
     transport::{self, Limits, Listener, Protocol},

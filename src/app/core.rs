@@ -9,7 +9,7 @@ use crate::{
     audit::Audit,
     blocklist::Blocklist,
     config::Config,
-    extauthz::Authorizer,
+    handlers::extauthz::Authorizer,
     layers::{admission::Admission, pushback::Pushback},
     metrics::Metrics,
     otel::Traces,

@@ -8,8 +8,7 @@ use super::{
 };
 use crate::{
     config::Config,
-    extauthz::AuthorizationApi,
-    grpc::AuthApi,
+    handlers::{extauthz::AuthorizationApi, grpc::AuthApi},
     layers::{access, admission, pushback, ratelimit as rate_limit, trace},
     pb::{self, auth_service_server::AuthServiceServer},
     ratelimit,

@@ -13,7 +13,8 @@ use super::{
 };
 use crate::{
     config::Config,
-    extauthz, metrics, token,
+    handlers::extauthz,
+    metrics, token,
     transport::{self, Limits, Listener, Protocol},
 };
 use std::net::SocketAddr;

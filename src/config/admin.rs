@@ -6,7 +6,7 @@
 //! allow-list of client certificate identities) is refused at start.
 
 use super::parse::MetricsListen;
-use crate::admin::{AdminKeys, AdminSettings, Role};
+use crate::handlers::admin::{AdminKeys, AdminSettings, Role};
 use clap::Args;
 use std::path::PathBuf;
 

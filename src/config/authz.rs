@@ -6,7 +6,7 @@
 //! share; the values are checked when parsed, so a bad one stops the start.
 
 use super::{parse::MetricsListen, passwords::Switch};
-use crate::extauthz::AuthzSettings;
+use crate::handlers::extauthz::AuthzSettings;
 use clap::Args;
 
 /// External authorization (Envoy's Check on the gRPC port, HTTP forward-auth).

@@ -62,7 +62,7 @@ mod tls;
 mod tokens;
 
 /// The role of an admin credential (`--admin-allow`, the admin keys file).
-pub use crate::admin::Role as AdminRole;
+pub use crate::handlers::admin::Role as AdminRole;
 pub use admin::AdminConfig;
 pub use admin_command::{
     AdminAction, AdminCommand, AdminConnection, SessionsAction, UserArg, UsersAction,

@@ -19,7 +19,7 @@
 //! `iat` or `nbf` lies past [`MAX_TIMESTAMP`] (year 9999) is refused as malformed,
 //! never added to an instant where it would overflow. `nbf` and `iat` may lie in the
 //! future, and `exp` in the past, by at most the clock skew allowed. Why a token was
-//! refused is told to the metrics and the log, never to the client (see `grpc`).
+//! refused is told to the metrics and the log, never to the client (see `handlers::grpc`).
 //!
 //! # Layout
 //!
