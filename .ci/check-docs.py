@@ -418,21 +418,8 @@ def without_tests(code):
                              r"mod\s+\w+\s*\{", code):
         if match.start() < last:
             continue
-        depth, i, in_str = 1, match.end(), False
-        while i < len(code) and depth:
-            ch = code[i]
-            if in_str:
-                if ch == "\\":
-                    i += 1
-                elif ch == '"':
-                    in_str = False
-            elif ch == '"':
-                in_str = True
-            elif ch == "{":
-                depth += 1
-            elif ch == "}":
-                depth -= 1
-            i += 1
+        found = call_arguments(code, match.end() - 1)
+        i = found[1] if found else len(code)  # unbalanced: blank to the end
         out.append(code[last:match.start()])
         out.append("".join(c if c == "\n" else " " for c in code[match.start():i]))
         last = i
