@@ -11,6 +11,8 @@
 //! - `testing`: the setup the unit tests of `pool` and `worker` share.
 //! - `foreign`: hashes made by other systems (PHC, bcrypt, Django, Werkzeug, passlib,
 //!   raw columns), parsed within cost caps and verified as they are, never written.
+//! - `stored`: which of a user's two hash columns a login verifies (the ext column,
+//!   for hashes older releases cannot read, behind a marker they can).
 //!
 //! [`Hasher`] holds the current parameters, verifies unknown users against a dummy
 //! hash, and says when a stored hash was made with other parameters and should be
@@ -51,6 +53,7 @@ pub mod bench;
 pub mod foreign;
 mod pool;
 mod queue;
+pub mod stored;
 #[cfg(test)]
 mod testing;
 mod work;

@@ -34,7 +34,7 @@ use sqlx::{
 use std::fmt;
 
 /// The compatible migrations this binary knows: the highest version it carries.
-pub const SCHEMA_LEVEL: i64 = 1;
+pub const SCHEMA_LEVEL: i64 = 2;
 
 /// The table of the compatible migrations' ledger.
 const LEDGER: &str = "authd_migrations";
@@ -350,7 +350,7 @@ mod tests {
     fn a_release_runs_on_a_schema_that_requires_its_level_or_less() {
         let state = |requires_level| SchemaState {
             base: BASE_VERSIONS.to_vec(),
-            compatible: vec![1, 2, 3],
+            compatible: (1..=SCHEMA_LEVEL + 2).collect(),
             requires_level,
         };
         let old = RELEASES[0];
@@ -369,7 +369,11 @@ mod tests {
         assert!(refusal.contains("docs/upgrades.md"), "{refusal}");
         let shown = state(0).to_string();
         assert!(
-            shown.contains("newer than this binary knows: [2, 3]"),
+            shown.contains(&format!(
+                "newer than this binary knows: [{}, {}]",
+                SCHEMA_LEVEL + 1,
+                SCHEMA_LEVEL + 2
+            )),
             "{shown}"
         );
         assert!(

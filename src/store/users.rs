@@ -19,12 +19,12 @@ use crate::credentials::Username;
 /// by SQLite, so each statement is written once.
 pub(super) mod sql {
     /// The user, its cutoff, and whether its second factor is on.
-    pub const FIND_USER: &str = "SELECT u.id, u.username, u.password_hash, u.password_version, \
+    pub const FIND_USER: &str = "SELECT u.id, u.username, u.password_hash, u.password_hash_ext, u.password_version, \
          u.disabled_at, c.cutoff_at, (SELECT COUNT(*) FROM totp_factors f \
          WHERE f.user_id = u.id AND f.enabled_at IS NOT NULL) AS factors \
          FROM users u LEFT JOIN user_cutoffs c ON c.user_id = u.id WHERE u.username = $1";
     /// [`FIND_USER`] by id.
-    pub const FIND_USER_BY_ID: &str = "SELECT u.id, u.username, u.password_hash, u.password_version, \
+    pub const FIND_USER_BY_ID: &str = "SELECT u.id, u.username, u.password_hash, u.password_hash_ext, u.password_version, \
          u.disabled_at, c.cutoff_at, (SELECT COUNT(*) FROM totp_factors f \
          WHERE f.user_id = u.id AND f.enabled_at IS NOT NULL) AS factors \
          FROM users u LEFT JOIN user_cutoffs c ON c.user_id = u.id WHERE u.id = $1";
@@ -38,7 +38,7 @@ pub(super) mod sql {
          WHERE id = $3 AND password_version = $4";
     /// A new password: a new version, only if the old one is still the one verified.
     pub const CHANGE_PASSWORD: &str = "UPDATE users \
-         SET password_hash = $1, password_version = password_version + 1, updated_at = $2 \
+         SET password_hash = $1, password_hash_ext = NULL, password_version = password_version + 1, updated_at = $2 \
          WHERE id = $3 AND password_version = $4";
     /// Read through the index on the generated `hash_iterations` column.
     pub const MAX_HASH_ITERATIONS: &str = "SELECT MAX(hash_iterations) FROM users";
@@ -94,6 +94,7 @@ pub(super) fn user_from_row(row: &Row) -> Result<User, sqlx::Error> {
         id: row.get("id")?,
         username: Username::from_store(row.get("username")?),
         password_hash: row.get("password_hash")?,
+        password_hash_ext: row.get("password_hash_ext")?,
         password_version: row.get("password_version")?,
         disabled: disabled_at.is_some(),
         cutoff_at: row.get("cutoff_at")?,
@@ -107,6 +108,9 @@ pub struct User {
     pub id: String,
     pub username: Username,
     pub password_hash: String,
+    /// A hash older releases cannot read, which counts while `password_hash` is a
+    /// marker (`password::stored`).
+    pub password_hash_ext: Option<String>,
     /// One more at every change of password (and when the account is disabled):
     /// what a login verified.
     pub password_version: i64,
