@@ -35,7 +35,7 @@ use super::{
     sqlite_lookups::Lookups,
     sqlite_runs::take_queued,
     sqlite_writes::{Reply, apply},
-    users::{self, NewUser, User},
+    users::{self, NewUser, Rehash, User},
     writes::{Answer, Write},
 };
 use crate::{clock::Clock, credentials::Username, metrics::Metrics};
@@ -219,10 +219,8 @@ impl Backend for SqliteStore {
         Box::pin(self.lookups.find(username))
     }
 
-    fn update_password_hash<'a>(&'a self, id: &'a str, hash: String, version: i64) -> Op<'a, ()> {
-        let id = id.to_owned();
-        let write = Write::UpdateHash { id, hash, version };
-        Box::pin(async move { self.write(write).await.map(drop) })
+    fn update_password_hash(&self, rehash: Rehash) -> Op<'_, bool> {
+        Box::pin(async move { self.write(Write::Rehash(rehash)).await?.take() })
     }
 
     fn insert_session(&self, session: NewSession) -> Op<'_, bool> {
