@@ -15,8 +15,8 @@
 //!   for hashes older releases cannot read, behind a marker they can).
 //!
 //! [`Hasher`] holds the current parameters, verifies unknown users against a dummy
-//! hash, and says when a stored hash was made with other parameters and should be
-//! replaced.
+//! hash, and says when a stored hash was made with other parameters, or by another
+//! system, and should be replaced.
 //!
 //! Timing must not reveal which usernames exist, even while stored hashes have
 //! other costs than the current one (after the cost was raised or lowered, until
@@ -29,6 +29,13 @@
 //! success is not padded (the caller learns nothing from its timing it does not
 //! learn from the answer). The highest stored cost comes from the store
 //! ([`Hasher::set_highest_stored`]).
+//!
+//! A foreign hash (another system's, behind a marker: `stored`) is verified against
+//! the password as the client sent it. Its failure costs at least T too: a
+//! PBKDF2-SHA256 one with a 32-byte output runs in the engine and is padded as
+//! authd's own (max(its rounds, T)); any other runs in its crate and is followed by
+//! T rounds of padding. What timing still tells about imported users is stated in
+//! docs/migration.md ("The first login").
 //!
 //! Hashes are computed by the multi-lane engine (`pbkdf2-lanes`) as raw 32-byte
 //! PBKDF2-HMAC-SHA256 outputs and written as the pbkdf2 crate's PHC strings
