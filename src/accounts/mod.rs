@@ -149,19 +149,49 @@ pub struct Accounts {
     clock: Arc<dyn Clock>,
     factors: SecondFactorSettings,
     metrics_sf: SecondFactorMetrics,
-    /// Users this replica is rehashing now (at most [`MAX_REHASHING`]).
-    rehashing: Mutex<HashSet<String>>,
+    /// Users this replica is rehashing now.
+    rehashing: InFlight,
     /// `authd_password_rehashes_total`.
     rehashes: IntCounterVec,
 }
 
-/// A user's place in [`Accounts::rehashing`], given back when dropped.
-struct Rehashing<'a> {
+/// The users some work is in flight for, at most `max` of them: a second piece of
+/// work for the same user is told to skip.
+struct InFlight {
+    set: Mutex<HashSet<String>>,
+    max: usize,
+}
+
+/// A user's place in an [`InFlight`] set, given back when dropped.
+struct Held<'a> {
     set: &'a Mutex<HashSet<String>>,
     user_id: Option<String>,
 }
 
-impl Drop for Rehashing<'_> {
+impl InFlight {
+    fn new(max: usize) -> Self {
+        Self {
+            set: Mutex::new(HashSet::new()),
+            max,
+        }
+    }
+
+    /// A place for `user_id`; `None` when another holds it. With `max` users in
+    /// the set, a place outside it (the work goes ahead untracked).
+    fn hold(&self, user_id: &str) -> Option<Held<'_>> {
+        let mut set = self.set.lock().unwrap_or_else(|e| e.into_inner());
+        if set.contains(user_id) {
+            return None;
+        }
+        let held = set.len() < self.max && set.insert(user_id.to_owned());
+        Some(Held {
+            set: &self.set,
+            user_id: held.then(|| user_id.to_owned()),
+        })
+    }
+}
+
+impl Drop for Held<'_> {
     fn drop(&mut self) {
         if let Some(id) = self.user_id.take() {
             self.set
@@ -237,7 +267,7 @@ impl Accounts {
             clock,
             factors: SecondFactorSettings::default(),
             metrics_sf: metrics.second_factor.clone(),
-            rehashing: Mutex::new(HashSet::new()),
+            rehashing: InFlight::new(MAX_REHASHING),
             rehashes: metrics.rehash.rehashes.clone(),
         }
     }
@@ -720,7 +750,8 @@ impl Accounts {
         deadline: Option<Instant>,
     ) {
         let user_id = user.id.as_str();
-        let Some(_rehashing) = self.rehashing(user_id) else {
+        // Another login of this user on this replica is rehashing it.
+        let Some(_held) = self.rehashing.hold(user_id) else {
             return;
         };
         let reason = if verification.foreign {
@@ -774,21 +805,6 @@ impl Accounts {
         }
     }
 
-    /// A place for `user_id` among the users this replica is rehashing; `None`
-    /// when another login holds it. With [`MAX_REHASHING`] users at once, a place
-    /// outside the set: the store still keeps one rehash.
-    fn rehashing(&self, user_id: &str) -> Option<Rehashing<'_>> {
-        let mut set = self.rehashing.lock().unwrap_or_else(|e| e.into_inner());
-        if set.contains(user_id) {
-            return None;
-        }
-        let held = set.len() < MAX_REHASHING && set.insert(user_id.to_owned());
-        Some(Rehashing {
-            set: &self.rehashing,
-            user_id: held.then(|| user_id.to_owned()),
-        })
-    }
-
     /// Checks a token: signature, expiry, and whether its session has ended (in
     /// memory: no database query).
     pub fn validate(&self, token: &str, audience: Option<&str>) -> Result<VerifiedToken, Error> {
@@ -825,6 +841,23 @@ impl<E: Into<Error>> From<E> for CheckFailure {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn work_in_flight_for_a_user_is_held_once() {
+        let in_flight = InFlight::new(2);
+        let a = in_flight.hold("a").expect("free");
+        assert!(in_flight.hold("a").is_none(), "held by the first");
+        let b = in_flight.hold("b").expect("free");
+        // Full: a third user goes ahead untracked, as often as it comes.
+        let c = in_flight.hold("c").expect("untracked");
+        assert!(in_flight.hold("c").is_some());
+        drop(c);
+        drop(a);
+        let again = in_flight.hold("a").expect("given back");
+        assert!(in_flight.hold("b").is_none());
+        drop((again, b));
+        assert!(in_flight.set.lock().unwrap().is_empty());
+    }
 
     #[test]
     fn a_session_never_shows_its_tokens_in_debug() {
