@@ -1,8 +1,13 @@
-//! `Username` and `Password`: parsed and normalized once, at the edge.
+//! `Username`, `Password` and `PresentedPassword`: parsed and normalized once, at
+//! the edge.
 //!
-//! Both wrap a private field and are built only through `parse`, so code past the
-//! gRPC layer never re-checks them. A password is never logged or echoed: its
-//! `Debug` is redacted and its errors describe the rule, not the value.
+//! Each wraps a private field and is built only through `parse`, so code past the
+//! gRPC layer never re-checks them. A [`Password`] is a new password, held to the
+//! password rules; a [`PresentedPassword`] is one given to be verified (Login,
+//! ChangePassword's current password), held only to the byte bound: the rules
+//! apply to new passwords, never to verifying one set before them (an imported
+//! user's may be shorter). A password is never logged or echoed: its `Debug` is
+//! redacted and its errors describe the rule, not the value.
 
 use std::fmt;
 use unicode_normalization::UnicodeNormalization;
@@ -96,6 +101,56 @@ impl Password {
     }
 }
 
+/// A password given to be verified, as the client sent it: not empty, at most
+/// [`Password::MAX_BYTES`] bytes, and nothing more. It is verified as sent against
+/// a hash made by another system (which did not normalize), and in its NFKC form
+/// against authd's own hashes (made of the NFKC form at registration).
+#[derive(Clone)]
+pub struct PresentedPassword {
+    sent: String,
+    normalized: String,
+}
+
+impl PresentedPassword {
+    /// Checks the byte bound (before normalizing: NFKC can expand a string) and
+    /// that it is not empty. The error never contains the password.
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        if raw.is_empty() {
+            return Err("must not be empty".into());
+        }
+        if raw.len() > Password::MAX_BYTES {
+            return Err(format!("must be at most {} bytes", Password::MAX_BYTES));
+        }
+        Ok(Self {
+            sent: raw.to_owned(),
+            normalized: raw.nfkc().collect(),
+        })
+    }
+
+    /// The bytes exactly as the client sent them.
+    pub(crate) fn as_sent(&self) -> &[u8] {
+        self.sent.as_bytes()
+    }
+
+    /// The NFKC form, as authd hashes a password: what its own hashes are verified
+    /// against, and what a rehash hashes, whether or not it meets the rules (a
+    /// password that verified is the user's, and stays theirs after the rehash).
+    pub(crate) fn normalized(&self) -> Password {
+        Password(self.normalized.clone())
+    }
+
+    /// Whether it meets the rules a new password must meet ([`Password::parse`]).
+    pub fn meets_rules(&self) -> bool {
+        Password::parse(&self.sent).is_ok()
+    }
+}
+
+impl fmt::Debug for PresentedPassword {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("PresentedPassword(<redacted>)")
+    }
+}
+
 impl fmt::Debug for Password {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Password(<redacted>)")
@@ -176,6 +231,40 @@ mod tests {
         assert_eq!(decomposed.chars().count(), 10);
         assert!(Password::parse(&decomposed).is_err());
         assert!(Password::parse(&"e\u{301}".repeat(8)).is_ok());
+    }
+
+    #[test]
+    fn a_presented_password_is_bounded_by_bytes_only() {
+        for short in ["x", "abc123", "\u{FDFA}"] {
+            let p = PresentedPassword::parse(short).unwrap();
+            assert_eq!(p.as_sent(), short.as_bytes());
+            assert!(!p.meets_rules(), "{short:?}");
+        }
+        assert!(PresentedPassword::parse("").is_err());
+        assert!(PresentedPassword::parse(&"x".repeat(1024)).is_ok());
+        let err = PresentedPassword::parse(&"x".repeat(1025)).unwrap_err();
+        assert!(err.contains("1024 bytes"), "{err}");
+        assert!(
+            PresentedPassword::parse("a fine password")
+                .unwrap()
+                .meets_rules()
+        );
+    }
+
+    #[test]
+    fn a_presented_password_is_kept_as_sent_and_normalized_as_registered() {
+        let p = PresentedPassword::parse("caf\u{E9} \u{FB01}ne").unwrap();
+        assert_eq!(p.as_sent(), "caf\u{E9} \u{FB01}ne".as_bytes());
+        let registered = Password::parse("cafe\u{301} fine").unwrap();
+        assert_eq!(p.normalized().as_bytes(), registered.as_bytes());
+        // One code point as sent, 18 once normalized: under the rules, yet
+        // normalized all the same.
+        let p = PresentedPassword::parse("\u{FDFA}").unwrap();
+        assert_eq!(
+            p.normalized().as_bytes().len(),
+            "\u{FDFA}".nfkc().collect::<String>().len()
+        );
+        assert!(!format!("{p:?}").contains('\u{FDFA}'));
     }
 
     #[test]

@@ -38,18 +38,21 @@ pub use second_factor::SecondFactorSettings;
 use crate::{
     audit::{Audit, Caller, LoginFailure as Failure},
     clock::Clock,
-    credentials::{Password, Username},
+    credentials::{Password, PresentedPassword, Username},
     error::Error,
     metrics::{LoginOutcome, Metrics, SecondFactorMetrics},
-    password::Hasher,
+    password::{Hasher, Verification, stored},
     refresh::{RefreshToken, RotationKey},
     revocation::Revocations,
-    store::{EndReason, LiveSession, LoggedOut, NewSession, NewUser, Refreshed, Rotation, Store},
+    store::{
+        EndReason, LiveSession, LoggedOut, NewSession, NewUser, Refreshed, Rehash, Rotation, Store,
+    },
     throttle::{Attempt, Begun, Throttle},
     token::{Jwks, TokenError, Tokens, VerifiedToken},
 };
-use prometheus::{Gauge, IntCounter};
+use prometheus::{Gauge, IntCounter, IntCounterVec};
 use std::{
+    collections::HashSet,
     sync::{Arc, Mutex},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
@@ -59,6 +62,10 @@ use std::{
 pub const RETRY_GRACE: Duration = Duration::from_secs(10);
 /// The most revoked sessions one replica holds (see `revocation`): about 100 MB.
 pub const MAX_REVOKED_SESSIONS: usize = 1_000_000;
+/// The most users one replica rehashes at once: the others of their concurrent
+/// logins skip the rehash instead of computing one more the store would refuse.
+/// Beyond it a login rehashes anyway (the store keeps one).
+pub const MAX_REHASHING: usize = 4096;
 /// The most per-user cutoffs one replica holds (disabled and deleted accounts whose
 /// tokens may still be valid): about 20 MB.
 pub const MAX_USER_CUTOFFS: usize = 100_000;
@@ -142,6 +149,57 @@ pub struct Accounts {
     clock: Arc<dyn Clock>,
     factors: SecondFactorSettings,
     metrics_sf: SecondFactorMetrics,
+    /// Users this replica is rehashing now.
+    rehashing: InFlight,
+    /// `authd_password_rehashes_total`.
+    rehashes: IntCounterVec,
+}
+
+/// The users some work is in flight for, at most `max` of them: a second piece of
+/// work for the same user is told to skip.
+struct InFlight {
+    set: Mutex<HashSet<String>>,
+    max: usize,
+}
+
+/// A user's place in an [`InFlight`] set, given back when dropped.
+struct Held<'a> {
+    set: &'a Mutex<HashSet<String>>,
+    user_id: Option<String>,
+}
+
+impl InFlight {
+    fn new(max: usize) -> Self {
+        Self {
+            set: Mutex::new(HashSet::new()),
+            max,
+        }
+    }
+
+    /// A place for `user_id`; `None` when another holds it. With `max` users in
+    /// the set, a place outside it (the work goes ahead untracked).
+    fn hold(&self, user_id: &str) -> Option<Held<'_>> {
+        let mut set = self.set.lock().unwrap_or_else(|e| e.into_inner());
+        if set.contains(user_id) {
+            return None;
+        }
+        let held = set.len() < self.max && set.insert(user_id.to_owned());
+        Some(Held {
+            set: &self.set,
+            user_id: held.then(|| user_id.to_owned()),
+        })
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.user_id.take() {
+            self.set
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&id);
+        }
+    }
 }
 
 fn millis(d: Duration) -> i64 {
@@ -209,6 +267,8 @@ impl Accounts {
             clock,
             factors: SecondFactorSettings::default(),
             metrics_sf: metrics.second_factor.clone(),
+            rehashing: InFlight::new(MAX_REHASHING),
+            rehashes: metrics.rehash.rehashes.clone(),
         }
     }
 
@@ -289,7 +349,7 @@ impl Accounts {
     pub async fn login(
         &self,
         username: Username,
-        password: Password,
+        password: PresentedPassword,
         deadline: Option<Instant>,
         caller: &Caller,
     ) -> Result<LoginAnswer, Error> {
@@ -330,7 +390,7 @@ impl Accounts {
     async fn authenticate(
         &self,
         username: &Username,
-        password: Password,
+        password: PresentedPassword,
         deadline: Option<Instant>,
         caller: &Caller,
     ) -> Result<(crate::store::User, Option<Attempt>), Error> {
@@ -396,14 +456,15 @@ impl Accounts {
         self.audit.login_failed(caller, username, user_id, why);
     }
 
-    /// Verifies a password against the stored hash of `username` (against a dummy
-    /// hash of the same cost when there is none) and rehashes it when its parameters
-    /// are not the current ones. The user is looked up while the attempt may still
-    /// wait for its place in the throttle, and hashed only once it has one.
+    /// Verifies a password against the effective hash of `username` (its own, or
+    /// the foreign one behind a marker; a dummy hash of the same cost when there is
+    /// no user) and rehashes it when it is foreign or its parameters are not the
+    /// current ones. The user is looked up while the attempt may still wait for its
+    /// place in the throttle, and hashed only once it has one.
     async fn check_password(
         &self,
         username: &Username,
-        password: Password,
+        password: PresentedPassword,
         deadline: Option<Instant>,
         begun: Option<Begun>,
     ) -> Result<(crate::store::User, Option<Attempt>), CheckFailure> {
@@ -412,11 +473,9 @@ impl Accounts {
             Some(begun) => Some(begun.place().await?),
             None => None,
         };
-        let stored = user.as_ref().map(|u| u.password_hash.clone());
-        let verification = self
-            .hasher
-            .verify(password.clone(), stored, deadline)
-            .await?;
+        let stored = (user.as_ref())
+            .map(|u| stored::effective(&u.password_hash, u.password_hash_ext.as_deref()));
+        let verification = self.hasher.verify(&password, stored, deadline).await?;
         // A disabled account fails as a wrong password does, after the same hash
         // and counted alike: the caller learns nothing; the audit trail says why.
         let user = match user {
@@ -432,7 +491,7 @@ impl Accounts {
             None => return Err(CheckFailure::Wrong(None, attempt, Failure::UnknownUser)),
         };
         if verification.needs_rehash {
-            self.rehash(&user, password, deadline).await;
+            self.rehash(&user, &password, verification, deadline).await;
         }
         Ok((user, attempt))
     }
@@ -637,7 +696,7 @@ impl Accounts {
     pub async fn change_password(
         &self,
         username: Username,
-        current: Password,
+        current: PresentedPassword,
         new: Password,
         deadline: Option<Instant>,
         caller: &Caller,
@@ -674,36 +733,70 @@ impl Accounts {
         Ok(u32::try_from(ended.len()).unwrap_or(u32::MAX))
     }
 
-    /// Replaces a hash made with other parameters. Best effort: the login has
-    /// already succeeded, so a deadline that passes or a failed write only postpones it.
-    /// The new hash is stored only if the password is still the one verified (a
-    /// rehash never undoes a password change), and keeps its version: sessions
-    /// verified against the old hash of the same password still start.
+    /// Replaces a hash another system made, or one made with other parameters,
+    /// with a hash of the password's NFKC form at the policy in force. Best effort:
+    /// the login has already succeeded, so a deadline that passes or a failed write
+    /// only postpones it to the next login. The new hash is stored only if the
+    /// user's hashes are still the ones verified (a rehash never undoes a password
+    /// change, and of concurrent first logins on any replicas one is stored), and
+    /// keeps its version: sessions verified against the old hash of the same
+    /// password still start. Concurrent logins of one user on this replica hash it
+    /// once: the others skip it.
     async fn rehash(
         &self,
         user: &crate::store::User,
-        password: Password,
+        password: &PresentedPassword,
+        verification: Verification,
         deadline: Option<Instant>,
     ) {
         let user_id = user.id.as_str();
+        // Another login of this user on this replica is rehashing it.
+        let Some(_held) = self.rehashing.hold(user_id) else {
+            return;
+        };
+        let reason = if verification.foreign {
+            "foreign_format"
+        } else {
+            "parameters"
+        };
         let result = async {
-            let hash = self.hasher.hash(password, deadline).await?;
-            (self.store)
-                .update_password_hash(user_id, hash, user.password_version)
-                .await?;
-            Ok::<_, Error>(())
+            let hash = self.hasher.hash(password.normalized(), deadline).await?;
+            let rehash = Rehash {
+                user_id: user.id.clone(),
+                hash,
+                version: user.password_version,
+                verified_hash: user.password_hash.clone(),
+                verified_ext: user.password_hash_ext.clone(),
+            };
+            Ok::<_, Error>(self.store.update_password_hash(rehash).await?)
         }
         .await;
-        match result {
-            Ok(()) => tracing::info!(
-                user_id,
-                iterations = self.hasher.iterations(),
-                "password rehashed with the current parameters"
-            ),
-            Err(e) => {
-                tracing::warn!(user_id, error = %e, "rehashing a password failed; will retry at the next login");
-                return;
+        let outcome = match result {
+            Ok(true) => {
+                tracing::info!(
+                    user_id,
+                    reason,
+                    iterations = self.hasher.iterations(),
+                    "password rehashed with the current parameters"
+                );
+                "stored"
             }
+            Ok(false) => {
+                tracing::debug!(
+                    user_id,
+                    reason,
+                    "rehash not stored: the password's hash changed meanwhile"
+                );
+                "superseded"
+            }
+            Err(e) => {
+                tracing::warn!(user_id, reason, error = %e, "rehashing a password failed; will retry at the next login");
+                "failed"
+            }
+        };
+        self.rehashes.with_label_values(&[reason, outcome]).inc();
+        if outcome != "stored" {
+            return;
         }
         // The hash replaced may have been the most expensive one stored; if this
         // read fails, readiness's next probe reads it.
@@ -748,6 +841,23 @@ impl<E: Into<Error>> From<E> for CheckFailure {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn work_in_flight_for_a_user_is_held_once() {
+        let in_flight = InFlight::new(2);
+        let a = in_flight.hold("a").expect("free");
+        assert!(in_flight.hold("a").is_none(), "held by the first");
+        let b = in_flight.hold("b").expect("free");
+        // Full: a third user goes ahead untracked, as often as it comes.
+        let c = in_flight.hold("c").expect("untracked");
+        assert!(in_flight.hold("c").is_some());
+        drop(c);
+        drop(a);
+        let again = in_flight.hold("a").expect("given back");
+        assert!(in_flight.hold("b").is_none());
+        drop((again, b));
+        assert!(in_flight.set.lock().unwrap().is_empty());
+    }
 
     #[test]
     fn a_session_never_shows_its_tokens_in_debug() {

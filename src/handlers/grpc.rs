@@ -11,7 +11,7 @@ use crate::{
     accounts::{Accounts, LoginAnswer},
     audit::Caller,
     blocklist::Blocklist,
-    credentials::{Password, Username},
+    credentials::{Password, PresentedPassword, Username},
     error::{Error, FieldViolation},
     pb::{
         BeginTotpEnrollmentRequest, BeginTotpEnrollmentResponse, ChangePasswordRequest,
@@ -60,36 +60,46 @@ impl AuthApi {
 }
 
 fn credentials(username: &str, password: &str) -> Result<(Username, Password), Error> {
-    let (username, passwords) = credentials_with(username, &[("password", password)])?;
-    let [password] = passwords;
-    Ok((username, password))
+    let mut fields = Fields::default();
+    let username = fields.take("username", Username::parse(username));
+    let password = fields.take("password", Password::parse(password));
+    fields.done()?;
+    Ok((username.expect("checked"), password.expect("checked")))
 }
 
-/// Parses a username and the named password fields, reporting every bad one.
-fn credentials_with<const N: usize>(
+/// Login's fields: the password as presented, held to the byte bound only (the
+/// rules are for new passwords; an imported one may be shorter).
+fn login_credentials(
     username: &str,
-    passwords: &[(&'static str, &str); N],
-) -> Result<(Username, [Password; N]), Error> {
-    let username = Username::parse(username);
-    let parsed = passwords.map(|(_, raw)| Password::parse(raw));
-    let mut violations = Vec::new();
-    if let Err(description) = &username {
-        violations.push(FieldViolation {
-            field: "username",
-            description: description.clone(),
-        });
+    password: &str,
+) -> Result<(Username, PresentedPassword), Error> {
+    let mut fields = Fields::default();
+    let username = fields.take("username", Username::parse(username));
+    let password = fields.take("password", PresentedPassword::parse(password));
+    fields.done()?;
+    Ok((username.expect("checked"), password.expect("checked")))
+}
+
+/// The field violations of a request, gathered so that every bad field is
+/// reported at once.
+#[derive(Default)]
+struct Fields(Vec<FieldViolation>);
+
+impl Fields {
+    /// The value of a parsed field, or `None` with its violation noted.
+    fn take<T>(&mut self, field: &'static str, parsed: Result<T, String>) -> Option<T> {
+        parsed
+            .map_err(|description| self.0.push(FieldViolation { field, description }))
+            .ok()
     }
-    for ((field, _), result) in passwords.iter().zip(&parsed) {
-        if let Err(description) = result {
-            violations.push(FieldViolation {
-                field,
-                description: description.clone(),
-            });
+
+    /// `INVALID_ARGUMENT` naming every bad field, if there is one.
+    fn done(self) -> Result<(), Error> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(self.0))
         }
-    }
-    match username {
-        Ok(u) if violations.is_empty() => Ok((u, parsed.map(|p| p.expect("checked above")))),
-        _ => Err(Error::InvalidArgument(violations)),
     }
 }
 
@@ -254,15 +264,18 @@ impl AuthService for AuthApi {
         let caller = self.caller(&request);
         let req = request.into_inner();
         let work = async {
-            let (username, password) = credentials(&req.username, &req.password)?;
+            let (username, password) = login_credentials(&req.username, &req.password)?;
+            // Known before the password is checked, told only when it is right.
+            let password_change_recommended = !password.meets_rules();
             let answer = self
                 .accounts
                 .login(username, password, deadline, &caller)
                 .await?;
             Ok(match answer {
-                LoginAnswer::Session(session) => {
-                    session_response!(LoginResponse, session, LoginResponse)
-                }
+                LoginAnswer::Session(session) => LoginResponse {
+                    password_change_recommended,
+                    ..session_response!(LoginResponse, session, LoginResponse)
+                },
                 LoginAnswer::Challenge {
                     challenge,
                     expires_at,
@@ -270,6 +283,7 @@ impl AuthService for AuthApi {
                     second_factor_required: true,
                     challenge,
                     challenge_expires_at: Some(timestamp(expires_at)),
+                    password_change_recommended,
                     ..LoginResponse::default()
                 },
             })
@@ -366,13 +380,19 @@ impl AuthService for AuthApi {
         let caller = self.caller(&request);
         let req = request.into_inner();
         let work = async {
-            let (username, [current, new]) = credentials_with(
-                &req.username,
-                &[
-                    ("current_password", req.current_password.as_str()),
-                    ("new_password", req.new_password.as_str()),
-                ],
-            )?;
+            // The current password is verified as Login's is; the new one is held
+            // to the rules.
+            let mut fields = Fields::default();
+            let username = fields.take("username", Username::parse(&req.username));
+            let current = fields.take(
+                "current_password",
+                PresentedPassword::parse(&req.current_password),
+            );
+            let new = fields.take("new_password", Password::parse(&req.new_password));
+            fields.done()?;
+            let (Some(username), Some(current), Some(new)) = (username, current, new) else {
+                unreachable!("every field parsed");
+            };
             self.blocklist
                 .check_new_password("new_password", &username, &new)?;
             let ended = self

@@ -49,7 +49,7 @@ pub(crate) use accounts::{LoginOutcome, SessionMetrics, ThrottleMetrics, TokenMe
 pub(crate) use admin::AdminMetrics;
 pub(crate) use authz::AuthzMetrics;
 pub(crate) use overload::OverloadMetrics;
-pub(crate) use passwords::{BlocklistMetrics, HashMetrics};
+pub(crate) use passwords::{BlocklistMetrics, HashMetrics, RehashMetrics};
 pub(crate) use ratelimit::RateLimitMetrics;
 pub(crate) use requests::{CODE_NAMES, GrpcMetrics, TraceMetrics};
 pub(crate) use second_factor::{CodeOutcome, FactorChange, SecondFactorMetrics};
@@ -75,6 +75,7 @@ pub struct Metrics {
     registry: Registry,
     pub(crate) grpc: GrpcMetrics,
     pub(crate) hash: HashMetrics,
+    pub(crate) rehash: RehashMetrics,
     pub(crate) store: StoreMetrics,
     pub(crate) rate_limit: RateLimitMetrics,
     pub(crate) sentinel: SentinelMetrics,
@@ -187,6 +188,7 @@ impl Metrics {
         Self {
             grpc: GrpcMetrics::new(&f),
             hash: HashMetrics::new(&f),
+            rehash: RehashMetrics::new(&f),
             store: StoreMetrics::new(&f),
             rate_limit: RateLimitMetrics::new(&f),
             sentinel: SentinelMetrics::new(&f),

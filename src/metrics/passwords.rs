@@ -1,6 +1,7 @@
 //! The password metrics: new passwords the blocklist refused before any hashing,
-//! and the hashing itself: the hash queue (its depth and waits, the work dropped
-//! from it) and the pool of hashing threads (hashes, rounds, batches).
+//! the hashing itself: the hash queue (its depth and waits, the work dropped
+//! from it) and the pool of hashing threads (hashes, rounds, batches), and the
+//! rehashes of stored hashes at login.
 //!
 //! Only the families and their fixed labels live here; what a batch is stays with
 //! `password` and `blocklist`, which this file must not import.
@@ -91,6 +92,27 @@ impl BlocklistMetrics {
                 "New passwords refused before hashing, by reason (common: on the bundled list or \
                  AUTHD_PASSWORD_BLOCKLIST_FILE; username: the username itself).",
                 &["reason"],
+            ),
+        }
+    }
+}
+
+/// Stored hashes replaced at a successful login, by why and by what came of it.
+pub(crate) struct RehashMetrics {
+    pub rehashes: IntCounterVec,
+}
+
+impl RehashMetrics {
+    pub(super) fn new(f: &Families) -> Self {
+        Self {
+            rehashes: f.counter_vec(
+                "authd_password_rehashes_total",
+                "Rehashes of a password at a successful login, by reason (foreign_format: a \
+                 hash imported from another system; parameters: authd's own hash of other \
+                 parameters) and outcome (stored; superseded: the user's hash had changed \
+                 meanwhile, another login's rehash or a new password, and nothing was written; \
+                 failed: hashing or the write failed, the old hash stays for the next login).",
+                &["reason", "outcome"],
             ),
         }
     }

@@ -40,11 +40,7 @@
 //! quotes the input, so neither the hash nor the salt reaches a log or an answer.
 //! No input panics: every length and number is checked before it is used.
 //!
-//! Nothing calls it yet: import and login are built on it next.
-#![cfg_attr(
-    not(test),
-    expect(dead_code, reason = "import and login are built on it next")
-)]
+//! Login verifies the ext column with it (`Hasher::verify`), on the hashing pool.
 
 use base64::{
     Engine as _, alphabet,
@@ -286,12 +282,40 @@ impl ForeignHash {
         Ok(hash)
     }
 
+    #[cfg_attr(
+        not(test),
+        allow(dead_code, reason = "read by the import, which is built beside login")
+    )]
     pub fn format(&self) -> Format {
         self.format
     }
 
+    #[cfg_attr(
+        not(test),
+        allow(dead_code, reason = "read by the import, which is built beside login")
+    )]
     pub fn scheme(&self) -> Scheme {
         self.scheme
+    }
+
+    /// The rounds, salt and output of a PBKDF2-SHA256 hash with a 32-byte output:
+    /// exactly what authd's PBKDF2 engine computes, so the hashing pool verifies it
+    /// in its lanes. `None` for any other scheme or output length.
+    pub fn pbkdf2_sha256(&self) -> Option<(u32, &[u8], [u8; 32])> {
+        match (&self.secret, self.scheme) {
+            (
+                Secret::Derived { salt, output },
+                Scheme::Pbkdf2 {
+                    prf: Prf::Sha256,
+                    iterations,
+                },
+            ) => Some((
+                iterations,
+                salt,
+                <[u8; 32]>::try_from(output.as_slice()).ok()?,
+            )),
+            _ => None,
+        }
     }
 
     /// Refuses a hash whose cost is over `caps`.

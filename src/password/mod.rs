@@ -15,8 +15,8 @@
 //!   for hashes older releases cannot read, behind a marker they can).
 //!
 //! [`Hasher`] holds the current parameters, verifies unknown users against a dummy
-//! hash, and says when a stored hash was made with other parameters and should be
-//! replaced.
+//! hash, and says when a stored hash was made with other parameters, or by another
+//! system, and should be replaced.
 //!
 //! Timing must not reveal which usernames exist, even while stored hashes have
 //! other costs than the current one (after the cost was raised or lowered, until
@@ -30,12 +30,22 @@
 //! learn from the answer). The highest stored cost comes from the store
 //! ([`Hasher::set_highest_stored`]).
 //!
+//! A foreign hash (another system's, behind a marker: `stored`) is verified against
+//! the password as the client sent it. Its failure costs at least T too: a
+//! PBKDF2-SHA256 one with a 32-byte output runs in the engine and is padded as
+//! authd's own (max(its rounds, T)); any other runs in its crate and is followed by
+//! T rounds of padding. What timing still tells about imported users is stated in
+//! docs/migration.md ("The first login").
+//!
 //! Hashes are computed by the multi-lane engine (`pbkdf2-lanes`) as raw 32-byte
 //! PBKDF2-HMAC-SHA256 outputs and written as the pbkdf2 crate's PHC strings
 //! (`$pbkdf2-sha256$i=…,l=32$salt$hash`): hashes made before verify after, and
 //! the other way round.
 
-use crate::{credentials::Password, error::Error};
+use crate::{
+    credentials::{Password, PresentedPassword},
+    error::Error,
+};
 use anyhow::Context as _;
 use pbkdf2::{
     Algorithm, Params, Pbkdf2,
@@ -61,14 +71,20 @@ mod worker;
 
 pub use pool::{HashPool, PoolSnapshot};
 
+use foreign::ForeignHash;
+use stored::Effective;
 use work::Derivation;
 
 /// The outcome of checking a password against a stored hash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Verification {
     pub matches: bool,
-    /// The stored hash uses other parameters than the current ones: replace it.
+    /// The stored hash uses other parameters than the current ones, or is another
+    /// system's: replace it.
     pub needs_rehash: bool,
+    /// The hash verified was another system's (the ext column): a rehash replaces
+    /// a foreign format, not only other parameters.
+    pub foreign: bool,
 }
 
 /// Hashes and verifies passwords with the configured PBKDF2 cost on a [`HashPool`].
@@ -132,11 +148,32 @@ impl Hasher {
         Ok(phc_string(self.params, &salt, &output)?)
     }
 
+    /// Verifies a presented password against a user's effective hash
+    /// ([`stored::effective`]), or against the dummy hash when there is no user.
+    /// authd's own hashes (and the dummy) are verified against the password's NFKC
+    /// form, a foreign hash (the ext column) against the bytes as sent. A failure,
+    /// whichever it is, costs at least [`Hasher::failure_cost`] rounds: the
+    /// verification, then padding, on the same thread before the answer.
+    pub async fn verify(
+        &self,
+        password: &PresentedPassword,
+        stored: Option<Effective<'_>>,
+        deadline: Option<Instant>,
+    ) -> Result<Verification, Error> {
+        match stored {
+            Some(Effective::Ext(ext)) => self.verify_foreign(password, ext, deadline).await,
+            Some(Effective::Phc(phc)) => {
+                (self.verify_phc(password.normalized(), Some(phc.to_owned()), deadline)).await
+            }
+            None => self.verify_phc(password.normalized(), None, deadline).await,
+        }
+    }
+
     /// Verifies a password against a stored PHC string, or against the dummy hash
     /// when there is none. A failure, either way, costs [`Hasher::failure_cost`]
     /// rounds: the verification, then padding up to that cost, on the same thread
     /// before the answer.
-    pub async fn verify(
+    async fn verify_phc(
         &self,
         password: Password,
         stored: Option<String>,
@@ -160,6 +197,57 @@ impl Hasher {
         Ok(Verification {
             matches,
             needs_rehash: matches && stored.rounds != self.params.rounds(),
+            foreign: false,
+        })
+    }
+
+    /// A hash made by another system (`foreign`), verified against the password as
+    /// sent, on a thread of the pool. A PBKDF2-SHA256 hash of a 32-byte output (the
+    /// hashlib digests, Django's, Werkzeug's, passlib's and PHC's) is what the
+    /// engine computes: verified in its lanes and padded as authd's own, so a failure
+    /// costs max(its rounds, [`Hasher::failure_cost`]). Any other is checked by its
+    /// crate, and a failure is followed by the full [`Hasher::failure_cost`] rounds
+    /// of padding: it never costs less than an unknown user's. A match always asks
+    /// for a rehash (to the policy in force).
+    async fn verify_foreign(
+        &self,
+        password: &PresentedPassword,
+        ext: &str,
+        deadline: Option<Instant>,
+    ) -> Result<Verification, Error> {
+        // The reason names the format and what is wrong, never the hash.
+        let hash = ForeignHash::parse(ext).map_err(|e| {
+            Error::Internal(anyhow::anyhow!(
+                "a stored foreign password hash does not parse: {e}"
+            ))
+        })?;
+        let sent = password.as_sent().to_vec();
+        let matches = if let Some((rounds, salt, output)) = hash.pbkdf2_sha256() {
+            let pad = self.failure_cost().saturating_sub(rounds);
+            let job = Derivation {
+                password: sent,
+                salt: salt.to_vec(),
+                rounds,
+            };
+            self.pool.verify(deadline, job, output, pad).await?
+        } else {
+            let cost = self.failure_cost();
+            let rounds = self.pool.metrics.rounds.clone();
+            (self.pool)
+                .run(deadline, move || {
+                    let matches = hash.verify(&sent);
+                    if !matches {
+                        pad_now(cost);
+                        rounds.inc_by(u64::from(cost));
+                    }
+                    matches
+                })
+                .await?
+        };
+        Ok(Verification {
+            matches,
+            needs_rehash: matches,
+            foreign: true,
         })
     }
 
@@ -190,6 +278,7 @@ impl Hasher {
             matches: exists && matches,
             // Another algorithm or output length: replace it with ours.
             needs_rehash: exists && matches,
+            foreign: false,
         })
     }
 }
@@ -320,8 +409,49 @@ mod tests {
         hasher.hash(pw(password), None).await.unwrap()
     }
 
+    fn presented(s: &str) -> PresentedPassword {
+        PresentedPassword::parse(s).unwrap()
+    }
+
     async fn verify(hasher: &Hasher, password: &str, stored: Option<String>) -> Verification {
-        hasher.verify(pw(password), stored, None).await.unwrap()
+        let stored = stored.as_deref().map(Effective::Phc);
+        hasher
+            .verify(&presented(password), stored, None)
+            .await
+            .unwrap()
+    }
+
+    /// Verifies `password` against a user whose columns hold `password_hash` and
+    /// `ext`, as a login does.
+    async fn verify_columns(
+        hasher: &Hasher,
+        password: &str,
+        password_hash: &str,
+        ext: Option<&str>,
+    ) -> Result<Verification, Error> {
+        let effective = stored::effective(password_hash, ext);
+        hasher
+            .verify(&presented(password), Some(effective), None)
+            .await
+    }
+
+    /// The (password, wrong password, hash) of the first fixture of `format` in
+    /// tests/fixtures/foreign-hashes (a structured form as its JSON text).
+    fn fixture(format: &str) -> (String, String, String) {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/foreign-hashes/foreign-hashes.jsonl");
+        let text = std::fs::read_to_string(path).unwrap();
+        let record: serde_json::Value = text
+            .lines()
+            .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+            .find(|r| r["format"] == format)
+            .unwrap_or_else(|| panic!("no fixture of {format}"));
+        let field = |key: &str| record[key].as_str().unwrap().to_owned();
+        let hash = match &record["hash"] {
+            serde_json::Value::String(hash) => hash.clone(),
+            object => object.to_string(),
+        };
+        (field("password"), field("wrong"), hash)
     }
 
     #[tokio::test]
@@ -334,7 +464,8 @@ mod tests {
             ok,
             Verification {
                 matches: true,
-                needs_rehash: false
+                needs_rehash: false,
+                foreign: false
             }
         );
         let bad = verify(&hasher, "wrong horse", Some(phc)).await;
@@ -350,7 +481,8 @@ mod tests {
             v,
             Verification {
                 matches: false,
-                needs_rehash: false
+                needs_rehash: false,
+                foreign: false
             }
         );
     }
@@ -365,7 +497,8 @@ mod tests {
             v,
             Verification {
                 matches: true,
-                needs_rehash: true
+                needs_rehash: true,
+                foreign: false
             }
         );
     }
@@ -392,6 +525,133 @@ mod tests {
         // A stored cost below the current one changes nothing.
         hasher.set_highest_stored(10);
         assert_eq!(hasher.failure_cost(), 1000);
+    }
+
+    #[tokio::test]
+    async fn a_foreign_hash_behind_a_marker_is_verified_as_sent_and_asks_for_a_rehash() {
+        let hasher = hasher(1000);
+        let marker = stored::marker(1000).unwrap();
+        // The first of each: "abc123", 6 characters, below the rules and verified
+        // all the same.
+        for format in [
+            "phc-pbkdf2-sha256",
+            "bcrypt-2b",
+            "django-pbkdf2-sha256",
+            "structured-report-service",
+        ] {
+            let (password, wrong, hash) = fixture(format);
+            let v = verify_columns(&hasher, &password, &marker, Some(&hash)).await;
+            let expected = Verification {
+                matches: true,
+                needs_rehash: true,
+                foreign: true,
+            };
+            assert_eq!(v.unwrap(), expected, "{format}");
+            let v = verify_columns(&hasher, &wrong, &marker, Some(&hash)).await;
+            assert!(!v.unwrap().matches, "{format}");
+        }
+        // As sent, never normalized: "e" + U+0301 and the ligature U+FB01 are not
+        // their NFKC form to the system that made the hash.
+        let records = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/foreign-hashes/foreign-hashes.jsonl"),
+        )
+        .unwrap();
+        let sent = "cafe\u{301} \u{FB01}ne";
+        let ligature: serde_json::Value = records
+            .lines()
+            .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+            .find(|r| r["password"] == sent && r["format"] == "phc-pbkdf2-sha256")
+            .unwrap();
+        let hash_of_ligature = ligature["hash"].as_str().unwrap();
+        for (password, matches) in [(sent, true), ("caf\u{E9} fine", false)] {
+            let v = verify_columns(&hasher, password, &marker, Some(hash_of_ligature)).await;
+            assert_eq!(v.unwrap().matches, matches, "{password:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_previous_release_answers_an_imported_user_as_a_wrong_password() {
+        let hasher = hasher(1000);
+        let marker = stored::marker(1000).unwrap();
+        let (password, _, imported) = fixture("bcrypt-2b");
+        // This release: the ext column counts while password_hash is a marker.
+        let v = verify_columns(&hasher, &password, &marker, Some(&imported)).await;
+        assert!(v.unwrap().matches);
+        // The previous release reads password_hash alone: the marker, which no
+        // password matches, verified as any PBKDF2 hash (a wrong password).
+        let v = verify(&hasher, &password, Some(marker.clone())).await;
+        assert_eq!(
+            v,
+            Verification {
+                matches: false,
+                needs_rehash: false,
+                foreign: false
+            }
+        );
+        // A password set the usual way replaces the marker: the ext column is
+        // ignored from then on, whatever it holds.
+        let own = hash(&hasher, "a new password").await;
+        let v = verify_columns(&hasher, &password, &own, Some(&imported)).await;
+        assert!(!v.unwrap().matches);
+        let v = verify_columns(&hasher, "a new password", &own, Some(&imported)).await;
+        assert!(v.unwrap().matches);
+    }
+
+    #[tokio::test]
+    async fn a_stored_foreign_hash_that_no_longer_parses_is_an_internal_error_that_quotes_nothing()
+    {
+        let hasher = hasher(1000);
+        let marker = stored::marker(1000).unwrap();
+        // bcrypt at cost 31: over the cap.
+        let over = "$2b$31$abcdefghijklmnopqrstuuNcBwIFtVgBT/BrFsJ3Ugc5m4K2m0Yny";
+        for ext in [over, "not a hash at all, secret-salt"] {
+            let err = verify_columns(&hasher, "abc123", &marker, Some(ext))
+                .await
+                .unwrap_err();
+            let Error::Internal(cause) = err else {
+                panic!("{ext}: {err:?}");
+            };
+            let text = format!("{cause:#}");
+            assert!(
+                !text.contains("abcdefghijklmnop") && !text.contains("secret-salt"),
+                "{text}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_foreign_verification_costs_at_least_an_unknown_users() {
+        let metrics = Metrics::new();
+        let hasher = hasher_on(1000, pbkdf2_lanes::Engine::detect(), &metrics);
+        let marker = stored::marker(1000).unwrap();
+        hasher.set_highest_stored(5000);
+        let rounds = || metrics.hash.rounds.get();
+        let (pbkdf2_right, pbkdf2_wrong, pbkdf2) = fixture("phc-pbkdf2-sha256");
+        let (bcrypt_right, bcrypt_wrong, bcrypt) = fixture("bcrypt-2b");
+        let (sha512_right, sha512_wrong, sha512) = fixture("phc-pbkdf2-sha512");
+        // An unknown user: the dummy hash, at the failure cost.
+        let before = rounds();
+        verify(&hasher, "abc123", None).await;
+        assert_eq!(rounds() - before, 5000);
+        for (password, hash, expected) in [
+            // PBKDF2-SHA256 of 1,000 rounds, in the engine's lanes: padded to 5,000
+            // when wrong, as authd's own; its own rounds when right.
+            (&pbkdf2_wrong, &pbkdf2, 5000),
+            (&pbkdf2_right, &pbkdf2, 1000),
+            // Any other scheme: its crate's work (not PBKDF2-SHA256 rounds), then
+            // the whole failure cost when wrong; nothing more when right.
+            (&bcrypt_wrong, &bcrypt, 5000),
+            (&bcrypt_right, &bcrypt, 0),
+            (&sha512_wrong, &sha512, 5000),
+            (&sha512_right, &sha512, 0),
+        ] {
+            let before = rounds();
+            verify_columns(&hasher, password, &marker, Some(hash))
+                .await
+                .unwrap();
+            assert_eq!(rounds() - before, expected, "{password}: {hash}");
+        }
     }
 
     #[tokio::test]

@@ -19,7 +19,7 @@ use super::{
     error::StoreError,
     factor::{self, Factor, FactorAnswer, FactorWrite, LiveChallenge},
     session::{self, Ended, EndedSession, LoggedOut, NewSession, Purged, Refreshed, Rotation},
-    users::{self, NewUser, User},
+    users::{self, NewUser, Rehash, User},
     writes::{Answer, Answered, Write},
 };
 use crate::credentials::Username;
@@ -62,8 +62,9 @@ pub(super) trait Backend: Send + Sync {
     /// The user named `username`.
     fn find_user<'a>(&'a self, username: &'a Username) -> Op<'a, Option<User>>;
 
-    /// A rehash of the same password, if the password is still at `version`.
-    fn update_password_hash<'a>(&'a self, id: &'a str, hash: String, version: i64) -> Op<'a, ()>;
+    /// A rehash of the same password, if the user's hashes are still the ones
+    /// verified; whether it was stored.
+    fn update_password_hash(&self, rehash: Rehash) -> Op<'_, bool>;
 
     /// Login's session, if the user's password is still at the version verified.
     fn insert_session(&self, session: NewSession) -> Op<'_, bool>;

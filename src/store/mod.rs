@@ -82,7 +82,7 @@ pub use schema::{RELEASES, SchemaState};
 pub use session::{
     EndReason, Ended, EndedSession, LiveSession, LoggedOut, NewSession, Purged, Refreshed, Rotation,
 };
-pub use users::{NewUser, User};
+pub use users::{NewUser, Rehash, User};
 
 use crate::{clock::Clock, credentials::Username, metrics::Metrics, otel};
 use backend::{Backend, Op};
@@ -258,17 +258,14 @@ impl Store {
             .await
     }
 
-    /// Stores a rehash of the same password; nothing when the password's version is
-    /// no longer `version`.
-    pub async fn update_password_hash(
-        &self,
-        id: &str,
-        hash: String,
-        version: i64,
-    ) -> Result<(), StoreError> {
+    /// Stores a rehash of the same password, in one conditional statement: `true`
+    /// when stored, `false` (nothing changed) when the user's password version or
+    /// either hash column is no longer the one verified (another login's rehash,
+    /// on any replica, or a password change came first).
+    pub async fn update_password_hash(&self, rehash: Rehash) -> Result<bool, StoreError> {
         self.timed(
             &self.ops.update_password_hash,
-            self.backend.update_password_hash(id, hash, version),
+            self.backend.update_password_hash(rehash),
         )
         .await
     }

@@ -26,7 +26,7 @@ use super::{
     db::{Conn, Conns, Statement},
     error::StoreError,
     session::{NewSession, new_session_args, sql::INSERT_SESSION_LOCKING},
-    users::{self, NewUser, User, insert_user, password_hash},
+    users::{self, NewUser, Rehash, User, insert_user},
     writes::{Answer, Write, apply_one},
 };
 use crate::{clock::Clock, credentials::Username, metrics::Metrics};
@@ -120,10 +120,11 @@ impl Backend for PostgresStore {
         Box::pin(users::find(self.conns(), username))
     }
 
-    fn update_password_hash<'a>(&'a self, id: &'a str, hash: String, version: i64) -> Op<'a, ()> {
+    /// One statement, alone: a failure changes nothing else.
+    fn update_password_hash(&self, rehash: Rehash) -> Op<'_, bool> {
         Box::pin(async move {
-            let statement = password_hash(id, &hash, version, false, self.clock.millis());
-            self.conns().execute(statement).await.map(drop)
+            let statement = users::rehash(&rehash, self.clock.millis());
+            Ok(self.conns().execute(statement).await? == 1)
         })
     }
 

@@ -35,7 +35,7 @@ use super::{
     sqlite_lookups::Lookups,
     sqlite_runs::take_queued,
     sqlite_writes::{Reply, apply},
-    users::{self, NewUser, User},
+    users::{self, NewUser, Rehash, User},
     writes::{Answer, Write},
 };
 use crate::{clock::Clock, credentials::Username, metrics::Metrics};
@@ -219,10 +219,8 @@ impl Backend for SqliteStore {
         Box::pin(self.lookups.find(username))
     }
 
-    fn update_password_hash<'a>(&'a self, id: &'a str, hash: String, version: i64) -> Op<'a, ()> {
-        let id = id.to_owned();
-        let write = Write::UpdateHash { id, hash, version };
-        Box::pin(async move { self.write(write).await.map(drop) })
+    fn update_password_hash(&self, rehash: Rehash) -> Op<'_, bool> {
+        Box::pin(async move { self.write(Write::Rehash(rehash)).await?.take() })
     }
 
     fn insert_session(&self, session: NewSession) -> Op<'_, bool> {
@@ -409,6 +407,64 @@ pub(super) mod tests {
             .unwrap();
         let winner = results.iter().position(|r| r.is_ok()).unwrap();
         assert_eq!(found.id, format!("id-{winner}"));
+        store.close().await;
+    }
+
+    /// A rehash of user `i` (see [`user`]) from `verified` to `hash`.
+    fn rehash(i: usize, verified: &str, hash: &str) -> Rehash {
+        Rehash {
+            user_id: format!("id-{i}"),
+            hash: hash.into(),
+            version: 0,
+            verified_hash: verified.into(),
+            verified_ext: None,
+        }
+    }
+
+    // A rehash the database refuses fails alone: the other writes of its batch, a
+    // registration and other rehashes, commit in the same transaction.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_rehash_that_fails_fails_alone_in_its_batch() {
+        use sqlx::{Connection as _, SqliteConnection, sqlite::SqliteConnectOptions};
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(&dir).await;
+        for i in 1..=3 {
+            store
+                .insert_user(user(i, &format!("user{i}")))
+                .await
+                .unwrap();
+        }
+        let options = SqliteConnectOptions::new().filename(dir.path().join("t.db"));
+        let mut conn = SqliteConnection::connect_with(&options).await.unwrap();
+        sqlx::query(
+            "CREATE TRIGGER refuse BEFORE UPDATE OF password_hash ON users \
+             WHEN OLD.id = 'id-1' BEGIN SELECT RAISE(ABORT, 'refused'); END",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        conn.close().await.unwrap();
+        let before = store.writer_stats().unwrap().transactions;
+        let (refused, inserted, stale, stored) = tokio::join!(
+            store.update_password_hash(rehash(1, "hash-1", "new-1")),
+            store.insert_user(user(4, "user4")),
+            store.update_password_hash(rehash(2, "not-hash-2", "new-2")),
+            store.update_password_hash(rehash(3, "hash-3", "new-3")),
+        );
+        assert!(matches!(refused, Err(StoreError::Other(_))), "{refused:?}");
+        inserted.unwrap();
+        assert!(!stale.unwrap(), "the hash verified is no longer the user's");
+        assert!(stored.unwrap());
+        assert_eq!(store.writer_stats().unwrap().transactions, before + 1);
+        for (name, hash) in [
+            ("user1", "hash-1"),
+            ("user2", "hash-2"),
+            ("user3", "new-3"),
+            ("user4", "hash-4"),
+        ] {
+            let found = store.find_user(&Username::parse(name).unwrap()).await;
+            assert_eq!(found.unwrap().unwrap().password_hash, hash, "{name}");
+        }
         store.close().await;
     }
 

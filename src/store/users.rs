@@ -1,13 +1,15 @@
 //! Users in the store: the rows, their statements, and the reads, written once for
 //! both backends.
 //!
-//! The writes are built here ([`insert_user`], [`new_user_args`], [`password_hash`])
+//! The writes are built here ([`insert_user`], [`new_user_args`], [`change_password`],
+//! [`rehash`])
 //! and run by each backend its own way (SQLite's batching writer, a PostgreSQL pooled
 //! connection); the reads ([`find`], [`find_by_id`], [`max_hash_iterations`]) run on
 //! either backend's [`Conns`] (SQLite gathers its reads by name: `sqlite_lookups`).
 //! Usernames are stored lowercased, so the UNIQUE (username) constraint is
-//! case-insensitive. A password change takes the next `password_version`; a rehash
-//! keeps it, and neither writes unless the version is still the one verified.
+//! case-insensitive. A password change takes the next `password_version`, and
+//! writes only if the version is still the one verified; a rehash keeps it, and
+//! writes only if the version and both hash columns are still the ones verified.
 
 use super::{
     db::{Arg, Conns, Row, Statement},
@@ -32,10 +34,14 @@ pub(super) mod sql {
     /// case-insensitive. A conflict inserts nothing: zero rows affected.
     pub const INSERT_USER: &str = "INSERT INTO users (id, username, password_hash, created_at, updated_at) \
          VALUES ($1, $2, $3, $4, $5) ON CONFLICT (username) DO NOTHING";
-    /// A rehash: the same password, so the same version, and only if it is still
-    /// the version verified (a rehash never undoes a password change).
-    pub const UPDATE_PASSWORD_HASH: &str = "UPDATE users SET password_hash = $1, updated_at = $2 \
-         WHERE id = $3 AND password_version = $4";
+    /// A rehash: the same password, so the same version, and only if the user's
+    /// hashes are still the ones verified (a rehash never undoes a password change,
+    /// and of concurrent first logins one rehash is stored). The new hash is
+    /// authd's own, so the ext column goes. `IS NOT DISTINCT FROM` compares NULLs
+    /// as equal on both backends (SQLite 3.39 and later).
+    pub const REHASH: &str = "UPDATE users SET password_hash = $1, password_hash_ext = NULL, updated_at = $2 \
+         WHERE id = $3 AND password_version = $4 AND password_hash = $5 \
+         AND password_hash_ext IS NOT DISTINCT FROM $6";
     /// A new password: a new version, only if the old one is still the one verified.
     pub const CHANGE_PASSWORD: &str = "UPDATE users \
          SET password_hash = $1, password_hash_ext = NULL, password_version = password_version + 1, updated_at = $2 \
@@ -65,25 +71,45 @@ pub(super) fn new_user_args(user: &NewUser, now: i64) -> [Arg<'_>; 5] {
     ]
 }
 
-/// A new hash of user `id` whose password is at `version`: a rehash of the same
-/// password, or (`change`) a new password, which takes the next version.
-pub(super) fn password_hash<'a>(
+/// A new password of user `id`, whose password is at `version`: it takes the
+/// next version.
+pub(super) fn change_password<'a>(
     id: &'a str,
     hash: &'a str,
     version: i64,
-    change: bool,
     now: i64,
 ) -> Statement<'a> {
-    let statement = if change {
-        sql::CHANGE_PASSWORD
-    } else {
-        sql::UPDATE_PASSWORD_HASH
-    };
-    Statement::new(statement)
+    Statement::new(sql::CHANGE_PASSWORD)
         .bind(hash)
         .bind(now)
         .bind(id)
         .bind(version)
+}
+
+/// `rehash` at `now`: one row changed, or none when the user's hashes are no
+/// longer the ones verified.
+pub(super) fn rehash(rehash: &Rehash, now: i64) -> Statement<'_> {
+    Statement::new(sql::REHASH)
+        .bind(rehash.hash.as_str())
+        .bind(now)
+        .bind(rehash.user_id.as_str())
+        .bind(rehash.version)
+        .bind(rehash.verified_hash.as_str())
+        .bind(rehash.verified_ext.as_deref())
+}
+
+/// A new hash of the password a login verified, to store in place of the hashes
+/// it was verified against, if they are still the user's.
+pub struct Rehash {
+    pub user_id: String,
+    /// The new hash (authd's own).
+    pub hash: String,
+    /// The password's version when it was verified (a rehash keeps it).
+    pub version: i64,
+    /// `password_hash` as it was verified.
+    pub verified_hash: String,
+    /// `password_hash_ext` as it was verified.
+    pub verified_ext: Option<String>,
 }
 
 /// The user a `FIND_USER` row describes.

@@ -5,22 +5,20 @@
 
 use super::{
     admin::{self, Change, Revoked},
-    db::Conn,
+    db::{Conn, Statement},
     error::StoreError,
     factor::{self, FactorAnswer, FactorWrite},
     session::{self, EndReason, Ended, LoggedOut, NewSession, Purged, Refreshed, Rotation},
-    users::{NewUser, password_hash},
+    users::{self, NewUser, Rehash},
 };
 
 /// A write: applied by SQLite's writer task in the batch it takes, by PostgreSQL in
 /// a transaction of its own.
 pub(super) enum Write {
     Insert(NewUser),
-    UpdateHash {
-        id: String,
-        hash: String,
-        version: i64,
-    },
+    /// Answered `Wrote(false)` when the user's hashes are no longer the ones
+    /// verified.
+    Rehash(Rehash),
     InsertSession(NewSession),
     Rotate(Rotation),
     EndByDigest {
@@ -230,10 +228,24 @@ pub(super) async fn apply_one(
         Write::Insert(_) | Write::InsertSession(_) => {
             unreachable!("inserts go in runs or alone, never here")
         }
-        Write::UpdateHash { id, hash, version } => {
-            conn.execute(password_hash(id, hash, *version, false, now))
-                .await?;
-            Ok(Answer::Done)
+        Write::Rehash(rehash) => {
+            // A rehash that fails (a trigger, a constraint) fails alone: the other
+            // writes of SQLite's batch go on, and the login it follows stands.
+            conn.execute(Statement::new("SAVEPOINT rehash")).await?;
+            match conn.execute(users::rehash(rehash, now)).await {
+                Ok(changed) => {
+                    conn.execute(Statement::new("RELEASE SAVEPOINT rehash"))
+                        .await?;
+                    Ok(Answer::Wrote(changed == 1))
+                }
+                Err(e) => {
+                    conn.execute(Statement::new("ROLLBACK TO SAVEPOINT rehash"))
+                        .await?;
+                    conn.execute(Statement::new("RELEASE SAVEPOINT rehash"))
+                        .await?;
+                    Err(StoreError::from(e))
+                }
+            }
         }
         Write::Rotate(rotation) => Ok(Answer::Refreshed(session::rotate(conn, rotation).await?)),
         Write::EndByDigest {
@@ -259,7 +271,7 @@ pub(super) async fn apply_one(
             now,
         } => {
             let changed = (conn
-                .execute(password_hash(id, hash, *version, true, *now))
+                .execute(users::change_password(id, hash, *version, *now))
                 .await?)
                 == 1;
             Ok(Answer::EndedIds(if changed {

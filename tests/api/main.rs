@@ -9,6 +9,7 @@ mod concurrency;
 mod equal_cost;
 mod errors;
 mod extauthz;
+mod foreign_login;
 mod forward_auth;
 mod forwarded;
 mod grpcurl;
