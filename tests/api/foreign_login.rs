@@ -27,19 +27,19 @@ use tonic::Code;
 
 /// A marker at the tests' cost: a PBKDF2-SHA256 hash of the marker salt
 /// (`authd:hash-ext:1`) and an output no password gives.
-fn marker() -> String {
+pub(crate) fn marker() -> String {
     format!(
         "$pbkdf2-sha256$i={FAST_ITERATIONS},l=32$YXV0aGQ6aGFzaC1leHQ6MQ$BwgJCgsMDQ4PEBESExQVFhcYGRobHB0eHyAhIiMkJSY"
     )
 }
 
 /// One record of the fixtures.
-struct Record {
-    format: String,
-    password: String,
-    wrong: String,
+pub(crate) struct Record {
+    pub(crate) format: String,
+    pub(crate) password: String,
+    pub(crate) wrong: String,
     /// As stored in `password_hash_ext` (a structured form as its JSON text).
-    hash: String,
+    pub(crate) hash: String,
 }
 
 fn records() -> Vec<Record> {
@@ -64,7 +64,7 @@ fn records() -> Vec<Record> {
         .collect()
 }
 
-fn record(format: &str, password: &str) -> Record {
+pub(crate) fn record(format: &str, password: &str) -> Record {
     records()
         .into_iter()
         .find(|r| r.format == format && r.password == password)
@@ -73,7 +73,7 @@ fn record(format: &str, password: &str) -> Record {
 
 /// Runs `statement` with text arguments (`None` is NULL) on the test's database,
 /// behind authd's back; returns the rows it changed.
-async fn run(db: &TestDb, statement: &str, args: &[Option<&str>]) -> u64 {
+pub(crate) async fn run(db: &TestDb, statement: &str, args: &[Option<&str>]) -> u64 {
     macro_rules! on {
         ($conn:expr) => {{
             let mut conn = $conn;

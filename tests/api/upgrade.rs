@@ -10,6 +10,9 @@
 //! - SQLite (one replica): restarted from N-1 to this release and back, under the
 //!   same load, with what each wrote read by the other.
 //!
+//! - A hash the previous release cannot verify (an imported one, behind its marker):
+//!   a wrong password there, a login here; a password N-1 sets wins over it.
+//!
 //! Verdicts are counts: no request of the load failed with a code a client would not
 //! retry, no session was lost (each load session refreshes to the end).
 
@@ -28,8 +31,8 @@ use authd::{
         ConfirmTotpEnrollmentRequest, LoginRequest, LoginResponse, LogoutRequest, RefreshRequest,
         RegisterRequest, ValidateTokenRequest,
         admin::{
-            DisableUserRequest, EnableUserRequest, EndSessionsRequest, UserSelector,
-            admin_service_client::AdminServiceClient, user_selector::Selector,
+            DisableUserRequest, EnableUserRequest, EndSessionsRequest, SetPasswordRequest,
+            UserSelector, admin_service_client::AdminServiceClient, user_selector::Selector,
         },
         auth_service_client::AuthServiceClient,
     },
@@ -711,5 +714,72 @@ async fn one_sqlite_replica_restarted_on_either_version_keeps_every_session() {
     running.served_again(50).await;
     let tally = running.finish().await;
     assert_nothing_lost(&tally);
+    old.stop().await;
+}
+
+#[tokio::test]
+async fn a_hash_the_previous_release_cannot_verify_is_a_wrong_password_there_and_a_password_it_sets_wins()
+ {
+    let test = "a_hash_the_previous_release_cannot_verify";
+    let Some(previous) = previous_release(test) else {
+        return;
+    };
+    let Some(db) = TestDb::new(Backend::Postgres, test).await else {
+        return;
+    };
+    let shared = Shared::new(None);
+    let old = Previous::start(&previous, &db, &shared).await;
+    // This release migrates the schema (the ext column) while N-1 serves.
+    let (mut app, new) = current(&db, &shared).await;
+    // Two users as an import leaves them: a marker, and a bcrypt hash beside it.
+    let imported = crate::foreign_login::record("bcrypt-2b", "correct horse battery staple");
+    for name in ["imported-a", "imported-b"] {
+        new.register(name, PASSWORD).await.unwrap();
+        let marker = crate::foreign_login::marker();
+        let set = "UPDATE users SET password_hash = $1, password_hash_ext = $2 WHERE username = $3";
+        let args = [
+            Some(marker.as_str()),
+            Some(imported.hash.as_str()),
+            Some(name),
+        ];
+        assert_eq!(crate::foreign_login::run(&db, set, &args).await, 1);
+    }
+
+    // N-1 verifies the marker: a wrong password, whichever password is sent.
+    for password in [imported.password.as_str(), PASSWORD] {
+        let refused = old.replica.login("imported-a", password).await.unwrap_err();
+        assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    }
+    // This release verifies the imported hash and rehashes it; from then on N-1
+    // verifies it too.
+    new.login("imported-a", &imported.password).await.unwrap();
+    old.replica
+        .login("imported-a", &imported.password)
+        .await
+        .unwrap();
+
+    // A password N-1 sets replaces the marker: the imported hash counts for nothing.
+    let set = SetPasswordRequest {
+        user: by_name("imported-b"),
+        new_password: "set by the previous release".into(),
+        keep_sessions: false,
+    };
+    old.replica
+        .admin
+        .clone()
+        .set_password(admin_request(set))
+        .await
+        .unwrap();
+    new.login("imported-b", "set by the previous release")
+        .await
+        .unwrap();
+    let refused = new
+        .login("imported-b", &imported.password)
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+
+    app.begin_shutdown();
+    app.stop().await.unwrap();
     old.stop().await;
 }
