@@ -16,6 +16,7 @@ use super::{Params, StoredHash, phc_string};
 pub const MARKER_SALT: &[u8; 16] = b"authd:hash-ext:1";
 
 /// Which of a user's two hashes a login verifies.
+#[cfg_attr(not(test), allow(dead_code, reason = "the login path reads it"))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Effective<'a> {
     /// `password_hash`: authd's own PBKDF2 PHC string.
@@ -25,6 +26,7 @@ pub enum Effective<'a> {
 }
 
 /// The hash that counts for a user whose columns hold `password_hash` and `ext`.
+#[cfg_attr(not(test), allow(dead_code, reason = "the login path reads it"))]
 pub fn effective<'a>(password_hash: &'a str, ext: Option<&'a str>) -> Effective<'a> {
     match ext {
         Some(ext) if is_marker(password_hash) => Effective::Ext(ext),
@@ -42,6 +44,7 @@ pub fn marker(iterations: u32) -> anyhow::Result<String> {
 }
 
 /// Whether `password_hash` is a marker (a PBKDF2-SHA256 hash of [`MARKER_SALT`]).
+#[cfg_attr(not(test), allow(dead_code, reason = "the login path reads it"))]
 pub fn is_marker(password_hash: &str) -> bool {
     matches!(
         StoredHash::parse(password_hash),
