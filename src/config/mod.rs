@@ -67,7 +67,7 @@ mod tokens;
 pub use crate::handlers::admin::Role as AdminRole;
 pub use admin::AdminConfig;
 pub use admin_command::{
-    AdminAction, AdminCommand, AdminConnection, SessionsAction, UserArg, UsersAction,
+    AdminAction, AdminCommand, AdminConnection, OnConflictArg, SessionsAction, UserArg, UsersAction,
 };
 pub use authz::AuthzConfig;
 pub use import::ImportConfig;

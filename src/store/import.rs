@@ -67,8 +67,9 @@ static INSERTS: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
     texts(|n| {
         let rows: Vec<String> = (0..n)
             .map(|k| {
-                let params: Vec<String> =
-                    (1..=COLUMNS).map(|i| format!("${}", k * COLUMNS + i)).collect();
+                let params: Vec<String> = (1..=COLUMNS)
+                    .map(|i| format!("${}", k * COLUMNS + i))
+                    .collect();
                 format!("({})", params.join(", "))
             })
             .collect();
@@ -154,9 +155,7 @@ pub(super) async fn import(
     for (power, run) in runs(&missed) {
         let names = run.iter().map(|r| Arg::Text(r.username.as_str()));
         let ids = run.iter().map(|r| Arg::Text(&r.id));
-        let statement = Statement::new(LOOKUPS[power])
-            .bind_all(names)
-            .bind_all(ids);
+        let statement = Statement::new(LOOKUPS[power]).bind_all(names).bind_all(ids);
         for row in conn.fetch_all(statement).await? {
             let id: String = row.get("id")?;
             let username: String = row.get("username")?;
@@ -209,7 +208,9 @@ mod tests {
         let items: Vec<usize> = (0..(LONGEST * 2 + 7)).collect();
         let sizes: Vec<usize> = runs(&items).map(|(_, run)| run.len()).collect();
         assert_eq!(sizes, [LONGEST, LONGEST, 4, 2, 1]);
-        assert!(INSERTS[0].ends_with("VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING RETURNING id"));
+        assert!(INSERTS[0].ends_with(
+            "VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING RETURNING id"
+        ));
         assert!(INSERTS[1].contains("($9, $10, $11, $12, $13, $14, $15, $16)"));
         assert!(LOOKUPS[1].ends_with("username IN ($1, $2) OR id IN ($3, $4)"));
     }

@@ -80,8 +80,8 @@ pub use admin::{Account, AccountKey, Change, Cutoff, PageQuery, Revoked, Session
 pub use backend::WriterSnapshot;
 pub use connection::{PostgresSettings, SqliteSettings, StoreSettings};
 pub use error::StoreError;
-pub use import::{ImportRecord, Imported};
 pub use factor::{Factor, FactorAnswer, FactorWrite, LiveChallenge, Proof, Proved, Purpose};
+pub use import::{ImportRecord, Imported};
 pub use schema::{EXT_HASH_LEVEL, RELEASES, SchemaState};
 pub use session::{
     EndReason, Ended, EndedSession, LiveSession, LoggedOut, NewSession, Purged, Refreshed, Rotation,

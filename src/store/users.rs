@@ -110,7 +110,7 @@ pub struct User {
     pub password_hash: String,
     /// A hash older releases cannot read, which counts while `password_hash` is a
     /// marker (`password::stored`).
-    #[cfg_attr(not(test), allow(dead_code, reason = "the login path reads it"))]
+    #[allow(dead_code, reason = "the login path reads it")]
     pub password_hash_ext: Option<String>,
     /// One more at every change of password (and when the account is disabled):
     /// what a login verified.

@@ -308,8 +308,6 @@ pub(super) async fn apply_one(
             admin::set_password(conn, user_id, hash, *end_sessions, *now).await?,
         )),
         Write::Factor(w) => Ok(Answer::Factor(factor::factor_write(conn, w).await?)),
-        Write::Import(records) => Ok(Answer::Imported(
-            import::import(conn, records, now).await?,
-        )),
+        Write::Import(records) => Ok(Answer::Imported(import::import(conn, records, now).await?)),
     })
 }

@@ -210,7 +210,9 @@ impl Importer {
                     ));
                 }
                 if let Some(first) = record.id_given.then(|| ids.get(&record.id)).flatten() {
-                    return Err(format!("duplicate: the user_id of line {first} (the first wins)"));
+                    return Err(format!(
+                        "duplicate: the user_id of line {first} (the first wins)"
+                    ));
                 }
                 Ok(record)
             });
@@ -268,8 +270,9 @@ impl Importer {
                         a.reason = format!("a different user has this {what}");
                     } else {
                         a.outcome = Outcome::Refused as i32;
-                        a.reason =
-                            format!("conflict: a different user has this {what} (on conflict: fail)");
+                        a.reason = format!(
+                            "conflict: a different user has this {what} (on conflict: fail)"
+                        );
                         if stop.is_none() {
                             stop = Some(Status::already_exists(format!(
                                 "line {}: a different user has this {what}; the import stops \
@@ -312,8 +315,7 @@ fn check(r: &ImportUsersRequest, caps: &Caps, now: i64) -> Result<ImportRecord, 
     if r.password_hash.is_empty() {
         return Err("password_hash: missing".into());
     }
-    ForeignHash::parse_with(&r.password_hash, caps)
-        .map_err(|e| format!("password_hash: {e}"))?;
+    ForeignHash::parse_with(&r.password_hash, caps).map_err(|e| format!("password_hash: {e}"))?;
     let (id, id_given) = if r.user_id.is_empty() {
         (crate::accounts::new_user_id(now), false)
     } else {
@@ -345,7 +347,11 @@ fn check(r: &ImportUsersRequest, caps: &Caps, now: i64) -> Result<ImportRecord, 
                 "disabled_reason: at most {MAX_REASON_CHARS} characters"
             ));
         }
-        let reason = if reason.is_empty() { DEFAULT_REASON } else { reason };
+        let reason = if reason.is_empty() {
+            DEFAULT_REASON
+        } else {
+            reason
+        };
         Some((now, reason.to_owned()))
     } else {
         None
@@ -380,19 +386,35 @@ mod tests {
     fn a_record_is_refused_for_what_is_wrong_never_quoting_the_hash() {
         let caps = Caps::default();
         let why = check(&record("Alice", BCRYPT_15), &caps, 0).unwrap_err();
-        assert!(why.starts_with("password_hash: bcrypt hash: cost 15 is over the cap of 14"), "{why}");
+        assert!(
+            why.starts_with("password_hash: bcrypt hash: bcrypt cost 15 is over the cap of 14"),
+            "{why}"
+        );
         assert!(!why.contains("abcdefghij"), "{why}");
         let why = check(&record("a", "$2b$04$x"), &caps, 0).unwrap_err();
         assert!(why.starts_with("username: "), "{why}");
         let why = check(&record("alice", "md5$x$y"), &caps, 0).unwrap_err();
-        assert_eq!(why, "password_hash: not a password hash format authd can verify");
+        assert_eq!(
+            why,
+            "password_hash: not a password hash format authd can verify"
+        );
         let why = check(&record("alice", ""), &caps, 0).unwrap_err();
         assert_eq!(why, "password_hash: missing");
-        let mut bad_id = record("alice", "$pbkdf2-sha256$i=1000,l=32$AKh4f+JN1Hz3qCVLeaF/SA$eHz5DaZ1OQ83rAhSufI9KXPNmC7a00/to0km3fxyPeA");
+        let mut bad_id = record(
+            "alice",
+            "$pbkdf2-sha256$i=1000,l=32$AKh4f+JN1Hz3qCVLeaF/SA$eHz5DaZ1OQ83rAhSufI9KXPNmC7a00/to0km3fxyPeA",
+        );
         bad_id.user_id = "x y".into();
-        assert!(check(&bad_id, &caps, 0).unwrap_err().starts_with("user_id: "));
+        assert!(
+            check(&bad_id, &caps, 0)
+                .unwrap_err()
+                .starts_with("user_id: ")
+        );
         bad_id.user_id = "0190a5b2-7c3e-7000-8000-000000000001".into();
         let ok = check(&bad_id, &caps, 5).unwrap();
-        assert_eq!((ok.username.as_str(), ok.id_given, ok.created_at), ("alice", true, 5));
+        assert_eq!(
+            (ok.username.as_str(), ok.id_given, ok.created_at),
+            ("alice", true, 5)
+        );
     }
 }
