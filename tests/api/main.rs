@@ -14,6 +14,7 @@ mod forwarded;
 mod grpcurl;
 mod h2raw;
 mod helpers;
+mod import;
 mod input;
 mod jwks;
 mod lifecycle;
