@@ -34,6 +34,11 @@ use tokio::sync::mpsc;
 
 /// The longest line read, in bytes.
 pub(super) const MAX_LINE: usize = 64 * 1024;
+/// The longest hash the server reads (a structured form's JSON text included).
+const MAX_HASH: usize = 4096;
+/// The largest record sent: the admin port refuses a message over 8 KiB, which
+/// would end the whole import, so a larger record is refused here, by its line.
+const MAX_RECORD: usize = 8 * 1024 - 64;
 /// The most lines between the reader and their answer.
 const IN_FLIGHT: usize = 2048;
 
@@ -414,7 +419,10 @@ fn record(text: &[u8], line: u64, on_conflict: OnConflict) -> Result<ImportUsers
         Some(_) => return Err("disabled: not true or false".into()),
     };
     let disabled_reason = text_field("disabled_reason", false)?;
-    Ok(ImportUsersRequest {
+    if password_hash.len() > MAX_HASH {
+        return Err(format!("password_hash: longer than {MAX_HASH} bytes"));
+    }
+    let record = ImportUsersRequest {
         line,
         username,
         password_hash,
@@ -423,7 +431,14 @@ fn record(text: &[u8], line: u64, on_conflict: OnConflict) -> Result<ImportUsers
         disabled,
         disabled_reason,
         on_conflict: on_conflict as i32,
-    })
+    };
+    if prost::Message::encoded_len(&record) > MAX_RECORD {
+        return Err(format!(
+            "the record is larger than {MAX_RECORD} bytes (a username is at most 64 \
+             characters, a hash {MAX_HASH} bytes)"
+        ));
+    }
+    Ok(record)
 }
 
 /// An RFC 3339 time (`2024-01-02T03:04:05Z`, `…05.123+02:00`) as a Timestamp.
@@ -496,6 +511,19 @@ mod tests {
         );
         assert_eq!(why(b"[1]"), "not a JSON object");
         assert!(why(b"{nope}").starts_with("malformed JSON"));
+        let long_hash = format!(
+            r#"{{"username": "ann", "password_hash": "{}"}}"#,
+            "x".repeat(5000)
+        );
+        assert_eq!(
+            why(long_hash.as_bytes()),
+            "password_hash: longer than 4096 bytes"
+        );
+        let long_name = format!(
+            r#"{{"username": "{}", "password_hash": "x"}}"#,
+            "a".repeat(9000)
+        );
+        assert!(why(long_name.as_bytes()).starts_with("the record is larger than"));
     }
 
     #[test]

@@ -447,6 +447,21 @@ async fn only_an_admin_key_imports(db: TestDb) {
     let request = tonic::Request::new(tokio_stream::iter(vec![ImportUsersRequest::default()]));
     let status = client.import_users(request).await.unwrap_err();
     assert_eq!(status.code(), Code::Unauthenticated);
+    // A message over the admin port's 8 KiB ends the stream: nothing of it is read.
+    let big = ImportUsersRequest {
+        line: 1,
+        username: "big".into(),
+        password_hash: "x".repeat(9000),
+        ..Default::default()
+    };
+    let mut request = tonic::Request::new(tokio_stream::iter(vec![big]));
+    let bearer = format!("Bearer {ADMIN_KEY}").parse().unwrap();
+    request.metadata_mut().insert("authorization", bearer);
+    let outcome = match client.import_users(request).await {
+        Ok(answers) => answers.into_inner().message().await.map(|_| ()),
+        Err(status) => Err(status),
+    };
+    assert_eq!(outcome.unwrap_err().code(), Code::OutOfRange);
 }
 
 async fn imported_fixture_users_log_in_with_their_original_password(db: TestDb) {
