@@ -215,6 +215,10 @@ impl Rpc {
 /// on the gRPC and the admin ports alike.
 pub(crate) const MAX_MESSAGE_BYTES: usize = 4 * 1024;
 
+/// Requests larger than this are refused on the admin port: an ImportUsers record
+/// carries a hash of up to 4 KiB beside its other fields.
+pub(crate) const MAX_ADMIN_MESSAGE_BYTES: usize = 8 * 1024;
+
 /// The largest `Check` request (a gRPC frame's payload) authd reads: it carries
 /// every header of the proxied request (Envoy's own default bound on headers is
 /// 60 KiB), far more than authd's own messages.

@@ -16,7 +16,10 @@ use super::{
 use crate::{
     credentials::Password,
     error::Error,
-    store::{Account, AccountKey, Change, EndReason, PageQuery, Revoked, SessionInfo},
+    store::{
+        Account, AccountKey, Change, EndReason, ImportRecord, Imported, PageQuery, Revoked,
+        SessionInfo,
+    },
 };
 use std::time::Instant;
 
@@ -46,7 +49,17 @@ pub(super) fn session_id_after(now: i64, cutoff: Option<i64>) -> String {
     super::uuid_v7(at).to_string()
 }
 
+/// The id of a new user made at `now` (Unix milliseconds).
+pub fn new_user_id(now: i64) -> String {
+    super::uuid_v7(now).to_string()
+}
+
 impl Accounts {
+    /// Stores a batch of imported users in one transaction: what each came to.
+    pub async fn import_users(&self, records: Vec<ImportRecord>) -> Result<Vec<Imported>, Error> {
+        Ok(self.store.import_users(records).await?)
+    }
+
     /// The account `key` names.
     pub async fn account(&self, key: &AccountKey) -> Result<Account, Error> {
         (self.store.account(key, self.clock.millis()).await?).ok_or(Error::NoSuchUser)

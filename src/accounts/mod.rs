@@ -32,7 +32,7 @@ mod admin;
 mod second_factor;
 mod upkeep;
 
-pub use admin::{Changed, MAX_SESSIONS};
+pub use admin::{Changed, MAX_SESSIONS, new_user_id};
 pub use second_factor::SecondFactorSettings;
 
 use crate::{

@@ -15,9 +15,11 @@
 //! # Layout
 //!
 //! - this file: the connection, the calls, the failures and their exit status.
+//! - `import`: `users import`, JSON Lines streamed to ImportUsers.
 //! - `input`: the new password of `set-password`, from standard input or a file.
 //! - `view`: what is printed: tables and lines for people, JSON for scripts.
 
+mod import;
 mod input;
 mod view;
 
@@ -62,12 +64,22 @@ enum Failure {
     Usage(String),
     /// The answer could not be written on stdout.
     Output(std::io::Error),
+    /// An import whose lines were answered, some refused: the summary goes on
+    /// stdout, the count on stderr.
+    LinesRefused { summary: String, refused: u64 },
+    /// An import the server stopped (a conflict with --on-conflict fail, an error):
+    /// the summary of what was answered, and why.
+    Stopped {
+        summary: String,
+        cause: Box<Failure>,
+    },
 }
 
 impl Failure {
     fn exit_status(&self) -> u8 {
         match self {
-            Failure::Refused(_) | Failure::Output(_) => REFUSED,
+            Failure::Refused(_) | Failure::Output(_) | Failure::LinesRefused { .. } => REFUSED,
+            Failure::Stopped { cause, .. } => cause.exit_status(),
             Failure::Usage(_) => USAGE,
             Failure::NoAnswer(_) => NO_ANSWER,
         }
@@ -103,6 +115,10 @@ impl fmt::Display for Failure {
             }
             Failure::NoAnswer(why) | Failure::Usage(why) => f.write_str(why),
             Failure::Output(e) => write!(f, "cannot write the answer on stdout: {e}"),
+            Failure::LinesRefused { refused, .. } => {
+                write!(f, "{refused} lines refused (each printed with its number)")
+            }
+            Failure::Stopped { cause, .. } => write!(f, "the import stopped: {cause}"),
         }
     }
 }
@@ -123,6 +139,14 @@ pub async fn run(config: &Config, command: &AdminCommand) -> ExitCode {
     match done {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
+            if let Failure::LinesRefused { summary, .. } | Failure::Stopped { summary, .. } =
+                &failure
+            {
+                let mut stdout = std::io::stdout().lock();
+                let _ = stdout
+                    .write_all(summary.as_bytes())
+                    .and_then(|()| stdout.flush());
+            }
             eprintln!("authd: error: {failure}");
             ExitCode::from(failure.exit_status())
         }
@@ -138,6 +162,12 @@ async fn execute(config: &Config, command: &AdminCommand) -> Result<String, Fail
     let new_password = match &command.action {
         AdminAction::SetPassword { password_file, .. } => {
             Some(input::new_password(password_file.as_deref()).map_err(Failure::Usage)?)
+        }
+        _ => None,
+    };
+    let input = match &command.action {
+        AdminAction::Users(UsersAction::Import { file, .. }) => {
+            Some(import::Input::open(file).map_err(Failure::Usage)?)
         }
         _ => None,
     };
@@ -267,6 +297,12 @@ async fn execute(config: &Config, command: &AdminCommand) -> Result<String, Fail
                 answer.changed,
                 as_json,
             ))
+        }
+        AdminAction::Users(UsersAction::Import { on_conflict, .. }) => {
+            let Some(input) = input else {
+                return Err(Failure::Usage("no input".into()));
+            };
+            import::run(&admin, input, *on_conflict, as_json).await
         }
         AdminAction::Users(UsersAction::Delete { user, .. }) => {
             let request = DeleteUserRequest {

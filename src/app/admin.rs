@@ -22,6 +22,7 @@ pub(super) struct AdminPort {
     socket: TcpListener,
     addr: SocketAddr,
     settings: AdminSettings,
+    import_caps: crate::password::foreign::Caps,
 }
 
 impl AdminPort {
@@ -37,6 +38,7 @@ impl AdminPort {
             socket,
             addr,
             settings,
+            import_caps: config.import.caps(),
         }))
     }
 
@@ -62,7 +64,8 @@ impl AdminPort {
             self.settings,
             core.accounts.audit().clone(),
             core.metrics.admin.clone(),
-        );
+        )
+        .with_import_caps(self.import_caps);
         let routes = Routes::new(health)
             .add_service(reflection().build_v1()?)
             .add_service(reflection().build_v1alpha()?)

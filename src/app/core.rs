@@ -68,7 +68,7 @@ impl Core {
         // Before the store: a bad list file stops the start before anything is opened.
         let blocklist = Arc::new(config.passwords.blocklist(&metrics)?);
         let store = Store::open(config.store.settings(), &metrics, clock.clone()).await?;
-        let hasher = config.passwords.hasher(&metrics)?;
+        let hasher = (config.passwords.hasher(&metrics)?).with_caps(config.import.caps());
         let tokens = config
             .tokens
             .tokens(keys.ring.clone(), &metrics, clock.clone());

@@ -1,5 +1,6 @@
 //! The commands that open the configured database without serving: `authd
-//! migrate`, its `--status` and its `--check-rollback`.
+//! migrate`, its `--status` and its `--check-rollback` (which also counts the users
+//! an older release could not log in: those with an imported hash).
 
 use crate::{config::Config, store::Store};
 
@@ -34,6 +35,27 @@ pub async fn check_rollback(config: &Config, version: &str) -> anyhow::Result<Ro
         );
     };
     let state = schema(config).await?;
+    if let Err(why) = state.runs(release) {
+        return Ok(RollbackVerdict {
+            safe: false,
+            reason: format!("unsafe: {why}"),
+        });
+    }
+    if release.level < crate::store::EXT_HASH_LEVEL {
+        let imported = Store::ext_hash_users(&config.store.settings()).await?;
+        if imported > 0 {
+            return Ok(RollbackVerdict {
+                safe: false,
+                reason: format!(
+                    "unsafe: {imported} users have a password hash authd {version} (schema \
+                     level {}) cannot verify (imported, in users.password_hash_ext; \
+                     docs/migration.md): under it their logins fail as with a wrong password \
+                     until this release runs again or their password is set anew",
+                    release.level
+                ),
+            });
+        }
+    }
     Ok(match state.runs(release) {
         Ok(()) => RollbackVerdict {
             safe: true,

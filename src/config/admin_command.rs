@@ -24,6 +24,20 @@ message: UNAUTHENTICATED, PERMISSION_DENIED, NOT_FOUND, INVALID_ARGUMENT, ...); 
 (cannot connect, the connection failed, the timeout passed, or UNAVAILABLE): trying again later \
 may help.";
 
+/// The exit statuses of `authd admin users import`.
+const IMPORT_EXIT_STATUS: &str = "\
+Exit status: 0 every line imported, unchanged or skipped; 1 a line was refused (each printed \
+with its number and reason), or the server refused the call or stopped it on a conflict \
+(--on-conflict fail); 2 a usage error (no admin key, a file that cannot be read); 3 no answer \
+(cannot connect, the connection failed, or UNAVAILABLE).";
+
+/// `--on-conflict`: what to do when a different user has a record's name or id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnConflictArg {
+    Fail,
+    Skip,
+}
+
 /// The variable holding the admin key when `--key-file` is not given.
 const ADMIN_KEY_VAR: &str = "AUTHD_ADMIN_KEY";
 
@@ -213,6 +227,21 @@ pub enum UsersAction {
     RemoveSecondFactors {
         #[command(flatten)]
         user: UserArg,
+    },
+    /// Import users with the password hashes they already have, from a JSON Lines file
+    /// (one user a line; docs/migration.md) or `-` for standard input. Every refused
+    /// line is printed with its number and why; a summary ends the output; progress
+    /// shows on stderr when it is a terminal. Exit status 0 when no line was refused.
+    #[command(after_help = IMPORT_EXIT_STATUS)]
+    Import {
+        /// The JSON Lines file, or - for standard input.
+        #[arg(value_name = "FILE|-")]
+        file: PathBuf,
+        /// What to do with a user whose username or user_id belongs to a different
+        /// user already: fail (refuse it and stop after its batch) or skip it (and go
+        /// on). Never overwritten.
+        #[arg(long, value_enum, default_value = "fail", display_order = 0)]
+        on_conflict: OnConflictArg,
     },
     /// Delete an account, its sessions and their refresh tokens, for good; its username
     /// may be registered again. Needs --yes.

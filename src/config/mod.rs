@@ -26,6 +26,7 @@
 //!   headers' prefix, the `authorization` header, the challenge's realm.
 //! - `second_factor`: the data keys that seal TOTP secrets, the TOTP issuer, the
 //!   lifetime of Login's challenges.
+//! - `import`: the caps on the cost of imported password hashes.
 //! - `admin_command`: the command line of `authd admin`, the admin API's client: its
 //!   subcommands, its connection's options, the admin key it reads from `--key-file`
 //!   or `AUTHD_ADMIN_KEY` (never from an argument).
@@ -50,6 +51,7 @@
 mod admin;
 mod admin_command;
 mod authz;
+mod import;
 mod limits;
 mod overload;
 mod parse;
@@ -65,9 +67,10 @@ mod tokens;
 pub use crate::handlers::admin::Role as AdminRole;
 pub use admin::AdminConfig;
 pub use admin_command::{
-    AdminAction, AdminCommand, AdminConnection, SessionsAction, UserArg, UsersAction,
+    AdminAction, AdminCommand, AdminConnection, OnConflictArg, SessionsAction, UserArg, UsersAction,
 };
 pub use authz::AuthzConfig;
+pub use import::ImportConfig;
 pub use limits::LimitsConfig;
 pub use overload::OverloadConfig;
 pub use parse::MetricsListen;
@@ -114,7 +117,7 @@ pub enum Command {
         status: bool,
         /// Whether authd VERSION (e.g. 0.1.0) can run on this database's schema, for a
         /// rollback to it: prints the answer and its reason; exit status 1 when it
-        /// cannot.
+        /// cannot, or when users have imported hashes it cannot verify (their count).
         #[arg(long, value_name = "VERSION")]
         check_rollback: Option<String>,
     },
@@ -223,6 +226,8 @@ pub struct Config {
     pub second_factor: SecondFactorConfig,
     #[command(flatten)]
     pub authz: AuthzConfig,
+    #[command(flatten)]
+    pub import: ImportConfig,
 
     /// Tests only: the one clock every component reads (none: the machine's).
     #[arg(skip)]

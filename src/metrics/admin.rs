@@ -1,5 +1,5 @@
-//! The admin API's metrics: its calls by RPC and status code, and the accounts it
-//! disabled and deleted.
+//! The admin API's metrics: its calls by RPC and status code, the accounts it
+//! disabled and deleted, and the records it imported by outcome.
 //!
 //! The RPC label takes only the admin service's method names (resolved by the
 //! service, never from what a client sends) and the code label the 17 codes.
@@ -15,6 +15,7 @@ pub(crate) struct AdminMetrics {
     pub disabled: IntCounter,
     /// Accounts deleted.
     pub deleted: IntCounter,
+    imported: IntCounterVec,
 }
 
 impl AdminMetrics {
@@ -33,7 +34,19 @@ impl AdminMetrics {
                 "authd_admin_users_deleted_total",
                 "Accounts an administrator deleted.",
             ),
+            imported: f.counter_vec(
+                "authd_admin_imported_records_total",
+                "Records of ImportUsers answered, by outcome (created, unchanged, skipped, \
+                 refused).",
+                &["outcome"],
+            ),
         }
+    }
+
+    /// Counts `n` imported records answered `outcome` (created, unchanged, skipped,
+    /// refused).
+    pub fn imported(&self, outcome: &'static str, n: u64) {
+        self.imported.with_label_values(&[outcome]).inc_by(n);
     }
 
     /// Counts one call of `rpc` (a method name of the admin service) answered `code`.

@@ -231,6 +231,7 @@ const MAX_OUTPUT: usize = 128;
 impl ForeignHash {
     /// Parses a stored hash in any of the formats above (a structured form as its
     /// JSON text) and checks it against the default [`Caps`].
+    #[cfg(test)]
     pub fn parse(input: &str) -> Result<Self, FormatError> {
         Self::parse_with(input, &Caps::default())
     }
@@ -282,18 +283,12 @@ impl ForeignHash {
         Ok(hash)
     }
 
-    #[cfg_attr(
-        not(test),
-        allow(dead_code, reason = "read by the import, which is built beside login")
-    )]
+    #[cfg(test)]
     pub fn format(&self) -> Format {
         self.format
     }
 
-    #[cfg_attr(
-        not(test),
-        allow(dead_code, reason = "read by the import, which is built beside login")
-    )]
+    #[cfg(test)]
     pub fn scheme(&self) -> Scheme {
         self.scheme
     }

@@ -95,6 +95,8 @@ pub struct Hasher {
     dummy: String,
     /// The highest iteration count of any stored hash, as last read from the store.
     highest_stored: AtomicU32,
+    /// The highest cost a foreign hash may have, at import and at login alike.
+    caps: foreign::Caps,
 }
 
 impl Hasher {
@@ -106,7 +108,15 @@ impl Hasher {
             pool,
             params,
             highest_stored: AtomicU32::new(0),
+            caps: foreign::Caps::default(),
         })
+    }
+
+    /// Bounds every foreign verification by `caps` (the import's, so that a hash
+    /// imported under them also verifies under them).
+    pub fn with_caps(mut self, caps: foreign::Caps) -> Self {
+        self.caps = caps;
+        self
     }
 
     pub fn iterations(&self) -> u32 {
@@ -216,7 +226,7 @@ impl Hasher {
         deadline: Option<Instant>,
     ) -> Result<Verification, Error> {
         // The reason names the format and what is wrong, never the hash.
-        let hash = ForeignHash::parse(ext).map_err(|e| {
+        let hash = ForeignHash::parse_with(ext, &self.caps).map_err(|e| {
             Error::Internal(anyhow::anyhow!(
                 "a stored foreign password hash does not parse: {e}"
             ))

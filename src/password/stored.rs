@@ -33,13 +33,6 @@ pub fn effective<'a>(password_hash: &'a str, ext: Option<&'a str>) -> Effective<
 }
 
 /// A marker at `iterations` rounds: what `password_hash` holds beside an ext hash.
-#[cfg_attr(
-    not(test),
-    allow(
-        dead_code,
-        reason = "written by the import, which is built beside login"
-    )
-)]
 pub fn marker(iterations: u32) -> anyhow::Result<String> {
     let params = Params::new(iterations)
         .map_err(|e| anyhow::anyhow!("invalid PBKDF2 iteration count {iterations}: {e}"))?;

@@ -18,6 +18,7 @@ use super::{
     db::Conns,
     error::StoreError,
     factor::{self, Factor, FactorAnswer, FactorWrite, LiveChallenge},
+    import::{ImportRecord, Imported},
     session::{self, Ended, EndedSession, LoggedOut, NewSession, Purged, Refreshed, Rotation},
     users::{self, NewUser, Rehash, User},
     writes::{Answer, Answered, Write},
@@ -255,6 +256,11 @@ pub(super) trait Backend: Send + Sync {
                 now,
             },
         )
+    }
+
+    /// A batch of imported users, in one transaction (`import::import`).
+    fn import_users(&self, records: Vec<ImportRecord>) -> Op<'_, Vec<Imported>> {
+        applied(self, Write::Import(records))
     }
 
     /// A write of the second factor (`factor::factor_write`).

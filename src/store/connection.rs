@@ -252,6 +252,34 @@ pub(super) async fn read_schema(settings: &StoreSettings) -> anyhow::Result<Sche
     }
 }
 
+/// Users whose password is an ext hash (a marker in `password_hash`), read without
+/// changing anything: for `authd migrate --check-rollback`.
+pub(super) async fn read_ext_users(settings: &StoreSettings) -> anyhow::Result<i64> {
+    match settings {
+        StoreSettings::Sqlite(s) => {
+            anyhow::ensure!(
+                s.path.exists(),
+                "no SQLite database at {}",
+                s.path.display()
+            );
+            let mut conn = SqliteConnection::connect_with(&sqlite_options(s).read_only(true))
+                .await
+                .with_context(|| format!("opening SQLite database {}", s.path.display()))?;
+            let count = super::schema::sqlite_ext_users(&mut conn).await;
+            conn.close().await.context("closing the SQLite database")?;
+            count
+        }
+        StoreSettings::Postgres(s) => {
+            let mut conn = PgConnection::connect_with(&postgres_options(s)?)
+                .await
+                .context("connecting to PostgreSQL")?;
+            let count = super::schema::postgres_ext_users(&mut conn).await;
+            conn.close().await.context("closing the connection")?;
+            count
+        }
+    }
+}
+
 /// A backend's pool of connections: the wait for one is measured, and every
 /// operation on one is bounded by [`Connections::limit`].
 pub(super) struct Connections<DB: Database> {

@@ -28,6 +28,7 @@ pub(super) enum Arg<'a> {
     Text(&'a str),
     Owned(String),
     MaybeText(Option<&'a str>),
+    MaybeInt(Option<i64>),
 }
 
 impl From<i64> for Arg<'_> {
@@ -68,6 +69,7 @@ impl Arg<'_> {
             Arg::Text(v) => query.bind(v),
             Arg::Owned(v) => query.bind(v),
             Arg::MaybeText(v) => query.bind(v),
+            Arg::MaybeInt(v) => query.bind(v),
         }
     }
 
@@ -77,6 +79,7 @@ impl Arg<'_> {
             Arg::Text(v) => query.bind(v),
             Arg::Owned(v) => query.bind(v),
             Arg::MaybeText(v) => query.bind(v),
+            Arg::MaybeInt(v) => query.bind(v),
         }
     }
 }

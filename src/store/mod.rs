@@ -42,6 +42,8 @@
 //!   connection (both backends).
 //! - `admin`: accounts as the admin API sees and changes them, and the per-user
 //!   token cutoffs.
+//! - `import`: users imported with the hashes they have, a batch in one
+//!   transaction.
 //! - `factor`: the second factor: TOTP factors, recovery codes, Login's challenges.
 //! - `connection`: the backend choice and its settings, connect options, and the
 //!   pools operations take a bounded connection from.
@@ -62,6 +64,7 @@ mod connection;
 mod db;
 mod error;
 mod factor;
+mod import;
 mod kept;
 mod postgres;
 mod schema;
@@ -78,7 +81,8 @@ pub use backend::WriterSnapshot;
 pub use connection::{PostgresSettings, SqliteSettings, StoreSettings};
 pub use error::StoreError;
 pub use factor::{Factor, FactorAnswer, FactorWrite, LiveChallenge, Proof, Proved, Purpose};
-pub use schema::{RELEASES, SchemaState};
+pub use import::{ImportRecord, Imported};
+pub use schema::{EXT_HASH_LEVEL, RELEASES, SchemaState};
 pub use session::{
     EndReason, Ended, EndedSession, LiveSession, LoggedOut, NewSession, Purged, Refreshed, Rotation,
 };
@@ -154,6 +158,7 @@ struct Operations {
     read_challenge: OperationMetrics,
     find_user_by_id: OperationMetrics,
     write_factor: OperationMetrics,
+    import_users: OperationMetrics,
 }
 
 impl Operations {
@@ -184,6 +189,7 @@ impl Operations {
             read_challenge: OperationMetrics::new(metrics, backend, "read_challenge"),
             find_user_by_id: OperationMetrics::new(metrics, backend, "find_user_by_id"),
             write_factor: OperationMetrics::new(metrics, backend, "write_factor"),
+            import_users: OperationMetrics::new(metrics, backend, "import_users"),
         }
     }
 }
@@ -245,6 +251,12 @@ impl Store {
     /// The database's schema, read without changing it: `authd migrate --status`.
     pub async fn schema(settings: &StoreSettings) -> anyhow::Result<SchemaState> {
         connection::read_schema(settings).await
+    }
+
+    /// How many users' passwords are in `password_hash_ext` (imported hashes behind a
+    /// marker), read without changing anything: `authd migrate --check-rollback`.
+    pub async fn ext_hash_users(settings: &StoreSettings) -> anyhow::Result<i64> {
+        connection::read_ext_users(settings).await
     }
 
     /// Stores a new user; [`StoreError::Duplicate`] when the username is taken.
@@ -500,6 +512,16 @@ impl Store {
     /// A write of the second factor, in one transaction (see `factor`).
     pub async fn factor_write(&self, write: FactorWrite) -> Result<FactorAnswer, StoreError> {
         self.timed(&self.ops.write_factor, self.backend.factor_write(write))
+            .await
+    }
+
+    /// Stores a batch of imported users in one transaction (on SQLite, in the
+    /// writer's): what each record came to, in order.
+    pub async fn import_users(
+        &self,
+        records: Vec<ImportRecord>,
+    ) -> Result<Vec<Imported>, StoreError> {
+        self.timed(&self.ops.import_users, self.backend.import_users(records))
             .await
     }
 

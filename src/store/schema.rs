@@ -36,6 +36,10 @@ use std::fmt;
 /// The compatible migrations this binary knows: the highest version it carries.
 pub const SCHEMA_LEVEL: i64 = 2;
 
+/// The level whose releases read `users.password_hash_ext`: below it a user whose
+/// hash is there (behind a marker) cannot log in.
+pub const EXT_HASH_LEVEL: i64 = 2;
+
 /// The table of the compatible migrations' ledger.
 const LEDGER: &str = "authd_migrations";
 
@@ -260,6 +264,54 @@ pub(super) async fn postgres_state(conn: &mut PgConnection) -> anyhow::Result<Sc
     Ok(state)
 }
 
+/// What every marker holds between `$`s: its salt, in the PHC string's B64.
+fn marker_needle() -> String {
+    use base64::Engine as _;
+    let salt = base64::engine::general_purpose::STANDARD_NO_PAD
+        .encode(crate::password::stored::MARKER_SALT);
+    format!("${salt}$")
+}
+
+/// Users whose password is in `password_hash_ext` (a marker in `password_hash`),
+/// on SQLite; 0 when the schema has no such column yet.
+pub(super) async fn sqlite_ext_users(conn: &mut SqliteConnection) -> anyhow::Result<i64> {
+    let column: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM pragma_table_info('users') WHERE name = 'password_hash_ext'",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    if column == 0 {
+        return Ok(0);
+    }
+    Ok(sqlx::query_scalar(
+        "SELECT COUNT(*) FROM users WHERE password_hash_ext IS NOT NULL \
+         AND instr(password_hash, $1) > 0",
+    )
+    .bind(marker_needle())
+    .fetch_one(&mut *conn)
+    .await?)
+}
+
+/// [`sqlite_ext_users`] on PostgreSQL (in the connection's search path).
+pub(super) async fn postgres_ext_users(conn: &mut PgConnection) -> anyhow::Result<i64> {
+    let column: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_name = 'users' \
+         AND column_name = 'password_hash_ext' AND table_schema = current_schema())",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    if !column {
+        return Ok(0);
+    }
+    Ok(sqlx::query_scalar(
+        "SELECT COUNT(*) FROM users WHERE password_hash_ext IS NOT NULL \
+         AND strpos(password_hash, $1) > 0",
+    )
+    .bind(marker_needle())
+    .fetch_one(&mut *conn)
+    .await?)
+}
+
 /// The required level, from the table the first compatible migration creates.
 const REQUIRED: &str = "SELECT requires_level FROM authd_schema";
 
@@ -289,6 +341,13 @@ mod tests {
             .collect();
         names.sort();
         names
+    }
+
+    #[test]
+    fn every_marker_holds_the_needle_and_no_other_hash_does() {
+        let marker = crate::password::stored::marker(1000).unwrap();
+        assert!(marker.contains(&marker_needle()), "{marker}");
+        assert!(!"$pbkdf2-sha256$i=1000,l=32$AKh4f+JN1Hz3qCVLeaF/SA$eHz5DaZ1OQ83rAhSufI9KXPNmC7a00/to0km3fxyPeA".contains(&marker_needle()));
     }
 
     #[test]

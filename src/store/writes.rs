@@ -8,6 +8,7 @@ use super::{
     db::{Conn, Statement},
     error::StoreError,
     factor::{self, FactorAnswer, FactorWrite},
+    import::{self, ImportRecord, Imported},
     session::{self, EndReason, Ended, LoggedOut, NewSession, Purged, Refreshed, Rotation},
     users::{self, NewUser, Rehash},
 };
@@ -74,6 +75,8 @@ pub(super) enum Write {
         now: i64,
     },
     Factor(FactorWrite),
+    /// A batch of imported users, in one transaction.
+    Import(Vec<ImportRecord>),
 }
 
 /// What a write came to, for the caller to unwrap (each write has one kind).
@@ -91,6 +94,7 @@ pub(super) enum Answer {
     Count(u64),
     Ids(Vec<String>),
     Factor(FactorAnswer),
+    Imported(Vec<Imported>),
 }
 
 /// The value an [`Answer`] holds for one kind of write.
@@ -207,6 +211,15 @@ impl Answered for Vec<String> {
     }
 }
 
+impl Answered for Vec<Imported> {
+    fn from_answer(answer: Answer) -> Option<Self> {
+        match answer {
+            Answer::Imported(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
 impl Answered for FactorAnswer {
     fn from_answer(answer: Answer) -> Option<Self> {
         match answer {
@@ -307,5 +320,6 @@ pub(super) async fn apply_one(
             admin::set_password(conn, user_id, hash, *end_sessions, *now).await?,
         )),
         Write::Factor(w) => Ok(Answer::Factor(factor::factor_write(conn, w).await?)),
+        Write::Import(records) => Ok(Answer::Imported(import::import(conn, records, now).await?)),
     })
 }

@@ -15,6 +15,7 @@ mod forwarded;
 mod grpcurl;
 mod h2raw;
 mod helpers;
+mod import;
 mod input;
 mod jwks;
 mod lifecycle;

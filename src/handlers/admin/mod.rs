@@ -11,8 +11,11 @@
 //! # Layout
 //!
 //! - this file: the service, its credentials check and its rate limit.
+//! - `import`: ImportUsers, a stream of users with the hashes they have, written
+//!   in batches.
 //! - `keys`: the admin keys file and the constant-time check of a key.
 
+mod import;
 mod keys;
 
 pub use keys::{Actor, AdminKeys, Role};
@@ -100,6 +103,8 @@ pub struct AdminApi {
     rate: u32,
     audit: Audit,
     metrics: AdminMetrics,
+    /// The caps ImportUsers checks foreign hashes against.
+    import_caps: crate::password::foreign::Caps,
 }
 
 /// What a method needs of its caller's key.
@@ -127,12 +132,19 @@ impl AdminApi {
             rate: settings.rate,
             audit,
             metrics,
+            import_caps: crate::password::foreign::Caps::default(),
         }
+    }
+
+    /// The caps ImportUsers checks foreign hashes against (AUTHD_IMPORT_MAX_*).
+    pub fn with_import_caps(mut self, caps: crate::password::foreign::Caps) -> Self {
+        self.import_caps = caps;
+        self
     }
 
     pub fn server(self) -> admin_service_server::AdminServiceServer<Self> {
         admin_service_server::AdminServiceServer::new(self)
-            .max_decoding_message_size(crate::rpc::MAX_MESSAGE_BYTES)
+            .max_decoding_message_size(crate::rpc::MAX_ADMIN_MESSAGE_BYTES)
     }
 
     fn caller<T>(&self, request: &Request<T>) -> Caller {
@@ -574,6 +586,15 @@ impl admin_service_server::AdminService for AdminApi {
             ))
         })
         .await
+    }
+
+    type ImportUsersStream = import::ImportStream;
+
+    async fn import_users(
+        &self,
+        request: Request<tonic::Streaming<crate::pb::admin::ImportUsersRequest>>,
+    ) -> Result<Response<Self::ImportUsersStream>, Status> {
+        self.import(request).await
     }
 
     async fn remove_second_factors(
