@@ -41,7 +41,7 @@ use crate::{
     credentials::{Password, Username},
     error::Error,
     metrics::{LoginOutcome, Metrics, SecondFactorMetrics},
-    password::Hasher,
+    password::{Hasher, stored},
     refresh::{RefreshToken, RotationKey},
     revocation::Revocations,
     store::{EndReason, LiveSession, LoggedOut, NewSession, NewUser, Refreshed, Rotation, Store},
@@ -269,13 +269,16 @@ impl Accounts {
         // queue refuses both before the hash). The insert decides, also between
         // concurrent registrations of one name.
         self.store.find_user(&username).await?;
-        let password_hash = self.hasher.hash(password, deadline).await?;
+        // By the policy: under argon2id, an Argon2id hash in the ext column and a
+        // marker beside it.
+        let hash = self.hasher.hash(password, deadline).await?;
         let id = uuid_v7(self.clock.millis()).to_string();
         self.store
             .insert_user(NewUser {
                 id: id.clone(),
                 username,
-                password_hash,
+                password_hash: hash.password_hash,
+                password_hash_ext: hash.password_hash_ext,
             })
             .await?;
         self.audit.registered(caller, &id);
@@ -412,7 +415,8 @@ impl Accounts {
             Some(begun) => Some(begun.place().await?),
             None => None,
         };
-        let stored = user.as_ref().map(|u| u.password_hash.clone());
+        let stored = (user.as_ref())
+            .map(|u| stored::effective(&u.password_hash, u.password_hash_ext.as_deref()));
         let verification = self
             .hasher
             .verify(password.clone(), stored, deadline)
@@ -651,7 +655,13 @@ impl Accounts {
         // Only if the password is still the one checked: of two changes at once
         // with the same current password, one wins.
         let Some(ended) = (self.store)
-            .change_password(&user.id, hash, user.password_version, now)
+            .change_password(
+                &user.id,
+                hash.password_hash,
+                hash.password_hash_ext,
+                user.password_version,
+                now,
+            )
             .await?
         else {
             let why = Failure::Superseded;
@@ -689,7 +699,12 @@ impl Accounts {
         let result = async {
             let hash = self.hasher.hash(password, deadline).await?;
             (self.store)
-                .update_password_hash(user_id, hash, user.password_version)
+                .update_password_hash(
+                    user_id,
+                    hash.password_hash,
+                    hash.password_hash_ext,
+                    user.password_version,
+                )
                 .await?;
             Ok::<_, Error>(())
         }
@@ -697,8 +712,9 @@ impl Accounts {
         match result {
             Ok(()) => tracing::info!(
                 user_id,
+                algorithm = ?self.hasher.policy().algorithm,
                 iterations = self.hasher.iterations(),
-                "password rehashed with the current parameters"
+                "password rehashed by the current policy"
             ),
             Err(e) => {
                 tracing::warn!(user_id, error = %e, "rehashing a password failed; will retry at the next login");

@@ -63,7 +63,13 @@ pub(super) trait Backend: Send + Sync {
     fn find_user<'a>(&'a self, username: &'a Username) -> Op<'a, Option<User>>;
 
     /// A rehash of the same password, if the password is still at `version`.
-    fn update_password_hash<'a>(&'a self, id: &'a str, hash: String, version: i64) -> Op<'a, ()>;
+    fn update_password_hash<'a>(
+        &'a self,
+        id: &'a str,
+        hash: String,
+        ext: Option<String>,
+        version: i64,
+    ) -> Op<'a, ()>;
 
     /// Login's session, if the user's password is still at the version verified.
     fn insert_session(&self, session: NewSession) -> Op<'_, bool>;
@@ -170,6 +176,7 @@ pub(super) trait Backend: Send + Sync {
         &self,
         id: &str,
         hash: String,
+        ext: Option<String>,
         version: i64,
         now: i64,
     ) -> Op<'_, Option<Vec<String>>> {
@@ -179,6 +186,7 @@ pub(super) trait Backend: Send + Sync {
             Write::ChangePassword {
                 id,
                 hash,
+                ext,
                 version,
                 now,
             },
@@ -241,6 +249,7 @@ pub(super) trait Backend: Send + Sync {
         &self,
         user_id: &str,
         hash: String,
+        ext: Option<String>,
         end_sessions: bool,
         now: i64,
     ) -> Op<'_, Option<Vec<String>>> {
@@ -250,6 +259,7 @@ pub(super) trait Backend: Send + Sync {
             Write::SetPassword {
                 user_id,
                 hash,
+                ext,
                 end_sessions,
                 now,
             },

@@ -258,17 +258,19 @@ impl Store {
             .await
     }
 
-    /// Stores a rehash of the same password; nothing when the password's version is
-    /// no longer `version`.
+    /// Stores a rehash of the same password (`hash`, and `ext` in the ext column,
+    /// which `None` clears); nothing when the password's version is no longer
+    /// `version`.
     pub async fn update_password_hash(
         &self,
         id: &str,
         hash: String,
+        ext: Option<String>,
         version: i64,
     ) -> Result<(), StoreError> {
         self.timed(
             &self.ops.update_password_hash,
-            self.backend.update_password_hash(id, hash, version),
+            self.backend.update_password_hash(id, hash, ext, version),
         )
         .await
     }
@@ -329,12 +331,13 @@ impl Store {
         &self,
         id: &str,
         hash: String,
+        ext: Option<String>,
         version: i64,
         now: i64,
     ) -> Result<Option<Vec<String>>, StoreError> {
         self.timed(
             &self.ops.change_password,
-            self.backend.change_password(id, hash, version, now),
+            self.backend.change_password(id, hash, ext, version, now),
         )
         .await
     }
@@ -456,19 +459,21 @@ impl Store {
         .await
     }
 
-    /// An administrator's new password hash for `user_id` (the next version), and
-    /// with `end_sessions` every live session ended, in one transaction; `None`
-    /// when there is no such user.
+    /// An administrator's new password hash for `user_id` (the next version; `ext`
+    /// in the ext column, which `None` clears), and with `end_sessions` every live
+    /// session ended, in one transaction; `None` when there is no such user.
     pub async fn set_password(
         &self,
         user_id: &str,
         hash: String,
+        ext: Option<String>,
         end_sessions: bool,
         now: i64,
     ) -> Result<Option<Vec<String>>, StoreError> {
         self.timed(
             &self.ops.set_password,
-            self.backend.set_password(user_id, hash, end_sessions, now),
+            self.backend
+                .set_password(user_id, hash, ext, end_sessions, now),
         )
         .await
     }

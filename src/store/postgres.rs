@@ -120,9 +120,16 @@ impl Backend for PostgresStore {
         Box::pin(users::find(self.conns(), username))
     }
 
-    fn update_password_hash<'a>(&'a self, id: &'a str, hash: String, version: i64) -> Op<'a, ()> {
+    fn update_password_hash<'a>(
+        &'a self,
+        id: &'a str,
+        hash: String,
+        ext: Option<String>,
+        version: i64,
+    ) -> Op<'a, ()> {
         Box::pin(async move {
-            let statement = password_hash(id, &hash, version, false, self.clock.millis());
+            let now = self.clock.millis();
+            let statement = password_hash(id, &hash, ext.as_deref(), version, false, now);
             self.conns().execute(statement).await.map(drop)
         })
     }

@@ -219,9 +219,20 @@ impl Backend for SqliteStore {
         Box::pin(self.lookups.find(username))
     }
 
-    fn update_password_hash<'a>(&'a self, id: &'a str, hash: String, version: i64) -> Op<'a, ()> {
+    fn update_password_hash<'a>(
+        &'a self,
+        id: &'a str,
+        hash: String,
+        ext: Option<String>,
+        version: i64,
+    ) -> Op<'a, ()> {
         let id = id.to_owned();
-        let write = Write::UpdateHash { id, hash, version };
+        let write = Write::UpdateHash {
+            id,
+            hash,
+            ext,
+            version,
+        };
         Box::pin(async move { self.write(write).await.map(drop) })
     }
 
@@ -383,6 +394,7 @@ pub(super) mod tests {
             id: format!("id-{i}"),
             username: Username::parse(name).unwrap(),
             password_hash: format!("hash-{i}"),
+            password_hash_ext: None,
         }
     }
 

@@ -30,15 +30,17 @@ pub(super) mod sql {
          FROM users u LEFT JOIN user_cutoffs c ON c.user_id = u.id WHERE u.id = $1";
     /// Usernames are stored lowercased, so the UNIQUE (username) conflict is
     /// case-insensitive. A conflict inserts nothing: zero rows affected.
-    pub const INSERT_USER: &str = "INSERT INTO users (id, username, password_hash, created_at, updated_at) \
-         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (username) DO NOTHING";
+    pub const INSERT_USER: &str = "INSERT INTO users \
+         (id, username, password_hash, password_hash_ext, created_at, updated_at) \
+         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (username) DO NOTHING";
     /// A rehash: the same password, so the same version, and only if it is still
-    /// the version verified (a rehash never undoes a password change).
-    pub const UPDATE_PASSWORD_HASH: &str = "UPDATE users SET password_hash = $1, updated_at = $2 \
-         WHERE id = $3 AND password_version = $4";
+    /// the version verified (a rehash never undoes a password change). Both columns:
+    /// an Argon2id hash behind a marker, or a PBKDF2 hash and no ext hash.
+    pub const UPDATE_PASSWORD_HASH: &str = "UPDATE users SET password_hash = $1, \
+         password_hash_ext = $5, updated_at = $2 WHERE id = $3 AND password_version = $4";
     /// A new password: a new version, only if the old one is still the one verified.
     pub const CHANGE_PASSWORD: &str = "UPDATE users \
-         SET password_hash = $1, password_hash_ext = NULL, password_version = password_version + 1, updated_at = $2 \
+         SET password_hash = $1, password_hash_ext = $5, password_version = password_version + 1, updated_at = $2 \
          WHERE id = $3 AND password_version = $4";
     /// Read through the index on the generated `hash_iterations` column.
     pub const MAX_HASH_ITERATIONS: &str = "SELECT MAX(hash_iterations) FROM users";
@@ -54,22 +56,25 @@ pub(super) fn insert_user(user: &NewUser, now: i64) -> Statement<'_> {
     Statement::new(sql::INSERT_USER).bind_all(new_user_args(user, now))
 }
 
-/// `user`'s values as the arguments of `INSERT_USER`, those of `$1` to `$5`.
-pub(super) fn new_user_args(user: &NewUser, now: i64) -> [Arg<'_>; 5] {
+/// `user`'s values as the arguments of `INSERT_USER`, those of `$1` to `$6`.
+pub(super) fn new_user_args(user: &NewUser, now: i64) -> [Arg<'_>; 6] {
     [
         user.id.as_str().into(),
         user.username.as_str().into(),
         user.password_hash.as_str().into(),
+        user.password_hash_ext.as_deref().into(),
         now.into(),
         now.into(),
     ]
 }
 
 /// A new hash of user `id` whose password is at `version`: a rehash of the same
-/// password, or (`change`) a new password, which takes the next version.
+/// password, or (`change`) a new password, which takes the next version. `ext`
+/// is the ext column's new value (`None` clears it).
 pub(super) fn password_hash<'a>(
     id: &'a str,
     hash: &'a str,
+    ext: Option<&'a str>,
     version: i64,
     change: bool,
     now: i64,
@@ -84,6 +89,7 @@ pub(super) fn password_hash<'a>(
         .bind(now)
         .bind(id)
         .bind(version)
+        .bind(ext)
 }
 
 /// The user a `FIND_USER` row describes.
@@ -129,6 +135,8 @@ pub struct NewUser {
     pub id: String,
     pub username: Username,
     pub password_hash: String,
+    /// A hash older releases cannot verify, behind a marker in `password_hash`.
+    pub password_hash_ext: Option<String>,
 }
 
 /// The user named `username`, read on `conns` (PostgreSQL's pool, SQLite's readers).

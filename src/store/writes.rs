@@ -19,6 +19,7 @@ pub(super) enum Write {
     UpdateHash {
         id: String,
         hash: String,
+        ext: Option<String>,
         version: i64,
     },
     InsertSession(NewSession),
@@ -39,6 +40,7 @@ pub(super) enum Write {
     ChangePassword {
         id: String,
         hash: String,
+        ext: Option<String>,
         version: i64,
         now: i64,
     },
@@ -72,6 +74,7 @@ pub(super) enum Write {
     SetPassword {
         user_id: String,
         hash: String,
+        ext: Option<String>,
         end_sessions: bool,
         now: i64,
     },
@@ -230,9 +233,21 @@ pub(super) async fn apply_one(
         Write::Insert(_) | Write::InsertSession(_) => {
             unreachable!("inserts go in runs or alone, never here")
         }
-        Write::UpdateHash { id, hash, version } => {
-            conn.execute(password_hash(id, hash, *version, false, now))
-                .await?;
+        Write::UpdateHash {
+            id,
+            hash,
+            ext,
+            version,
+        } => {
+            conn.execute(password_hash(
+                id,
+                hash,
+                ext.as_deref(),
+                *version,
+                false,
+                now,
+            ))
+            .await?;
             Ok(Answer::Done)
         }
         Write::Rotate(rotation) => Ok(Answer::Refreshed(session::rotate(conn, rotation).await?)),
@@ -255,11 +270,19 @@ pub(super) async fn apply_one(
         Write::ChangePassword {
             id,
             hash,
+            ext,
             version,
             now,
         } => {
             let changed = (conn
-                .execute(password_hash(id, hash, *version, true, *now))
+                .execute(password_hash(
+                    id,
+                    hash,
+                    ext.as_deref(),
+                    *version,
+                    true,
+                    *now,
+                ))
                 .await?)
                 == 1;
             Ok(Answer::EndedIds(if changed {
@@ -289,10 +312,11 @@ pub(super) async fn apply_one(
         Write::SetPassword {
             user_id,
             hash,
+            ext,
             end_sessions,
             now,
         } => Ok(Answer::EndedIds(
-            admin::set_password(conn, user_id, hash, *end_sessions, *now).await?,
+            admin::set_password(conn, user_id, hash, ext.as_deref(), *end_sessions, *now).await?,
         )),
         Write::Factor(w) => Ok(Answer::Factor(factor::factor_write(conn, w).await?)),
     })
