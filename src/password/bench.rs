@@ -346,12 +346,11 @@ pub fn render_argon2(report: &Argon2BenchReport) -> String {
     );
     let _ = writeln!(
         out,
-        "memory:      {:.1} MiB per hash, {:.1} MiB with every thread hashing \
-         (AUTHD_ARGON2_MEMORY_BUDGET of at least {} lets all {} threads hash at once)",
+        "memory:      {:.1} MiB per hash, {:.1} MiB with every thread hashing (an \
+         AUTHD_ARGON2_MEMORY_BUDGET of at least {} MiB lets every thread hash at once)",
         report.mib_per_hash,
         report.mib_for_threads,
         report.mib_for_threads.ceil(),
-        report.threads
     );
     out
 }
