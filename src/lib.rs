@@ -47,8 +47,9 @@
 //!     refresh          refresh tokens (random, rotated, stored as a digest)
 //!     second_factor    TOTP codes, recovery codes, Login's challenges, and the data
 //!                      keys that seal TOTP secrets at rest
-//!     password         the PBKDF2 policy, on a pool of hashing threads behind a
-//!                      first-in, first-out queue; `authd hash-bench`
+//!     password         the policy of new hashes (PBKDF2, or Argon2id within a memory
+//!                      budget), on a pool of hashing threads behind a first-in,
+//!                      first-out queue; `authd hash-bench`
 //!       password::foreign  hashes made by other systems, verified as they are
 //!     priority         the OS scheduling priority of the runtime's and the hashing threads
 //!     token            JWT EdDSA / HS256 with a key ring (kid -> key), the key file,

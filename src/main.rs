@@ -109,7 +109,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let batch = batch.map(|b| b as usize);
             let options = config
                 .passwords
-                .bench_options(iterations, threads, duration, batch, compare)
+                .bench_options(iterations, threads, duration, batch, compare)?
                 .with_target(target);
             bench::run_command(config.passwords.engine()?, options, json)
         }

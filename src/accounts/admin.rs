@@ -163,7 +163,13 @@ impl Accounts {
         let now = self.clock.millis();
         let ended = (self
             .store
-            .set_password(user_id, hash, !keep_sessions, now)
+            .set_password(
+                user_id,
+                hash.password_hash,
+                hash.password_hash_ext,
+                !keep_sessions,
+                now,
+            )
             .await?)
             .ok_or(Error::NoSuchUser)?;
         for session in &ended {

@@ -329,13 +329,16 @@ impl Accounts {
         // queue refuses both before the hash). The insert decides, also between
         // concurrent registrations of one name.
         self.store.find_user(&username).await?;
-        let password_hash = self.hasher.hash(password, deadline).await?;
+        // By the policy: under argon2id, an Argon2id hash in the ext column and a
+        // marker beside it.
+        let hash = self.hasher.hash(password, deadline).await?;
         let id = uuid_v7(self.clock.millis()).to_string();
         self.store
             .insert_user(NewUser {
                 id: id.clone(),
                 username,
-                password_hash,
+                password_hash: hash.password_hash,
+                password_hash_ext: hash.password_hash_ext,
             })
             .await?;
         self.audit.registered(caller, &id);
@@ -710,7 +713,13 @@ impl Accounts {
         // Only if the password is still the one checked: of two changes at once
         // with the same current password, one wins.
         let Some(ended) = (self.store)
-            .change_password(&user.id, hash, user.password_version, now)
+            .change_password(
+                &user.id,
+                hash.password_hash,
+                hash.password_hash_ext,
+                user.password_version,
+                now,
+            )
             .await?
         else {
             let why = Failure::Superseded;
@@ -763,7 +772,8 @@ impl Accounts {
             let hash = self.hasher.hash(password.normalized(), deadline).await?;
             let rehash = Rehash {
                 user_id: user.id.clone(),
-                hash,
+                hash: hash.password_hash,
+                ext: hash.password_hash_ext,
                 version: user.password_version,
                 verified_hash: user.password_hash.clone(),
                 verified_ext: user.password_hash_ext.clone(),
@@ -776,8 +786,9 @@ impl Accounts {
                 tracing::info!(
                     user_id,
                     reason,
+                    algorithm = ?self.hasher.policy().algorithm,
                     iterations = self.hasher.iterations(),
-                    "password rehashed with the current parameters"
+                    "password rehashed by the current policy"
                 );
                 "stored"
             }

@@ -92,6 +92,11 @@ impl AppHandle {
         self.accounts.hasher().pool().stats()
     }
 
+    /// The memory Argon2 work holds now (reserved in the memory budget), in KiB.
+    pub fn hash_memory_in_use_kib(&self) -> u32 {
+        self.accounts.hasher().pool().memory_budget().in_use_kib()
+    }
+
     /// Hash jobs waiting for a hashing thread now.
     pub fn hash_queued(&self) -> usize {
         self.accounts.hasher().pool().queued()

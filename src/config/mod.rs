@@ -15,7 +15,8 @@
 //!   drain, the runtime's priority.
 //! - `tls`: the gRPC port's certificate, mutual TLS and its allow-list.
 //! - `store`: the database URL ([`DatabaseUrl`]), its pools and timeouts.
-//! - `passwords`: PBKDF2 cost, the hashing threads and their queue, the blocklist.
+//! - `passwords`: the hash policy (PBKDF2 cost, or Argon2id and its memory budget),
+//!   the hashing threads and their queue, the blocklist.
 //! - `overload`: the in-flight caps and the pushback of refused requests.
 //! - `tokens`: the token keys, lifetimes, audience and revocation, the account
 //!   digest key.
@@ -74,7 +75,7 @@ pub use import::ImportConfig;
 pub use limits::LimitsConfig;
 pub use overload::OverloadConfig;
 pub use parse::MetricsListen;
-pub use passwords::{HashBackend, HashKernels, PasswordConfig, Switch};
+pub use passwords::{HashAlgorithm, HashBackend, HashKernels, PasswordConfig, Switch};
 pub use second_factor::SecondFactorConfig;
 pub use server::ServerConfig;
 pub use store::{DatabaseUrl, StoreConfig};

@@ -1,5 +1,6 @@
-//! The password options: the PBKDF2 cost of new hashes, the engine and the threads
-//! that compute them, and the blocklist of common passwords.
+//! The password options: the policy of new hashes (PBKDF2-SHA256 and its cost, or
+//! Argon2id and its parameters, and the memory budget of Argon2 work), the engine
+//! and the threads that compute them, and the blocklist of common passwords.
 //!
 //! [`PasswordConfig::hasher`] starts the hashing pool and builds the [`Hasher`];
 //! [`PasswordConfig::blocklist`] reads the lists; `authd hash-bench` takes its
@@ -10,7 +11,7 @@ use super::parse::positive_duration;
 use crate::{
     blocklist::Blocklist,
     metrics::Metrics,
-    password::{HashPool, Hasher, bench},
+    password::{Argon2Params, HashPool, Hasher, Policy, bench},
 };
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
@@ -98,6 +99,50 @@ pub struct PasswordConfig {
         display_order = 60
     )]
     pub password_blocklist_file: Option<PathBuf>,
+
+    /// The algorithm of new password hashes: pbkdf2-sha256 (FIPS-friendly, authd's
+    /// fastest, on the lanes engine) or argon2id (OWASP's first choice; written where
+    /// authd 0.1 cannot read it, see docs/upgrades.md). A user whose hash is not of
+    /// the policy is rehashed at their next successful login.
+    #[arg(
+        long,
+        env = "AUTHD_PASSWORD_HASH",
+        default_value = "pbkdf2-sha256",
+        value_enum,
+        global = true,
+        display_order = 98
+    )]
+    pub password_hash: HashAlgorithm,
+
+    /// Argon2id memory per hash, in KiB (8 to 4194304, at least 8 per lane; OWASP:
+    /// 19456, 19 MiB).
+    #[arg(long, env = "AUTHD_ARGON2_MEMORY", default_value_t = 19_456,
+          value_parser = clap::value_parser!(u32).range(8..=4_194_304), global = true,
+          display_order = 99)]
+    pub argon2_memory: u32,
+
+    /// Argon2id passes over its memory (1 to 100; OWASP: 2).
+    #[arg(long, env = "AUTHD_ARGON2_TIME", default_value_t = 2,
+          value_parser = clap::value_parser!(u32).range(1..=100), global = true,
+          display_order = 100)]
+    pub argon2_time: u32,
+
+    /// Argon2id lanes (1 to 64; OWASP: 1). They change the hash, not its speed: authd
+    /// computes the lanes of one hash one after another (the hashing threads are its
+    /// parallelism).
+    #[arg(long, env = "AUTHD_ARGON2_PARALLELISM", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=64), global = true,
+          display_order = 101)]
+    pub argon2_parallelism: u32,
+
+    /// The memory Argon2 hashing may hold at once, in MiB (1 to 1048576): a hash waits
+    /// (without holding a thread, until its deadline) while the hashes running would
+    /// not leave it room. At least one hash's memory (--argon2-memory), or the start
+    /// fails.
+    #[arg(long, env = "AUTHD_ARGON2_MEMORY_BUDGET", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..=1_048_576), global = true,
+          display_order = 102)]
+    pub argon2_memory_budget: u32,
 }
 
 impl PasswordConfig {
@@ -128,10 +173,46 @@ impl PasswordConfig {
     /// Starts the hashing threads and builds the hasher of new and stored passwords;
     /// fails when the CPU lacks the engine named, or the threads cannot start.
     pub(crate) fn hasher(&self, metrics: &Metrics) -> anyhow::Result<Hasher> {
+        let policy = self.policy()?;
         let engine = self.engine()?;
         let pool = HashPool::new(self.hash_threads(), self.hash_thread_nice, engine, metrics)
-            .context("starting the password hashing threads")?;
-        Hasher::new(self.pbkdf2_iterations, pool)
+            .context("starting the password hashing threads")?
+            .with_memory_budget(self.argon2_memory_budget.saturating_mul(1024));
+        Hasher::new(policy, pool)
+    }
+
+    /// The policy of new hashes; refuses Argon2id parameters the algorithm does not
+    /// take, and a memory budget below one Argon2id hash (under either policy: a
+    /// PBKDF2 policy still verifies the Argon2id hashes written before it).
+    pub fn policy(&self) -> anyhow::Result<Policy> {
+        let argon2 = self.argon2_params()?;
+        let budget_kib = u64::from(self.argon2_memory_budget) * 1024;
+        if budget_kib < u64::from(argon2.memory_kib()) {
+            anyhow::bail!(
+                "--argon2-memory-budget (AUTHD_ARGON2_MEMORY_BUDGET) of {} MiB is below the \
+                 memory of one Argon2id hash (--argon2-memory {} KiB): raise the budget to at \
+                 least {} MiB, or lower the memory",
+                self.argon2_memory_budget,
+                argon2.memory_kib(),
+                argon2.memory_kib().div_ceil(1024)
+            );
+        }
+        Ok(match self.password_hash {
+            HashAlgorithm::Pbkdf2Sha256 => Policy {
+                argon2,
+                ..Policy::pbkdf2(self.pbkdf2_iterations)
+            },
+            HashAlgorithm::Argon2id => Policy::argon2id(argon2, self.pbkdf2_iterations),
+        })
+    }
+
+    fn argon2_params(&self) -> anyhow::Result<Argon2Params> {
+        Argon2Params::new(
+            self.argon2_memory,
+            self.argon2_time,
+            self.argon2_parallelism,
+        )
+        .context("--argon2-memory, --argon2-time, --argon2-parallelism")
     }
 
     /// The passwords Register and ChangePassword refuse; a list file that cannot be
@@ -145,7 +226,8 @@ impl PasswordConfig {
     }
 
     /// The options of `authd hash-bench`: those given on its command line, the rest
-    /// from this configuration (`--pbkdf2-iterations`, `--hash-threads`).
+    /// from this configuration (`--pbkdf2-iterations`, `--hash-threads`; under the
+    /// argon2id policy, Argon2id at `--argon2-*`).
     pub fn bench_options(
         &self,
         iterations: Option<u32>,
@@ -153,16 +235,31 @@ impl PasswordConfig {
         duration: Duration,
         batch: Option<usize>,
         compare: bool,
-    ) -> bench::Options {
-        bench::Options {
+    ) -> anyhow::Result<bench::Options> {
+        let argon2 = match self.password_hash {
+            HashAlgorithm::Pbkdf2Sha256 => None,
+            HashAlgorithm::Argon2id => Some(self.argon2_params()?),
+        };
+        Ok(bench::Options {
             iterations: iterations.unwrap_or(self.pbkdf2_iterations),
             threads: threads.map_or_else(|| self.hash_threads(), |t| t as usize),
             duration,
             batch,
             compare,
             target: None,
-        }
+            argon2,
+        })
     }
+}
+
+/// The algorithm of new password hashes (`--password-hash`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum HashAlgorithm {
+    /// PBKDF2-HMAC-SHA256 at --pbkdf2-iterations, on the lanes engine.
+    #[value(name = "pbkdf2-sha256")]
+    Pbkdf2Sha256,
+    /// Argon2id at --argon2-memory, --argon2-time, --argon2-parallelism.
+    Argon2id,
 }
 
 /// Which PBKDF2 kernels hash passwords.
@@ -269,10 +366,61 @@ mod tests {
         let mut c = Config::defaults().passwords;
         c.pbkdf2_iterations = 1000;
         c.hash_threads = Some(3);
-        let options = c.bench_options(None, None, Duration::from_secs(1), None, false);
+        let second = Duration::from_secs(1);
+        let options = c.bench_options(None, None, second, None, false).unwrap();
         assert_eq!((options.iterations, options.threads), (1000, 3));
-        let options = c.bench_options(Some(2000), Some(1), Duration::from_secs(1), Some(1), true);
+        assert_eq!(options.argon2, None);
+        let options = c
+            .bench_options(Some(2000), Some(1), second, Some(1), true)
+            .unwrap();
         assert_eq!((options.iterations, options.threads), (2000, 1));
         assert_eq!((options.batch, options.compare), (Some(1), true));
+        c.password_hash = HashAlgorithm::Argon2id;
+        c.argon2_memory = 64;
+        let options = c.bench_options(None, None, second, None, false).unwrap();
+        assert_eq!(options.argon2, Some(Argon2Params::new(64, 2, 1).unwrap()));
+    }
+
+    #[test]
+    fn the_hash_policy_defaults_to_pbkdf2_with_owasps_argon2id_beside_it() {
+        let c = Config::defaults().passwords;
+        assert_eq!(c.password_hash, HashAlgorithm::Pbkdf2Sha256);
+        assert_eq!(
+            (c.argon2_memory, c.argon2_time, c.argon2_parallelism),
+            (19_456, 2, 1)
+        );
+        assert_eq!(c.argon2_memory_budget, 256);
+        let policy = c.policy().unwrap();
+        assert_eq!(policy, Policy::pbkdf2(600_000));
+        let parse = |args: &[&str]| Cli::parse_for_test(args).map(|cli| cli.config.passwords);
+        let argon2 = parse(&["--password-hash", "argon2id", "--argon2-memory", "65536"]).unwrap();
+        assert_eq!(
+            argon2.policy().unwrap(),
+            Policy::argon2id(Argon2Params::new(65_536, 2, 1).unwrap(), 600_000)
+        );
+        for (args, expected) in [
+            (
+                &["--password-hash", "scrypt"][..],
+                "possible values: pbkdf2-sha256, argon2id",
+            ),
+            (&["--argon2-memory", "4"], "4 is not in 8..=4194304"),
+            (&["--argon2-time", "0"], "0 is not in 1..=100"),
+            (&["--argon2-parallelism", "65"], "65 is not in 1..=64"),
+            (&["--argon2-memory-budget", "0"], "0 is not in 1..=1048576"),
+        ] {
+            let err = parse(args).unwrap_err();
+            assert!(err.contains(expected), "{args:?}: {err}");
+        }
+        // Checked together at start: memory per lane, and the budget.
+        let lanes = parse(&["--argon2-memory", "16", "--argon2-parallelism", "4"]).unwrap();
+        let err = format!("{:#}", lanes.policy().unwrap_err());
+        assert!(err.contains("at least 8 KiB per lane"), "{err}");
+        let budget = parse(&["--argon2-memory", "65536", "--argon2-memory-budget", "32"]).unwrap();
+        let err = budget.policy().unwrap_err().to_string();
+        assert!(
+            err.contains("32 MiB is below the memory of one Argon2id hash")
+                && err.contains("at least 64 MiB"),
+            "{err}"
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! The password metrics: new passwords the blocklist refused before any hashing,
 //! the hashing itself: the hash queue (its depth and waits, the work dropped
-//! from it) and the pool of hashing threads (hashes, rounds, batches), and the
-//! rehashes of stored hashes at login.
+//! from it), the pool of hashing threads (hashes, rounds, batches, Argon2 work
+//! and the memory it holds), and the rehashes of stored hashes at login.
 //!
 //! Only the families and their fixed labels live here; what a batch is stays with
 //! `password` and `blocklist`, which this file must not import.
@@ -28,6 +28,9 @@ pub(crate) struct HashMetrics {
     pub batch_size: Histogram,
     pub dropped_deadline: IntCounter,
     pub dropped_cancelled: IntCounter,
+    pub argon2: IntCounter,
+    pub memory_in_use: IntGauge,
+    pub memory_budget: IntGauge,
 }
 
 impl HashMetrics {
@@ -75,6 +78,20 @@ impl HashMetrics {
             ),
             dropped_deadline: dropped.with_label_values(&["deadline"]),
             dropped_cancelled: dropped.with_label_values(&["cancelled"]),
+            argon2: f.counter(
+                "authd_hash_argon2_total",
+                "Argon2id hashes and verifications computed (new hashes, logins, and the \
+                 dummy verification of unknown users under the argon2id policy).",
+            ),
+            memory_in_use: f.gauge(
+                "authd_hash_memory_in_use_bytes",
+                "Memory reserved by memory-hard hashing (Argon2) running or queued for a \
+                 hashing thread, within AUTHD_ARGON2_MEMORY_BUDGET.",
+            ),
+            memory_budget: f.gauge(
+                "authd_hash_memory_budget_bytes",
+                "The memory budget of memory-hard hashing (AUTHD_ARGON2_MEMORY_BUDGET).",
+            ),
         }
     }
 }

@@ -17,11 +17,18 @@
 //! login) and recommends the highest iteration count whose hash stays within the
 //! target on this machine: the time of a hash grows in proportion to its rounds.
 //!
+//! Under the argon2id policy (`AUTHD_PASSWORD_HASH=argon2id`) it measures Argon2id
+//! instead, at `--argon2-memory`, `--argon2-time`, `--argon2-parallelism`, with the
+//! `argon2` crate the server hashes with: hashes/s on the threads, the time of one
+//! hash, the memory of one hash and of one per thread (the memory budget every
+//! thread hashing at once needs), and how many hashes the configured budget lets
+//! run at once.
+//!
 //! The threads start together behind a barrier and each hashes until the duration
 //! has passed; a thread's rate is its hashes over the time to its last completed
 //! batch, so a batch cut off by the end of the window does not bias the rate.
 
-use super::hash_now;
+use super::{Argon2Params, hash_now};
 use crate::credentials::Password;
 use anyhow::{Context as _, anyhow};
 use pbkdf2_lanes::{Engine, Job};
@@ -46,6 +53,8 @@ pub struct Options {
     pub compare: bool,
     /// Recommend an iteration count whose single hash takes at most this long.
     pub target: Option<Duration>,
+    /// Measure Argon2id at these parameters instead of PBKDF2.
+    pub argon2: Option<Argon2Params>,
 }
 
 impl Options {
@@ -158,6 +167,23 @@ pub struct KernelReport {
 /// Runs `authd hash-bench` on `engine` (the one the server would use, or the one
 /// `--hash-backend` forces) and prints the result on stdout.
 pub fn run_command(engine: Engine, options: Options, json: bool) -> anyhow::Result<()> {
+    if let Some(params) = options.argon2 {
+        if options.compare || options.target.is_some() || options.batch.is_some() {
+            anyhow::bail!(
+                "--compare, --target and --batch measure PBKDF2: not with --password-hash argon2id"
+            );
+        }
+        let report = measure_argon2(params, options.threads, options.duration)?;
+        if json {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&report).context("encoding the report")?
+            );
+        } else {
+            print!("{}", render_argon2(&report));
+        }
+        return Ok(());
+    }
     let report = measure(engine, options)?;
     if json {
         println!(
@@ -237,6 +263,96 @@ pub fn measure(engine: Engine, options: Options) -> anyhow::Result<HashBenchRepo
         pbkdf2_crate,
         recommendation,
     })
+}
+
+/// What `authd hash-bench` reports for Argon2id.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Argon2BenchReport {
+    pub algorithm: &'static str,
+    pub memory_kib: u32,
+    pub time: u32,
+    pub parallelism: u32,
+    pub threads: usize,
+    pub per_thread: Vec<ThreadRate>,
+    /// The mean of the threads' rates.
+    pub hashes_per_second_per_thread: f64,
+    /// The sum of the threads' rates: the hash-bound limit of logins and
+    /// registrations with this many hash threads.
+    pub hashes_per_second: f64,
+    /// The time of one hash, in milliseconds.
+    pub ms_per_hash: f64,
+    /// The memory one hash holds, in MiB (what it reserves in the memory budget).
+    pub mib_per_hash: f64,
+    /// The memory of one hash on every thread at once, in MiB: the memory budget
+    /// that lets every hashing thread compute Argon2id at once.
+    pub mib_for_threads: f64,
+}
+
+/// Hashes with Argon2id at `params` on `threads` threads for `duration`.
+pub fn measure_argon2(
+    params: Argon2Params,
+    threads: usize,
+    duration: Duration,
+) -> anyhow::Result<Argon2BenchReport> {
+    let threads = threads.max(1);
+    // Check once, before starting threads, that hashing works at all.
+    params.hash(b"hash-bench password")?;
+    let per_thread = on_threads(threads, duration, move || {
+        std::hint::black_box(params.hash(b"hash-bench password")?);
+        Ok(1)
+    })?;
+    let rates = rates(per_thread, 1, 1);
+    let mib_per_hash = f64::from(params.memory_kib()) / 1024.0;
+    Ok(Argon2BenchReport {
+        algorithm: "argon2id",
+        memory_kib: params.memory_kib(),
+        time: params.time(),
+        parallelism: params.parallelism(),
+        threads,
+        per_thread: rates.per_thread,
+        hashes_per_second_per_thread: rates.hashes_per_second_per_thread,
+        hashes_per_second: rates.hashes_per_second,
+        ms_per_hash: rates.ms_per_hash,
+        mib_per_hash,
+        mib_for_threads: mib_per_hash * threads as f64,
+    })
+}
+
+pub fn render_argon2(report: &Argon2BenchReport) -> String {
+    let mut out = String::new();
+    let plural = if report.threads == 1 { "" } else { "s" };
+    let _ = writeln!(
+        out,
+        "Argon2id at m={} KiB, t={}, p={} on {} thread{plural}",
+        report.memory_kib, report.time, report.parallelism, report.threads
+    );
+    for (i, t) in report.per_thread.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "  thread {i}: {:>10.2} hashes/s ({} hashes in {:.2} s)",
+            t.hashes_per_second, t.hashes, t.seconds
+        );
+    }
+    let _ = writeln!(
+        out,
+        "per thread:  {:.2} hashes/s ({:.2} ms per hash)",
+        report.hashes_per_second_per_thread, report.ms_per_hash
+    );
+    let _ = writeln!(
+        out,
+        "total:       {:.2} hashes/s: the hash-bound limit of logins and registrations \
+         with {} hash thread{plural}",
+        report.hashes_per_second, report.threads
+    );
+    let _ = writeln!(
+        out,
+        "memory:      {:.1} MiB per hash, {:.1} MiB with every thread hashing (an \
+         AUTHD_ARGON2_MEMORY_BUDGET of at least {} MiB lets every thread hash at once)",
+        report.mib_per_hash,
+        report.mib_for_threads,
+        report.mib_for_threads.ceil(),
+    );
+    out
 }
 
 /// Runs `work` (which hashes and returns how many hashes it did) in a loop on
@@ -428,6 +544,7 @@ mod tests {
                 batch: None,
                 compare: true,
                 target: None,
+                argon2: None,
             },
         )
         .unwrap();
@@ -474,6 +591,7 @@ mod tests {
             batch: None,
             compare: false,
             target: None,
+            argon2: None,
         }
         .with_target(Some(Duration::from_millis(250)));
         assert_eq!((options.threads, options.batch), (1, Some(1)));
@@ -490,6 +608,31 @@ mod tests {
     }
 
     #[test]
+    fn argon2id_is_measured_at_its_parameters_with_the_memory_it_needs() {
+        let params = Argon2Params::new(1024, 1, 1).unwrap();
+        let report = measure_argon2(params, 2, Duration::ZERO).unwrap();
+        assert_eq!(
+            (report.memory_kib, report.time, report.parallelism),
+            (1024, 1, 1)
+        );
+        assert!(report.per_thread.iter().all(|t| t.hashes >= 1));
+        assert!(report.hashes_per_second > 0.0 && report.ms_per_hash > 0.0);
+        assert_eq!((report.mib_per_hash, report.mib_for_threads), (1.0, 2.0));
+        let text = render_argon2(&report);
+        assert!(
+            text.starts_with("Argon2id at m=1024 KiB, t=1, p=1 on 2 threads"),
+            "{text}"
+        );
+        assert!(
+            text.contains("1.0 MiB per hash, 2.0 MiB with every thread"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["algorithm"], "argon2id");
+        assert_eq!(json["memory_kib"], 1024);
+    }
+
+    #[test]
     fn bad_iteration_counts_are_refused() {
         let err = measure(
             Engine::detect(),
@@ -500,6 +643,7 @@ mod tests {
                 batch: Some(1),
                 compare: false,
                 target: None,
+                argon2: None,
             },
         )
         .unwrap_err();

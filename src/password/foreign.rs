@@ -288,7 +288,6 @@ impl ForeignHash {
         self.format
     }
 
-    #[cfg(test)]
     pub fn scheme(&self) -> Scheme {
         self.scheme
     }

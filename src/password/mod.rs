@@ -1,4 +1,5 @@
-//! Passwords: the PBKDF2-SHA256 policy, computed on the bounded [`HashPool`].
+//! Passwords: the policy of new hashes (PBKDF2-SHA256 by default, or Argon2id),
+//! computed on the bounded [`HashPool`].
 //!
 //! - `pool`: the [`HashPool`] in front of the hashing threads; it knows nothing of
 //!   passwords.
@@ -7,6 +8,10 @@
 //! - `worker`: the hashing threads themselves (lanes refilled between kernel
 //!   calls, deadlines, padding, priority).
 //! - `queue`: the order the threads serve work in (first in, first out).
+//! - `budget`: the memory budget of memory-hard work (Argon2): what it may hold at
+//!   once, reserved before the work is queued.
+//! - `policy`: what new hashes are (the algorithm and its cost), and Argon2id's
+//!   parameters and PHC strings.
 //! - `bench`: `authd hash-bench`, this machine's hashing rate with this code.
 //! - `testing`: the setup the unit tests of `pool` and `worker` share.
 //! - `foreign`: hashes made by other systems (PHC, bcrypt, Django, Werkzeug, passlib,
@@ -14,21 +19,31 @@
 //! - `stored`: which of a user's two hash columns a login verifies (the ext column,
 //!   for hashes older releases cannot read, behind a marker they can).
 //!
-//! [`Hasher`] holds the current parameters, verifies unknown users against a dummy
-//! hash, and says when a stored hash was made with other parameters, or by another
-//! system, and should be replaced.
+//! [`Hasher`] holds the policy, verifies unknown users against a dummy hash of the
+//! policy (PBKDF2 at its cost, or Argon2id at its parameters), and says when a
+//! stored hash is not what the policy makes (another algorithm, other parameters)
+//! and should be replaced. An Argon2id hash is written to `password_hash_ext`, with
+//! a marker at the PBKDF2 cost in `password_hash` (`stored`), since the releases
+//! before this one cannot verify it; it runs on the pool within the memory budget,
+//! under the same deadline and admission as PBKDF2.
+//! A hash imported from another system is verified as it is, and replaced at the
+//! first successful login.
 //!
 //! Timing must not reveal which usernames exist, even while stored hashes have
 //! other costs than the current one (after the cost was raised or lowered, until
-//! every user has logged in again). So every failed verification costs the same
-//! number of PBKDF2 rounds, T = max(current cost, highest stored cost): a wrong
+//! every user has logged in again). So every failed PBKDF2 verification costs the
+//! same number of PBKDF2 rounds, T = max(current cost, highest stored cost): a wrong
 //! password for a user whose hash has s < T rounds, and the dummy verification of
 //! an unknown user, are followed by T − s rounds of PBKDF2 on throwaway input, on
 //! the same hashing thread, in the verification's lane as soon as it finishes and
 //! before the answer: T rounds of sequential work, as a verification of a T-round hash. A
 //! success is not padded (the caller learns nothing from its timing it does not
 //! learn from the answer). The highest stored cost comes from the store
-//! ([`Hasher::set_highest_stored`]).
+//! ([`Hasher::set_highest_stored`]). Argon2id verifications are not padded: under
+//! the argon2id policy the dummy is an Argon2id hash at the policy's parameters, so
+//! unknown users cost what users hashed at the policy cost; users whose hash is
+//! still PBKDF2 (until their first login under the policy) fail at PBKDF2's cost,
+//! which timing can tell apart (docs/operations.md).
 //!
 //! A foreign hash (another system's, behind a marker: `stored`) is verified against
 //! the password as the client sent it. Its failure costs at least T too: a
@@ -37,7 +52,7 @@
 //! T rounds of padding. What timing still tells about imported users is stated in
 //! docs/migration.md ("The first login").
 //!
-//! Hashes are computed by the multi-lane engine (`pbkdf2-lanes`) as raw 32-byte
+//! PBKDF2 hashes are computed by the multi-lane engine (`pbkdf2-lanes`) as raw 32-byte
 //! PBKDF2-HMAC-SHA256 outputs and written as the pbkdf2 crate's PHC strings
 //! (`$pbkdf2-sha256$i=…,l=32$salt$hash`): hashes made before verify after, and
 //! the other way round.
@@ -60,7 +75,9 @@ use std::{
 };
 
 pub mod bench;
+mod budget;
 pub mod foreign;
+mod policy;
 mod pool;
 mod queue;
 pub mod stored;
@@ -69,9 +86,10 @@ mod testing;
 mod work;
 mod worker;
 
+pub use policy::{Argon2Params, Policy, PolicyAlgorithm};
 pub use pool::{HashPool, PoolSnapshot};
 
-use foreign::ForeignHash;
+use foreign::{Argon2Variant, Caps, ForeignHash, Scheme};
 use stored::Effective;
 use work::Derivation;
 
@@ -87,12 +105,35 @@ pub struct Verification {
     pub foreign: bool,
 }
 
-/// Hashes and verifies passwords with the configured PBKDF2 cost on a [`HashPool`].
+/// A new hash as the store writes it: `password_hash`, and the hash the releases
+/// before this one cannot verify (Argon2id) in `password_hash_ext`, with a marker in
+/// `password_hash` (`stored`). `None` clears the ext column. Its `Debug` shows
+/// neither hash.
+#[derive(Clone, PartialEq, Eq)]
+pub struct NewHash {
+    pub password_hash: String,
+    pub password_hash_ext: Option<String>,
+}
+
+impl std::fmt::Debug for NewHash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NewHash")
+            .field("password_hash_ext", &self.password_hash_ext.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Hashes and verifies passwords by the policy, on a [`HashPool`].
 pub struct Hasher {
     pool: HashPool,
+    policy: Policy,
+    /// PBKDF2 at the policy's cost: its hashes, and the markers beside Argon2id ones.
     params: Params,
-    /// A hash of nothing, at the current cost, for users that do not exist.
+    /// A PBKDF2 hash of nothing, at the current cost, for users that do not exist.
     dummy: String,
+    /// Under the argon2id policy, an Argon2id hash of nothing at its parameters:
+    /// unknown users are verified against it instead.
+    dummy_argon2: Option<String>,
     /// The highest iteration count of any stored hash, as last read from the store.
     highest_stored: AtomicU32,
     /// The highest cost a foreign hash may have, at import and at login alike.
@@ -100,12 +141,17 @@ pub struct Hasher {
 }
 
 impl Hasher {
-    pub fn new(iterations: u32, pool: HashPool) -> anyhow::Result<Self> {
+    pub fn new(policy: Policy, pool: HashPool) -> anyhow::Result<Self> {
+        let iterations = policy.pbkdf2_iterations;
         let params = Params::new(iterations)
             .map_err(|e| anyhow::anyhow!("invalid PBKDF2 iteration count {iterations}: {e}"))?;
+        let dummy_argon2 =
+            (policy.algorithm == PolicyAlgorithm::Argon2id).then(|| policy.argon2.dummy());
         Ok(Self {
             dummy: dummy_hash(params)?,
+            dummy_argon2,
             pool,
+            policy,
             params,
             highest_stored: AtomicU32::new(0),
             caps: foreign::Caps::default(),
@@ -117,6 +163,11 @@ impl Hasher {
     pub fn with_caps(mut self, caps: foreign::Caps) -> Self {
         self.caps = caps;
         self
+    }
+
+    /// What new hashes are.
+    pub fn policy(&self) -> Policy {
+        self.policy
     }
 
     pub fn iterations(&self) -> u32 {
@@ -141,8 +192,38 @@ impl Hasher {
             .max(self.highest_stored.load(Ordering::Relaxed))
     }
 
-    /// Hashes a password into a PHC string with a fresh random salt.
+    /// Hashes a password by the policy, with a fresh random salt: a PBKDF2 PHC
+    /// string, or an Argon2id one (in the ext column, a marker beside it).
     pub async fn hash(
+        &self,
+        password: Password,
+        deadline: Option<Instant>,
+    ) -> Result<NewHash, Error> {
+        match self.policy.algorithm {
+            PolicyAlgorithm::Pbkdf2Sha256 => Ok(NewHash {
+                password_hash: self.hash_pbkdf2(password, deadline).await?,
+                password_hash_ext: None,
+            }),
+            PolicyAlgorithm::Argon2id => {
+                let argon2 = self.policy.argon2;
+                let counter = self.pool.metrics.argon2.clone();
+                let ext = self
+                    .pool
+                    .run_in_memory(argon2.memory_kib(), deadline, move || {
+                        counter.inc();
+                        argon2.hash(password.as_bytes())
+                    })
+                    .await??;
+                Ok(NewHash {
+                    password_hash: stored::own_marker(self.params.rounds())?,
+                    password_hash_ext: Some(ext),
+                })
+            }
+        }
+    }
+
+    /// A PBKDF2 PHC string at the policy's cost, computed by the engine.
+    async fn hash_pbkdf2(
         &self,
         password: Password,
         deadline: Option<Instant>,
@@ -159,42 +240,76 @@ impl Hasher {
     }
 
     /// Verifies a presented password against a user's effective hash
-    /// ([`stored::effective`]), or against the dummy hash when there is no user.
-    /// authd's own hashes (and the dummy) are verified against the password's NFKC
-    /// form, a foreign hash (the ext column) against the bytes as sent. A failure,
-    /// whichever it is, costs at least [`Hasher::failure_cost`] rounds: the
-    /// verification, then padding, on the same thread before the answer.
+    /// ([`stored::effective`]), or against the policy's dummy hash when there is no
+    /// user. authd's own hashes (and the dummy) are verified against the password's
+    /// NFKC form, a foreign hash (another system's) against the bytes as sent. A
+    /// failed PBKDF2 or foreign verification costs at least [`Hasher::failure_cost`]
+    /// rounds: the verification, then padding, on the same thread before the
+    /// answer. An Argon2id hash of authd's is verified on the pool within the memory
+    /// budget. A match asks for a rehash unless the hash is what the policy makes
+    /// ([`Hasher::is_current`]).
     pub async fn verify(
         &self,
         password: &PresentedPassword,
         stored: Option<Effective<'_>>,
         deadline: Option<Instant>,
     ) -> Result<Verification, Error> {
-        match stored {
-            Some(Effective::Ext(ext)) => self.verify_foreign(password, ext, deadline).await,
-            Some(Effective::Phc(phc)) => {
-                (self.verify_phc(password.normalized(), Some(phc.to_owned()), deadline)).await
+        let exists = stored.is_some();
+        let stored = stored.unwrap_or(match &self.dummy_argon2 {
+            Some(dummy) => Effective::Own(dummy),
+            None => Effective::Phc(&self.dummy),
+        });
+        let matches = match stored {
+            Effective::Phc(phc) => {
+                (self.verify_pbkdf2(password.normalized(), phc, deadline)).await?
             }
-            None => self.verify_phc(password.normalized(), None, deadline).await,
+            Effective::Own(ext) => (self.verify_own(password.normalized(), ext, deadline)).await?,
+            Effective::Ext(ext) => self.verify_foreign(password, ext, deadline).await?,
+        };
+        let matches = exists && matches;
+        Ok(Verification {
+            matches,
+            needs_rehash: matches && !self.is_current(stored),
+            foreign: matches && matches!(stored, Effective::Ext(_)),
+        })
+    }
+
+    /// Whether `stored` is what the policy makes now: a PBKDF2-SHA256 hash at its
+    /// cost under the PBKDF2 policy, an Argon2id hash of authd's at its parameters
+    /// (in the ext column) under the argon2id policy. Anything else (another
+    /// system's hash included) is replaced at the next successful login.
+    pub fn is_current(&self, stored: Effective<'_>) -> bool {
+        match (self.policy.algorithm, stored) {
+            (PolicyAlgorithm::Pbkdf2Sha256, Effective::Phc(phc)) => matches!(
+                StoredHash::parse(phc),
+                Ok(Some(hash)) if hash.rounds == self.params.rounds()
+            ),
+            (PolicyAlgorithm::Argon2id, Effective::Own(ext)) => {
+                let a = self.policy.argon2;
+                let prefix = format!(
+                    "$argon2id$v=19$m={},t={},p={}$",
+                    a.memory_kib(),
+                    a.time(),
+                    a.parallelism()
+                );
+                ext.starts_with(&prefix) && ForeignHash::parse_with(ext, &own_caps()).is_ok()
+            }
+            _ => false,
         }
     }
 
-    /// Verifies a password against a stored PHC string, or against the dummy hash
-    /// when there is none. A failure, either way, costs [`Hasher::failure_cost`]
-    /// rounds: the verification, then padding up to that cost, on the same thread
-    /// before the answer.
-    async fn verify_phc(
+    /// A PBKDF2 PHC string: on the engine when it is PBKDF2-SHA256 with a 32-byte
+    /// output, by the pbkdf2 crate otherwise; padded when it fails.
+    async fn verify_pbkdf2(
         &self,
         password: Password,
-        stored: Option<String>,
+        phc: &str,
         deadline: Option<Instant>,
-    ) -> Result<Verification, Error> {
-        let exists = stored.is_some();
-        let phc = stored.unwrap_or_else(|| self.dummy.clone());
-        let Some(stored) = StoredHash::parse(&phc)? else {
+    ) -> Result<bool, Error> {
+        let Some(stored) = StoredHash::parse(phc)? else {
             // Not a PBKDF2-SHA256 hash with a 32-byte output (not one authd makes):
             // the pbkdf2 crate checks it, on its own, padded all the same.
-            return self.verify_other(password, phc, exists, deadline).await;
+            return self.verify_other(password, phc.to_owned(), deadline).await;
         };
         let pad = self.failure_cost().saturating_sub(stored.rounds);
         let job = Derivation {
@@ -202,13 +317,38 @@ impl Hasher {
             salt: stored.salt,
             rounds: stored.rounds,
         };
-        let matches = self.pool.verify(deadline, job, stored.output, pad).await?;
-        let matches = exists && matches;
-        Ok(Verification {
-            matches,
-            needs_rehash: matches && stored.rounds != self.params.rounds(),
-            foreign: false,
-        })
+        Ok(self.pool.verify(deadline, job, stored.output, pad).await?)
+    }
+
+    /// An Argon2id hash of authd's (the ext column, behind its own marker),
+    /// verified by [`ForeignHash`] on a thread of the pool once its memory fits the
+    /// budget.
+    async fn verify_own(
+        &self,
+        password: Password,
+        ext: &str,
+        deadline: Option<Instant>,
+    ) -> Result<bool, Error> {
+        let hash = ForeignHash::parse_with(ext, &own_caps())
+            .map_err(|e| anyhow::anyhow!("a stored Argon2id hash does not parse: {e}"))?;
+        let Scheme::Argon2 {
+            variant: Argon2Variant::Argon2id,
+            memory_kib,
+            ..
+        } = hash.scheme()
+        else {
+            return Err(Error::Internal(anyhow::anyhow!(
+                "a stored ext hash is not an Argon2id hash"
+            )));
+        };
+        let counter = self.pool.metrics.argon2.clone();
+        Ok(self
+            .pool
+            .run_in_memory(memory_kib, deadline, move || {
+                counter.inc();
+                hash.verify(password.as_bytes())
+            })
+            .await?)
     }
 
     /// A hash made by another system (`foreign`), verified against the password as
@@ -216,15 +356,15 @@ impl Hasher {
     /// hashlib digests, Django's, Werkzeug's, passlib's and PHC's) is what the
     /// engine computes: verified in its lanes and padded as authd's own, so a failure
     /// costs max(its rounds, [`Hasher::failure_cost`]). Any other is checked by its
-    /// crate, and a failure is followed by the full [`Hasher::failure_cost`] rounds
-    /// of padding: it never costs less than an unknown user's. A match always asks
-    /// for a rehash (to the policy in force).
+    /// crate (Argon2 and scrypt once their memory fits the budget), and a failure is
+    /// followed by the full [`Hasher::failure_cost`] rounds of padding: it never
+    /// costs less than an unknown user's.
     async fn verify_foreign(
         &self,
         password: &PresentedPassword,
         ext: &str,
         deadline: Option<Instant>,
-    ) -> Result<Verification, Error> {
+    ) -> Result<bool, Error> {
         // The reason names the format and what is wrong, never the hash.
         let hash = ForeignHash::parse_with(ext, &self.caps).map_err(|e| {
             Error::Internal(anyhow::anyhow!(
@@ -232,32 +372,39 @@ impl Hasher {
             ))
         })?;
         let sent = password.as_sent().to_vec();
-        let matches = if let Some((rounds, salt, output)) = hash.pbkdf2_sha256() {
+        if let Some((rounds, salt, output)) = hash.pbkdf2_sha256() {
             let pad = self.failure_cost().saturating_sub(rounds);
             let job = Derivation {
                 password: sent,
                 salt: salt.to_vec(),
                 rounds,
             };
-            self.pool.verify(deadline, job, output, pad).await?
-        } else {
-            let cost = self.failure_cost();
-            let rounds = self.pool.metrics.rounds.clone();
-            (self.pool)
-                .run(deadline, move || {
-                    let matches = hash.verify(&sent);
-                    if !matches {
-                        pad_now(cost);
-                        rounds.inc_by(u64::from(cost));
-                    }
-                    matches
+            return Ok(self.pool.verify(deadline, job, output, pad).await?);
+        }
+        let cost = self.failure_cost();
+        let rounds = self.pool.metrics.rounds.clone();
+        let memory_kib = match hash.scheme() {
+            Scheme::Argon2 { memory_kib, .. } => memory_kib,
+            // 128·N·r bytes.
+            Scheme::Scrypt { log_n, r, .. } => {
+                1u64.checked_shl(log_n.into()).map_or(u32::MAX, |n| {
+                    u32::try_from(n.saturating_mul(r.into()) / 8).unwrap_or(u32::MAX)
                 })
-                .await?
+            }
+            _ => 0,
         };
-        Ok(Verification {
-            matches,
-            needs_rehash: matches,
-            foreign: true,
+        let work = move || {
+            let matches = hash.verify(&sent);
+            if !matches {
+                pad_now(cost);
+                rounds.inc_by(u64::from(cost));
+            }
+            matches
+        };
+        Ok(if memory_kib > 0 {
+            self.pool.run_in_memory(memory_kib, deadline, work).await?
+        } else {
+            self.pool.run(deadline, work).await?
         })
     }
 
@@ -267,9 +414,8 @@ impl Hasher {
         &self,
         password: Password,
         phc: String,
-        exists: bool,
         deadline: Option<Instant>,
-    ) -> Result<Verification, Error> {
+    ) -> Result<bool, Error> {
         let cost = self.failure_cost();
         let rounds = self.pool.metrics.rounds.clone();
         let matches = self
@@ -284,12 +430,19 @@ impl Hasher {
                 Ok::<_, Error>(matches)
             })
             .await??;
-        Ok(Verification {
-            matches: exists && matches,
-            // Another algorithm or output length: replace it with ours.
-            needs_rehash: exists && matches,
-            foreign: false,
-        })
+        Ok(matches)
+    }
+}
+
+/// The caps of the ext hashes authd wrote itself: none. They are trusted, and the
+/// memory budget bounds what they cost; a policy's parameters may be above the caps
+/// of imported hashes.
+fn own_caps() -> Caps {
+    Caps {
+        argon2_memory_kib: u32::MAX,
+        argon2_time: u32::MAX,
+        argon2_lanes: u32::MAX,
+        ..Caps::default()
     }
 }
 
@@ -408,7 +561,8 @@ mod tests {
 
     /// A hasher of `rounds` on `engine`, one thread.
     fn hasher_on(rounds: u32, engine: pbkdf2_lanes::Engine, metrics: &Metrics) -> Hasher {
-        Hasher::new(rounds, HashPool::new(1, 0, engine, metrics).unwrap()).unwrap()
+        let pool = HashPool::new(1, 0, engine, metrics).unwrap();
+        Hasher::new(Policy::pbkdf2(rounds), pool).unwrap()
     }
 
     fn hasher(rounds: u32) -> Hasher {
@@ -416,7 +570,9 @@ mod tests {
     }
 
     async fn hash(hasher: &Hasher, password: &str) -> String {
-        hasher.hash(pw(password), None).await.unwrap()
+        let new = hasher.hash(pw(password), None).await.unwrap();
+        assert_eq!(new.password_hash_ext, None, "PBKDF2 has no ext hash");
+        new.password_hash
     }
 
     fn presented(s: &str) -> PresentedPassword {
@@ -462,6 +618,226 @@ mod tests {
             object => object.to_string(),
         };
         (field("password"), field("wrong"), hash)
+    }
+
+    /// Small Argon2id parameters: a debug build computes them at once.
+    fn small() -> Argon2Params {
+        Argon2Params::new(64, 1, 1).unwrap()
+    }
+
+    /// A hasher of the argon2id policy at `argon2` (markers at 1,000 rounds) on
+    /// `threads` threads.
+    fn argon2_hasher(argon2: Argon2Params, threads: usize, metrics: &Metrics) -> Hasher {
+        let pool = HashPool::new(threads, 0, pbkdf2_lanes::Engine::detect(), metrics).unwrap();
+        Hasher::new(Policy::argon2id(argon2, 1000), pool).unwrap()
+    }
+
+    async fn verify_as_stored(hasher: &Hasher, password: &str, new: &NewHash) -> Verification {
+        let stored = stored::effective(&new.password_hash, new.password_hash_ext.as_deref());
+        hasher
+            .verify(&presented(password), Some(stored), None)
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn argon2id_hashes_go_to_the_ext_column_behind_a_marker_and_verify_everywhere() {
+        let metrics = Metrics::new();
+        let params = Argon2Params::new(256, 2, 2).unwrap();
+        let hasher = argon2_hasher(params, 1, &metrics);
+        let new = hasher.hash(pw("correct horse"), None).await.unwrap();
+        assert!(stored::is_marker(&new.password_hash), "{new:?}");
+        assert!(new.password_hash.starts_with("$pbkdf2-sha256$i=1000,l=32$"));
+        let ext = new.password_hash_ext.clone().unwrap();
+        assert!(ext.starts_with("$argon2id$v=19$m=256,t=2,p=2$"), "{ext}");
+        assert_eq!(metrics.hash.argon2.get(), 1);
+        assert_eq!(metrics.hash.rounds.get(), 0, "no PBKDF2 for the hash");
+
+        // The argon2 crate's own verifier, and the foreign-hash verifier, agree.
+        use argon2::PasswordVerifier as _;
+        let crate_verifier = argon2::Argon2::default();
+        assert!(
+            crate_verifier
+                .verify_password(b"correct horse", ext.as_str())
+                .is_ok()
+        );
+        assert!(
+            crate_verifier
+                .verify_password(b"wrong horse", ext.as_str())
+                .is_err()
+        );
+        let foreign = ForeignHash::parse(&ext).unwrap();
+        assert!(foreign.verify(b"correct horse"));
+        assert!(!foreign.verify(b"wrong horse"));
+        assert!(matches!(
+            foreign.scheme(),
+            Scheme::Argon2 {
+                variant: Argon2Variant::Argon2id,
+                version: 0x13,
+                memory_kib: 256,
+                time: 2,
+                lanes: 2,
+            }
+        ));
+
+        // And the hasher, through the column that counts.
+        let ok = verify_as_stored(&hasher, "correct horse", &new).await;
+        assert_eq!(
+            ok,
+            Verification {
+                matches: true,
+                needs_rehash: false,
+                foreign: false,
+            }
+        );
+        assert!(!verify_as_stored(&hasher, "wrong horse", &new).await.matches);
+        assert_eq!(metrics.hash.argon2.get(), 3);
+        assert_eq!(hasher.pool().memory_budget().in_use_kib(), 0);
+    }
+
+    #[tokio::test]
+    async fn an_unknown_user_is_verified_against_a_dummy_of_the_policy() {
+        let metrics = Metrics::new();
+        let hasher = argon2_hasher(small(), 1, &metrics);
+        let dummy = hasher.dummy_argon2.clone().unwrap();
+        assert!(dummy.starts_with("$argon2id$v=19$m=64,t=1,p=1$"), "{dummy}");
+        let v = hasher
+            .verify(&presented("anything at all"), None, None)
+            .await
+            .unwrap();
+        assert_eq!(
+            v,
+            Verification {
+                matches: false,
+                needs_rehash: false,
+                foreign: false,
+            }
+        );
+        // The dummy path ran Argon2id, and no PBKDF2.
+        assert_eq!(metrics.hash.argon2.get(), 1);
+        assert_eq!(metrics.hash.rounds.get(), 0);
+        // Under the PBKDF2 policy, it is PBKDF2 at the policy's cost.
+        let metrics = Metrics::new();
+        let pbkdf2 = hasher_on(1000, pbkdf2_lanes::Engine::detect(), &metrics);
+        assert!(pbkdf2.dummy_argon2.is_none());
+        pbkdf2
+            .verify(&presented("anything at all"), None, None)
+            .await
+            .unwrap();
+        assert_eq!(metrics.hash.argon2.get(), 0);
+        assert_eq!(metrics.hash.rounds.get(), 1000);
+    }
+
+    #[tokio::test]
+    async fn a_hash_not_of_the_policy_asks_for_a_rehash_either_way() {
+        let metrics = Metrics::new();
+        let argon2 = argon2_hasher(small(), 1, &metrics);
+        let pbkdf2 = hasher_on(1000, pbkdf2_lanes::Engine::detect(), &metrics);
+        let other = argon2_hasher(Argon2Params::new(128, 1, 1).unwrap(), 1, &metrics);
+        let as_pbkdf2 = pbkdf2.hash(pw("correct horse"), None).await.unwrap();
+        let as_argon2 = argon2.hash(pw("correct horse"), None).await.unwrap();
+        let as_other = other.hash(pw("correct horse"), None).await.unwrap();
+        let rehash = |v: Verification| (v.matches, v.needs_rehash);
+        // A PBKDF2 user under the argon2id policy, and the other way round.
+        let v = verify_as_stored(&argon2, "correct horse", &as_pbkdf2).await;
+        assert_eq!(rehash(v), (true, true));
+        let v = verify_as_stored(&pbkdf2, "correct horse", &as_argon2).await;
+        assert_eq!(rehash(v), (true, true));
+        // Argon2id at other parameters.
+        let v = verify_as_stored(&argon2, "correct horse", &as_other).await;
+        assert_eq!(rehash(v), (true, true));
+        // At the policy: nothing to do; a wrong password asks for nothing.
+        let v = verify_as_stored(&argon2, "correct horse", &as_argon2).await;
+        assert_eq!(rehash(v), (true, false));
+        let v = verify_as_stored(&argon2, "wrong horse", &as_pbkdf2).await;
+        assert_eq!(rehash(v), (false, false));
+        let ext = as_argon2.password_hash_ext.as_deref().unwrap();
+        assert!(argon2.is_current(Effective::Own(ext)));
+        assert!(
+            !argon2.is_current(Effective::Ext(ext)),
+            "another system's hash is replaced"
+        );
+        assert!(!argon2.is_current(Effective::Phc(&as_pbkdf2.password_hash)));
+        assert!(pbkdf2.is_current(Effective::Phc(&as_pbkdf2.password_hash)));
+        assert!(!pbkdf2.is_current(Effective::Own(ext)));
+    }
+
+    #[tokio::test]
+    async fn concurrent_argon2_work_never_holds_more_memory_than_the_budget() {
+        use std::sync::{
+            Arc, Mutex,
+            atomic::{AtomicU32, AtomicUsize},
+        };
+        let metrics = Metrics::new();
+        // Four threads, a budget of two hashes' memory.
+        let pool = HashPool::new(4, 0, pbkdf2_lanes::Engine::detect(), &metrics)
+            .unwrap()
+            .with_memory_budget(2 * 64);
+        let budget = pool.memory_budget().clone();
+        assert_eq!(metrics.hash.memory_budget.get(), 128 * 1024);
+        let started = Arc::new(AtomicUsize::new(0));
+        let peak = Arc::new(AtomicU32::new(0));
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let release_rx = Arc::new(Mutex::new(release_rx));
+        let tasks: Vec<_> = (0..10)
+            .map(|_| {
+                let (pool, budget, started, peak, release_rx) = (
+                    pool.clone(),
+                    budget.clone(),
+                    started.clone(),
+                    peak.clone(),
+                    release_rx.clone(),
+                );
+                tokio::spawn(async move {
+                    pool.run_in_memory(64, None, move || {
+                        started.fetch_add(1, Ordering::SeqCst);
+                        peak.fetch_max(budget.in_use_kib(), Ordering::SeqCst);
+                        let _ = release_rx.lock().unwrap().recv();
+                        small().hash(b"correct horse").unwrap()
+                    })
+                    .await
+                })
+            })
+            .collect();
+        // Two start; the budget holds the other eight back, not the threads.
+        while started.load(Ordering::SeqCst) < 2 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(budget.in_use_kib(), 128);
+        assert_eq!(metrics.hash.memory_in_use.get(), 128 * 1024);
+        assert_eq!(started.load(Ordering::SeqCst), 2);
+        assert_eq!(
+            pool.queued(),
+            0,
+            "the others wait for memory, not in the queue"
+        );
+        for _ in 0..10 {
+            release_tx.send(()).unwrap();
+        }
+        for task in tasks {
+            assert!(task.await.unwrap().unwrap().starts_with("$argon2id$"));
+        }
+        assert_eq!(started.load(Ordering::SeqCst), 10);
+        assert_eq!(peak.load(Ordering::SeqCst), 128, "never above the budget");
+        assert_eq!(budget.in_use_kib(), 0);
+        assert_eq!(metrics.hash.memory_in_use.get(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_wait_for_the_budget_ends_at_the_deadline() {
+        let metrics = Metrics::new();
+        let pool = HashPool::new(1, 0, pbkdf2_lanes::Engine::detect(), &metrics)
+            .unwrap()
+            .with_memory_budget(64);
+        let held = pool.memory_budget().reserve(64, None).await.unwrap();
+        // Real time: the caller's deadline.
+        let past = Instant::now() - std::time::Duration::from_millis(1);
+        let err = pool.run_in_memory(64, Some(past), || ()).await.unwrap_err();
+        assert_eq!(err, work::PoolError::Expired);
+        drop(held);
+        // A need above the whole budget takes all of it, and runs.
+        pool.run_in_memory(1000, None, || ()).await.unwrap();
+        assert_eq!(pool.memory_budget().in_use_kib(), 0);
     }
 
     #[tokio::test]

@@ -7,13 +7,15 @@
 //! only when it can be answered before its deadline, and bounds the requests in
 //! flight, so what reaches the queue is bounded and expected to be served in time;
 //! work whose deadline passes while it waits is dropped unrun. The work and its
-//! answer are described in `work`.
+//! answer are described in `work`. Memory-hard work (Argon2) also reserves its
+//! memory in the pool's budget (`budget`) before it is queued.
 //!
 //! It never hashes on the caller's thread, and it knows nothing of PHC strings or
 //! users: work is a derivation (password, salt, rounds) whose 32-byte output comes
 //! back, or is compared with an expected one.
 
 use super::{
+    budget::MemoryBudget,
     queue::HashQueue,
     work::{Answer, Derivation, PoolError, Queued, TaskOutcome, Work},
     worker::Worker,
@@ -70,8 +72,13 @@ pub struct HashPool {
     threads: usize,
     _closer: Arc<Closer>,
     engine: Engine,
+    /// The memory memory-hard work may hold at once (`budget`).
+    budget: MemoryBudget,
     pub(super) metrics: HashMetrics,
 }
+
+/// The memory budget of a pool built without one: 256 MiB.
+pub const DEFAULT_MEMORY_BUDGET_KIB: u32 = 256 * 1024;
 
 impl HashPool {
     /// Starts `threads` worker threads, at OS priority `nice`, hashing on `engine`;
@@ -94,13 +101,34 @@ impl HashPool {
             }
             .spawn(i, nice)?;
         }
+        let budget = MemoryBudget::new(
+            DEFAULT_MEMORY_BUDGET_KIB,
+            metrics.memory_in_use.clone(),
+            &metrics.memory_budget,
+        );
         Ok(Self {
             _closer: Arc::new(Closer(queue.clone())),
             queue,
             threads,
             engine,
+            budget,
             metrics,
         })
+    }
+
+    /// The same pool with a memory budget of `total_kib` for memory-hard work.
+    pub fn with_memory_budget(mut self, total_kib: u32) -> Self {
+        self.budget = MemoryBudget::new(
+            total_kib,
+            self.metrics.memory_in_use.clone(),
+            &self.metrics.memory_budget,
+        );
+        self
+    }
+
+    /// The memory budget of memory-hard work ([`HashPool::run_in_memory`]).
+    pub fn memory_budget(&self) -> &MemoryBudget {
+        &self.budget
     }
 
     /// The engine the threads hash on.
@@ -184,6 +212,29 @@ impl HashPool {
         });
         self.send(deadline, Work::Task(task))?;
         result.await.unwrap_or(Err(PoolError::Closed))
+    }
+
+    /// Runs `work`, which needs `memory_kib` KiB (Argon2, scrypt), on a pool thread
+    /// once that memory fits in the budget: reserved before the work is queued,
+    /// given back when it ends or is dropped unrun. Waiting for the budget holds no
+    /// thread, and ends at the deadline.
+    pub(crate) async fn run_in_memory<T, F>(
+        &self,
+        memory_kib: u32,
+        deadline: Option<Instant>,
+        work: F,
+    ) -> Result<T, PoolError>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> T + Send + 'static,
+    {
+        let reserved = self.budget.reserve(memory_kib, deadline).await?;
+        self.run(deadline, move || {
+            let value = work();
+            drop(reserved);
+            value
+        })
+        .await
     }
 
     fn send(&self, deadline: Option<Instant>, work: Work) -> Result<(), PoolError> {

@@ -58,9 +58,11 @@ impl<T> HashQueue<T> {
         Ok(())
     }
 
-    /// Waits for work and takes up to `max` items, oldest first, into `out`.
+    /// Waits for work and takes up to `max` items, oldest first, into `out`, and
+    /// none after one that `alone` says a thread runs on its own (a task): the
+    /// items behind it are left to the other threads, not held while it runs.
     /// Returns false once the queue is closed and empty.
-    pub fn take(&self, max: usize, out: &mut Vec<T>) -> bool {
+    pub fn take(&self, max: usize, out: &mut Vec<T>, alone: impl Fn(&T) -> bool) -> bool {
         let mut state = self.lock();
         while state.items.is_empty() {
             if state.closed {
@@ -68,19 +70,27 @@ impl<T> HashQueue<T> {
             }
             state = self.ready.wait(state).unwrap_or_else(|p| p.into_inner());
         }
-        Self::take_from(&mut state, max, out);
+        Self::take_from(&mut state, max, out, alone);
         true
     }
 
-    /// Takes up to `max` items that wait now, oldest first, into `out`, without
-    /// waiting for any.
-    pub fn take_ready(&self, max: usize, out: &mut Vec<T>) {
-        Self::take_from(&mut self.lock(), max, out);
+    /// Takes up to `max` items that wait now, oldest first, into `out` (none after
+    /// one that runs `alone`), without waiting for any.
+    pub fn take_ready(&self, max: usize, out: &mut Vec<T>, alone: impl Fn(&T) -> bool) {
+        Self::take_from(&mut self.lock(), max, out, alone);
     }
 
-    fn take_from(state: &mut State<T>, max: usize, out: &mut Vec<T>) {
-        let n = max.max(1).min(state.items.len());
-        out.extend(state.items.drain(..n));
+    fn take_from(state: &mut State<T>, max: usize, out: &mut Vec<T>, alone: impl Fn(&T) -> bool) {
+        for _ in 0..max.max(1) {
+            let Some(item) = state.items.pop_front() else {
+                return;
+            };
+            let last = alone(&item);
+            out.push(item);
+            if last {
+                return;
+            }
+        }
     }
 
     /// Items waiting for a thread.
@@ -106,14 +116,15 @@ mod tests {
             q.push(i).unwrap();
         }
         let mut batch = Vec::new();
-        assert!(q.take(4, &mut batch));
+        let none = |_: &i32| false;
+        assert!(q.take(4, &mut batch, none));
         assert_eq!(batch, [0, 1, 2, 3]);
         batch.clear();
         q.push(6).unwrap();
-        q.take_ready(4, &mut batch);
+        q.take_ready(4, &mut batch, none);
         assert_eq!(batch, [4, 5, 6]);
         batch.clear();
-        q.take_ready(4, &mut batch);
+        q.take_ready(4, &mut batch, none);
         assert!(batch.is_empty(), "nothing waits");
         assert_eq!(q.queued(), 0);
     }
@@ -125,8 +136,30 @@ mod tests {
         q.close();
         assert_eq!(q.push(2), Err(2));
         let mut batch = Vec::new();
-        assert!(q.take(4, &mut batch), "what was queued is still taken");
+        assert!(
+            q.take(4, &mut batch, |_| false),
+            "what was queued is still taken"
+        );
         assert_eq!(batch, [1]);
-        assert!(!q.take(4, &mut batch), "closed and empty");
+        assert!(!q.take(4, &mut batch, |_| false), "closed and empty");
+    }
+
+    #[test]
+    fn nothing_is_taken_behind_work_that_runs_alone() {
+        let q = HashQueue::new();
+        for i in 0..6 {
+            q.push(i).unwrap();
+        }
+        // 2 runs alone: what waits behind it goes to another thread.
+        let alone = |i: &i32| *i == 2 || *i == 3;
+        let mut batch = Vec::new();
+        assert!(q.take(4, &mut batch, alone));
+        assert_eq!(batch, [0, 1, 2]);
+        batch.clear();
+        q.take_ready(4, &mut batch, alone);
+        assert_eq!(batch, [3]);
+        batch.clear();
+        q.take_ready(4, &mut batch, alone);
+        assert_eq!(batch, [4, 5]);
     }
 }

@@ -118,6 +118,12 @@ pub(super) struct Queued {
 }
 
 impl Queued {
+    /// Whether a thread runs it on its own (a task, not a derivation of the lanes):
+    /// the queue hands a thread nothing behind it.
+    pub(super) fn alone(&self) -> bool {
+        matches!(self.work, Work::Task(_))
+    }
+
     /// Whether nobody waits for the answer any more.
     pub(super) fn abandoned(&self) -> bool {
         match &self.work {

@@ -19,8 +19,9 @@
 //! padding, exactly as a verification of that many rounds would, whatever else
 //! shares the lanes.
 //!
-//! Other work (a task: a stored hash the engine cannot check) runs on the thread
-//! between two kernel calls, on its own.
+//! Other work (a task: Argon2, a stored hash the engine cannot check) runs on the
+//! thread between two kernel calls, on its own; a thread takes nothing from the
+//! queue behind a task, so tasks queued together run on as many threads.
 //!
 //! It only runs what the queue hands it, in the queue's order (`queue`).
 
@@ -106,11 +107,12 @@ impl Worker {
             // Wait for work only with nothing in flight; otherwise take what waits,
             // oldest first, into the free lanes.
             if lanes.is_empty() {
-                if !self.queue.take(lanes.capacity(), &mut taken) {
+                if !self.queue.take(lanes.capacity(), &mut taken, Queued::alone) {
                     return;
                 }
             } else if lanes.free() > 0 {
-                self.queue.take_ready(lanes.free(), &mut taken);
+                self.queue
+                    .take_ready(lanes.free(), &mut taken, Queued::alone);
             }
             for queued in taken.drain(..) {
                 self.take(queued, &mut lanes);

@@ -91,7 +91,7 @@ pub(super) mod sql {
          WHERE id = $3 AND user_id = $4 AND ended_at IS NULL AND expires_at > $1";
     /// An administrator's new password: the next version, whatever the current one.
     pub const SET_PASSWORD: &str = "UPDATE users SET password_hash = $1, \
-         password_hash_ext = NULL, password_version = password_version + 1, updated_at = $2 WHERE id = $3";
+         password_hash_ext = $4, password_version = password_version + 1, updated_at = $2 WHERE id = $3";
     pub const PURGE_CUTOFFS: &str = "DELETE FROM user_cutoffs WHERE user_id IN \
          (SELECT user_id FROM user_cutoffs WHERE cutoff_at <= $1 LIMIT $2)";
 }
@@ -418,6 +418,7 @@ pub(super) async fn set_password(
     conn: &mut Conn<'_>,
     user_id: &str,
     hash: &str,
+    ext: Option<&str>,
     end_sessions: bool,
     now: i64,
 ) -> Result<Option<Vec<String>>, sqlx::Error> {
@@ -426,7 +427,8 @@ pub(super) async fn set_password(
             Statement::new(sql::SET_PASSWORD)
                 .bind(hash)
                 .bind(now)
-                .bind(user_id),
+                .bind(user_id)
+                .bind(ext),
         )
         .await?
         == 1;

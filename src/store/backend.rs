@@ -172,6 +172,7 @@ pub(super) trait Backend: Send + Sync {
         &self,
         id: &str,
         hash: String,
+        ext: Option<String>,
         version: i64,
         now: i64,
     ) -> Op<'_, Option<Vec<String>>> {
@@ -181,6 +182,7 @@ pub(super) trait Backend: Send + Sync {
             Write::ChangePassword {
                 id,
                 hash,
+                ext,
                 version,
                 now,
             },
@@ -243,6 +245,7 @@ pub(super) trait Backend: Send + Sync {
         &self,
         user_id: &str,
         hash: String,
+        ext: Option<String>,
         end_sessions: bool,
         now: i64,
     ) -> Op<'_, Option<Vec<String>>> {
@@ -252,6 +255,7 @@ pub(super) trait Backend: Send + Sync {
             Write::SetPassword {
                 user_id,
                 hash,
+                ext,
                 end_sessions,
                 now,
             },

@@ -424,6 +424,7 @@ mod tests {
             id: "u1".into(),
             username: Username::parse("ulla").unwrap(),
             password_hash: "hash".into(),
+            password_hash_ext: None,
         };
         store.insert_user(user).await.unwrap();
         store

@@ -338,12 +338,13 @@ impl Store {
         &self,
         id: &str,
         hash: String,
+        ext: Option<String>,
         version: i64,
         now: i64,
     ) -> Result<Option<Vec<String>>, StoreError> {
         self.timed(
             &self.ops.change_password,
-            self.backend.change_password(id, hash, version, now),
+            self.backend.change_password(id, hash, ext, version, now),
         )
         .await
     }
@@ -465,19 +466,21 @@ impl Store {
         .await
     }
 
-    /// An administrator's new password hash for `user_id` (the next version), and
-    /// with `end_sessions` every live session ended, in one transaction; `None`
-    /// when there is no such user.
+    /// An administrator's new password hash for `user_id` (the next version; `ext`
+    /// in the ext column, which `None` clears), and with `end_sessions` every live
+    /// session ended, in one transaction; `None` when there is no such user.
     pub async fn set_password(
         &self,
         user_id: &str,
         hash: String,
+        ext: Option<String>,
         end_sessions: bool,
         now: i64,
     ) -> Result<Option<Vec<String>>, StoreError> {
         self.timed(
             &self.ops.set_password,
-            self.backend.set_password(user_id, hash, end_sessions, now),
+            self.backend
+                .set_password(user_id, hash, ext, end_sessions, now),
         )
         .await
     }

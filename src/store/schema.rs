@@ -264,15 +264,17 @@ pub(super) async fn postgres_state(conn: &mut PgConnection) -> anyhow::Result<Sc
     Ok(state)
 }
 
-/// What every marker holds between `$`s: its salt, in the PHC string's B64.
+/// What every marker holds after a `$`: the start of its salt in the PHC string's
+/// B64, the 15 bytes both markers' salts share (`authd:hash-ext:`, 20 characters).
 fn marker_needle() -> String {
     use base64::Engine as _;
     let salt = base64::engine::general_purpose::STANDARD_NO_PAD
-        .encode(crate::password::stored::MARKER_SALT);
-    format!("${salt}$")
+        .encode(&crate::password::stored::MARKER_SALT[..15]);
+    format!("${salt}")
 }
 
-/// Users whose password is in `password_hash_ext` (a marker in `password_hash`),
+/// Users whose password is in `password_hash_ext` (a marker in `password_hash`:
+/// imported users who have not logged in since, and Argon2id users),
 /// on SQLite; 0 when the schema has no such column yet.
 pub(super) async fn sqlite_ext_users(conn: &mut SqliteConnection) -> anyhow::Result<i64> {
     let column: i64 = sqlx::query_scalar(
@@ -347,6 +349,8 @@ mod tests {
     fn every_marker_holds_the_needle_and_no_other_hash_does() {
         let marker = crate::password::stored::marker(1000).unwrap();
         assert!(marker.contains(&marker_needle()), "{marker}");
+        let own = crate::password::stored::own_marker(1000).unwrap();
+        assert!(own.contains(&marker_needle()), "{own}");
         assert!(!"$pbkdf2-sha256$i=1000,l=32$AKh4f+JN1Hz3qCVLeaF/SA$eHz5DaZ1OQ83rAhSufI9KXPNmC7a00/to0km3fxyPeA".contains(&marker_needle()));
     }
 

@@ -381,6 +381,7 @@ pub(super) mod tests {
             id: format!("id-{i}"),
             username: Username::parse(name).unwrap(),
             password_hash: format!("hash-{i}"),
+            password_hash_ext: None,
         }
     }
 
@@ -415,6 +416,7 @@ pub(super) mod tests {
         Rehash {
             user_id: format!("id-{i}"),
             hash: hash.into(),
+            ext: None,
             version: 0,
             verified_hash: verified.into(),
             verified_ext: None,

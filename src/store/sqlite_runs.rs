@@ -109,7 +109,7 @@ fn repeat(statement: &str, params: usize, n: usize) -> String {
 }
 
 static SESSIONS: LazyLock<Repeated> = LazyLock::new(|| Repeated::new(INSERT_SESSION, 9));
-static USERS: LazyLock<Repeated> = LazyLock::new(|| Repeated::new(INSERT_USER, 5));
+static USERS: LazyLock<Repeated> = LazyLock::new(|| Repeated::new(INSERT_USER, 6));
 static LOOKUPS: LazyLock<Repeated> = LazyLock::new(|| Repeated::new(FIND_USER, 1));
 
 /// Runs `inserts` (each bound as the next statement's arguments by `bind`) in

@@ -32,19 +32,21 @@ pub(super) mod sql {
          FROM users u LEFT JOIN user_cutoffs c ON c.user_id = u.id WHERE u.id = $1";
     /// Usernames are stored lowercased, so the UNIQUE (username) conflict is
     /// case-insensitive. A conflict inserts nothing: zero rows affected.
-    pub const INSERT_USER: &str = "INSERT INTO users (id, username, password_hash, created_at, updated_at) \
-         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (username) DO NOTHING";
+    pub const INSERT_USER: &str = "INSERT INTO users \
+         (id, username, password_hash, password_hash_ext, created_at, updated_at) \
+         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (username) DO NOTHING";
     /// A rehash: the same password, so the same version, and only if the user's
     /// hashes are still the ones verified (a rehash never undoes a password change,
-    /// and of concurrent first logins one rehash is stored). The new hash is
-    /// authd's own, so the ext column goes. `IS NOT DISTINCT FROM` compares NULLs
-    /// as equal on both backends (SQLite 3.39 and later).
-    pub const REHASH: &str = "UPDATE users SET password_hash = $1, password_hash_ext = NULL, updated_at = $2 \
-         WHERE id = $3 AND password_version = $4 AND password_hash = $5 \
+    /// and of concurrent first logins one rehash is stored). Both columns: an
+    /// Argon2id hash behind a marker, or a PBKDF2 hash and no ext hash.
+    /// `IS NOT DISTINCT FROM` compares NULLs as equal on both backends (SQLite 3.39
+    /// and later).
+    pub const REHASH: &str = "UPDATE users SET password_hash = $1, password_hash_ext = $7, \
+         updated_at = $2 WHERE id = $3 AND password_version = $4 AND password_hash = $5 \
          AND password_hash_ext IS NOT DISTINCT FROM $6";
     /// A new password: a new version, only if the old one is still the one verified.
     pub const CHANGE_PASSWORD: &str = "UPDATE users \
-         SET password_hash = $1, password_hash_ext = NULL, password_version = password_version + 1, updated_at = $2 \
+         SET password_hash = $1, password_hash_ext = $5, password_version = password_version + 1, updated_at = $2 \
          WHERE id = $3 AND password_version = $4";
     /// Read through the index on the generated `hash_iterations` column.
     pub const MAX_HASH_ITERATIONS: &str = "SELECT MAX(hash_iterations) FROM users";
@@ -60,22 +62,24 @@ pub(super) fn insert_user(user: &NewUser, now: i64) -> Statement<'_> {
     Statement::new(sql::INSERT_USER).bind_all(new_user_args(user, now))
 }
 
-/// `user`'s values as the arguments of `INSERT_USER`, those of `$1` to `$5`.
-pub(super) fn new_user_args(user: &NewUser, now: i64) -> [Arg<'_>; 5] {
+/// `user`'s values as the arguments of `INSERT_USER`, those of `$1` to `$6`.
+pub(super) fn new_user_args(user: &NewUser, now: i64) -> [Arg<'_>; 6] {
     [
         user.id.as_str().into(),
         user.username.as_str().into(),
         user.password_hash.as_str().into(),
+        user.password_hash_ext.as_deref().into(),
         now.into(),
         now.into(),
     ]
 }
 
 /// A new password of user `id`, whose password is at `version`: it takes the
-/// next version.
+/// next version. `ext` is the ext column's new value (`None` clears it).
 pub(super) fn change_password<'a>(
     id: &'a str,
     hash: &'a str,
+    ext: Option<&'a str>,
     version: i64,
     now: i64,
 ) -> Statement<'a> {
@@ -84,6 +88,7 @@ pub(super) fn change_password<'a>(
         .bind(now)
         .bind(id)
         .bind(version)
+        .bind(ext)
 }
 
 /// `rehash` at `now`: one row changed, or none when the user's hashes are no
@@ -96,14 +101,17 @@ pub(super) fn rehash(rehash: &Rehash, now: i64) -> Statement<'_> {
         .bind(rehash.version)
         .bind(rehash.verified_hash.as_str())
         .bind(rehash.verified_ext.as_deref())
+        .bind(rehash.ext.as_deref())
 }
 
 /// A new hash of the password a login verified, to store in place of the hashes
 /// it was verified against, if they are still the user's.
 pub struct Rehash {
     pub user_id: String,
-    /// The new hash (authd's own).
+    /// The new `password_hash`: authd's own PBKDF2 hash, or a marker.
     pub hash: String,
+    /// The new `password_hash_ext`: the Argon2id hash behind the marker, or `None`.
+    pub ext: Option<String>,
     /// The password's version when it was verified (a rehash keeps it).
     pub version: i64,
     /// `password_hash` as it was verified.
@@ -155,6 +163,8 @@ pub struct NewUser {
     pub id: String,
     pub username: Username,
     pub password_hash: String,
+    /// A hash older releases cannot verify, behind a marker in `password_hash`.
+    pub password_hash_ext: Option<String>,
 }
 
 /// The user named `username`, read on `conns` (PostgreSQL's pool, SQLite's readers).

@@ -38,6 +38,7 @@ pub(super) enum Write {
     ChangePassword {
         id: String,
         hash: String,
+        ext: Option<String>,
         version: i64,
         now: i64,
     },
@@ -71,6 +72,7 @@ pub(super) enum Write {
     SetPassword {
         user_id: String,
         hash: String,
+        ext: Option<String>,
         end_sessions: bool,
         now: i64,
     },
@@ -280,11 +282,18 @@ pub(super) async fn apply_one(
         Write::ChangePassword {
             id,
             hash,
+            ext,
             version,
             now,
         } => {
             let changed = (conn
-                .execute(users::change_password(id, hash, *version, *now))
+                .execute(users::change_password(
+                    id,
+                    hash,
+                    ext.as_deref(),
+                    *version,
+                    *now,
+                ))
                 .await?)
                 == 1;
             Ok(Answer::EndedIds(if changed {
@@ -314,10 +323,11 @@ pub(super) async fn apply_one(
         Write::SetPassword {
             user_id,
             hash,
+            ext,
             end_sessions,
             now,
         } => Ok(Answer::EndedIds(
-            admin::set_password(conn, user_id, hash, *end_sessions, *now).await?,
+            admin::set_password(conn, user_id, hash, ext.as_deref(), *end_sessions, *now).await?,
         )),
         Write::Factor(w) => Ok(Answer::Factor(factor::factor_write(conn, w).await?)),
         Write::Import(records) => Ok(Answer::Imported(import::import(conn, records, now).await?)),

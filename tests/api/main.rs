@@ -2,6 +2,7 @@
 
 mod admin;
 mod admin_cli;
+mod argon2;
 mod blocklist;
 mod cli;
 mod cluster;
