@@ -29,7 +29,8 @@ cd "$(dirname "$0")/.."
 source bench/lib.sh
 
 ADMIN_KEY="bench-import-$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
-echo "bench admin $ADMIN_KEY" >"$WORK/admin-keys"
+# The keys file names a key's SHA-256, never the key (docs/admin.md).
+echo "bench admin $(printf '%s' "$ADMIN_KEY" | sha256sum | cut -d' ' -f1)" >"$WORK/admin-keys"
 
 # users FILE COUNT PREFIX: COUNT import records named PREFIX000000…, their hashes the
 # fixtures' in turn.

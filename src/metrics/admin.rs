@@ -1,5 +1,6 @@
 //! The admin API's metrics: its calls by RPC and status code, the accounts it
-//! disabled and deleted, and the records it imported by outcome.
+//! disabled and deleted, the records it imported by outcome, and the pauses of
+//! imports giving way to logins.
 //!
 //! The RPC label takes only the admin service's method names (resolved by the
 //! service, never from what a client sends) and the code label the 17 codes.
@@ -16,6 +17,8 @@ pub(crate) struct AdminMetrics {
     /// Accounts deleted.
     pub deleted: IntCounter,
     imported: IntCounterVec,
+    /// Pauses of ImportUsers after a batch, giving way to logins.
+    pub import_paused: IntCounter,
 }
 
 impl AdminMetrics {
@@ -39,6 +42,11 @@ impl AdminMetrics {
                 "Records of ImportUsers answered, by outcome (created, unchanged, skipped, \
                  refused).",
                 &["outcome"],
+            ),
+            import_paused: f.counter(
+                "authd_admin_import_pauses_total",
+                "Pauses of ImportUsers after a batch while the hash pool had work: the \
+                 import giving way to logins.",
             ),
         }
     }

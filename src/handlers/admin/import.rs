@@ -10,7 +10,9 @@
 //! client does not read them, no more records are read, so memory stays bounded by
 //! a batch whatever the input's size, and the client is slowed by HTTP/2's flow
 //! control. Nothing is hashed (parsing a hash is cheap), so an import never takes
-//! the hash pool from logins; small batches keep SQLite's writer free for them.
+//! the hash pool from logins; small batches keep SQLite's writer free for them, and
+//! while logins are hashing the import pauses after each batch (`give_way`), so it
+//! takes at most a fifth of the time from them.
 //!
 //! A reason names the problem (the format error, the username rule, the cap that a
 //! cost is over) and never quotes the hash or its salt.
@@ -83,6 +85,11 @@ impl AdminApi {
 
 const RPC: &str = "ImportUsers";
 
+/// While logins hash, an import pauses this many times a batch's time after it.
+const GIVE_WAY: u32 = 4;
+/// The longest pause after a batch.
+const MAX_PAUSE: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// What one import needs, owned by its task.
 struct Importer {
     accounts: Arc<Accounts>,
@@ -105,6 +112,19 @@ struct Counts {
 }
 
 impl Importer {
+    /// Lower priority than logins: while the hash pool has work (logins, registrations
+    /// in flight), the import pauses after each batch for [`GIVE_WAY`] times what the
+    /// batch took (at most [`MAX_PAUSE`]), so it takes no more than a fifth of the
+    /// time from them; an import alone runs at full speed.
+    async fn give_way(&self, took: std::time::Duration) {
+        let pool = self.accounts.hasher().pool();
+        if pool.queued() == 0 && pool.stats().running == 0 {
+            return;
+        }
+        self.metrics.import_paused.inc();
+        tokio::time::sleep((took * GIVE_WAY).min(MAX_PAUSE)).await;
+    }
+
     async fn run(self, mut inbound: Streaming<ImportUsersRequest>, answers: Answers) {
         let mut counts = Counts::default();
         let end = loop {
@@ -131,10 +151,13 @@ impl Importer {
                     None => break,
                 }
             }
+            // The wall clock: the pause below is a share of real time, not a rule.
+            let started = std::time::Instant::now();
             let (done, stop) = match self.batch(batch).await {
                 Ok(done) => done,
                 Err(status) => break Err(status),
             };
+            self.give_way(started.elapsed()).await;
             let mut gone = false;
             for answer in done {
                 counts.add(answer.outcome());
