@@ -326,13 +326,7 @@ pub fn render_argon2(report: &Argon2BenchReport) -> String {
         "Argon2id at m={} KiB, t={}, p={} on {} thread{plural}",
         report.memory_kib, report.time, report.parallelism, report.threads
     );
-    for (i, t) in report.per_thread.iter().enumerate() {
-        let _ = writeln!(
-            out,
-            "  thread {i}: {:>10.2} hashes/s ({} hashes in {:.2} s)",
-            t.hashes_per_second, t.hashes, t.seconds
-        );
-    }
+    render_threads(&mut out, &report.per_thread);
     let _ = writeln!(
         out,
         "per thread:  {:.2} hashes/s ({:.2} ms per hash)",
@@ -495,14 +489,19 @@ pub fn render_text(report: &HashBenchReport) -> String {
     out
 }
 
-fn render_rates(out: &mut String, rates: &Rates) {
-    for (i, t) in rates.per_thread.iter().enumerate() {
+/// One line per thread: its rate and what it did.
+fn render_threads(out: &mut String, per_thread: &[ThreadRate]) {
+    for (i, t) in per_thread.iter().enumerate() {
         let _ = writeln!(
             out,
             "  thread {i}: {:>10.2} hashes/s ({} hashes in {:.2} s)",
             t.hashes_per_second, t.hashes, t.seconds
         );
     }
+}
+
+fn render_rates(out: &mut String, rates: &Rates) {
+    render_threads(out, &rates.per_thread);
     let _ = writeln!(
         out,
         "per thread:  {:.2} hashes/s ({:.2} ms per batch, {:.1} ns per SHA-256 compression)",

@@ -892,20 +892,9 @@ fn parse_structured(value: &serde_json::Value) -> Result<ForeignHash, FormatErro
 
 #[cfg(test)]
 mod tests {
+    use super::super::testing::fixtures;
     use super::*;
     use serde_json::{Value, json};
-
-    /// The records of tests/fixtures/foreign-hashes/foreign-hashes.jsonl, made by the
-    /// reference implementations (generate.py beside it).
-    fn fixtures() -> Vec<Value> {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/foreign-hashes/foreign-hashes.jsonl");
-        std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-            .lines()
-            .map(|line| serde_json::from_str(line).unwrap())
-            .collect()
-    }
 
     fn field<'a>(record: &'a Value, key: &str) -> &'a str {
         record[key]

@@ -604,12 +604,8 @@ mod tests {
     /// The (password, wrong password, hash) of the first fixture of `format` in
     /// tests/fixtures/foreign-hashes (a structured form as its JSON text).
     fn fixture(format: &str) -> (String, String, String) {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/foreign-hashes/foreign-hashes.jsonl");
-        let text = std::fs::read_to_string(path).unwrap();
-        let record: serde_json::Value = text
-            .lines()
-            .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+        let record = testing::fixtures()
+            .into_iter()
             .find(|r| r["format"] == format)
             .unwrap_or_else(|| panic!("no fixture of {format}"));
         let field = |key: &str| record[key].as_str().unwrap().to_owned();
@@ -938,15 +934,9 @@ mod tests {
         }
         // As sent, never normalized: "e" + U+0301 and the ligature U+FB01 are not
         // their NFKC form to the system that made the hash.
-        let records = std::fs::read_to_string(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("tests/fixtures/foreign-hashes/foreign-hashes.jsonl"),
-        )
-        .unwrap();
         let sent = "cafe\u{301} \u{FB01}ne";
-        let ligature: serde_json::Value = records
-            .lines()
-            .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+        let ligature: serde_json::Value = testing::fixtures()
+            .into_iter()
             .find(|r| r["password"] == sent && r["format"] == "phc-pbkdf2-sha256")
             .unwrap();
         let hash_of_ligature = ligature["hash"].as_str().unwrap();

@@ -1,5 +1,6 @@
 //! Test setup shared by the unit tests of the pool (`pool`) and of its threads
-//! (`worker`): a small pool, a derivation and its reference output, a held thread.
+//! (`worker`): a small pool, a derivation and its reference output, a held thread;
+//! and by those of `foreign` and the hasher: the foreign hashes' fixtures.
 //!
 //! Compiled for tests only; it holds no tests of its own.
 
@@ -52,4 +53,16 @@ pub(super) async fn occupy_the_thread(
         .await
         .unwrap();
     (busy, release_tx)
+}
+
+/// The records of tests/fixtures/foreign-hashes/foreign-hashes.jsonl, made by the
+/// reference implementations (generate.py beside it).
+pub(super) fn fixtures() -> Vec<serde_json::Value> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/foreign-hashes/foreign-hashes.jsonl");
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
 }

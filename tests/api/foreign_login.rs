@@ -42,7 +42,7 @@ pub(crate) struct Record {
     pub(crate) hash: String,
 }
 
-fn records() -> Vec<Record> {
+pub(crate) fn records() -> Vec<Record> {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/foreign-hashes/foreign-hashes.jsonl");
     std::fs::read_to_string(path)

@@ -118,21 +118,14 @@ fn addr(admin: &Admin) -> String {
     admin.app.handle.admin_addr().unwrap().to_string()
 }
 
-/// The fixtures: (format, password, wrong password, hash as a JSON value).
+/// The fixtures: (format, password, wrong password, hash as a JSON value: a string,
+/// or the structured form's object).
 fn fixtures() -> Vec<(String, String, String, Value)> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/foreign-hashes/foreign-hashes.jsonl");
-    std::fs::read_to_string(path)
-        .unwrap()
-        .lines()
-        .map(|line| {
-            let v: Value = serde_json::from_str(line).unwrap();
-            (
-                v["format"].as_str().unwrap().to_owned(),
-                v["password"].as_str().unwrap().to_owned(),
-                v["wrong"].as_str().unwrap().to_owned(),
-                v["hash"].clone(),
-            )
+    crate::foreign_login::records()
+        .into_iter()
+        .map(|r| {
+            let hash = serde_json::from_str(&r.hash).unwrap_or(Value::String(r.hash));
+            (r.format, r.password, r.wrong, hash)
         })
         .collect()
 }
