@@ -434,13 +434,24 @@ struct Tally {
     sessions_lost: usize,
 }
 
-/// Codes a client retries (the server was restarting, full or slow): none of them
-/// loses anything.
+/// Codes a client retries (the server was restarting, full or slow), and a call
+/// whose connection broke under it: a stopping replica's last packets can cross a
+/// request sent as its GOAWAY was on the way, and the kernel answers that request
+/// with a reset (gRPC's own clients report UNAVAILABLE; tonic reports UNKNOWN with
+/// the transport error as its source). None of them loses anything unseen: a
+/// refresh rotated by the server whose answer was lost is reused on the retry,
+/// which ends its session, and the load counts that session lost.
 fn retryable(status: &Status) -> bool {
     matches!(
         status.code(),
         Code::Unavailable | Code::ResourceExhausted | Code::DeadlineExceeded | Code::Cancelled
-    )
+    ) || broken_connection(status)
+}
+
+fn broken_connection(status: &Status) -> bool {
+    status.code() == Code::Unknown
+        && std::error::Error::source(status)
+            .is_some_and(|e| e.downcast_ref::<tonic::transport::Error>().is_some())
 }
 
 /// A load of `workers` users, each registering on one replica and then logging in,
