@@ -79,7 +79,7 @@ impl AdminPort {
         let listener = Listener {
             name: "admin",
             socket: self.socket,
-            protocol: Protocol::Http2,
+            protocol: Protocol::Auto,
             tls: core.tls.clone(),
             limits: Limits::auxiliary(&core.limits),
             callers: core.callers.clone(),

@@ -87,7 +87,7 @@ impl GrpcPort {
         let listener = Listener {
             name: "grpc",
             socket: self.socket,
-            protocol: Protocol::Http2,
+            protocol: Protocol::Auto,
             tls: core.tls.clone(),
             limits: core.limits.clone(),
             callers: core.callers.clone(),

@@ -157,8 +157,9 @@ async fn serve_http<IO, S, B>(
     let (protocol, limits, metrics) = (shared.protocol, &shared.limits, &shared.metrics);
     let peer = info.remote_addr;
     let activity = Arc::new(Activity::new());
+    // An HTTP/1.1 request with its Host header is longer than the HTTP/2 preface.
     let needed = match protocol {
-        Protocol::Http2 => HTTP2_PREFACE_LEN,
+        Protocol::Http2 | Protocol::Auto => HTTP2_PREFACE_LEN,
         Protocol::Http1 => 1,
     };
     let io = TokioIo::new(FirstBytes::new(
@@ -176,24 +177,20 @@ async fn serve_http<IO, S, B>(
     let closed = match protocol {
         Protocol::Http2 => {
             let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-            builder
-                .timer(TokioTimer::new())
-                .max_concurrent_streams(limits.max_concurrent_streams)
-                .keep_alive_interval(limits.keepalive_interval)
-                .keep_alive_timeout(limits.keepalive_timeout)
-                .max_local_error_reset_streams(MAX_LOCAL_ERROR_RESETS)
-                .max_pending_accept_reset_streams(MAX_PENDING_ACCEPT_RESETS)
-                .max_header_list_size(MAX_HEADER_LIST_BYTES);
+            http2_settings(&mut builder, limits);
             let connection = builder.serve_connection(io, service);
             drive(connection, &activity, limits, &shared.shutdown, metrics).await
         }
         Protocol::Http1 => {
             let mut builder = hyper::server::conn::http1::Builder::new();
-            builder
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.handshake_timeout)
-                .max_buf_size(64 * 1024)
-                .keep_alive(true);
+            http1_settings(&mut builder, limits);
+            let connection = builder.serve_connection(io, service);
+            drive(connection, &activity, limits, &shared.shutdown, metrics).await
+        }
+        Protocol::Auto => {
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            http2_settings(&mut builder.http2(), limits);
+            http1_settings(&mut builder.http1(), limits);
             let connection = builder.serve_connection(io, service);
             drive(connection, &activity, limits, &shared.shutdown, metrics).await
         }
@@ -203,8 +200,64 @@ async fn serve_http<IO, S, B>(
     }
 }
 
+/// The HTTP/2 settings of every listener that speaks it.
+fn http2_settings<B: Http2Settings>(builder: &mut B, limits: &Limits) {
+    builder.apply(limits);
+}
+
+/// The HTTP/1.1 settings of every listener that speaks it: its request headers
+/// within the handshake timeout, a bounded read buffer, keep-alive.
+fn http1_settings<B: Http1Settings>(builder: &mut B, limits: &Limits) {
+    builder.apply(limits);
+}
+
+/// hyper's HTTP/2 builder and hyper-util's (within its auto builder) take the same
+/// settings through different types.
+trait Http2Settings {
+    fn apply(&mut self, limits: &Limits);
+}
+
+macro_rules! http2_settings {
+    ($builder:ty) => {
+        impl Http2Settings for $builder {
+            fn apply(&mut self, limits: &Limits) {
+                self.timer(TokioTimer::new())
+                    .max_concurrent_streams(limits.max_concurrent_streams)
+                    .keep_alive_interval(limits.keepalive_interval)
+                    .keep_alive_timeout(limits.keepalive_timeout)
+                    .max_local_error_reset_streams(MAX_LOCAL_ERROR_RESETS)
+                    .max_pending_accept_reset_streams(MAX_PENDING_ACCEPT_RESETS)
+                    .max_header_list_size(MAX_HEADER_LIST_BYTES);
+            }
+        }
+    };
+}
+
+http2_settings!(hyper::server::conn::http2::Builder<TokioExecutor>);
+http2_settings!(hyper_util::server::conn::auto::Http2Builder<'_, TokioExecutor>);
+
+trait Http1Settings {
+    fn apply(&mut self, limits: &Limits);
+}
+
+macro_rules! http1_settings {
+    ($builder:ty) => {
+        impl Http1Settings for $builder {
+            fn apply(&mut self, limits: &Limits) {
+                self.timer(TokioTimer::new())
+                    .header_read_timeout(limits.handshake_timeout)
+                    .max_buf_size(64 * 1024)
+                    .keep_alive(true);
+            }
+        }
+    };
+}
+
+http1_settings!(hyper::server::conn::http1::Builder);
+http1_settings!(hyper_util::server::conn::auto::Http1Builder<'_, TokioExecutor>);
+
 /// A hyper connection that can be asked to close gracefully.
-trait Graceful: Future<Output = hyper::Result<()>> {
+trait Graceful: Future {
     fn graceful_shutdown(self: Pin<&mut Self>);
 }
 
@@ -235,20 +288,39 @@ where
     }
 }
 
+impl<I, S, B> Graceful for hyper_util::server::conn::auto::Connection<'_, I, S, TokioExecutor>
+where
+    S: hyper::service::Service<http::Request<Incoming>, Response = http::Response<B>>,
+    S::Error: Into<BoxError>,
+    S::Future: 'static,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + 'static,
+    B: http_body::Body + 'static,
+    B::Error: Into<BoxError>,
+    TokioExecutor: hyper::rt::bounds::Http2ServerConnExec<S::Future, B>,
+{
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        hyper_util::server::conn::auto::Connection::graceful_shutdown(self)
+    }
+}
+
 /// Runs a connection until it ends, closing it gracefully once it has been idle
 /// for the idle timeout or when the server shuts down.
-async fn drive<C: Graceful>(
+async fn drive<C, E>(
     connection: C,
     activity: &Activity,
     limits: &Limits,
     shutdown: &CancellationToken,
     metrics: &ListenerMetrics,
-) -> hyper::Result<()> {
+) -> Result<(), BoxError>
+where
+    C: Graceful + Future<Output = Result<(), E>>,
+    E: Into<BoxError>,
+{
     let mut connection = std::pin::pin!(connection);
     let mut closing = false;
     loop {
         tokio::select! {
-            result = connection.as_mut() => return result,
+            result = connection.as_mut() => return result.map_err(Into::into),
             () = activity.idle_for(limits.idle_timeout), if !closing => {
                 metrics.idle_closed.inc();
                 connection.as_mut().graceful_shutdown();

@@ -9,6 +9,9 @@
 //!   balancer) tries elsewhere instead of waiting in the kernel's backlog;
 //! - an `accept` that fails for want of resources (EMFILE, ENFILE, ENOBUFS, ENOMEM)
 //!   backs off, doubling from 1 ms up to 1 s, instead of spinning;
+//! - the gRPC and admin ports speak HTTP/2 and HTTP/1.1 on one listener (told apart
+//!   by the HTTP/2 preface; under TLS ALPN offers `h2`, then `http/1.1`), the health
+//!   port HTTP/2 only, the metrics and forward-auth ports HTTP/1.1 only;
 //! - a connection must send its first bytes (the HTTP/2 preface, or an HTTP/1 request)
 //!   within the handshake timeout, and HTTP/1 request headers must be complete by then;
 //!   with TLS ([`tls`]), the TLS handshake and then the preface within that one timeout,
@@ -95,8 +98,12 @@ pub(crate) const AUXILIARY_MAX_CONNECTIONS: usize = 128;
 /// The HTTP version a listener speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Protocol {
-    /// gRPC: HTTP/2 with prior knowledge (no upgrade, no HTTP/1).
+    /// gRPC only: HTTP/2 with prior knowledge (no upgrade, no HTTP/1).
     Http2,
+    /// HTTP/2 with prior knowledge (or by ALPN under TLS) and HTTP/1.1 on one
+    /// listener, told apart by the first bytes (the HTTP/2 preface): the gRPC and
+    /// admin ports, whose browser and JSON clients may speak either.
+    Auto,
     /// Plain HTTP/1.1 (the metrics endpoint).
     Http1,
 }

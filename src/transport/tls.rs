@@ -4,7 +4,7 @@
 //! - `AUTHD_TLS_CERT` (the certificate, then its chain) and `AUTHD_TLS_KEY`, and with
 //!   `AUTHD_TLS_CLIENT_CA` mutual TLS: a client must present a certificate that chains
 //!   to one of those CAs, or its handshake fails.
-//! - TLS 1.2 and 1.3 (rustls on ring, no OpenSSL), ALPN `h2` only.
+//! - TLS 1.2 and 1.3 (rustls on ring, no OpenSSL), ALPN `h2`, then `http/1.1` (the gRPC and admin ports speak both).
 //! - Every `AUTHD_TLS_RELOAD` the files' modification times (and sizes) are compared
 //!   with those last read; when one changed, all are read again and a new
 //!   configuration is built. New handshakes use it; open connections keep theirs.
@@ -304,7 +304,8 @@ fn load(files: &TlsFiles) -> Result<Loaded, LoadError> {
         }
     };
     let mut config = builder.with_cert_resolver(Arc::new(SingleCertAndKey::from(certified)));
-    config.alpn_protocols = vec![b"h2".to_vec()];
+    // h2 first: gRPC clients ask for it; browsers and curl may ask for HTTP/1.1.
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Loaded {
         config: Arc::new(config),
         cert_expiry,

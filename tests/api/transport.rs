@@ -238,6 +238,25 @@ async fn a_connection_that_never_sends_the_preface_is_closed() {
 }
 
 #[tokio::test]
+async fn the_grpc_port_speaks_http1_beside_http2_and_closes_half_sent_http1_requests() {
+    let app = spawn_app_with(|c| c.server.handshake_timeout = Duration::from_millis(200)).await;
+    // An HTTP/1.1 request gets an HTTP/1.1 answer on the port gRPC is served on…
+    let (head, _) = crate::helpers::http_get(app.addr, "/", "").await;
+    assert!(head.starts_with("HTTP/1.1 "), "{head}");
+    // …while gRPC over HTTP/2 is served beside it.
+    honest_client_is_served("127.0.0.3", &app, "beside-http1").await;
+    // Request headers never completed: closed by the handshake timeout, as on the
+    // HTTP/1.1-only ports.
+    let mut half = tcp_from(Ipv4Addr::new(127, 0, 0, 2), app.addr)
+        .await
+        .unwrap();
+    half.write_all(b"POST /auth.v1.AuthService/Login HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    h2raw::closed_within(&mut half, Duration::from_secs(10)).await;
+}
+
+#[tokio::test]
 async fn the_metrics_port_closes_half_sent_and_silent_connections() {
     let app = spawn_app_with(|c| c.server.handshake_timeout = Duration::from_millis(200)).await;
     let addr = app.handle.metrics_addr().unwrap();
