@@ -36,6 +36,8 @@
 //!                      forward-auth, verified as ValidateToken, identity headers
 //!     admin            auth.admin.v1.AdminService on its own listener: admin keys and
 //!                      roles, its rate limit, proto <-> domain, audited
+//!   oidc               the standard HTTP endpoints on the gRPC port: OIDC discovery,
+//!                      the JWKS, RFC 7662 introspection, RFC 7009 revocation
 //!   accounts           the register / login / validate / session use cases
 //!     audit            the audit trail: one event per security outcome on `authd::audit`
 //!     throttle         the login throttle: attempts reserved before hashing, per
@@ -76,6 +78,8 @@
 //! - `secret`: secret-bearing settings: URLs printed with their passwords hidden, and
 //!   the value parser whose errors never quote a secret.
 //! - `clock`: the one clock of every rule that depends on the time, faked in tests.
+//! - `named_keys`: files of named keys stored as digests (admin keys, introspection
+//!   clients) and the constant-time check of a presented key.
 //! - `watched`: a file re-read while serving (the token key file, the rate limit
 //!   rules file): its content's digest, a change put in force, a bad one refused once.
 //!
@@ -124,6 +128,8 @@ pub(crate) mod health;
 pub(crate) mod layers;
 pub(crate) mod metrics;
 pub(crate) mod middleware;
+pub(crate) mod named_keys;
+pub(crate) mod oidc;
 pub(crate) mod otel;
 pub(crate) mod password;
 pub(crate) mod priority;

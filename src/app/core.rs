@@ -71,7 +71,8 @@ impl Core {
         let hasher = (config.passwords.hasher(&metrics)?).with_caps(config.import.caps());
         let tokens = config
             .tokens
-            .tokens(keys.ring.clone(), &metrics, clock.clone());
+            .tokens(keys.ring.clone(), &metrics, clock.clone())
+            .with_issuer(config.oidc.issuer.as_deref());
         let key_ring = tokens.key_ring().clone();
         let key_file = keys.file.map(|(path, digest)| {
             Arc::new(KeyFile::for_ring(path, digest, key_ring.clone(), &metrics))

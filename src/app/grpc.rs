@@ -1,6 +1,7 @@
 //! The gRPC port (`AUTHD_LISTEN`): AuthService, Envoy's Check, Envoy's rate limit
 //! service when it has a rules file, health and reflection, behind the request
-//! path's layers; stopped after the drain.
+//! path's layers; beside them, the standard HTTP endpoints (`oidc`), split off by
+//! path before the layers; stopped after the drain.
 
 use super::{
     core::Core,
@@ -10,13 +11,14 @@ use crate::{
     config::Config,
     handlers::{extauthz::AuthorizationApi, grpc::AuthApi},
     layers::{access, admission, pushback, ratelimit as rate_limit, trace},
+    oidc,
     pb::{self, auth_service_server::AuthServiceServer},
     ratelimit,
     rpc::MAX_MESSAGE_BYTES,
     transport::{Listener, Protocol},
 };
 use anyhow::Context as _;
-use std::{net::SocketAddr, sync::Arc};
+use std::{convert::Infallible, net::SocketAddr, sync::Arc};
 use tokio::net::TcpListener;
 use tonic::service::Routes;
 
@@ -84,6 +86,14 @@ impl GrpcPort {
             .layer(rate_limit::layer(core.rate_limiter.clone()))
             .layer(admission::layer(core.admission.clone()))
             .service(routes);
+        let standard = oidc::router(oidc::Endpoints {
+            accounts: core.accounts.clone(),
+            key_ring: core.key_ring.clone(),
+            rate_limiter: core.rate_limiter.clone(),
+            metrics: core.metrics.oidc.clone(),
+            settings: config.oidc.settings(config.tls.tls_client_ca.is_some())?,
+        });
+        let service = split_standard(standard, service);
         let listener = Listener {
             name: "grpc",
             socket: self.socket,
@@ -96,6 +106,45 @@ impl GrpcPort {
         tasks.spawn(Stage::Serving, "grpc", |stop| listener.serve(service, stop));
         Ok(())
     }
+}
+
+/// The standard endpoints' paths (`oidc::is_standard`) to `standard`, every other
+/// request to the gRPC stack, both answering with tonic's body.
+fn split_standard<G, B>(
+    standard: axum::Router,
+    grpc: G,
+) -> impl tower::Service<
+    http::Request<hyper::body::Incoming>,
+    Response = http::Response<tonic::body::Body>,
+    Error = Infallible,
+    Future: Send + 'static,
+> + Clone
++ Send
++ 'static
+where
+    G: tower::Service<
+            http::Request<hyper::body::Incoming>,
+            Response = http::Response<B>,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + 'static,
+    B: http_body::Body<Data = bytes::Bytes, Error: Into<tower::BoxError>> + Send + 'static,
+{
+    use tower::ServiceExt as _;
+    tower::service_fn(move |request: http::Request<hyper::body::Incoming>| {
+        let (standard, grpc) = (standard.clone(), grpc.clone());
+        async move {
+            if oidc::is_standard(request.uri().path()) {
+                let response = standard.oneshot(request).await?;
+                Ok(response.map(tonic::body::Body::new))
+            } else {
+                let response = grpc.oneshot(request).await?;
+                Ok(response.map(tonic::body::Body::new))
+            }
+        }
+    })
 }
 
 /// Reflection over every service the port serves, and the types their errors carry.

@@ -28,6 +28,8 @@
 //! - `second_factor`: the data keys that seal TOTP secrets, the TOTP issuer, the
 //!   lifetime of Login's challenges.
 //! - `import`: the caps on the cost of imported password hashes.
+//! - `oidc`: the public issuer URL and the introspection clients of the standard
+//!   endpoints.
 //! - `admin_command`: the command line of `authd admin`, the admin API's client: its
 //!   subcommands, its connection's options, the admin key it reads from `--key-file`
 //!   or `AUTHD_ADMIN_KEY` (never from an argument).
@@ -54,6 +56,7 @@ mod admin_command;
 mod authz;
 mod import;
 mod limits;
+mod oidc;
 mod overload;
 mod parse;
 mod passwords;
@@ -73,6 +76,7 @@ pub use admin_command::{
 pub use authz::AuthzConfig;
 pub use import::ImportConfig;
 pub use limits::LimitsConfig;
+pub use oidc::OidcConfig;
 pub use overload::OverloadConfig;
 pub use parse::MetricsListen;
 pub use passwords::{HashAlgorithm, HashBackend, HashKernels, PasswordConfig, Switch};
@@ -229,6 +233,8 @@ pub struct Config {
     pub authz: AuthzConfig,
     #[command(flatten)]
     pub import: ImportConfig,
+    #[command(flatten)]
+    pub oidc: OidcConfig,
 
     /// Tests only: the one clock every component reads (none: the machine's).
     #[arg(skip)]

@@ -27,6 +27,7 @@
 //! - `transport`: the connections of every listener, and TLS on the gRPC port;
 //! - `admin`: the admin API's calls and what they did to accounts;
 //! - `authz`: external authorization's decisions (Envoy's Check, forward-auth);
+//! - `oidc`: the standard endpoints' introspections and revocations;
 //! - `second_factor`: TOTP enrollments, second-factor codes by outcome, recovery
 //!   codes used.
 //!
@@ -36,6 +37,7 @@
 mod accounts;
 mod admin;
 mod authz;
+mod oidc;
 mod overload;
 mod passwords;
 mod ratelimit;
@@ -48,6 +50,7 @@ mod transport;
 pub(crate) use accounts::{LoginOutcome, SessionMetrics, ThrottleMetrics, TokenMetrics};
 pub(crate) use admin::AdminMetrics;
 pub(crate) use authz::AuthzMetrics;
+pub(crate) use oidc::OidcMetrics;
 pub(crate) use overload::OverloadMetrics;
 pub(crate) use passwords::{BlocklistMetrics, HashMetrics, RehashMetrics};
 pub(crate) use ratelimit::RateLimitMetrics;
@@ -89,6 +92,7 @@ pub struct Metrics {
     pub(crate) overload: OverloadMetrics,
     pub(crate) admin: AdminMetrics,
     pub(crate) authz: AuthzMetrics,
+    pub(crate) oidc: OidcMetrics,
     pub(crate) second_factor: SecondFactorMetrics,
     /// 1 while readiness is SERVING, 0 while NOT_SERVING (the health checker sets it).
     pub(crate) serving: IntGauge,
@@ -202,6 +206,7 @@ impl Metrics {
             overload: OverloadMetrics::new(&f),
             admin: AdminMetrics::new(&f),
             authz: AuthzMetrics::new(&f),
+            oidc: OidcMetrics::new(&f),
             second_factor: SecondFactorMetrics::new(&f),
             serving,
             refreshers: Mutex::new(Vec::new()),

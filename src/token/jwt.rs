@@ -15,7 +15,9 @@ use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD};
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// The `iss` claim of every token authd issues.
+/// The `iss` claim of the tokens authd issues when no public issuer URL is
+/// configured (`AUTHD_ISSUER`); always accepted, so tokens issued before one was
+/// set, or by replicas of a release without it, stay valid.
 pub const ISSUER: &str = "authd";
 /// The latest `iat` or `exp` a token may carry: 9999-12-31T23:59:59Z, the end of
 /// RFC 3339 time (and of `google.protobuf.Timestamp`). Anything later is malformed.
@@ -94,6 +96,12 @@ pub struct VerifiedToken {
     pub amr: Vec<String>,
     /// The `aud` claim: the audiences the token is meant for (none without one).
     pub audience: Vec<String>,
+    /// Whether the `iss` claim is the configured issuer URL (else it is [`ISSUER`]).
+    pub issuer_url: bool,
+    /// The `nbf` claim, when the token has one (Unix seconds).
+    pub not_before: Option<u64>,
+    /// The `jti` claim, when the token has one.
+    pub token_id: Option<String>,
 }
 
 impl VerifiedToken {
@@ -123,13 +131,14 @@ pub(super) fn sign(key: &Key, claims: &Claims) -> serde_json::Result<String> {
 
 /// Checks a token against `ring` at `now` (Unix seconds), allowing `clock_skew` on
 /// its times, and when `audience` is given that the token is meant for it (its
-/// `aud` names it).
+/// `aud` names it). Its `iss` is [`ISSUER`] or, when given, `issuer`.
 pub(super) fn verify(
     ring: &KeyRing,
     token: &str,
     now: u64,
     clock_skew: Duration,
     audience: Option<&str>,
+    issuer: Option<&str>,
 ) -> Result<VerifiedToken, TokenError> {
     let mut parts = token.split('.');
     let (Some(header_b64), Some(claims_b64), Some(signature_b64), None) =
@@ -156,7 +165,7 @@ pub(super) fn verify(
     key.verify(&token.as_bytes()[..signed_len], &signature)?;
     // Only a correctly signed payload is parsed further.
     let claims: Claims = decode_json(claims_b64)?;
-    if claims.iss != ISSUER {
+    if claims.iss != ISSUER && issuer != Some(claims.iss.as_str()) {
         return Err(TokenError::WrongIssuer);
     }
     // Signed by us or with our key, yet no token of ours says year 10000: refuse
@@ -190,6 +199,9 @@ pub(super) fn verify(
             Some(Audience::One(one)) => vec![one],
             Some(Audience::Many(many)) => many,
         },
+        issuer_url: claims.iss != ISSUER,
+        not_before: claims.nbf,
+        token_id: claims.jti,
     })
 }
 

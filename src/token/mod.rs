@@ -38,6 +38,7 @@ mod keys;
 
 pub use crate::error::TokenError;
 pub use jwks::Jwks;
+pub(crate) use jwks::{MAX_AGE as JWKS_MAX_AGE, PATH as JWKS_PATH};
 pub use jwt::{ISSUER, VerifiedToken};
 pub use keys::{Algorithm, KeyRing, LiveKeyRing, generate_key_entry};
 
@@ -99,6 +100,9 @@ pub struct Tokens {
     clock_skew: Duration,
     /// The time of `iat`, `nbf` and `exp`, and of their checks.
     clock: Arc<dyn Clock>,
+    /// The `iss` of every token issued (`AUTHD_ISSUER`), also accepted beside
+    /// [`ISSUER`]; `None`: [`ISSUER`].
+    issuer: Option<Arc<str>>,
     issued: IntCounter,
     valid: IntCounter,
     /// Refusals, indexed by [`TokenError::index`].
@@ -114,6 +118,7 @@ impl Tokens {
             audience: None,
             clock_skew: DEFAULT_CLOCK_SKEW,
             clock: Arc::new(SystemClock),
+            issuer: None,
             issued: metrics.tokens.issued.clone(),
             valid: validated.with_label_values(&["ok"]),
             refused: TokenError::ALL.map(|e| validated.with_label_values(&[e.label()])),
@@ -124,6 +129,18 @@ impl Tokens {
     pub fn with_audience(mut self, audiences: &[String]) -> Self {
         self.audience = Audience::of(audiences);
         self
+    }
+
+    /// Issues tokens whose `iss` is `issuer` (the public issuer URL), and accepts
+    /// them beside those whose `iss` is [`ISSUER`].
+    pub fn with_issuer(mut self, issuer: Option<&str>) -> Self {
+        self.issuer = issuer.map(Arc::from);
+        self
+    }
+
+    /// The `iss` of the tokens issued.
+    pub fn issuer(&self) -> &str {
+        self.issuer.as_deref().unwrap_or(ISSUER)
     }
 
     /// The clock skew allowed when checking `nbf`, `iat` and `exp`.
@@ -199,7 +216,7 @@ impl Tokens {
             name: username.as_str().to_owned(),
             iat: now,
             exp,
-            iss: ISSUER.into(),
+            iss: self.issuer().into(),
             nbf: Some(now),
             aud: self.audience.clone(),
             sid: sid.map(str::to_owned),
@@ -261,7 +278,14 @@ impl Tokens {
         audience: Option<&str>,
     ) -> Result<VerifiedToken, TokenError> {
         let now = self.clock.unix_secs();
-        jwt::verify(&self.keys.current(), token, now, self.clock_skew, audience)
+        jwt::verify(
+            &self.keys.current(),
+            token,
+            now,
+            self.clock_skew,
+            audience,
+            self.issuer.as_deref(),
+        )
     }
 }
 
@@ -380,6 +404,24 @@ mod tests {
         let signing_input = format!("{header}.{payload}");
         let signature = key.signer().sign(signing_input.as_bytes());
         format!("{signing_input}.{}", URL_SAFE_NO_PAD.encode(signature))
+    }
+
+    #[test]
+    fn a_configured_issuer_signs_and_the_old_one_still_verifies() {
+        let old = tokens(KEY_A);
+        let alice = Username::parse("alice").unwrap();
+        let before = old.issue("id", &alice).unwrap();
+        let t = tokens(KEY_A).with_issuer(Some("https://auth.example.com"));
+        let issued = t.issue("id", &alice).unwrap();
+        let claims: Claims = decode_json(issued.token.split('.').nth(1).unwrap()).unwrap();
+        assert_eq!(claims.iss, "https://auth.example.com");
+        assert!(t.verify(&issued.token).unwrap().issuer_url);
+        assert!(!t.verify(&before.token).unwrap().issuer_url);
+        // A verifier without the setting refuses the new issuer: set it only once
+        // every replica has it.
+        assert_eq!(old.verify(&issued.token), Err(TokenError::WrongIssuer));
+        let other = tokens(KEY_A).with_issuer(Some("https://other.example.com"));
+        assert_eq!(other.verify(&issued.token), Err(TokenError::WrongIssuer));
     }
 
     #[test]

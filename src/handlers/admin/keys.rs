@@ -9,13 +9,12 @@
 //! auditor  read   …
 //! ```
 //!
-//! A key is a random secret (32 bytes or more), not a password: a digest is enough,
-//! and a stolen file gives no key. A presented key is checked against every digest
-//! in constant time, whichever matches, so the time of a refusal tells nothing.
+//! The format and the constant-time check of a presented key are
+//! `crate::named_keys`'s, shared with the introspection clients' file; this file
+//! owns the admin roles.
 
-use sha2::{Digest as _, Sha256};
-use std::{fmt, path::Path};
-use subtle::ConstantTimeEq as _;
+use crate::named_keys::NamedKeys;
+use std::path::Path;
 
 /// What a key may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,129 +41,54 @@ pub struct Actor {
     pub role: Role,
 }
 
-struct Entry {
-    name: String,
-    role: Role,
-    digest: [u8; 32],
-}
-
-/// The admin keys: names, roles and digests.
-pub struct AdminKeys {
-    entries: Vec<Entry>,
-}
-
-impl fmt::Debug for AdminKeys {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names: Vec<&str> = self.entries.iter().map(|e| e.name.as_str()).collect();
-        f.debug_struct("AdminKeys").field("names", &names).finish()
-    }
-}
-
-/// The shortest key accepted when it is presented (shorter ones are guessable).
-pub const MIN_KEY_BYTES: usize = 32;
+/// The admin keys: names, roles and digests (the format is `crate::named_keys`).
+#[derive(Debug)]
+pub struct AdminKeys(NamedKeys<Role>);
 
 impl AdminKeys {
     /// Reads the keys file at `path`.
     pub fn read(path: &Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read the admin keys file {}: {e}", path.display()))?;
-        Self::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+        NamedKeys::read(path, "admin", role).map(Self)
     }
 
     /// Parses the keys file's text.
     pub fn parse(text: &str) -> Result<Self, String> {
-        let mut entries: Vec<Entry> = Vec::new();
-        for (n, line) in text.lines().enumerate() {
-            let line = line.trim();
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            let [name, role, digest] = fields[..] else {
-                return Err(format!(
-                    "line {}: expected `NAME ROLE SHA256-HEX`, got {} fields",
-                    n + 1,
-                    fields.len()
-                ));
-            };
-            if !name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-                || name.len() > 64
-            {
-                return Err(format!(
-                    "line {}: a key's name is 1 to 64 letters, digits, '-', '_' or '.'",
-                    n + 1
-                ));
-            }
-            let role = match role {
-                "admin" => Role::Admin,
-                "read" => Role::Read,
-                other => {
-                    return Err(format!(
-                        "line {}: unknown role {other:?} (expected admin or read)",
-                        n + 1
-                    ));
-                }
-            };
-            let digest = decode_digest(digest).ok_or_else(|| {
-                format!(
-                    "line {}: the digest must be 64 hex digits (the SHA-256 of the key)",
-                    n + 1
-                )
-            })?;
-            if entries.iter().any(|e| e.name == name) {
-                return Err(format!("line {}: the name {name:?} is used twice", n + 1));
-            }
-            entries.push(Entry {
-                name: name.to_owned(),
-                role,
-                digest,
-            });
-        }
-        if entries.is_empty() {
-            return Err("no admin key in the file".into());
-        }
-        Ok(Self { entries })
+        NamedKeys::parse(text, "admin", role).map(Self)
     }
 
     /// The key `presented` belongs to, if any: compared with every digest in
     /// constant time.
     pub fn identify(&self, presented: &str) -> Option<Actor> {
-        if presented.len() < MIN_KEY_BYTES {
-            return None;
-        }
-        let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
-        let mut found: Option<&Entry> = None;
-        for entry in &self.entries {
-            if bool::from(entry.digest.ct_eq(&digest)) {
-                found = Some(entry);
-            }
-        }
-        found.map(|e| Actor {
-            name: e.name.clone(),
-            role: e.role,
-        })
+        self.0
+            .identify(presented.as_bytes())
+            .map(|(name, role)| Actor {
+                name: name.to_owned(),
+                role,
+            })
     }
 
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.0.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.0.is_empty()
     }
 }
 
-fn decode_digest(text: &str) -> Option<[u8; 32]> {
-    let mut out = [0u8; 32];
-    hex::decode_to_slice(text, &mut out).ok()?;
-    Some(out)
+/// The role column of the admin keys file.
+fn role(text: &str) -> Result<Role, String> {
+    match text {
+        "admin" => Ok(Role::Admin),
+        "read" => Ok(Role::Read),
+        other => Err(format!("unknown role {other:?} (expected admin or read)")),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sha2::{Digest as _, Sha256};
 
     const KEY: &str = "0123456789abcdef0123456789abcdef-oncall";
 

@@ -343,6 +343,9 @@ mod tests {
             issued_at: 0,
             amr: vec!["pwd".into(), "otp".into()],
             audience: vec![],
+            issuer_url: false,
+            not_before: None,
+            token_id: None,
         };
         let headers = identity_headers("x-authd-", &token);
         let named: Vec<(&str, &str)> = headers

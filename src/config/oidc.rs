@@ -1,0 +1,68 @@
+//! The standard endpoints' options: the public issuer URL (the `iss` of new tokens
+//! and the base of the discovery document's URLs) and who may introspect tokens.
+//!
+//! [`OidcConfig::settings`] reads the introspection keys file; an allow-list of
+//! certificate identities without mutual TLS is refused at start.
+
+use crate::oidc::{IntrospectionClients, OidcSettings, parse_issuer};
+use clap::Args;
+use std::path::PathBuf;
+
+/// The issuer URL and the introspection clients.
+#[derive(Debug, Clone, Args)]
+pub struct OidcConfig {
+    /// The public URL of this issuer (https://auth.example.com): the `iss` of new
+    /// tokens (tokens whose `iss` is "authd" stay valid), and the base of every URL of
+    /// the discovery document (/.well-known/openid-configuration, which answers 404
+    /// without it). Set it only once every replica runs a release that knows it
+    /// (docs/upgrades.md) [default: none; tokens' `iss` is "authd"].
+    #[arg(long, env = "AUTHD_ISSUER", value_parser = parse_issuer, global = true,
+          display_order = 120)]
+    pub issuer: Option<String>,
+
+    /// File of the clients allowed to introspect tokens (POST /oauth2/introspect with
+    /// HTTP Basic CLIENT_ID:SECRET), one `CLIENT_ID introspect SHA256-HEX` a line (the
+    /// SHA-256 of the secret, never the secret itself; the admin keys file's format)
+    /// [default: none].
+    #[arg(
+        long,
+        env = "AUTHD_INTROSPECTION_KEYS_FILE",
+        global = true,
+        display_order = 121
+    )]
+    pub introspection_keys_file: Option<PathBuf>,
+
+    /// Client certificate identities allowed to introspect tokens under mutual TLS
+    /// (needs AUTHD_TLS_CLIENT_CA), IDENTITY,…; e.g. spiffe://corp/ns/edge/sa/gateway
+    /// [default: none].
+    #[arg(
+        long,
+        env = "AUTHD_INTROSPECTION_ALLOW",
+        value_delimiter = ',',
+        global = true,
+        display_order = 122
+    )]
+    pub introspection_allow: Vec<String>,
+}
+
+impl OidcConfig {
+    /// The endpoints' settings, with the introspection keys read.
+    pub fn settings(&self, mutual_tls: bool) -> anyhow::Result<OidcSettings> {
+        let allow: Vec<String> = (self.introspection_allow.iter())
+            .map(|identity| identity.trim().to_owned())
+            .filter(|identity| !identity.is_empty())
+            .collect();
+        if !allow.is_empty() && !mutual_tls {
+            anyhow::bail!(
+                "AUTHD_INTROSPECTION_ALLOW (--introspection-allow) needs mutual TLS \
+                 (AUTHD_TLS_CLIENT_CA): without it no client presents a certificate"
+            );
+        }
+        let clients = IntrospectionClients::new(self.introspection_keys_file.as_deref(), allow)
+            .map_err(|why| anyhow::anyhow!("AUTHD_INTROSPECTION_KEYS_FILE: {why}"))?;
+        Ok(OidcSettings {
+            issuer: self.issuer.clone(),
+            clients,
+        })
+    }
+}
