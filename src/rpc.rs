@@ -211,6 +211,20 @@ impl Rpc {
     }
 }
 
+/// The standard HTTP endpoints rate-limit rules may name beside the RPCs
+/// (`Introspect:peer=…`): token introspection and token revocation (`oidc`).
+pub(crate) const STANDARD_METHODS: [&str; 2] = ["Introspect", "Revoke"];
+
+/// The method a rate-limit rule names `name` (case-insensitively): one of
+/// [`Rpc::NAMED_METHODS`] or of [`STANDARD_METHODS`], as they spell it.
+pub(crate) fn rule_method(name: &str) -> Option<&'static str> {
+    Rpc::auth_method(name).map(Rpc::method).or_else(|| {
+        STANDARD_METHODS
+            .into_iter()
+            .find(|m| m.eq_ignore_ascii_case(name))
+    })
+}
+
 /// Requests larger than this are refused by the decoder (a login is well under 2 KiB),
 /// on the gRPC and the admin ports alike.
 pub(crate) const MAX_MESSAGE_BYTES: usize = 4 * 1024;

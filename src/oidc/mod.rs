@@ -49,9 +49,9 @@ pub const REVOKE_PATH: &str = "/oauth2/revoke";
 /// The largest form the token endpoints read; a larger one answers 413.
 pub const MAX_FORM_BYTES: usize = 8 * 1024;
 /// The method name rate-limit rules give introspection (`Introspect:peer=…`).
-pub const INTROSPECT: &str = "Introspect";
+pub const INTROSPECT: &str = crate::rpc::STANDARD_METHODS[0];
 /// The method name rate-limit rules give revocation (`Revoke:peer=…`).
-pub const REVOKE: &str = "Revoke";
+pub const REVOKE: &str = crate::rpc::STANDARD_METHODS[1];
 
 /// Whether `path` is one of the standard endpoints' (the port's listener sends
 /// these here, everything else to gRPC).

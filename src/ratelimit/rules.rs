@@ -114,9 +114,11 @@ impl FromStr for Rule {
         let method = if method == "*" {
             None
         } else {
-            let known = Rpc::auth_method(method).map(Rpc::method);
+            let known = crate::rpc::rule_method(method);
             Some(known.ok_or_else(|| {
-                let names: Vec<_> = Rpc::NAMED_METHODS.iter().map(|r| r.method()).collect();
+                let names: Vec<_> = (Rpc::NAMED_METHODS.iter().map(|r| r.method()))
+                    .chain(crate::rpc::STANDARD_METHODS)
+                    .collect();
                 format!(
                     "unknown method {method:?} (expected one of {} or *)",
                     names.join(", ")

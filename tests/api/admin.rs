@@ -104,7 +104,11 @@ impl Admin {
         Ok(response.into_inner().user.unwrap())
     }
 
-    async fn disable(&mut self, name: &str, reason: &str) -> Result<(User, bool, u32), Status> {
+    pub(crate) async fn disable(
+        &mut self,
+        name: &str,
+        reason: &str,
+    ) -> Result<(User, bool, u32), Status> {
         let request = DisableUserRequest {
             user: by_name(name),
             reason: reason.into(),

@@ -22,6 +22,7 @@ mod jwks;
 mod lifecycle;
 mod load;
 mod metrics;
+mod oidc;
 mod outage;
 mod overload;
 mod ratelimit;
