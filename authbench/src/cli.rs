@@ -128,6 +128,13 @@ pub struct Args {
     /// request in flight, with tokens from logins done first over gRPC at --target.
     #[arg(long, value_name = "URL")]
     pub forward_auth: Option<String>,
+    /// The check scenario as token introspections: POST /oauth2/introspect on this
+    /// authd port (http://HOST:PORT, the gRPC port, which answers plain HTTP too), one
+    /// HTTP/1.1 connection per request in flight, as the client whose CLIENT_ID:SECRET
+    /// is in the environment variable AUTHBENCH_INTROSPECTION_CLIENT (never on the
+    /// command line); tokens from logins done first over gRPC at --target.
+    #[arg(long, value_name = "URL")]
+    pub introspect: Option<String>,
 
     /// Threads of the client's runtime; 1 runs everything on one thread, the
     /// cheapest way to drive a server from a single core.
@@ -236,6 +243,8 @@ impl Args {
         plan.bind = self.bind;
         plan.forwarded_for = self.forwarded_for;
         plan.forward_auth = self.forward_auth.clone();
+        plan.introspect = self.introspect.clone();
+        plan.introspection_client = std::env::var("AUTHBENCH_INTROSPECTION_CLIENT").ok();
         plan.progress = progress;
         if plan.target.starts_with("https://") {
             plan.tls = Some(tls);

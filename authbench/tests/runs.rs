@@ -260,6 +260,59 @@ async fn checks_over_forward_auth_account_for_every_request() {
 }
 
 #[tokio::test]
+async fn checks_as_introspections_account_for_every_request() {
+    use std::io::Write as _;
+    // The introspection client: the SHA-256 of its secret, in the keys file.
+    const SECRET: &str = "0123456789abcdef0123456789abcdef-bench";
+    let mut clients = tempfile::NamedTempFile::new().unwrap();
+    writeln!(
+        clients,
+        "bench introspect {}",
+        authd_digest_hex(SECRET.as_bytes())
+    )
+    .unwrap();
+    let path = clients.path().to_owned();
+    let app = spawn_app_with(|c| c.oidc.introspection_keys_file = Some(path)).await;
+    let mut plan = plan(
+        &app,
+        Scenario::Check,
+        Load::Closed { concurrency: 3 },
+        Stop::Requests(30),
+    );
+    plan.introspect = Some(format!("http://{}", app.addr));
+    plan.introspection_client = Some(format!("bench:{SECRET}"));
+    let report = bench::run(&plan).await.expect("the run completes");
+    assert_accounted(&report, 30);
+    assert_eq!(report.codes.get(Code::Ok), 30, "{}", report.to_text());
+
+    // A wrong secret: every check refused (401), none active.
+    plan.introspection_client = Some("bench:a wrong secret of thirty-two bytes".into());
+    let report = bench::run(&plan).await.expect("the run completes");
+    assert_accounted(&report, 30);
+    assert_eq!(
+        report.codes.get(Code::Unauthenticated),
+        30,
+        "{}",
+        report.to_text()
+    );
+    // Without the client, or with --forward-auth beside it: refused before the run.
+    plan.introspection_client = None;
+    assert!(plan.check().is_err());
+    plan.introspection_client = Some(format!("bench:{SECRET}"));
+    plan.forward_auth = Some(format!("http://{}", app.addr));
+    assert!(plan.check().is_err());
+}
+
+/// The SHA-256 of `bytes` in hex, as authd's keys files hold a secret.
+fn authd_digest_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[tokio::test]
 async fn runs_over_tls_verify_the_server_and_account_for_every_request() {
     use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
     // A CA of the test's own, and a certificate for localhost that it signs.

@@ -118,6 +118,8 @@ impl Drop for Open {
 #[derive(Default)]
 struct Headers<'a> {
     authorization: Option<HeaderValue>,
+    /// The body is a form (else JSON).
+    form: bool,
     /// `--forwarded-for`: the end user's address, prepared before the load.
     forwarded: Option<&'a HeaderValue>,
 }
@@ -161,6 +163,7 @@ impl Connection {
     ) -> anyhow::Result<Answer> {
         let headers = Headers {
             authorization: None,
+            form: false,
             forwarded,
         };
         self.send(Method::POST, path, body, headers).await
@@ -177,9 +180,32 @@ impl Connection {
         let authorization = HeaderValue::try_from(format!("Bearer {token}"))?;
         let headers = Headers {
             authorization: Some(authorization),
+            form: false,
             forwarded,
         };
         self.send(Method::GET, path, Bytes::new(), headers).await
+    }
+
+    /// `POST path` with the form `token=token` as the introspection client whose
+    /// `authorization` header is `client` (RFC 7662), and `X-Forwarded-For:
+    /// forwarded` when given.
+    pub(super) async fn introspect(
+        &mut self,
+        path: &'static str,
+        token: &str,
+        client: &HeaderValue,
+        forwarded: Option<&HeaderValue>,
+    ) -> anyhow::Result<Answer> {
+        let body: String = form_urlencoded::Serializer::new(String::new())
+            .append_pair("token", token)
+            .finish();
+        let headers = Headers {
+            authorization: Some(client.clone()),
+            form: true,
+            forwarded,
+        };
+        self.send(Method::POST, path, Bytes::from(body), headers)
+            .await
     }
 
     /// Sends one request and reads its whole answer, so that the connection can carry
@@ -220,7 +246,9 @@ impl Connection {
             .method(method)
             .uri(path)
             .header(header::HOST, &self.target.host);
-        if !body.is_empty() {
+        if headers.form {
+            request = request.header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
+        } else if !body.is_empty() {
             request = request.header(header::CONTENT_TYPE, "application/json");
         }
         if let Some(authorization) = headers.authorization {
@@ -252,6 +280,19 @@ impl Connection {
 }
 
 /// The JSON body of a registration or a login of `username`.
+/// The `authorization` header of HTTP Basic for `CLIENT_ID:SECRET`.
+pub(super) fn basic(client: &str) -> anyhow::Result<HeaderValue> {
+    use base64::Engine as _;
+    anyhow::ensure!(
+        client.contains(':'),
+        "the introspection client must be CLIENT_ID:SECRET"
+    );
+    let encoded = base64::engine::general_purpose::STANDARD.encode(client);
+    let mut value = HeaderValue::try_from(format!("Basic {encoded}"))?;
+    value.set_sensitive(true);
+    Ok(value)
+}
+
 pub(super) fn credentials(username: &str) -> Bytes {
     #[derive(Serialize)]
     struct Credentials<'a> {

@@ -90,7 +90,7 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
             let fixtures = prepare(plan, &mix, Via::Grpc(&channels), &progress).await?;
             let grpc: Vec<GrpcClients> = channels.into_iter().map(GrpcClients::new).collect();
             // The checks over HTTP/1.1: a connection per worker to the forward-auth port.
-            let forward_auth = match (&plan.forward_auth, plan.load) {
+            let forward_auth = match (plan.check_url(), plan.load) {
                 (Some(url), Load::Closed { concurrency }) => {
                     let target = http::Target::resolve_url(plan, url).await?;
                     progress.phase(format!("opening {concurrency} HTTP/1.1 connections"));
@@ -135,6 +135,12 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
         backoff: plan.backoff,
         descriptors: plan.descriptors.clone(),
         keys: plan.keys,
+        introspection: plan
+            .introspection_client
+            .as_deref()
+            .filter(|_| plan.introspect.is_some())
+            .map(http::basic)
+            .transpose()?,
     });
 
     let start = Instant::now();
@@ -152,7 +158,7 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
         Load::Closed { concurrency } => {
             let clients: Vec<Client> = match plan.protocol {
                 // Worker i shares connection i mod n.
-                Protocol::Grpc if plan.forward_auth.is_some() => {
+                Protocol::Grpc if plan.check_url().is_some() => {
                     http_connections.into_iter().map(Client::Http).collect()
                 }
                 Protocol::Grpc => (0..concurrency)
@@ -187,7 +193,7 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
         protocol: plan.protocol,
         connections: match (plan.protocol, plan.load) {
             (Protocol::Http, Load::Closed { concurrency }) => concurrency,
-            (_, Load::Closed { concurrency }) if plan.forward_auth.is_some() => concurrency,
+            (_, Load::Closed { concurrency }) if plan.check_url().is_some() => concurrency,
             _ => plan.connections,
         },
         warmup: plan.warmup,

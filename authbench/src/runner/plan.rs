@@ -79,6 +79,12 @@ pub struct Plan {
     /// The check scenario over HTTP/1.1: authd's forward-auth port
     /// (`http://host:port`), tokens prepared over gRPC at `target`.
     pub forward_auth: Option<String>,
+    /// The check scenario as token introspections (RFC 7662, `POST
+    /// /oauth2/introspect`) on this authd port (`http://host:port`, the gRPC port's
+    /// plain HTTP), tokens prepared over gRPC at `target`.
+    pub introspect: Option<String>,
+    /// The introspection client, `CLIENT_ID:SECRET` (sent with HTTP Basic).
+    pub introspection_client: Option<String>,
 }
 
 /// The client side of TLS: whom to trust, what to present, which name to expect.
@@ -156,6 +162,8 @@ impl Plan {
             progress: false,
             tls: None,
             forward_auth: None,
+            introspect: None,
+            introspection_client: None,
         }
     }
 
@@ -203,10 +211,28 @@ impl Plan {
         if self.protocol == Protocol::Http {
             self.check_http()?;
         }
+        if self.forward_auth.is_some() && self.introspect.is_some() {
+            return Err("--forward-auth and --introspect: one way of checking at a time".into());
+        }
         if let Some(url) = &self.forward_auth {
             self.check_forward_auth(url)?;
         }
+        if let Some(url) = &self.introspect {
+            self.check_forward_auth(url)
+                .map_err(|e| e.replace("--forward-auth", "--introspect"))?;
+            if self.introspection_client.is_none() {
+                return Err("--introspect needs the client's CLIENT_ID:SECRET in \
+                            AUTHBENCH_INTROSPECTION_CLIENT"
+                    .into());
+            }
+        }
         Ok(())
+    }
+
+    /// Where the check scenario's HTTP/1.1 requests go: the forward-auth port or the
+    /// introspection endpoint's; `None` for Check over gRPC.
+    pub(super) fn check_url(&self) -> Option<&String> {
+        self.forward_auth.as_ref().or(self.introspect.as_ref())
     }
 
     /// What `--forward-auth` runs: checks only, in a closed loop, in plaintext,

@@ -96,6 +96,8 @@ pub(super) struct Shared {
     /// What ratelimit requests ask, and over how many keys.
     pub(super) descriptors: Descriptors,
     pub(super) keys: usize,
+    /// `--introspect`: checks are introspections, with this `authorization` header.
+    pub(super) introspection: Option<::http::HeaderValue>,
 }
 
 impl Shared {
@@ -277,6 +279,12 @@ impl Shared {
                 ("/login", http::credentials(&fixtures.users[user]), user)
             }
             // authd's forward-auth port (--forward-auth): 200 allowed, 401/403 refused.
+            // Or --introspect: 200 (active or not), 401 for a wrong client.
+            Operation::Check if self.introspection.is_some() => (
+                "/oauth2/introspect",
+                Bytes::new(),
+                pick % fixtures.tokens.len(),
+            ),
             Operation::Check => ("/forward-auth", Bytes::new(), pick % fixtures.tokens.len()),
             _ => unreachable!("Plan::check refuses {op} over HTTP"),
         };
@@ -285,7 +293,12 @@ impl Shared {
             match op {
                 Operation::Check => {
                     let token = &fixtures.tokens[k];
-                    connection.get_bearer(path, token, forwarded).await
+                    match &self.introspection {
+                        Some(client) => {
+                            (connection.introspect(path, token, client, forwarded)).await
+                        }
+                        None => connection.get_bearer(path, token, forwarded).await,
+                    }
                 }
                 _ => connection.post(path, body, forwarded).await,
             }
@@ -307,7 +320,7 @@ impl Shared {
                     Outcome::Timeout,
                     Some(Failure::Http(anyhow::anyhow!(
                         "{} {path}: no answer within {:?}",
-                        if op == Operation::Check {
+                        if op == Operation::Check && self.introspection.is_none() {
                             "GET"
                         } else {
                             "POST"
