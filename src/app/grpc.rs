@@ -26,15 +26,24 @@ use tonic::service::Routes;
 pub(super) struct GrpcPort {
     socket: TcpListener,
     addr: SocketAddr,
+    /// The standard endpoints' settings, read (with the introspection keys file)
+    /// before anything serves.
+    standard: oidc::OidcSettings,
 }
 
 impl GrpcPort {
-    pub(super) async fn bind(listen: SocketAddr) -> anyhow::Result<Self> {
+    pub(super) async fn bind(config: &Config) -> anyhow::Result<Self> {
+        let standard = (config.oidc).settings(config.tls.tls_client_ca.is_some())?;
+        let listen = config.server.listen;
         let socket = TcpListener::bind(listen)
             .await
             .with_context(|| format!("cannot listen on {listen}"))?;
         let addr = socket.local_addr()?;
-        Ok(Self { socket, addr })
+        Ok(Self {
+            socket,
+            addr,
+            standard,
+        })
     }
 
     pub(super) fn addr(&self) -> SocketAddr {
@@ -91,7 +100,7 @@ impl GrpcPort {
             key_ring: core.key_ring.clone(),
             rate_limiter: core.rate_limiter.clone(),
             metrics: core.metrics.oidc.clone(),
-            settings: config.oidc.settings(config.tls.tls_client_ca.is_some())?,
+            settings: self.standard,
         });
         let service = split_standard(standard, service);
         let listener = Listener {

@@ -42,7 +42,7 @@ pub(super) struct Addresses {
 impl Ports {
     pub(super) async fn bind(config: &Config) -> anyhow::Result<Self> {
         Ok(Self {
-            grpc: GrpcPort::bind(config.server.listen).await?,
+            grpc: GrpcPort::bind(config).await?,
             metrics: HttpPort::bind(config.telemetry.metrics_listen.addr(), "metrics").await?,
             health: HealthPort::bind(config.server.health_listen.addr())?,
             admin: AdminPort::bind(config).await?,

@@ -394,6 +394,22 @@ async fn introspection_refuses_clients_without_the_right_credential_and_large_fo
 }
 
 #[tokio::test]
+async fn a_bad_introspection_keys_file_stops_the_start_with_its_line() {
+    let mut bad = tempfile::NamedTempFile::new().unwrap();
+    writeln!(bad, "gateway admin {}", "0".repeat(64)).unwrap();
+    let db = TestDb::new(Backend::Sqlite, "").await.unwrap();
+    let mut config = crate::helpers::test_config(db.url.clone());
+    config.oidc.introspection_keys_file = Some(bad.path().to_owned());
+    let err = authd::app::Application::build(config)
+        .await
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("AUTHD_INTROSPECTION_KEYS_FILE"), "{err}");
+    assert!(err.contains("line 1: unknown role"), "{err}");
+}
+
+#[tokio::test]
 async fn introspection_has_its_own_rate_limit_rule() {
     let clients = clients_file();
     let settings = standard(None, &clients);
