@@ -140,6 +140,7 @@ pub(crate) mod throttle;
 pub(crate) mod token;
 pub(crate) mod transport;
 pub(crate) mod watched;
+pub(crate) mod web;
 
 // The public surface beyond the application, its configuration and the wire types:
 // what `main.rs`, the integration tests and authbench's tests use, and no more.

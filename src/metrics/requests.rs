@@ -1,5 +1,6 @@
 //! The request metrics: gRPC requests as the outermost layer (`layers::trace`)
-//! sees them, by service, method and status code, and the spans the OpenTelemetry
+//! sees them, by service, method, status code and the protocol they arrived in
+//! (gRPC, gRPC-Web or JSON, all translated to gRPC before the layers), and the spans the OpenTelemetry
 //! exporter (`otel`) sends or gives up.
 //!
 //! Every (RPC, code) series is resolved here once, when the registry is built; the
@@ -7,7 +8,7 @@
 //! any layer: it only hands out handles.
 
 use super::Families;
-use crate::rpc::Rpc;
+use crate::rpc::{Protocol, Rpc};
 use prometheus::{Histogram, IntCounter, IntGauge};
 use std::time::Duration;
 
@@ -42,38 +43,42 @@ pub(crate) const CODE_NAMES: [&str; 17] = [
 /// Requests, as the outermost layer sees them.
 pub(crate) struct GrpcMetrics {
     pub in_flight: IntGauge,
-    /// The handles of every (RPC, code) pair, resolved when the registry is built:
-    /// every series exists at 0 from the start, so the first request of each pair is
-    /// an increase a `rate()` sees (a series born at 1 is not).
-    resolved: [[(IntCounter, Histogram); CODE_NAMES.len()]; Rpc::ALL.len()],
+    /// The handles of every (protocol, RPC, code) triple, resolved when the registry
+    /// is built: every series exists at 0 from the start, so the first request of each
+    /// is an increase a `rate()` sees (a series born at 1 is not).
+    resolved: [[[(IntCounter, Histogram); CODE_NAMES.len()]; Rpc::ALL.len()]; Protocol::ALL.len()],
 }
 
 impl GrpcMetrics {
     pub(super) fn new(f: &Families) -> Self {
         let requests = f.counter_vec(
             "authd_grpc_requests_total",
-            "gRPC requests answered, by service, method and status code.",
-            &["service", "method", "code"],
+            "gRPC requests answered, by service, method, status code and protocol (grpc, \
+             grpc-web or json).",
+            &["service", "method", "code", "protocol"],
         );
         let duration = f.histogram_vec(
             "authd_grpc_request_duration_seconds",
             "Time from a request's arrival to its response headers (the whole unary call), \
-             by service, method and status code.",
+             by service, method, status code and protocol.",
             REQUEST_BUCKETS,
-            &["service", "method", "code"],
+            &["service", "method", "code", "protocol"],
         );
         let in_flight = f.gauge(
             "authd_grpc_requests_in_flight",
             "gRPC requests being handled now (every service).",
         );
-        let resolved = std::array::from_fn(|rpc| {
-            let rpc = Rpc::ALL[rpc];
-            std::array::from_fn(|code| {
-                let labels = [rpc.service(), rpc.method(), CODE_NAMES[code]];
-                (
-                    requests.with_label_values(&labels),
-                    duration.with_label_values(&labels),
-                )
+        let resolved = std::array::from_fn(|protocol| {
+            let protocol = Protocol::ALL[protocol].label();
+            std::array::from_fn(|rpc| {
+                let rpc = Rpc::ALL[rpc];
+                std::array::from_fn(|code| {
+                    let labels = [rpc.service(), rpc.method(), CODE_NAMES[code], protocol];
+                    (
+                        requests.with_label_values(&labels),
+                        duration.with_label_values(&labels),
+                    )
+                })
             })
         });
         Self {
@@ -83,8 +88,8 @@ impl GrpcMetrics {
     }
 
     /// Counts a finished request. `code` is a gRPC status code (0..=16).
-    pub fn record(&self, rpc: Rpc, code: usize, elapsed: Duration) {
-        let (count, latency) = &self.resolved[rpc.index()][code];
+    pub fn record(&self, protocol: Protocol, rpc: Rpc, code: usize, elapsed: Duration) {
+        let (count, latency) = &self.resolved[protocol.index()][rpc.index()][code];
         count.inc();
         latency.observe(elapsed.as_secs_f64());
     }

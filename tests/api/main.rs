@@ -16,6 +16,7 @@ mod forwarded;
 mod grpcurl;
 mod h2raw;
 mod helpers;
+mod http_json;
 mod import;
 mod input;
 mod jwks;

@@ -94,28 +94,31 @@ async fn a_fresh_server_exports_every_request_series_at_zero() {
     let methods = served_methods();
     for (service, method) in &methods {
         for code in CODES {
-            let labels = [
-                ("service", service.as_str()),
-                ("method", method.as_str()),
-                ("code", code),
-            ];
-            assert_eq!(m.value("authd_grpc_requests_total", &labels), 0.0);
-            assert_eq!(
-                m.histogram_count("authd_grpc_request_duration_seconds", &labels),
-                0.0
-            );
+            for protocol in PROTOCOLS {
+                let labels = [
+                    ("service", service.as_str()),
+                    ("method", method.as_str()),
+                    ("code", code),
+                    ("protocol", protocol),
+                ];
+                assert_eq!(m.value("authd_grpc_requests_total", &labels), 0.0);
+                assert_eq!(
+                    m.histogram_count("authd_grpc_request_duration_seconds", &labels),
+                    0.0
+                );
+            }
         }
     }
     assert_eq!(
         m.matching("authd_grpc_requests_total", &[]).count(),
-        methods.len() * CODES.len(),
+        methods.len() * CODES.len() * PROTOCOLS.len(),
         "no other request series"
     );
     // The lowest latency bucket is 50 µs: a token validation takes about 100 µs.
     let Value::Histogram(buckets) = &m
         .matching(
             "authd_grpc_request_duration_seconds",
-            &[AUTH, ("method", "ValidateToken"), ("code", "OK")],
+            &[AUTH, ("method", "ValidateToken"), ("code", "OK"), GRPC],
         )
         .next()
         .unwrap()
@@ -245,6 +248,10 @@ fn token_for(user_id: &str, username: &str) -> String {
 }
 
 const AUTH: (&str, &str) = ("service", "auth.v1.AuthService");
+/// The protocol label of a request made over gRPC itself.
+const GRPC: (&str, &str) = ("protocol", "grpc");
+/// Every protocol the request series are labelled with.
+const PROTOCOLS: [&str; 3] = ["grpc", "grpc-web", "json"];
 
 async fn a_known_sequence_of_calls_gives_exact_counts(db: TestDb) {
     let backend = match db.url {
@@ -270,7 +277,7 @@ async fn a_known_sequence_of_calls_gives_exact_counts(db: TestDb) {
         ("Login", "UNAUTHENTICATED", 1.0),
         ("ValidateToken", "OK", 1.0),
     ] {
-        let labels = [AUTH, ("method", method), ("code", code)];
+        let labels = [AUTH, ("method", method), ("code", code), GRPC];
         assert_eq!(m.value(requests, &labels), n, "{method} {code}");
         // The latency histogram counts the same requests.
         assert_eq!(m.histogram_count(durations, &labels), n, "{method} {code}");
@@ -378,7 +385,7 @@ async fn rate_limit_decisions_and_refusals_are_counted() {
     assert_eq!(
         m.value(
             "authd_grpc_requests_total",
-            &[login[0], login[1], ("code", "RESOURCE_EXHAUSTED")]
+            &[login[0], login[1], ("code", "RESOURCE_EXHAUSTED"), GRPC]
         ),
         1.0
     );
@@ -510,7 +517,7 @@ async fn a_login_is_logged_once_with_its_user_and_no_secret() {
     // The binary's own endpoint counts this process's requests.
     let m = scrape(running.metrics_addr.parse().unwrap()).await;
     for (code, n) in [("OK", 1.0), ("UNAUTHENTICATED", 1.0)] {
-        let labels = [AUTH, ("method", "Login"), ("code", code)];
+        let labels = [AUTH, ("method", "Login"), ("code", code), GRPC];
         assert_eq!(m.value("authd_grpc_requests_total", &labels), n);
     }
     assert_eq!(m.value("authd_tokens_issued_total", &[]), 1.0);

@@ -1,0 +1,346 @@
+//! The JSON form of every RPC (the Connect protocol's unary calls) on the gRPC port,
+//! over HTTP/1.1 and HTTP/2: answers in proto3 JSON, errors in Connect's form, the
+//! unknown path, the wrong method and media type, bodies malformed and too large,
+//! deadlines from `Connect-Timeout-Ms`, and the `protocol` label of the metrics.
+//!
+//! The HTTP client here (`send`, `Reply`) is hyper's connection API over TCP or TLS,
+//! shared by the gRPC-Web and CORS tests: every status and header is seen as sent.
+
+use crate::helpers::{metric_of, spawn_app};
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request};
+use http_body_util::{BodyExt as _, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::{Value, json};
+use std::{net::SocketAddr, sync::Arc};
+use tokio::net::TcpStream;
+
+/// The HTTP version a request is sent with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Version {
+    H1,
+    H2,
+}
+
+/// An answer, whole.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("{e}: {:?}", String::from_utf8_lossy(&self.body)))
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|v| v.to_str().unwrap())
+    }
+}
+
+/// Sends `request` on a new connection to `addr` (TLS when `tls` is given, with
+/// ALPN for the version), and reads the whole answer.
+pub async fn send_with(
+    addr: SocketAddr,
+    version: Version,
+    tls: Option<Arc<tokio_rustls::rustls::ClientConfig>>,
+    request: Request<Full<Bytes>>,
+) -> Reply {
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    match tls {
+        None => exchange(TokioIo::new(tcp), version, request).await,
+        Some(config) => {
+            let mut config = (*config).clone();
+            config.alpn_protocols = vec![match version {
+                Version::H1 => b"http/1.1".to_vec(),
+                Version::H2 => b"h2".to_vec(),
+            }];
+            let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+            let name = tokio_rustls::rustls::pki_types::ServerName::try_from("localhost").unwrap();
+            let stream = connector.connect(name, tcp).await.expect("TLS handshake");
+            exchange(TokioIo::new(stream), version, request).await
+        }
+    }
+}
+
+/// [`send_with`] in plaintext.
+pub async fn send(addr: SocketAddr, version: Version, request: Request<Full<Bytes>>) -> Reply {
+    send_with(addr, version, None, request).await
+}
+
+async fn exchange<I>(io: I, version: Version, mut request: Request<Full<Bytes>>) -> Reply
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let response = match version {
+        Version::H1 => {
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+            tokio::spawn(conn);
+            if !request.headers().contains_key(http::header::HOST) {
+                request
+                    .headers_mut()
+                    .insert(http::header::HOST, "localhost".parse().unwrap());
+            }
+            sender.send_request(request).await.expect("an answer")
+        }
+        Version::H2 => {
+            let (mut sender, conn) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+                    .await
+                    .unwrap();
+            tokio::spawn(conn);
+            *request.version_mut() = http::Version::HTTP_2;
+            sender.send_request(request).await.expect("an answer")
+        }
+    };
+    let (parts, body) = response.into_parts();
+    let collected = body.collect().await.expect("the whole body");
+    Reply {
+        status: parts.status.as_u16(),
+        headers: parts.headers,
+        body: collected.to_bytes(),
+    }
+}
+
+/// A Connect JSON call's request to `path`, its body still to give.
+pub fn json_request(path: &str) -> http::request::Builder {
+    Request::builder()
+        .method(Method::POST)
+        .uri(format!("http://localhost{path}"))
+        .header("content-type", "application/json")
+}
+
+/// Calls `method` of AuthService with a JSON `body` and returns the answer.
+pub async fn call_json(addr: SocketAddr, version: Version, method: &str, body: Value) -> Reply {
+    let request = json_request(&format!("/auth.v1.AuthService/{method}"))
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    send(addr, version, request).await
+}
+
+#[tokio::test]
+async fn register_login_and_validate_in_json_over_http1_and_http2() {
+    let app = spawn_app().await;
+    for (version, name) in [(Version::H1, "jsonone"), (Version::H2, "jsontwo")] {
+        let credentials = json!({ "username": name, "password": "correct horse battery" });
+        let registered = call_json(app.addr, version, "Register", credentials.clone()).await;
+        assert_eq!(registered.status, 200, "{version:?}: {registered:?}");
+        assert_eq!(registered.header("content-type"), Some("application/json"));
+        assert!(registered.header("x-request-id").is_some());
+        let user_id = registered.json()["userId"].as_str().unwrap().to_owned();
+
+        let login = call_json(app.addr, version, "Login", credentials).await;
+        assert_eq!(login.status, 200, "{login:?}");
+        let login = login.json();
+        // proto3 JSON: lowerCamelCase names, Timestamps as RFC 3339.
+        assert_eq!(login["userId"], user_id.as_str());
+        assert_eq!(login["tokenType"], "Bearer");
+        assert!(login["expiresAt"].as_str().unwrap().ends_with('Z'));
+        assert!(login["refreshToken"].as_str().is_some());
+        let token = login["accessToken"].as_str().unwrap();
+
+        let validated = call_json(
+            app.addr,
+            version,
+            "ValidateToken",
+            json!({ "accessToken": token }),
+        )
+        .await;
+        assert_eq!(validated.status, 200);
+        assert_eq!(validated.json()["username"], name);
+        assert_eq!(validated.json()["userId"], user_id.as_str());
+        // The proto field name is accepted too, as proto3 JSON parsers must.
+        let validated = call_json(
+            app.addr,
+            version,
+            "ValidateToken",
+            json!({ "access_token": token }),
+        )
+        .await;
+        assert_eq!(validated.status, 200);
+    }
+    app.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn errors_are_one_status_and_one_json_body_with_the_grpc_code_and_details() {
+    let app = spawn_app().await;
+    let bad = call_json(
+        app.addr,
+        Version::H1,
+        "Register",
+        json!({ "username": "x", "password": "correct horse battery" }),
+    )
+    .await;
+    assert_eq!(bad.status, 400);
+    assert_eq!(bad.header("content-type"), Some("application/json"));
+    let body = bad.json();
+    assert_eq!(body["code"], "invalid_argument");
+    assert!(body["message"].as_str().is_some());
+    let detail = &body["details"][0];
+    assert_eq!(detail["type"], "google.rpc.BadRequest");
+    assert!(detail["value"].as_str().is_some());
+    assert_eq!(detail["debug"]["fieldViolations"][0]["field"], "username");
+
+    let wrong = call_json(
+        app.addr,
+        Version::H2,
+        "Login",
+        json!({ "username": "nobody", "password": "correct horse battery" }),
+    )
+    .await;
+    assert_eq!(wrong.status, 401);
+    assert_eq!(wrong.json()["code"], "unauthenticated");
+
+    let credentials = json!({ "username": "twice", "password": "correct horse battery" });
+    assert_eq!(
+        call_json(app.addr, Version::H1, "Register", credentials.clone())
+            .await
+            .status,
+        200
+    );
+    let taken = call_json(app.addr, Version::H1, "Register", credentials).await;
+    assert_eq!(taken.status, 409);
+    assert_eq!(taken.json()["code"], "already_exists");
+    app.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn malformed_and_oversized_bodies_are_refused_as_grpc_refuses_them() {
+    let app = spawn_app().await;
+    let secret = "hunter2-never-echoed";
+    for body in [
+        format!(r#"{{"username": "a", "password": "{secret}""#),
+        format!(r#"{{"username": 7, "password": "{secret}"}}"#),
+        format!(r#"{{"username": "a", "password": "{secret}"}} trailing"#),
+    ] {
+        let request = json_request("/auth.v1.AuthService/Login")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        let reply = send(app.addr, Version::H1, request).await;
+        assert_eq!(reply.status, 400);
+        let answer = reply.json();
+        assert_eq!(answer["code"], "invalid_argument");
+        assert_eq!(answer["message"], "malformed request message");
+        assert!(!String::from_utf8_lossy(&reply.body).contains(secret));
+    }
+    // Larger than any valid request, JSON or not: gRPC's code for an oversized
+    // message (OUT_OF_RANGE), before the body is read to its end.
+    let huge = json!({ "username": "a", "password": "p".repeat(64 * 1024) });
+    let reply = call_json(app.addr, Version::H2, "Login", huge).await;
+    assert_eq!(reply.status, 400);
+    assert_eq!(reply.json()["code"], "out_of_range");
+    // Within the JSON bound but larger than a protobuf message may be: the same
+    // refusal, from the decoder, as a gRPC client gets.
+    let big = json!({ "username": "a", "password": "p".repeat(6 * 1024) });
+    let reply = call_json(app.addr, Version::H1, "Login", big).await;
+    assert_eq!(reply.json()["code"], "out_of_range");
+    let text = metrics_text(&app).await;
+    assert_eq!(
+        metric_of(
+            &text,
+            r#"authd_grpc_requests_total{code="INVALID_ARGUMENT",method="Login",protocol="json",service="auth.v1.AuthService"}"#
+        ),
+        3.0
+    );
+    app.stop().await.unwrap();
+}
+
+/// The app's metrics text.
+pub async fn metrics_text(app: &crate::helpers::TestApp) -> String {
+    let addr = app.handle.metrics_addr().unwrap();
+    let request = Request::get("http://localhost/metrics")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let reply = send(addr, Version::H1, request).await;
+    String::from_utf8(reply.body.to_vec()).unwrap()
+}
+
+#[tokio::test]
+async fn an_unknown_path_is_404_a_wrong_method_405_and_a_wrong_media_type_415() {
+    let app = spawn_app().await;
+    for version in [Version::H1, Version::H2] {
+        let request = Request::get("http://localhost/no/such/path")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let reply = send(app.addr, version, request).await;
+        assert_eq!(reply.status, 404, "{version:?}");
+        assert_eq!(reply.json()["code"], "not_found");
+
+        let request = Request::get("http://localhost/auth.v1.AuthService/Login")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let reply = send(app.addr, version, request).await;
+        assert_eq!(reply.status, 405);
+        assert_eq!(reply.header("allow"), Some("POST"));
+        assert_eq!(reply.json()["code"], "unimplemented");
+
+        let request = Request::post("http://localhost/auth.v1.AuthService/Login")
+            .header("content-type", "text/plain")
+            .body(Full::new(Bytes::from_static(b"hi")))
+            .unwrap();
+        let reply = send(app.addr, version, request).await;
+        assert_eq!(reply.status, 415);
+
+        // An unknown method of a known service is an unknown path.
+        let request = json_request("/auth.v1.AuthService/Nothing")
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap();
+        assert_eq!(send(app.addr, version, request).await.status, 404);
+    }
+    app.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_request_metrics_carry_the_protocol() {
+    let app = spawn_app().await;
+    let mut client = app.client.clone();
+    let _ = client
+        .validate_token(authd::pb::ValidateTokenRequest {
+            access_token: "x".into(),
+            ..Default::default()
+        })
+        .await;
+    for _ in 0..2 {
+        let reply = call_json(
+            app.addr,
+            Version::H1,
+            "ValidateToken",
+            json!({ "accessToken": "x" }),
+        )
+        .await;
+        assert_eq!(reply.status, 401);
+    }
+    let text = metrics_text(&app).await;
+    let series = |protocol: &str| {
+        format!(
+            r#"authd_grpc_requests_total{{code="UNAUTHENTICATED",method="ValidateToken",protocol="{protocol}",service="auth.v1.AuthService"}}"#
+        )
+    };
+    assert_eq!(metric_of(&text, &series("grpc")), 1.0);
+    assert_eq!(metric_of(&text, &series("json")), 2.0);
+    assert_eq!(metric_of(&text, &series("grpc-web")), 0.0);
+    app.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn connect_timeout_ms_is_the_calls_deadline() {
+    let app = spawn_app().await;
+    let request = json_request("/auth.v1.AuthService/ValidateToken")
+        .header("connect-timeout-ms", "0")
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .unwrap();
+    let reply = send(app.addr, Version::H1, request).await;
+    // A deadline already passed: refused before any work, as gRPC's `grpc-timeout: 0m`.
+    assert_eq!(reply.status, 504);
+    assert_eq!(reply.json()["code"], "deadline_exceeded");
+    let request = json_request("/auth.v1.AuthService/ValidateToken")
+        .header("connect-timeout-ms", "soon")
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .unwrap();
+    assert_eq!(send(app.addr, Version::H1, request).await.status, 400);
+    app.stop().await.unwrap();
+}
