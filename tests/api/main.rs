@@ -13,6 +13,7 @@ mod extauthz;
 mod foreign_login;
 mod forward_auth;
 mod forwarded;
+mod grpc_web;
 mod grpcurl;
 mod h2raw;
 mod helpers;
