@@ -122,8 +122,16 @@ pub struct ServerConfig {
 #[derive(Debug, Clone, Default)]
 pub struct CorsOrigins(pub(crate) Vec<http::HeaderValue>);
 
+impl std::str::FromStr for CorsOrigins {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, String> {
+        crate::web::parse_origins(value).map(CorsOrigins)
+    }
+}
+
 fn cors_origins(value: &str) -> Result<CorsOrigins, String> {
-    crate::web::parse_origins(value).map(CorsOrigins)
+    value.parse()
 }
 
 impl ServerConfig {

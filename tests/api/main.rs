@@ -7,6 +7,7 @@ mod blocklist;
 mod cli;
 mod cluster;
 mod concurrency;
+mod cors;
 mod equal_cost;
 mod errors;
 mod extauthz;
