@@ -344,3 +344,96 @@ async fn connect_timeout_ms_is_the_calls_deadline() {
     assert_eq!(send(app.addr, Version::H1, request).await.status, 400);
     app.stop().await.unwrap();
 }
+
+/// A JSON call of the admin API on `addr`, with `key` as its credential.
+async fn admin_json(addr: SocketAddr, method: &str, key: Option<&str>, body: Value) -> Reply {
+    let mut request = json_request(&format!("/auth.admin.v1.AdminService/{method}"));
+    if let Some(key) = key {
+        request = request.header("authorization", format!("Bearer {key}"));
+    }
+    let request = request
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    send(addr, Version::H1, request).await
+}
+
+#[tokio::test]
+async fn the_admin_port_speaks_json_with_its_own_credentials() {
+    use crate::admin::{ADMIN_KEY, READ_KEY, admin_app};
+    let db = crate::helpers::TestDb::new(crate::helpers::Backend::Sqlite, "")
+        .await
+        .unwrap();
+    let admin = admin_app(&db, |_| {}).await;
+    let mut app = admin.app;
+    let user_id = app.register("adminjson", "a fine password").await.unwrap();
+    let addr = app.handle.admin_addr().unwrap();
+    let selector = json!({ "user": { "username": "adminjson" } });
+
+    let found = admin_json(addr, "GetUser", Some(READ_KEY), selector.clone()).await;
+    assert_eq!(found.status, 200, "{found:?}");
+    let user = &found.json()["user"];
+    assert_eq!(user["id"], user_id.as_str());
+    assert_eq!(user["username"], "adminjson");
+
+    // The same credentials as over gRPC: none, a wrong one, a read key for a change.
+    let none = admin_json(addr, "GetUser", None, selector.clone()).await;
+    assert_eq!(
+        (none.status, none.json()["code"].clone()),
+        (401, json!("unauthenticated"))
+    );
+    let wrong = admin_json(addr, "GetUser", Some("not-a-key"), selector.clone()).await;
+    assert_eq!(wrong.status, 401);
+    let disable = json!({ "user": { "username": "adminjson" }, "reason": "test" });
+    let read_only = admin_json(addr, "DisableUser", Some(READ_KEY), disable.clone()).await;
+    assert_eq!(
+        (read_only.status, read_only.json()["code"].clone()),
+        (403, json!("permission_denied"))
+    );
+    let disabled = admin_json(addr, "DisableUser", Some(ADMIN_KEY), disable).await;
+    assert_eq!(disabled.status, 200, "{disabled:?}");
+    let gone = admin_json(
+        addr,
+        "GetUser",
+        Some(ADMIN_KEY),
+        json!({ "user": { "username": "nobody" } }),
+    )
+    .await;
+    assert_eq!(
+        (gone.status, gone.json()["code"].clone()),
+        (404, json!("not_found"))
+    );
+
+    // gRPC-Web too, with the same header.
+    let request = authd::pb::admin::GetUserRequest {
+        user: Some(authd::pb::admin::UserSelector {
+            selector: Some(authd::pb::admin::user_selector::Selector::UserId(
+                user_id.clone(),
+            )),
+        }),
+    };
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        "authorization",
+        format!("Bearer {READ_KEY}").parse().unwrap(),
+    );
+    let (message, status) = crate::grpc_web::grpc_web(
+        addr,
+        Version::H2,
+        "/auth.admin.v1.AdminService/GetUser",
+        &prost::Message::encode_to_vec(&request),
+        false,
+        headers,
+    )
+    .await;
+    assert_eq!(status.code(), tonic::Code::Ok, "{status:?}");
+    let answer: authd::pb::admin::GetUserResponse =
+        prost::Message::decode(message.unwrap()).unwrap();
+    assert!(answer.user.unwrap().disabled);
+
+    // Each API only on its own port.
+    let on_grpc_port = admin_json(app.addr, "GetUser", Some(ADMIN_KEY), selector).await;
+    assert_eq!(on_grpc_port.status, 404);
+    let auth_on_admin = call_json(addr, Version::H1, "ValidateToken", json!({})).await;
+    assert_eq!(auth_on_admin.status, 404);
+    app.stop().await.unwrap();
+}
