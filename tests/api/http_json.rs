@@ -437,3 +437,103 @@ async fn the_admin_port_speaks_json_with_its_own_credentials() {
     assert_eq!(auth_on_admin.status, 404);
     app.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_rate_limit_counts_grpc_grpc_web_and_json_calls_together() {
+    use crate::grpc_web::{Wire, call};
+    let app = crate::helpers::spawn_app_with(|c| {
+        c.limits.rate_limits = Some("ValidateToken:global=4/1h".parse().unwrap());
+    })
+    .await;
+    let request = || authd::pb::ValidateTokenRequest {
+        access_token: "x".into(),
+        ..Default::default()
+    };
+    let mut codes = Vec::new();
+    for wire in [
+        Wire::Grpc,
+        Wire::Json,
+        Wire::GrpcWeb,
+        Wire::Json,
+        Wire::Grpc,
+        Wire::GrpcWebText,
+    ] {
+        let result: Result<authd::pb::ValidateTokenResponse, _> =
+            call(app.addr, wire, "ValidateToken", request()).await;
+        codes.push((wire, result.unwrap_err().code));
+    }
+    use tonic::Code::{ResourceExhausted, Unauthenticated};
+    assert_eq!(
+        codes,
+        [
+            (Wire::Grpc, Unauthenticated),
+            (Wire::Json, Unauthenticated),
+            (Wire::GrpcWeb, Unauthenticated),
+            (Wire::Json, Unauthenticated),
+            (Wire::Grpc, ResourceExhausted),
+            (Wire::GrpcWebText, ResourceExhausted),
+        ]
+    );
+    // In JSON: 429, the hint as a detail and as Retry-After.
+    let refused = call_json(app.addr, Version::H2, "ValidateToken", json!({})).await;
+    assert_eq!(refused.status, 429);
+    let seconds: u64 = refused.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=3600).contains(&seconds), "{seconds}");
+    let types: Vec<Value> = refused.json()["details"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["type"].clone())
+        .collect();
+    assert!(types.contains(&json!("google.rpc.RetryInfo")), "{types:?}");
+    assert!(
+        types.contains(&json!("google.rpc.QuotaFailure")),
+        "{types:?}"
+    );
+    app.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_login_throttle_counts_failures_in_every_protocol() {
+    use crate::grpc_web::{Wire, call};
+    let mut app = crate::helpers::spawn_app_with(|c| {
+        let hour = std::time::Duration::from_secs(3600);
+        c.limits.login_failures = 3;
+        c.limits.login_delay = hour;
+        c.limits.login_delay_max = hour;
+    })
+    .await;
+    app.register("throttled", "correct horse battery")
+        .await
+        .unwrap();
+    let wrong = || authd::pb::LoginRequest {
+        username: "throttled".into(),
+        password: "not the password".into(),
+    };
+    let mut codes = Vec::new();
+    for wire in [Wire::Json, Wire::GrpcWeb, Wire::Grpc, Wire::Json] {
+        let result: Result<authd::pb::LoginResponse, _> =
+            call(app.addr, wire, "Login", wrong()).await;
+        codes.push(result.unwrap_err().code);
+    }
+    use tonic::Code::{ResourceExhausted, Unauthenticated};
+    assert_eq!(
+        codes,
+        [
+            Unauthenticated,
+            Unauthenticated,
+            Unauthenticated,
+            ResourceExhausted
+        ]
+    );
+    // The right password too, while throttled, over gRPC and JSON alike.
+    let right = json!({ "username": "throttled", "password": "correct horse battery" });
+    let reply = call_json(app.addr, Version::H1, "Login", right).await;
+    assert_eq!(reply.status, 429);
+    assert!(reply.header("retry-after").is_some());
+    crate::helpers::expect_code(
+        app.login("throttled", "correct horse battery").await,
+        ResourceExhausted,
+    );
+    app.stop().await.unwrap();
+}
