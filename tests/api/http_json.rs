@@ -1,7 +1,10 @@
 //! The JSON form of every RPC (the Connect protocol's unary calls) on the gRPC port,
 //! over HTTP/1.1 and HTTP/2: answers in proto3 JSON, errors in Connect's form, the
 //! unknown path, the wrong method and media type, bodies malformed and too large,
-//! deadlines from `Connect-Timeout-Ms`, and the `protocol` label of the metrics.
+//! deadlines from `Connect-Timeout-Ms`, the `protocol` label of the metrics; the
+//! admin API's JSON form with its own credentials; one rate limit and one login
+//! throttle across gRPC, gRPC-Web and JSON; and real clients: curl and Python's
+//! `requests` (skipped, one line, when missing, unless AUTHD_TEST_REQUIRE_SERVICES=1).
 //!
 //! The HTTP client here (`send`, `Reply`) is hyper's connection API over TCP or TLS,
 //! shared by the gRPC-Web and CORS tests: every status and header is seen as sent.
@@ -535,5 +538,157 @@ async fn the_login_throttle_counts_failures_in_every_protocol() {
         app.login("throttled", "correct horse battery").await,
         ResourceExhausted,
     );
+    app.stop().await.unwrap();
+}
+
+/// Runs `program` with `args` off the runtime (the server answers meanwhile) and
+/// returns its exit success and standard output.
+async fn run(program: std::path::PathBuf, args: Vec<String>) -> (bool, String, String) {
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(program).args(args).output()
+    })
+    .await
+    .unwrap()
+    .expect("the program runs");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// `name` on the PATH, if it is there.
+fn on_path(name: &str) -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+}
+
+#[tokio::test]
+async fn curl_calls_every_form_over_http1_and_http2() {
+    let Some(curl) = on_path("curl") else {
+        crate::helpers::skipped(
+            "curl_calls_every_form_over_http1_and_http2",
+            "curl is not installed",
+        );
+        return;
+    };
+    let app = spawn_app().await;
+    let base = format!("http://{}/auth.v1.AuthService", app.addr);
+    let args = |version: &str, method: &str, body: &str| -> Vec<String> {
+        [
+            "-sS",
+            "--max-time",
+            "30",
+            version,
+            "-H",
+            "content-type: application/json",
+            "-d",
+            body,
+            "-w",
+            "\n%{http_code} %{http_version}",
+            &format!("{base}/{method}"),
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    };
+    let credentials = r#"{"username":"curluser","password":"correct horse battery"}"#;
+    let (ok, out, err) = run(curl.clone(), args("--http1.1", "Register", credentials)).await;
+    assert!(ok, "{err}");
+    let (body, status) = out.rsplit_once('\n').unwrap();
+    assert_eq!(status, "200 1.1");
+    let user_id = serde_json::from_str::<Value>(body).unwrap()["userId"].clone();
+
+    let (ok, out, err) = run(
+        curl.clone(),
+        args("--http2-prior-knowledge", "Login", credentials),
+    )
+    .await;
+    assert!(ok, "{err}");
+    let (body, status) = out.rsplit_once('\n').unwrap();
+    assert_eq!(status, "200 2");
+    assert_eq!(
+        serde_json::from_str::<Value>(body).unwrap()["userId"],
+        user_id
+    );
+
+    let (_, out, _) = run(
+        curl,
+        args(
+            "--http1.1",
+            "Register",
+            r#"{"username":"x","password":"p"}"#,
+        ),
+    )
+    .await;
+    let (body, status) = out.rsplit_once('\n').unwrap();
+    assert_eq!(status, "400 1.1");
+    assert_eq!(
+        serde_json::from_str::<Value>(body).unwrap()["code"],
+        "invalid_argument"
+    );
+    app.stop().await.unwrap();
+}
+
+/// A Python interpreter with `requests`: `AUTHD_TEST_PYTHON` (the venv `.ci/run`
+/// makes), else `python3` on the PATH when it has it.
+fn python_with_requests() -> Option<std::path::PathBuf> {
+    let python = std::env::var_os("AUTHD_TEST_PYTHON")
+        .map(std::path::PathBuf::from)
+        .or_else(|| on_path("python3"))?;
+    let imports = std::process::Command::new(&python)
+        .args(["-c", "import requests"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    imports.then_some(python)
+}
+
+/// What the Python client does: register, log in, validate, and one error.
+const PYTHON_CLIENT: &str = r#"
+import json, sys, requests
+base = sys.argv[1]
+s = requests.Session()
+def call(method, body):
+    r = s.post(f"{base}/auth.v1.AuthService/{method}", json=body, timeout=30)
+    return {"status": r.status_code, "body": r.json(), "retry_after": r.headers.get("Retry-After")}
+creds = {"username": "pyuser", "password": "correct horse battery"}
+out = {"register": call("Register", creds), "login": call("Login", creds)}
+out["validate"] = call("ValidateToken", {"accessToken": out["login"]["body"]["accessToken"]})
+out["bad"] = call("ValidateToken", {"accessToken": "nope"})
+out["limited"] = call("ValidateToken", {"accessToken": "nope"})
+print(json.dumps(out))
+"#;
+
+#[tokio::test]
+async fn python_requests_calls_the_json_form() {
+    let Some(python) = python_with_requests() else {
+        crate::helpers::skipped(
+            "python_requests_calls_the_json_form",
+            "no Python with requests (AUTHD_TEST_PYTHON, or python3 with requests)",
+        );
+        return;
+    };
+    let app = crate::helpers::spawn_app_with(|c| {
+        c.limits.rate_limits = Some("ValidateToken:peer=2/1h".parse().unwrap());
+    })
+    .await;
+    let args = vec![
+        "-c".to_owned(),
+        PYTHON_CLIENT.to_owned(),
+        format!("http://{}", app.addr),
+    ];
+    let (ok, out, err) = run(python, args).await;
+    assert!(ok, "{err}");
+    let out: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(out["register"]["status"], 200);
+    assert_eq!(out["login"]["status"], 200);
+    assert_eq!(out["validate"]["status"], 200);
+    assert_eq!(out["validate"]["body"]["username"], "pyuser");
+    assert_eq!(out["bad"]["status"], 401);
+    assert_eq!(out["bad"]["body"]["code"], "unauthenticated");
+    assert_eq!(out["limited"]["status"], 429);
+    assert_eq!(out["limited"]["body"]["code"], "resource_exhausted");
+    assert!(out["limited"]["retry_after"].as_str().is_some());
     app.stop().await.unwrap();
 }
