@@ -3,7 +3,9 @@
 //! answer translated back.
 //!
 //! The request: its body is read whole, within the receive timeout (and its
-//! deadline) and at most [`Api::max_body_bytes`](super::Api), decoded from proto3 JSON
+//! deadline) and at most [`Api::max_body_bytes`](super::Api) (refused otherwise with
+//! the codes gRPC gets for the same, before the layers: a debug line is their only
+//! record), decoded from proto3 JSON
 //! against the method's input descriptor (unknown fields ignored, as Connect's own
 //! servers do, so newer clients keep working), re-encoded as protobuf and framed as
 //! gRPC. A body that does not decode goes on as a protobuf message that does not
@@ -108,17 +110,25 @@ where
     let arrived = tokio::time::Instant::now();
     let receive_by = arrived + timeout.map_or(api.receive_timeout, |t| t.min(api.receive_timeout));
     let limited = Limited::new(body, api.max_body_bytes);
-    let bytes = match tokio::time::timeout_at(receive_by, limited.collect()).await {
-        Ok(Ok(collected)) => collected.to_bytes(),
+    let refused = match tokio::time::timeout_at(receive_by, limited.collect()).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
         Err(_) if timeout.is_some_and(|t| arrived + t <= receive_by) => {
-            return error(api, &Error::DeadlineExceeded.to_status());
+            Err(Error::DeadlineExceeded)
         }
-        Err(_) => return error(api, &Error::ReceiveTimeout.to_status()),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-            let limit = api.max_body_bytes;
-            return error(api, &Error::TooLarge { limit }.to_status());
+        Err(_) => Err(Error::ReceiveTimeout),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(Error::TooLarge {
+            limit: api.max_body_bytes,
+        }),
+        Ok(Err(_)) => Err(Error::Cancelled),
+    };
+    let bytes = match refused {
+        Ok(bytes) => bytes,
+        Err(refusal) => {
+            // Answered before the layers: this line is its only record.
+            let path = parts.uri.path();
+            tracing::debug!(path, error = %refusal, "JSON request refused before the call");
+            return error(api, &refusal.to_status());
         }
-        Ok(Err(_)) => return error(api, &Error::Cancelled.to_status()),
     };
     let message = match codec {
         Codec::Proto => bytes,

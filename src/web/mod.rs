@@ -47,15 +47,26 @@ const JSON_EXPANSION: usize = 4;
 pub(crate) type Fallback =
     BoxCloneSyncService<http::Request<Body>, http::Response<Body>, Infallible>;
 
-/// A fallback that knows no route: 404 with a JSON error for every path.
-pub(crate) fn not_found() -> Fallback {
-    BoxCloneSyncService::new(tower::service_fn(|_request: http::Request<Body>| async {
-        Ok(answer(errors::plain(
+/// The plain-HTTP routes of a port as its fallback: `router`'s routes, and 404 with
+/// a JSON error for any path it does not know.
+pub(crate) fn routes(router: axum::Router) -> Fallback {
+    let router = router.fallback(|| async {
+        answer(errors::plain(
             StatusCode::NOT_FOUND,
             Code::NotFound,
             "no such path",
-        )))
-    }))
+        ))
+    });
+    let service = tower::ServiceExt::<http::Request<Body>>::map_response(
+        router,
+        |response: http::Response<axum::body::Body>| response.map(Body::new),
+    );
+    BoxCloneSyncService::new(service)
+}
+
+/// A fallback that knows no route: 404 with a JSON error for every path.
+pub(crate) fn not_found() -> Fallback {
+    routes(axum::Router::new())
 }
 
 /// What the translation of one port knows: its RPCs by path, the error details'

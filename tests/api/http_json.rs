@@ -692,3 +692,44 @@ async fn python_requests_calls_the_json_form() {
     assert!(out["limited"]["retry_after"].as_str().is_some());
     app.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_body_that_does_not_arrive_in_time_is_answered_and_the_call_never_made() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let app = crate::helpers::spawn_app_with(|c| {
+        c.overload.receive_timeout = std::time::Duration::from_millis(100);
+    })
+    .await;
+    let mut stream = TcpStream::connect(app.addr).await.unwrap();
+    // Headers promising 100 bytes, then 10 of them, and no more.
+    stream
+        .write_all(
+            b"POST /auth.v1.AuthService/Login HTTP/1.1\r\nhost: localhost\r\n\
+              content-type: application/json\r\ncontent-length: 100\r\n\r\n{\"username",
+        )
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !answer.ends_with(b"}") {
+        let n = stream.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed before an answer: {answer:?}");
+        answer.extend_from_slice(&buf[..n]);
+    }
+    let answer = String::from_utf8(answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 504"), "{answer}");
+    assert!(answer.contains(r#""code":"deadline_exceeded""#), "{answer}");
+    assert!(
+        answer.contains("the request was not received in time"),
+        "{answer}"
+    );
+    // Refused before the layers: no Login was counted.
+    let text = metrics_text(&app).await;
+    let logins: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("authd_grpc_requests_total{") && l.contains(r#"method="Login""#))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum();
+    assert_eq!(logins, 0.0);
+    app.stop().await.unwrap();
+}
