@@ -252,8 +252,6 @@ pub(crate) enum Protocol {
 }
 
 impl Protocol {
-    pub(crate) const ALL: [Protocol; 3] = [Protocol::Grpc, Protocol::GrpcWeb, Protocol::Json];
-
     /// Its name in metrics and logs.
     pub(crate) fn label(self) -> &'static str {
         match self {
@@ -263,7 +261,7 @@ impl Protocol {
         }
     }
 
-    /// The position in [`Protocol::ALL`], for tables indexed by protocol.
+    /// Its position in declaration order (gRPC first), for tables indexed by protocol.
     pub(crate) fn index(self) -> usize {
         self as usize
     }

@@ -9,8 +9,8 @@
 
 use super::Families;
 use crate::rpc::{Protocol, Rpc};
-use prometheus::{Histogram, IntCounter, IntGauge};
-use std::time::Duration;
+use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge};
+use std::{sync::OnceLock, time::Duration};
 
 /// Whole requests: 50 µs (a health check or a token validation answers in about
 /// 100 µs) to 30 s.
@@ -40,13 +40,22 @@ pub(crate) const CODE_NAMES: [&str; 17] = [
     "UNAUTHENTICATED",
 ];
 
+/// The handles of one (protocol, RPC, code) series.
+type Series = (IntCounter, Histogram);
+
 /// Requests, as the outermost layer sees them.
 pub(crate) struct GrpcMetrics {
     pub in_flight: IntGauge,
-    /// The handles of every (protocol, RPC, code) triple, resolved when the registry
-    /// is built: every series exists at 0 from the start, so the first request of each
-    /// is an increase a `rate()` sees (a series born at 1 is not).
-    resolved: [[[(IntCounter, Histogram); CODE_NAMES.len()]; Rpc::ALL.len()]; Protocol::ALL.len()],
+    requests: IntCounterVec,
+    duration: HistogramVec,
+    /// The handles of every (RPC, code) pair of gRPC calls, resolved when the
+    /// registry is built: every series exists at 0 from the start, so the first
+    /// request of each pair is an increase a `rate()` sees (a series born at 1 is not).
+    resolved: [[Series; CODE_NAMES.len()]; Rpc::ALL.len()],
+    /// The series of calls translated from gRPC-Web and JSON, resolved at their first
+    /// request: resolved up front they would triple every scrape (each histogram is
+    /// 20 lines) for ports that only ever see gRPC.
+    translated: [[[OnceLock<Series>; CODE_NAMES.len()]; Rpc::ALL.len()]; 2],
 }
 
 impl GrpcMetrics {
@@ -68,31 +77,53 @@ impl GrpcMetrics {
             "authd_grpc_requests_in_flight",
             "gRPC requests being handled now (every service).",
         );
-        let resolved = std::array::from_fn(|protocol| {
-            let protocol = Protocol::ALL[protocol].label();
-            std::array::from_fn(|rpc| {
-                let rpc = Rpc::ALL[rpc];
-                std::array::from_fn(|code| {
-                    let labels = [rpc.service(), rpc.method(), CODE_NAMES[code], protocol];
-                    (
-                        requests.with_label_values(&labels),
-                        duration.with_label_values(&labels),
-                    )
-                })
+        let resolved = std::array::from_fn(|rpc| {
+            std::array::from_fn(|code| {
+                series(&requests, &duration, Protocol::Grpc, Rpc::ALL[rpc], code)
             })
+        });
+        let translated = std::array::from_fn(|_| {
+            std::array::from_fn(|_| std::array::from_fn(|_| OnceLock::new()))
         });
         Self {
             in_flight,
+            requests,
+            duration,
             resolved,
+            translated,
         }
     }
 
     /// Counts a finished request. `code` is a gRPC status code (0..=16).
     pub fn record(&self, protocol: Protocol, rpc: Rpc, code: usize, elapsed: Duration) {
-        let (count, latency) = &self.resolved[protocol.index()][rpc.index()][code];
+        let (count, latency) = match protocol {
+            Protocol::Grpc => &self.resolved[rpc.index()][code],
+            translated => self.translated[translated.index() - 1][rpc.index()][code]
+                .get_or_init(|| series(&self.requests, &self.duration, protocol, rpc, code)),
+        };
         count.inc();
         latency.observe(elapsed.as_secs_f64());
     }
+}
+
+/// The handles of one series.
+fn series(
+    requests: &IntCounterVec,
+    duration: &HistogramVec,
+    protocol: Protocol,
+    rpc: Rpc,
+    code: usize,
+) -> Series {
+    let labels = [
+        rpc.service(),
+        rpc.method(),
+        CODE_NAMES[code],
+        protocol.label(),
+    ];
+    (
+        requests.with_label_values(&labels),
+        duration.with_label_values(&labels),
+    )
 }
 
 /// Spans of the OpenTelemetry exporter (see `otel`).
