@@ -79,6 +79,14 @@ async fn a_listed_origin_gets_its_headers_and_credentials() {
         }
     }
     // gRPC-Web too.
+    let request = Request::post("http://localhost/auth.v1.AuthService/ValidateToken")
+        .header("content-type", "application/grpc-web+proto")
+        .header("origin", ALLOWED)
+        .body(Full::new(Bytes::from_static(&[0, 0, 0, 0, 0])))
+        .unwrap();
+    let reply = send(app.addr, Version::H2, request).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.header("access-control-allow-origin"), Some(ALLOWED));
     let mut headers = HeaderMap::new();
     headers.insert("origin", HeaderValue::from_static("http://localhost:3000"));
     let request = pb::ValidateTokenRequest {
