@@ -89,7 +89,7 @@ pub(super) async fn call<S, B>(
 where
     S: Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>,
     B: http_body::Body<Data = Bytes>,
-    B::Error: Into<crate::transport::BoxError>,
+    B::Error: Into<tower::BoxError>,
 {
     let (mut parts, body) = request.into_parts();
     if parts

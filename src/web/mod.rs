@@ -24,7 +24,7 @@ mod errors;
 
 pub(crate) use cors::{Cors, parse_origins};
 
-use crate::{middleware::BoxFuture, rpc::Protocol, transport::BoxError};
+use crate::{middleware::BoxFuture, rpc::Protocol};
 use bytes::Bytes;
 use http::{HeaderValue, Method, StatusCode, header};
 use http_body_util::Full;
@@ -37,7 +37,7 @@ use std::{
     time::Duration,
 };
 use tonic::{Code, body::Body};
-use tower::{Layer as _, Service, ServiceExt as _, util::BoxCloneSyncService};
+use tower::{BoxError, Layer as _, Service, ServiceExt as _, util::BoxCloneSyncService};
 
 /// Connect's JSON may spell a message out at length (names, base64): a body may be
 /// this many times the largest protobuf message before it is refused unread.
