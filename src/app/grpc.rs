@@ -1,6 +1,7 @@
 //! The gRPC port (`AUTHD_LISTEN`): AuthService, Envoy's Check, Envoy's rate limit
 //! service when it has a rules file, health and reflection, behind the request
-//! path's layers; stopped after the drain.
+//! path's layers, with gRPC-Web and AuthService's JSON form in front of them
+//! (`crate::web`); stopped after the drain.
 
 use super::{
     core::Core,
@@ -14,6 +15,7 @@ use crate::{
     ratelimit,
     rpc::MAX_MESSAGE_BYTES,
     transport::{Listener, Protocol},
+    web,
 };
 use anyhow::Context as _;
 use std::{net::SocketAddr, sync::Arc};
@@ -71,9 +73,6 @@ impl GrpcPort {
             None => routes,
         };
         let service = tower::ServiceBuilder::new()
-            .map_request(|request: http::Request<hyper::body::Incoming>| {
-                request.map(tonic::body::Body::new)
-            })
             // Outermost: every request, refused or not, gets an id, a log line and metrics.
             .layer(trace::layer(core.metrics.clone(), core.traces.clone()))
             // A refusal with a retry hint, from any layer below, is held before its answer.
@@ -84,6 +83,13 @@ impl GrpcPort {
             .layer(rate_limit::layer(core.rate_limiter.clone()))
             .layer(admission::layer(core.admission.clone()))
             .service(routes);
+        // gRPC-Web and JSON calls are translated to gRPC in front of every layer.
+        let api = web::Api::new(
+            pb::FILE_DESCRIPTOR_SET,
+            MAX_MESSAGE_BYTES,
+            config.overload.receive_timeout,
+        )?;
+        let service = web::front(service, web::not_found(), api, config.server.cors());
         let listener = Listener {
             name: "grpc",
             socket: self.socket,
