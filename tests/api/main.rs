@@ -4,6 +4,7 @@ mod admin;
 mod admin_cli;
 mod argon2;
 mod blocklist;
+mod browser;
 mod cli;
 mod cluster;
 mod concurrency;
