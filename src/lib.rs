@@ -16,6 +16,9 @@
 //! ```text
 //! transport            accept loop and per-connection bounds (hyper, HTTP/2), TLS and
 //!                      mutual TLS (rustls, files reloaded live)
+//! web                  one port, three protocols: gRPC passed on, gRPC-Web (tonic-web)
+//!                      and Connect's JSON translated to gRPC in front of the layers;
+//!                      CORS, the plain-HTTP fallback
 //!   layers             the request path's tower layers, outermost first:
 //!     trace            request id, one log event and the request metrics per request
 //!     pushback         refusals with a retry hint held on a timer before their answer
@@ -146,6 +149,7 @@ pub(crate) mod throttle;
 pub(crate) mod token;
 pub(crate) mod transport;
 pub(crate) mod watched;
+pub(crate) mod web;
 
 // The public surface beyond the application, its configuration and the wire types:
 // what `main.rs`, the integration tests and authbench's tests use, and no more.

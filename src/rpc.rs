@@ -252,6 +252,40 @@ impl RequestId {
     }
 }
 
+/// The protocol a request arrived in on the gRPC or admin port: gRPC itself, gRPC-Web
+/// (binary or text) or Connect's unary JSON (or binary) form. The web front
+/// (`crate::web`) puts it in the extensions of every request it hands to the layers,
+/// translated to gRPC; the trace layer labels the request metrics with it. A request
+/// without one is gRPC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Protocol {
+    #[default]
+    Grpc,
+    GrpcWeb,
+    Json,
+}
+
+impl Protocol {
+    /// Its name in metrics and logs.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Protocol::Grpc => "grpc",
+            Protocol::GrpcWeb => "grpc-web",
+            Protocol::Json => "json",
+        }
+    }
+
+    /// Its position in declaration order (gRPC first), for tables indexed by protocol.
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The protocol a request arrived in (gRPC when nothing says otherwise).
+    pub(crate) fn of(extensions: &http::Extensions) -> Protocol {
+        extensions.get::<Protocol>().copied().unwrap_or_default()
+    }
+}
+
 /// The instant after which nobody waits for the answer any more.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Deadline(pub Instant);

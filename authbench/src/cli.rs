@@ -41,12 +41,15 @@ pub struct Args {
     #[arg(long, visible_alias = "addr", default_value = "http://127.0.0.1:50051")]
     pub target: String,
 
-    /// The server's protocol: grpc (authd) or http (the report's service,
-    /// bench/report-service). Over http: login and register only, closed loop only,
+    /// The server's protocol: grpc (authd); json or grpc-web (authd's HTTP forms on
+    /// its gRPC port, over HTTP/1.1: the Connect protocol's unary JSON, gRPC-Web; set
+    /// up over gRPC; login, register and validate); or http (the report's service,
+    /// bench/report-service; login and register). Over HTTP/1.1: closed loop only,
     /// plaintext; each request in flight has a keep-alive connection of its own
     /// (HTTP/1.1 carries one request at a time), opened after the setup (-c 5000
     /// needs some 5,300 open files: the soft limit is raised up to the hard one, see
-    /// ulimit -n). Answers count as the gRPC codes their statuses stand for: 2xx OK,
+    /// ulimit -n). gRPC-Web answers carry their gRPC code; other HTTP answers count
+    /// as the gRPC codes their statuses stand for: 2xx OK,
     /// 400 and 422 INVALID_ARGUMENT, 401 UNAUTHENTICATED, 403 PERMISSION_DENIED, 404
     /// NOT_FOUND, 408 and 504 DEADLINE_EXCEEDED, 409 ALREADY_EXISTS, 429
     /// RESOURCE_EXHAUSTED, 501 UNIMPLEMENTED, 503 UNAVAILABLE, other 5xx INTERNAL,
@@ -217,12 +220,12 @@ impl Args {
         if self.threads == 0 {
             return Err("--threads must be at least 1".into());
         }
-        if self.protocol == Protocol::Http && self.connections.is_some() {
-            return Err(
-                "--connections does not apply to --protocol http: it opens one connection \
-                 per request in flight"
-                    .into(),
-            );
+        if self.protocol.over_http1() && self.connections.is_some() {
+            return Err(format!(
+                "--connections does not apply to --protocol {}: it opens one connection \
+                 per request in flight",
+                self.protocol
+            ));
         }
         let mut plan = Plan::new(target, self.scenario, load, stop);
         plan.protocol = self.protocol;
@@ -331,6 +334,15 @@ mod tests {
         assert_eq!(plan.warmup, Duration::ZERO);
         assert_eq!(plan.users, 100);
         assert_eq!(plan.protocol, Protocol::Grpc);
+    }
+
+    #[test]
+    fn authds_http_forms_take_validate_too() {
+        for (name, protocol) in [("json", Protocol::Json), ("grpc-web", Protocol::GrpcWeb)] {
+            let plan = parse(&["validate", "--protocol", name, "-c", "64"]).unwrap();
+            assert_eq!(plan.protocol, protocol);
+            assert_eq!(protocol.name(), name);
+        }
     }
 
     #[test]
@@ -446,6 +458,18 @@ mod tests {
             (
                 &["login", "--protocol", "http", "--target", "https://x:1"][..],
                 "plaintext",
+            ),
+            (
+                &["refresh", "--protocol", "json"][..],
+                "only the login, register and validate",
+            ),
+            (
+                &["validate", "--protocol", "grpc-web", "--rate", "5"][..],
+                "--rate",
+            ),
+            (
+                &["login", "--protocol", "json", "--connections", "4"][..],
+                "--connections does not apply to --protocol json",
             ),
         ] {
             let err = parse(args).unwrap_err();

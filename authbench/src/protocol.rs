@@ -1,4 +1,5 @@
-//! How authbench speaks to its target: gRPC (authd), or HTTP/1.1 with JSON bodies
+//! How authbench speaks to its target: gRPC (authd), authd's HTTP forms on its gRPC
+//! port (the Connect protocol's unary JSON, gRPC-Web), or HTTP/1.1 with JSON bodies
 //! (the report's service, the comparator kept in `bench/report-service/`).
 //!
 //! Only the choice lives here; the gRPC clients and the HTTP/1.1 connections are the
@@ -17,6 +18,12 @@ pub enum Protocol {
     /// HTTP/1.1 with JSON bodies: POST /register and POST /login taking
     /// {"username", "password"}, GET /health (the report's service).
     Http,
+    /// authd's JSON form over HTTP/1.1 (the Connect protocol's unary JSON): POST
+    /// /auth.v1.AuthService/Login and the like, the deadline in Connect-Timeout-Ms.
+    Json,
+    /// gRPC-Web over HTTP/1.1 (binary), the deadline in grpc-timeout.
+    #[serde(rename = "grpc-web")]
+    GrpcWeb,
 }
 
 impl Protocol {
@@ -24,7 +31,21 @@ impl Protocol {
         match self {
             Protocol::Grpc => "grpc",
             Protocol::Http => "http",
+            Protocol::Json => "json",
+            Protocol::GrpcWeb => "grpc-web",
         }
+    }
+
+    /// Whether the load travels over HTTP/1.1, a keep-alive connection per request
+    /// in flight.
+    pub fn over_http1(self) -> bool {
+        matches!(self, Protocol::Http | Protocol::Json | Protocol::GrpcWeb)
+    }
+
+    /// Whether the target is authd, waited for and set up over gRPC (whatever the
+    /// load then speaks).
+    pub fn is_authd(self) -> bool {
+        matches!(self, Protocol::Grpc | Protocol::Json | Protocol::GrpcWeb)
     }
 
     /// Whether this is gRPC (for serde's `skip_serializing_if`: the reports of gRPC

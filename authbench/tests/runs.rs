@@ -421,3 +421,57 @@ async fn forwarded_registrations_count_against_each_end_users_address() {
     let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
     assert!(json.get("forwarded_for").is_none(), "{json}");
 }
+
+#[tokio::test]
+async fn authds_http_forms_account_for_every_request() {
+    let app = spawn_app().await;
+    for protocol in [bench::Protocol::Json, bench::Protocol::GrpcWeb] {
+        for scenario in [Scenario::Register, Scenario::Login, Scenario::Validate] {
+            let mut plan = plan(
+                &app,
+                scenario,
+                Load::Closed { concurrency: 4 },
+                Stop::Requests(40),
+            );
+            plan.protocol = protocol;
+            let report = bench::run(&plan).await.expect("the run completes");
+            assert_accounted(&report, 40);
+            assert_eq!(
+                report.codes.get(Code::Ok),
+                40,
+                "{protocol} {scenario}: {}",
+                report.to_text()
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn refusals_over_authds_http_forms_are_counted_as_resource_exhausted() {
+    // As over gRPC: room for one request in flight, 20 registrations sent at once.
+    let app = spawn_app_with(|c| {
+        c.overload.max_in_flight = 1;
+        c.passwords.pbkdf2_iterations = 200_000;
+    })
+    .await;
+    for protocol in [bench::Protocol::Json, bench::Protocol::GrpcWeb] {
+        let mut plan = plan(
+            &app,
+            Scenario::Register,
+            Load::Closed { concurrency: 20 },
+            Stop::Requests(60),
+        );
+        plan.protocol = protocol;
+        let report = bench::run(&plan).await.expect("the run completes");
+        assert_accounted(&report, 60);
+        let refused = report.codes.get(Code::ResourceExhausted);
+        assert!(refused > 0, "{protocol}: {}", report.to_text());
+        assert_eq!(
+            refused + report.codes.get(Code::Ok),
+            60,
+            "{protocol}: {}",
+            report.to_text()
+        );
+        assert_eq!(report.client_errors.total(), 0, "{}", report.to_text());
+    }
+}

@@ -1,5 +1,6 @@
 //! The admin port (`AUTHD_ADMIN_LISTEN`, off by default): `auth.admin.v1`, health
-//! and its own reflection, on its own routes; stopped with the gRPC port.
+//! and its own reflection, on its own routes, with gRPC-Web and the admin API's JSON
+//! form in front of them (`crate::web`); stopped with the gRPC port.
 
 use super::{
     core::Core,
@@ -11,7 +12,9 @@ use crate::{
     handlers::admin::{AdminApi, AdminSettings},
     layers::trace,
     pb,
+    rpc::MAX_ADMIN_MESSAGE_BYTES,
     transport::{self, Limits, Listener, Protocol},
+    web,
 };
 use std::net::SocketAddr;
 use tokio::net::TcpListener;
@@ -49,6 +52,7 @@ impl AdminPort {
     pub(super) fn serve(
         self,
         core: &Core,
+        config: &Config,
         health: HealthService,
         tasks: &mut Supervisor,
     ) -> anyhow::Result<()> {
@@ -71,11 +75,16 @@ impl AdminPort {
             .add_service(reflection().build_v1alpha()?)
             .add_service(api.server());
         let service = tower::ServiceBuilder::new()
-            .map_request(|request: http::Request<hyper::body::Incoming>| {
-                request.map(tonic::body::Body::new)
-            })
             .layer(trace::layer(core.metrics.clone(), core.traces.clone()))
             .service(routes);
+        // gRPC-Web and the admin API's JSON form, translated to gRPC in front of the
+        // same layers and credentials.
+        let api = web::Api::new(
+            pb::admin::FILE_DESCRIPTOR_SET,
+            MAX_ADMIN_MESSAGE_BYTES,
+            config.overload.receive_timeout,
+        )?;
+        let service = web::front(service, web::not_found(), api, config.server.cors());
         let listener = Listener {
             name: "admin",
             socket: self.socket,

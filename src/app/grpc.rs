@@ -1,7 +1,8 @@
 //! The gRPC port (`AUTHD_LISTEN`): AuthService, Envoy's Check, Envoy's rate limit
 //! service when it has a rules file, health and reflection, behind the request
-//! path's layers; beside them, the standard HTTP endpoints (`oidc`), split off by
-//! path before the layers; stopped after the drain.
+//! path's layers, with gRPC-Web and AuthService's JSON form in front of them
+//! (`crate::web`), and the standard HTTP endpoints (`oidc`) as the port's plain-HTTP
+//! routes; stopped after the drain.
 
 use super::{
     core::Core,
@@ -16,9 +17,10 @@ use crate::{
     ratelimit,
     rpc::MAX_MESSAGE_BYTES,
     transport::{Listener, Protocol},
+    web,
 };
 use anyhow::Context as _;
-use std::{convert::Infallible, net::SocketAddr, sync::Arc};
+use std::{net::SocketAddr, sync::Arc};
 use tokio::net::TcpListener;
 use tonic::service::Routes;
 
@@ -82,9 +84,6 @@ impl GrpcPort {
             None => routes,
         };
         let service = tower::ServiceBuilder::new()
-            .map_request(|request: http::Request<hyper::body::Incoming>| {
-                request.map(tonic::body::Body::new)
-            })
             // Outermost: every request, refused or not, gets an id, a log line and metrics.
             .layer(trace::layer(core.metrics.clone(), core.traces.clone()))
             // A refusal with a retry hint, from any layer below, is held before its answer.
@@ -95,6 +94,13 @@ impl GrpcPort {
             .layer(rate_limit::layer(core.rate_limiter.clone()))
             .layer(admission::layer(core.admission.clone()))
             .service(routes);
+        // gRPC-Web and JSON calls are translated to gRPC in front of every layer;
+        // every other request goes to the standard endpoints (404 in JSON elsewhere).
+        let api = web::Api::new(
+            pb::FILE_DESCRIPTOR_SET,
+            MAX_MESSAGE_BYTES,
+            config.overload.receive_timeout,
+        )?;
         let standard = oidc::router(oidc::Endpoints {
             accounts: core.accounts.clone(),
             key_ring: core.key_ring.clone(),
@@ -102,7 +108,7 @@ impl GrpcPort {
             metrics: core.metrics.oidc.clone(),
             settings: self.standard,
         });
-        let service = split_standard(standard, service);
+        let service = web::front(service, web::routes(standard), api, config.server.cors());
         let listener = Listener {
             name: "grpc",
             socket: self.socket,
@@ -115,45 +121,6 @@ impl GrpcPort {
         tasks.spawn(Stage::Serving, "grpc", |stop| listener.serve(service, stop));
         Ok(())
     }
-}
-
-/// The standard endpoints' paths (`oidc::is_standard`) to `standard`, every other
-/// request to the gRPC stack, both answering with tonic's body.
-fn split_standard<G, B>(
-    standard: axum::Router,
-    grpc: G,
-) -> impl tower::Service<
-    http::Request<hyper::body::Incoming>,
-    Response = http::Response<tonic::body::Body>,
-    Error = Infallible,
-    Future: Send + 'static,
-> + Clone
-+ Send
-+ 'static
-where
-    G: tower::Service<
-            http::Request<hyper::body::Incoming>,
-            Response = http::Response<B>,
-            Error = Infallible,
-            Future: Send + 'static,
-        > + Clone
-        + Send
-        + 'static,
-    B: http_body::Body<Data = bytes::Bytes, Error: Into<tower::BoxError>> + Send + 'static,
-{
-    use tower::ServiceExt as _;
-    tower::service_fn(move |request: http::Request<hyper::body::Incoming>| {
-        let (standard, grpc) = (standard.clone(), grpc.clone());
-        async move {
-            if oidc::is_standard(request.uri().path()) {
-                let response = standard.oneshot(request).await?;
-                Ok(response.map(tonic::body::Body::new))
-            } else {
-                let response = grpc.oneshot(request).await?;
-                Ok(response.map(tonic::body::Body::new))
-            }
-        }
-    })
 }
 
 /// Reflection over every service the port serves, and the types their errors carry.

@@ -86,7 +86,7 @@ impl Ports {
             port.serve("forward-auth", Stage::Serving, limits, core, router, tasks);
         }
         if let Some(port) = self.admin {
-            port.serve(core, readiness.service(), tasks)?;
+            port.serve(core, config, readiness.service(), tasks)?;
         }
         self.grpc.serve(core, config, readiness.service(), tasks)
     }

@@ -105,13 +105,41 @@ pub struct ServerConfig {
           value_parser = positive_duration, global = true, display_order = 48)]
     pub health_interval: Duration,
 
+    /// Browser origins (comma-separated, exact: https://app.example.com:8443) whose pages
+    /// may call the gRPC and admin ports with gRPC-Web or JSON (CORS), with credentials;
+    /// empty allows none and sends no CORS headers.
+    #[arg(long, env = "AUTHD_CORS_ORIGINS", default_value = "", value_parser = cors_origins,
+          global = true, display_order = 110)]
+    pub cors_origins: CorsOrigins,
+
     /// On SIGTERM/SIGINT, how long requests in flight may take to finish.
     #[arg(long, env = "AUTHD_DRAIN_TIMEOUT", default_value = "20s",
           value_parser = positive_duration, global = true, display_order = 49)]
     pub drain_timeout: Duration,
 }
 
+/// The origins of `AUTHD_CORS_ORIGINS`, checked.
+#[derive(Debug, Clone, Default)]
+pub struct CorsOrigins(pub(crate) Vec<http::HeaderValue>);
+
+impl std::str::FromStr for CorsOrigins {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, String> {
+        crate::web::parse_origins(value).map(CorsOrigins)
+    }
+}
+
+fn cors_origins(value: &str) -> Result<CorsOrigins, String> {
+    value.parse()
+}
+
 impl ServerConfig {
+    /// The CORS policy of the gRPC and admin ports.
+    pub(crate) fn cors(&self) -> crate::web::Cors {
+        crate::web::Cors::new(self.cors_origins.0.clone())
+    }
+
     /// Connections per client, resolving the default.
     pub fn max_connections_per_client(&self) -> u32 {
         self.max_connections_per_client

@@ -15,7 +15,7 @@ use std::{path::PathBuf, time::Duration};
 #[derive(Debug, Clone, Args)]
 pub struct TlsConfig {
     /// PEM file of the gRPC port's certificate, then its intermediates: with --tls-key the
-    /// port speaks only TLS (HTTP/2 over TLS 1.2 or 1.3, ALPN h2) [default: none;
+    /// port speaks only TLS (TLS 1.2 or 1.3; ALPN h2, then http/1.1) [default: none;
     /// plaintext]. Re-read when it changes (see --tls-reload). Given before any subcommand.
     #[arg(long, env = "AUTHD_TLS_CERT", requires = "tls_key", display_order = 31)]
     pub tls_cert: Option<PathBuf>,

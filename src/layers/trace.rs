@@ -6,7 +6,8 @@
 //!   the request's extensions ([`RequestId`], for the handlers' own logs) and sent
 //!   back in the response's `x-request-id`, which HPACK sends unindexed like the
 //!   other values that differ in every answer (see `never_indexed`).
-//! - The event carries the method, the peer, the gRPC code, the latency, the request
+//! - The event carries the method, the protocol the request arrived in (`grpc`,
+//!   `grpc-web` or `json`: `rpc::Protocol`, which also labels the metrics), the peer, the gRPC code, the latency, the request
 //!   id, under mutual TLS the client certificate's identity (`client`), the end user
 //!   a trusted caller forwarded when it is not the peer (`forwarded_for`, the client
 //!   every per-client bound counts) and, when a handler put a [`UserId`] in the
@@ -29,7 +30,7 @@ use crate::{
     metrics::{CODE_NAMES, Metrics},
     middleware::{BoxFuture, Middleware, MiddlewareLayer, Request, Response},
     otel::{self, Traces},
-    rpc::{self, AuthzDecision, ClientIdentity, RequestId, Rpc, UserId},
+    rpc::{self, AuthzDecision, ClientIdentity, Protocol, RequestId, Rpc, UserId},
 };
 use http::HeaderValue;
 use opentelemetry::{
@@ -83,6 +84,7 @@ impl Middleware for Trace {
         let started = Instant::now();
         let path = req.uri().path();
         let rpc = Rpc::of_path(path);
+        let protocol = Protocol::of(req.extensions());
         let unknown_path = (rpc == Rpc::Unknown).then(|| truncated(path).to_owned());
         let request_id = request_id(req.headers());
         let peer = req
@@ -114,6 +116,7 @@ impl Middleware for Trace {
         );
         pending.trace_id = trace_id;
         pending.forwarded_for = forwarded_for;
+        pending.protocol = protocol;
         let response = match &span {
             // The layers below and the handler run inside the span's context.
             Some(cx) => {
@@ -175,6 +178,8 @@ impl<F: Future> Future for InContext<F> {
 struct Pending {
     metrics: Arc<Metrics>,
     rpc: Rpc,
+    /// The protocol it arrived in (gRPC, or translated from gRPC-Web or JSON).
+    protocol: Protocol,
     request_id: HeaderValue,
     peer: Option<SocketAddr>,
     /// The client certificate's identity, under mutual TLS.
@@ -206,6 +211,7 @@ impl Pending {
         Self {
             metrics,
             rpc,
+            protocol: Protocol::Grpc,
             request_id,
             peer,
             client,
@@ -225,12 +231,15 @@ impl Pending {
         }
         let elapsed = self.started.elapsed();
         self.metrics.grpc.in_flight.dec();
-        self.metrics.grpc.record(self.rpc, code, elapsed);
+        self.metrics
+            .grpc
+            .record(self.protocol, self.rpc, code, elapsed);
         if let Some(cx) = self.span.take() {
             otel::end_server_span(&cx, code, CODE_NAMES[code]);
         }
 
         let rpc = self.rpc;
+        let protocol = self.protocol.label();
         let request_id = self.request_id.to_str().unwrap_or_default();
         let latency_ms = elapsed.as_secs_f64() * 1e3;
         let code = CODE_NAMES[code];
@@ -247,6 +256,7 @@ impl Pending {
                 request_id,
                 service = rpc.service(),
                 method = rpc.method(),
+                protocol,
                 peer,
                 client,
                 forwarded_for,
@@ -260,6 +270,7 @@ impl Pending {
                 request_id,
                 service = rpc.service(),
                 method = rpc.method(),
+                protocol,
                 path,
                 peer,
                 client,
@@ -497,10 +508,10 @@ mod tests {
             .unwrap();
         let text = metrics.render();
         for line in [
-            r#"authd_grpc_requests_total{code="UNAUTHENTICATED",method="Login",service="auth.v1.AuthService"} 1"#,
-            r#"authd_grpc_requests_total{code="UNKNOWN",method="Login",service="auth.v1.AuthService"} 1"#,
-            r#"authd_grpc_requests_total{code="OK",method="Check",service="grpc.health.v1.Health"} 1"#,
-            r#"authd_grpc_requests_total{code="OK",method="unknown",service="unknown"} 1"#,
+            r#"authd_grpc_requests_total{code="UNAUTHENTICATED",method="Login",protocol="grpc",service="auth.v1.AuthService"} 1"#,
+            r#"authd_grpc_requests_total{code="UNKNOWN",method="Login",protocol="grpc",service="auth.v1.AuthService"} 1"#,
+            r#"authd_grpc_requests_total{code="OK",method="Check",protocol="grpc",service="grpc.health.v1.Health"} 1"#,
+            r#"authd_grpc_requests_total{code="OK",method="unknown",protocol="grpc",service="unknown"} 1"#,
             "authd_grpc_requests_in_flight 0",
         ] {
             assert!(text.contains(line), "{line} missing in:\n{text}");
@@ -519,7 +530,7 @@ mod tests {
         drop(future);
         let text = metrics.render();
         assert!(text.contains(
-            r#"authd_grpc_requests_total{code="CANCELLED",method="Register",service="auth.v1.AuthService"} 1"#
+            r#"authd_grpc_requests_total{code="CANCELLED",method="Register",protocol="grpc",service="auth.v1.AuthService"} 1"#
         ), "{text}");
         assert!(text.contains("authd_grpc_requests_in_flight 0"));
     }

@@ -274,16 +274,17 @@ pub(crate) fn router(metrics: Arc<Metrics>) -> axum::Router {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rpc::Rpc;
+    use crate::rpc::{Protocol, Rpc};
     use std::time::Duration;
 
     #[test]
     fn every_metric_has_help_and_renders() {
         let m = Metrics::new();
-        m.grpc.record(Rpc::Login, 16, Duration::from_millis(3));
+        m.grpc
+            .record(Protocol::Json, Rpc::Login, 16, Duration::from_millis(3));
         let text = m.render();
         assert!(text.contains(
-            "authd_grpc_requests_total{code=\"UNAUTHENTICATED\",method=\"Login\",service=\"auth.v1.AuthService\"} 1"
+            "authd_grpc_requests_total{code=\"UNAUTHENTICATED\",method=\"Login\",protocol=\"json\",service=\"auth.v1.AuthService\"} 1"
         ), "{text}");
         for family in m.registry.gather() {
             assert!(!family.help().is_empty(), "{} has no help", family.name());

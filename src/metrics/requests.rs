@@ -1,5 +1,6 @@
 //! The request metrics: gRPC requests as the outermost layer (`layers::trace`)
-//! sees them, by service, method and status code, and the spans the OpenTelemetry
+//! sees them, by service, method, status code and the protocol they arrived in
+//! (gRPC, gRPC-Web or JSON, all translated to gRPC before the layers), and the spans the OpenTelemetry
 //! exporter (`otel`) sends or gives up.
 //!
 //! Every (RPC, code) series is resolved here once, when the registry is built; the
@@ -7,9 +8,9 @@
 //! any layer: it only hands out handles.
 
 use super::Families;
-use crate::rpc::Rpc;
-use prometheus::{Histogram, IntCounter, IntGauge};
-use std::time::Duration;
+use crate::rpc::{Protocol, Rpc};
+use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge};
+use std::{sync::OnceLock, time::Duration};
 
 /// Whole requests: 50 µs (a health check or a token validation answers in about
 /// 100 µs) to 30 s.
@@ -39,55 +40,90 @@ pub(crate) const CODE_NAMES: [&str; 17] = [
     "UNAUTHENTICATED",
 ];
 
+/// The handles of one (protocol, RPC, code) series.
+type Series = (IntCounter, Histogram);
+
 /// Requests, as the outermost layer sees them.
 pub(crate) struct GrpcMetrics {
     pub in_flight: IntGauge,
-    /// The handles of every (RPC, code) pair, resolved when the registry is built:
-    /// every series exists at 0 from the start, so the first request of each pair is
-    /// an increase a `rate()` sees (a series born at 1 is not).
-    resolved: [[(IntCounter, Histogram); CODE_NAMES.len()]; Rpc::ALL.len()],
+    requests: IntCounterVec,
+    duration: HistogramVec,
+    /// The handles of every (RPC, code) pair of gRPC calls, resolved when the
+    /// registry is built: every series exists at 0 from the start, so the first
+    /// request of each pair is an increase a `rate()` sees (a series born at 1 is not).
+    resolved: [[Series; CODE_NAMES.len()]; Rpc::ALL.len()],
+    /// The series of calls translated from gRPC-Web and JSON, resolved at their first
+    /// request: resolved up front they would triple every scrape (each histogram is
+    /// 20 lines) for ports that only ever see gRPC.
+    translated: [[[OnceLock<Series>; CODE_NAMES.len()]; Rpc::ALL.len()]; 2],
 }
 
 impl GrpcMetrics {
     pub(super) fn new(f: &Families) -> Self {
         let requests = f.counter_vec(
             "authd_grpc_requests_total",
-            "gRPC requests answered, by service, method and status code.",
-            &["service", "method", "code"],
+            "gRPC requests answered, by service, method, status code and protocol (grpc, \
+             grpc-web or json).",
+            &["service", "method", "code", "protocol"],
         );
         let duration = f.histogram_vec(
             "authd_grpc_request_duration_seconds",
             "Time from a request's arrival to its response headers (the whole unary call), \
-             by service, method and status code.",
+             by service, method, status code and protocol.",
             REQUEST_BUCKETS,
-            &["service", "method", "code"],
+            &["service", "method", "code", "protocol"],
         );
         let in_flight = f.gauge(
             "authd_grpc_requests_in_flight",
             "gRPC requests being handled now (every service).",
         );
         let resolved = std::array::from_fn(|rpc| {
-            let rpc = Rpc::ALL[rpc];
             std::array::from_fn(|code| {
-                let labels = [rpc.service(), rpc.method(), CODE_NAMES[code]];
-                (
-                    requests.with_label_values(&labels),
-                    duration.with_label_values(&labels),
-                )
+                series(&requests, &duration, Protocol::Grpc, Rpc::ALL[rpc], code)
             })
+        });
+        let translated = std::array::from_fn(|_| {
+            std::array::from_fn(|_| std::array::from_fn(|_| OnceLock::new()))
         });
         Self {
             in_flight,
+            requests,
+            duration,
             resolved,
+            translated,
         }
     }
 
     /// Counts a finished request. `code` is a gRPC status code (0..=16).
-    pub fn record(&self, rpc: Rpc, code: usize, elapsed: Duration) {
-        let (count, latency) = &self.resolved[rpc.index()][code];
+    pub fn record(&self, protocol: Protocol, rpc: Rpc, code: usize, elapsed: Duration) {
+        let (count, latency) = match protocol {
+            Protocol::Grpc => &self.resolved[rpc.index()][code],
+            translated => self.translated[translated.index() - 1][rpc.index()][code]
+                .get_or_init(|| series(&self.requests, &self.duration, protocol, rpc, code)),
+        };
         count.inc();
         latency.observe(elapsed.as_secs_f64());
     }
+}
+
+/// The handles of one series.
+fn series(
+    requests: &IntCounterVec,
+    duration: &HistogramVec,
+    protocol: Protocol,
+    rpc: Rpc,
+    code: usize,
+) -> Series {
+    let labels = [
+        rpc.service(),
+        rpc.method(),
+        CODE_NAMES[code],
+        protocol.label(),
+    ];
+    (
+        requests.with_label_values(&labels),
+        duration.with_label_values(&labels),
+    )
 }
 
 /// Spans of the OpenTelemetry exporter (see `otel`).

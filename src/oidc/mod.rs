@@ -15,8 +15,8 @@
 //! `Cache-Control: no-store`. Tokens are checked exactly as ValidateToken checks
 //! them (`Accounts::validate`), and never logged. Introspection and revocation go
 //! through the rate limiter under the method names [`INTROSPECT`] and [`REVOKE`].
-//! This module sees no gRPC: the port's listener sends it the paths under
-//! [`is_standard`] (see `app::grpc`).
+//! This module sees no gRPC: the port's front (`web`) sends it every request that
+//! is no RPC, as its plain-HTTP routes (see `app::grpc`).
 //!
 //! # Layout
 //!
@@ -52,12 +52,6 @@ pub const MAX_FORM_BYTES: usize = 8 * 1024;
 pub const INTROSPECT: &str = crate::rpc::STANDARD_METHODS[0];
 /// The method name rate-limit rules give revocation (`Revoke:peer=…`).
 pub const REVOKE: &str = crate::rpc::STANDARD_METHODS[1];
-
-/// Whether `path` is one of the standard endpoints' (the port's listener sends
-/// these here, everything else to gRPC).
-pub(crate) fn is_standard(path: &str) -> bool {
-    path.starts_with("/.well-known/") || path.starts_with("/oauth2/")
-}
 
 /// What the configuration gives the standard endpoints.
 #[derive(Debug, Default)]

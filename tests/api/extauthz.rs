@@ -187,7 +187,7 @@ async fn a_valid_token_passes_with_the_identity_headers_and_no_forged_ones(db: T
     let metrics = app.handle.render_metrics();
     let series = r#"authd_authz_decisions_total{api="grpc",outcome="allow",reason="valid"}"#;
     assert_eq!(metric(&metrics, series), Some(2.0), "{metrics}");
-    let series = r#"authd_grpc_requests_total{code="OK",method="Check",service="envoy.service.auth.v3.Authorization"}"#;
+    let series = r#"authd_grpc_requests_total{code="OK",method="Check",protocol="grpc",service="envoy.service.auth.v3.Authorization"}"#;
     assert_eq!(metric(&metrics, series), Some(2.0), "{metrics}");
 }
 

@@ -54,7 +54,7 @@ async fn a_malformed_message_is_an_invalid_argument_with_a_generic_message() {
     let metrics = app.handle.render_metrics();
     for method in ["Login", "Register"] {
         let line = format!(
-            r#"authd_grpc_requests_total{{code="INVALID_ARGUMENT",method="{method}",service="auth.v1.AuthService"}} 1"#
+            r#"authd_grpc_requests_total{{code="INVALID_ARGUMENT",method="{method}",protocol="grpc",service="auth.v1.AuthService"}} 1"#
         );
         assert!(metrics.contains(&line), "{line} missing in:\n{metrics}");
     }

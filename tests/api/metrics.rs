@@ -98,6 +98,7 @@ async fn a_fresh_server_exports_every_request_series_at_zero() {
                 ("service", service.as_str()),
                 ("method", method.as_str()),
                 ("code", code),
+                GRPC,
             ];
             assert_eq!(m.value("authd_grpc_requests_total", &labels), 0.0);
             assert_eq!(
@@ -106,6 +107,8 @@ async fn a_fresh_server_exports_every_request_series_at_zero() {
             );
         }
     }
+    // gRPC's: the series of calls translated from gRPC-Web and JSON come with their
+    // first request.
     assert_eq!(
         m.matching("authd_grpc_requests_total", &[]).count(),
         methods.len() * CODES.len(),
@@ -115,7 +118,7 @@ async fn a_fresh_server_exports_every_request_series_at_zero() {
     let Value::Histogram(buckets) = &m
         .matching(
             "authd_grpc_request_duration_seconds",
-            &[AUTH, ("method", "ValidateToken"), ("code", "OK")],
+            &[AUTH, ("method", "ValidateToken"), ("code", "OK"), GRPC],
         )
         .next()
         .unwrap()
@@ -245,6 +248,8 @@ fn token_for(user_id: &str, username: &str) -> String {
 }
 
 const AUTH: (&str, &str) = ("service", "auth.v1.AuthService");
+/// The protocol label of a request made over gRPC itself.
+const GRPC: (&str, &str) = ("protocol", "grpc");
 
 async fn a_known_sequence_of_calls_gives_exact_counts(db: TestDb) {
     let backend = match db.url {
@@ -270,7 +275,7 @@ async fn a_known_sequence_of_calls_gives_exact_counts(db: TestDb) {
         ("Login", "UNAUTHENTICATED", 1.0),
         ("ValidateToken", "OK", 1.0),
     ] {
-        let labels = [AUTH, ("method", method), ("code", code)];
+        let labels = [AUTH, ("method", method), ("code", code), GRPC];
         assert_eq!(m.value(requests, &labels), n, "{method} {code}");
         // The latency histogram counts the same requests.
         assert_eq!(m.histogram_count(durations, &labels), n, "{method} {code}");
@@ -378,7 +383,7 @@ async fn rate_limit_decisions_and_refusals_are_counted() {
     assert_eq!(
         m.value(
             "authd_grpc_requests_total",
-            &[login[0], login[1], ("code", "RESOURCE_EXHAUSTED")]
+            &[login[0], login[1], ("code", "RESOURCE_EXHAUSTED"), GRPC]
         ),
         1.0
     );
@@ -510,7 +515,7 @@ async fn a_login_is_logged_once_with_its_user_and_no_secret() {
     // The binary's own endpoint counts this process's requests.
     let m = scrape(running.metrics_addr.parse().unwrap()).await;
     for (code, n) in [("OK", 1.0), ("UNAUTHENTICATED", 1.0)] {
-        let labels = [AUTH, ("method", "Login"), ("code", code)];
+        let labels = [AUTH, ("method", "Login"), ("code", code), GRPC];
         assert_eq!(m.value("authd_grpc_requests_total", &labels), n);
     }
     assert_eq!(m.value("authd_tokens_issued_total", &[]), 1.0);

@@ -610,7 +610,7 @@ async fn fail_closed_refuses_with_unavailable_while_redis_is_down_and_recovers()
         &app,
         &[
             r#"authd_ratelimit_decisions_total{outcome="unavailable",rule="Login:global=100/1m"} 2"#,
-            r#"authd_grpc_requests_total{code="UNAVAILABLE",method="Login",service="auth.v1.AuthService"} 2"#,
+            r#"authd_grpc_requests_total{code="UNAVAILABLE",method="Login",protocol="grpc",service="auth.v1.AuthService"} 2"#,
             "authd_ratelimit_fallback_active 1",
         ],
     );

@@ -5,6 +5,8 @@
 //! - `grpcurl …` (from AUTHD_TEST_GRPCURL or the PATH, as in `grpcurl.rs`; skipped
 //!   without it) with `localhost:50051` and `localhost:50052` standing for the
 //!   server's gRPC and health-only ports;
+//! - `curl …` (authd's JSON form, on the gRPC port; from the PATH, skipped without
+//!   it), its answer matched as grpcurl's is;
 //! - `target/release/authd health …` (this build's binary), its health port the
 //!   server's.
 //!
@@ -15,7 +17,7 @@
 //! match line by line, where a line `…` stands for any number of lines and a `…`
 //! within a line for any text. A failed command's transcript starts with grpcurl's
 //! `ERROR:`. A request that quotes an earlier answer abbreviated (`"eyJhbGciOi…"`)
-//! is sent the whole value.
+//! is sent the whole value (of the latest answer that gave one).
 
 use crate::grpcurl::grpcurl_or_skip;
 use crate::helpers::{authd_command, spawn_app_with};
@@ -241,7 +243,8 @@ impl Seen {
             match value {
                 Value::String(s) if s.ends_with('…') => {
                     let prefix = s.trim_end_matches('…');
-                    let whole = (seen.strings.iter())
+                    // The latest answer that gave such a value.
+                    let whole = (seen.strings.iter().rev())
                         .find(|seen| seen.starts_with(prefix))
                         .unwrap_or_else(|| panic!("no answer before gave a value {s:?}"));
                     *s = whole.clone();
@@ -285,6 +288,20 @@ fn run(step: &Step, grpcurl: &Path, dir: &Path, ports: &Ports, seen: &mut Seen) 
             while let Some(arg) = args.next() {
                 command.arg(ports.put(arg));
                 if arg == "-d" {
+                    let data = args.next().expect("-d takes the request");
+                    command.arg(seen.complete(data));
+                }
+            }
+            command
+        }
+        // authd's JSON form, over HTTP/1.1 on the gRPC port.
+        "curl" => {
+            let mut command = Command::new("curl");
+            command.args(["--max-time", "30"]);
+            let mut args = args.iter();
+            while let Some(arg) = args.next() {
+                command.arg(ports.put(arg));
+                if arg == "-d" || arg == "--data" {
                     let data = args.next().expect("-d takes the request");
                     command.arg(seen.complete(data));
                 }
@@ -353,6 +370,13 @@ async fn the_readme_transcripts_are_what_authd_prints() {
     let Some(grpcurl) = grpcurl_or_skip("the_readme_transcripts_are_what_authd_prints") else {
         return;
     };
+    if Command::new("curl").arg("--version").output().is_err() {
+        crate::helpers::skipped(
+            "the_readme_transcripts_are_what_authd_prints",
+            "curl is not installed",
+        );
+        return;
+    }
     let app = spawn_app_with(|_| {}).await;
     let ports = Ports {
         grpc: app.addr,

@@ -931,3 +931,35 @@ async fn the_admin_port_takes_the_client_certificates_of_its_allow_list() {
     assert_eq!(refused.code(), Code::Unauthenticated);
     app.stop().await;
 }
+
+#[tokio::test]
+async fn json_and_grpc_web_over_tls_with_http1_and_http2() {
+    use crate::http_json::{Version, send_with};
+    use http_body_util::Full;
+    use tokio_rustls::rustls::{self, pki_types::CertificateDer, pki_types::pem::PemObject};
+    let ca = Ca::new("server-ca");
+    let files = Files::new(&ca.server(2040), None);
+    let app = spawn_tls(&files, false, |_| {}).await;
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca.pem().as_bytes()).unwrap())
+        .unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let config = std::sync::Arc::new(config);
+    for (version, name) in [(Version::H1, "tlsjsonone"), (Version::H2, "tlsjsontwo")] {
+        let body = serde_json::json!({ "username": name, "password": "correct horse battery" });
+        let request = http::Request::post("https://localhost/auth.v1.AuthService/Register")
+            .header("content-type", "application/json")
+            .body(Full::new(bytes::Bytes::from(body.to_string())))
+            .unwrap();
+        let reply = send_with(app.addr, version, Some(config.clone()), request).await;
+        assert_eq!(reply.status, 200, "{version:?}: {reply:?}");
+        assert!(reply.json()["userId"].as_str().is_some());
+    }
+    app.stop().await;
+}

@@ -422,6 +422,8 @@ impl Report {
         let over = match self.protocol {
             Protocol::Grpc => "",
             Protocol::Http => " over HTTP/1.1",
+            Protocol::Json => " over HTTP/1.1 with JSON (Connect)",
+            Protocol::GrpcWeb => " over HTTP/1.1 with gRPC-Web",
         };
         let _ = writeln!(out, "authbench: {scenario} against {}{over}", self.target);
         let _ = writeln!(
@@ -511,7 +513,7 @@ impl Report {
         if let Some(e) = &self.first_client_error {
             let _ = writeln!(out, "first client error: {e}");
         }
-        if self.protocol == Protocol::Http {
+        if matches!(self.protocol, Protocol::Http | Protocol::Json) {
             let _ = writeln!(
                 out,
                 "(HTTP statuses counted as the gRPC codes they stand for: 2xx OK, \

@@ -1,5 +1,6 @@
-//! HTTP/1.1 with JSON bodies (`--protocol http`): the connections that load the
-//! report's service, and the wait until its `GET /health` answers.
+//! HTTP/1.1 (`--protocol http`, `json`, `grpc-web`): the connections that load the
+//! report's service or authd's HTTP forms, and the wait until the report's service's
+//! `GET /health` answers.
 //!
 //! HTTP/1.1 carries one request at a time on a connection, so a closed loop of N
 //! requests in flight holds N keep-alive connections: each worker owns a
@@ -114,14 +115,61 @@ impl Drop for Open {
     }
 }
 
-/// The headers of a request beside `Host` and `Content-Type`.
+/// The headers of a request beside `Host`.
 #[derive(Default)]
 struct Headers<'a> {
+    /// `application/json` when there is a body and no other type is given.
+    content_type: Option<&'static str>,
     authorization: Option<HeaderValue>,
-    /// The body is a form (else JSON).
-    form: bool,
     /// `--forwarded-for`: the end user's address, prepared before the load.
     forwarded: Option<&'a HeaderValue>,
+    /// The protocol's own: its version, the deadline.
+    extra: Vec<(HeaderName, HeaderValue)>,
+}
+
+/// How a request to authd's HTTP forms is sent: its content type and the headers
+/// that carry its deadline.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Form {
+    /// The Connect protocol's unary JSON.
+    Connect,
+    /// gRPC-Web, binary.
+    GrpcWeb,
+}
+
+impl Form {
+    fn headers(self, timeout: Duration) -> (&'static str, Vec<(HeaderName, HeaderValue)>) {
+        let millis = timeout.as_millis().max(1);
+        match self {
+            Form::Connect => (
+                "application/json",
+                vec![
+                    (
+                        HeaderName::from_static("connect-protocol-version"),
+                        HeaderValue::from_static("1"),
+                    ),
+                    (
+                        HeaderName::from_static("connect-timeout-ms"),
+                        HeaderValue::from(u64::try_from(millis).unwrap_or(u64::MAX)),
+                    ),
+                ],
+            ),
+            Form::GrpcWeb => (
+                "application/grpc-web+proto",
+                vec![
+                    (
+                        HeaderName::from_static("x-grpc-web"),
+                        HeaderValue::from_static("1"),
+                    ),
+                    (
+                        HeaderName::from_static("grpc-timeout"),
+                        HeaderValue::try_from(format!("{}m", millis.min(99_999_999)))
+                            .expect("digits and a unit"),
+                    ),
+                ],
+            ),
+        }
+    }
 }
 
 /// `X-Forwarded-For` (the header's name is case-insensitive: sent lowercase, as
@@ -134,6 +182,9 @@ pub(super) struct Answer {
     pub(super) status: StatusCode,
     /// `Retry-After` in seconds, when it has that form.
     pub(super) retry_after: Option<Duration>,
+    /// A gRPC-Web answer's gRPC code: from its headers (an answer with no message)
+    /// or from the trailers frame at the end of its body.
+    pub(super) grpc_status: Option<tonic::Code>,
 }
 
 /// One keep-alive connection, opened again whenever it is needed and closed.
@@ -162,9 +213,27 @@ impl Connection {
         forwarded: Option<&HeaderValue>,
     ) -> anyhow::Result<Answer> {
         let headers = Headers {
-            authorization: None,
-            form: false,
             forwarded,
+            ..Headers::default()
+        };
+        self.send(Method::POST, path, body, headers).await
+    }
+
+    /// `POST path` in authd's HTTP form `form`, with its deadline `timeout`.
+    pub(super) async fn post_as(
+        &mut self,
+        form: Form,
+        path: &'static str,
+        body: Bytes,
+        timeout: Duration,
+        forwarded: Option<&HeaderValue>,
+    ) -> anyhow::Result<Answer> {
+        let (content_type, extra) = form.headers(timeout);
+        let headers = Headers {
+            content_type: Some(content_type),
+            forwarded,
+            extra,
+            ..Headers::default()
         };
         self.send(Method::POST, path, body, headers).await
     }
@@ -180,8 +249,8 @@ impl Connection {
         let authorization = HeaderValue::try_from(format!("Bearer {token}"))?;
         let headers = Headers {
             authorization: Some(authorization),
-            form: false,
             forwarded,
+            ..Headers::default()
         };
         self.send(Method::GET, path, Bytes::new(), headers).await
     }
@@ -200,9 +269,10 @@ impl Connection {
             .append_pair("token", token)
             .finish();
         let headers = Headers {
+            content_type: Some("application/x-www-form-urlencoded"),
             authorization: Some(client.clone()),
-            form: true,
             forwarded,
+            ..Headers::default()
         };
         self.send(Method::POST, path, Bytes::from(body), headers)
             .await
@@ -246,10 +316,13 @@ impl Connection {
             .method(method)
             .uri(path)
             .header(header::HOST, &self.target.host);
-        if headers.form {
-            request = request.header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
+        if let Some(content_type) = headers.content_type {
+            request = request.header(header::CONTENT_TYPE, content_type);
         } else if !body.is_empty() {
             request = request.header(header::CONTENT_TYPE, "application/json");
+        }
+        for (name, value) in headers.extra {
+            request = request.header(name, value);
         }
         if let Some(authorization) = headers.authorization {
             request = request.header(header::AUTHORIZATION, authorization);
@@ -266,10 +339,23 @@ impl Connection {
             .and_then(|value| value.to_str().ok())
             .and_then(|value| value.trim().parse::<u64>().ok())
             .map(Duration::from_secs);
-        response.into_body().collect().await?;
+        let grpc_web = response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc-web"));
+        let in_headers = response.headers().get("grpc-status").map(grpc_code);
+        let body = response.into_body().collect().await?.to_bytes();
+        let grpc_status = match (grpc_web, in_headers) {
+            (false, _) => None,
+            (true, Some(code)) => Some(code),
+            (true, None) => Some(trailers_status(&body).ok_or_else(|| {
+                anyhow!("a gRPC-Web answer with no grpc-status in its headers or trailers")
+            })?),
+        };
         Ok(Answer {
             status,
             retry_after,
+            grpc_status,
         })
     }
 
@@ -277,6 +363,55 @@ impl Connection {
     pub(super) fn reset(&mut self) {
         self.open = None;
     }
+}
+
+/// The gRPC code of a `grpc-status` value (UNKNOWN when it is not one).
+fn grpc_code(value: &HeaderValue) -> tonic::Code {
+    value
+        .to_str()
+        .ok()
+        .and_then(|v| v.trim().parse::<i32>().ok())
+        .map_or(tonic::Code::Unknown, tonic::Code::from)
+}
+
+/// The `grpc-status` of the trailers frame of a gRPC-Web body: frames are a flag
+/// byte (0x80: trailers), a 4-byte length and that many bytes; trailers are
+/// `name: value` lines.
+fn trailers_status(mut body: &[u8]) -> Option<tonic::Code> {
+    while body.len() >= 5 {
+        let flag = body[0];
+        let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
+        let frame = body.get(5..5 + len)?;
+        if flag & 0x80 != 0 {
+            let text = std::str::from_utf8(frame).ok()?;
+            return text.split("\r\n").find_map(|line| {
+                let (name, value) = line.split_once(':')?;
+                name.trim()
+                    .eq_ignore_ascii_case("grpc-status")
+                    .then(|| HeaderValue::from_str(value.trim()).ok())
+                    .flatten()
+                    .map(|v| grpc_code(&v))
+            });
+        }
+        body = &body[5 + len..];
+    }
+    None
+}
+
+/// A protobuf message in a gRPC(-Web) frame: no compression flag, its length, it.
+pub(super) fn grpc_frame(message: &impl prost::Message) -> Bytes {
+    let len = message.encoded_len();
+    let mut framed = Vec::with_capacity(5 + len);
+    framed.push(0);
+    framed.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes());
+    message.encode(&mut framed).expect("a Vec grows as needed");
+    Bytes::from(framed)
+}
+
+/// The JSON body of a token validation (proto3's JSON names, as authd's JSON form
+/// reads them).
+pub(super) fn access_token(token: &str) -> Bytes {
+    Bytes::from(serde_json::json!({ "accessToken": token }).to_string())
 }
 
 /// The JSON body of a registration or a login of `username`.
@@ -435,6 +570,35 @@ fn out_of_files(error: &anyhow::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_grpc_web_status_is_read_from_the_trailers_frame() {
+        let mut body = grpc_frame(&prost_types::Duration::default()).to_vec();
+        let trailers = b"grpc-status:16\r\ngrpc-message:nope\r\n";
+        body.push(0x80);
+        body.extend_from_slice(&(trailers.len() as u32).to_be_bytes());
+        body.extend_from_slice(trailers);
+        assert_eq!(trailers_status(&body), Some(tonic::Code::Unauthenticated));
+        assert_eq!(trailers_status(&body[..3]), None);
+        let ok = [&[0x80, 0, 0, 0, 14][..], b"grpc-status: 0"].concat();
+        assert_eq!(trailers_status(&ok), Some(tonic::Code::Ok));
+    }
+
+    #[test]
+    fn deadlines_travel_in_each_form() {
+        let (json, headers) = Form::Connect.headers(Duration::from_secs(10));
+        assert_eq!(json, "application/json");
+        assert!(headers.contains(&(
+            HeaderName::from_static("connect-timeout-ms"),
+            HeaderValue::from_static("10000")
+        )));
+        let (web, headers) = Form::GrpcWeb.headers(Duration::from_millis(1500));
+        assert_eq!(web, "application/grpc-web+proto");
+        assert!(headers.contains(&(
+            HeaderName::from_static("grpc-timeout"),
+            HeaderValue::from_static("1500m")
+        )));
+    }
 
     #[test]
     fn credentials_are_json() {

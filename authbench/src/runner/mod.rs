@@ -100,6 +100,19 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
             };
             (grpc, fixtures, forward_auth)
         }
+        // authd's HTTP forms: waited for and set up over gRPC, loaded over HTTP/1.1.
+        Protocol::Json | Protocol::GrpcWeb => {
+            let Load::Closed { concurrency } = plan.load else {
+                unreachable!("Plan::check refuses an open loop over HTTP");
+            };
+            let channels = connect(plan).await?;
+            wait_until_serving(plan, &channels[0]).await?;
+            let fixtures = prepare(plan, &mix, Via::Grpc(&channels), &progress).await?;
+            let target = http::Target::resolve(plan).await?;
+            progress.phase(format!("opening {concurrency} HTTP/1.1 connections"));
+            let connections = http::open_connections(&target, concurrency).await?;
+            (Vec::new(), fixtures, connections)
+        }
         Protocol::Http => {
             let Load::Closed { concurrency } = plan.load else {
                 unreachable!("Plan::check refuses an open loop over HTTP");
@@ -133,6 +146,7 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
             .collect(),
         counters: Arc::new(Counters::default()),
         backoff: plan.backoff,
+        protocol: plan.protocol,
         descriptors: plan.descriptors.clone(),
         keys: plan.keys,
         introspection: plan
@@ -164,7 +178,9 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
                 Protocol::Grpc => (0..concurrency)
                     .map(|i| Client::Grpc(shared.grpc[i % shared.grpc.len()].clone()))
                     .collect(),
-                Protocol::Http => http_connections.into_iter().map(Client::Http).collect(),
+                Protocol::Http | Protocol::Json | Protocol::GrpcWeb => {
+                    http_connections.into_iter().map(Client::Http).collect()
+                }
             };
             let clock = Arc::new(Clock::new(warm_end, plan.stop, clients.len()));
             closed_loop(&shared, &clock, clients).await?;
@@ -192,7 +208,7 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
         },
         protocol: plan.protocol,
         connections: match (plan.protocol, plan.load) {
-            (Protocol::Http, Load::Closed { concurrency }) => concurrency,
+            (protocol, Load::Closed { concurrency }) if protocol.over_http1() => concurrency,
             (_, Load::Closed { concurrency }) if plan.check_url().is_some() => concurrency,
             _ => plan.connections,
         },

@@ -208,7 +208,7 @@ impl Plan {
         if self.connect_timeout.is_zero() {
             return Err("--connect-timeout must be greater than zero".into());
         }
-        if self.protocol == Protocol::Http {
+        if self.protocol.over_http1() {
             self.check_http()?;
         }
         if self.forward_auth.is_some() && self.introspect.is_some() {
@@ -255,24 +255,37 @@ impl Plan {
         Ok(())
     }
 
-    /// What HTTP/1.1 can run: the two requests the report's service has, in a closed
-    /// loop (one keep-alive connection per request in flight), in plaintext.
+    /// What HTTP/1.1 can run: the two requests the report's service has (authd's
+    /// HTTP forms: token validations too), in a closed loop (one keep-alive
+    /// connection per request in flight), in plaintext.
     fn check_http(&self) -> Result<(), String> {
-        if !matches!(self.scenario, Scenario::Login | Scenario::Register) {
+        let protocol = self.protocol;
+        let runs = match protocol {
+            Protocol::Http => matches!(self.scenario, Scenario::Login | Scenario::Register),
+            _ => matches!(
+                self.scenario,
+                Scenario::Login | Scenario::Register | Scenario::Validate
+            ),
+        };
+        if !runs {
+            let scenarios = match protocol {
+                Protocol::Http => "login and register",
+                _ => "login, register and validate",
+            };
             return Err(format!(
-                "--protocol http runs only the login and register scenarios, not {}",
+                "--protocol {protocol} runs only the {scenarios} scenarios, not {}",
                 self.scenario
             ));
         }
         if let Load::Open { .. } = self.load {
-            return Err(
-                "--protocol http runs only a closed loop (--concurrency), not --rate".into(),
-            );
+            return Err(format!(
+                "--protocol {protocol} runs only a closed loop (--concurrency), not --rate"
+            ));
         }
         if !self.target.starts_with("http://") || self.tls.is_some() {
             return Err(format!(
-                "--protocol http speaks plaintext HTTP/1.1: --target {} must be http:// and \
-                 no --tls-* option given",
+                "--protocol {protocol} speaks plaintext HTTP/1.1: --target {} must be http:// \
+                 and no --tls-* option given",
                 self.target
             ));
         }

@@ -8,11 +8,12 @@
 use super::{
     check::CheckClient,
     forwarded::stamp,
-    http::{self, Connection},
+    http::{self, Connection, Form},
     setup::{Fixtures, PASSWORD},
     status::{Failure, classify, http_code},
 };
 use crate::{
+    Protocol,
     pb::{
         LoginRequest, RefreshRequest, RegisterRequest, ValidateTokenRequest,
         auth_service_client::AuthServiceClient,
@@ -93,6 +94,8 @@ pub(super) struct Shared {
     pub(super) recorders: Vec<Mutex<Recorder>>,
     pub(super) counters: Arc<Counters>,
     pub(super) backoff: bool,
+    /// Over HTTP/1.1: the report's service, or which of authd's HTTP forms.
+    pub(super) protocol: Protocol,
     /// What ratelimit requests ask, and over how many keys.
     pub(super) descriptors: Descriptors,
     pub(super) keys: usize,
@@ -111,7 +114,11 @@ impl Shared {
     ) -> Performed {
         match client {
             Client::Grpc(clients) => self.perform_grpc(op, pick, clients).await,
-            Client::Http(connection) => self.perform_http(op, pick, connection).await,
+            Client::Http(connection) => match self.protocol {
+                Protocol::Json => self.perform_form(Form::Connect, op, pick, connection).await,
+                Protocol::GrpcWeb => self.perform_form(Form::GrpcWeb, op, pick, connection).await,
+                _ => self.perform_http(op, pick, connection).await,
+            },
         }
     }
 
@@ -325,6 +332,93 @@ impl Shared {
                         } else {
                             "POST"
                         },
+                        self.timeout
+                    ))),
+                )
+            }
+        };
+        Performed {
+            result,
+            retry_after,
+        }
+    }
+
+    /// Register, Login or ValidateToken in one of authd's HTTP forms on the worker's
+    /// own connection, its deadline in the request as over gRPC. A gRPC-Web answer
+    /// carries its gRPC code; a JSON one's HTTP status stands for it (Connect's table
+    /// is [`http_code`]'s).
+    async fn perform_form(
+        &self,
+        form: Form,
+        op: Operation,
+        pick: usize,
+        connection: &mut Connection,
+    ) -> Performed {
+        let fixtures = &self.fixtures;
+        let json = matches!(form, Form::Connect);
+        let (path, body, k) = match op {
+            Operation::Register => {
+                let (username, n) = fixtures.new_username();
+                let body = if json {
+                    http::credentials(&username)
+                } else {
+                    http::grpc_frame(&RegisterRequest {
+                        username,
+                        password: PASSWORD.into(),
+                    })
+                };
+                ("/auth.v1.AuthService/Register", body, n)
+            }
+            Operation::Login => {
+                let user = pick % fixtures.users.len();
+                let username = &fixtures.users[user];
+                let body = if json {
+                    http::credentials(username)
+                } else {
+                    http::grpc_frame(&LoginRequest {
+                        username: username.clone(),
+                        password: PASSWORD.into(),
+                    })
+                };
+                ("/auth.v1.AuthService/Login", body, user)
+            }
+            Operation::Validate => {
+                let user = pick % fixtures.tokens.len();
+                let token = &fixtures.tokens[user];
+                let body = if json {
+                    http::access_token(token)
+                } else {
+                    http::grpc_frame(&ValidateTokenRequest {
+                        access_token: token.clone(),
+                        ..Default::default()
+                    })
+                };
+                ("/auth.v1.AuthService/ValidateToken", body, user)
+            }
+            _ => unreachable!("Plan::check refuses {op} over authd's HTTP forms"),
+        };
+        let forwarded = fixtures.forwarded.http(k);
+        let exchange = connection.post_as(form, path, body, self.timeout, forwarded);
+        let answered = tokio::time::timeout(self.give_up, exchange).await;
+        let mut retry_after = None;
+        let result = match answered {
+            Ok(Ok(answer)) => {
+                let code = answer
+                    .grpc_status
+                    .unwrap_or_else(|| http_code(answer.status));
+                if matches!(code, Code::ResourceExhausted | Code::Unavailable) {
+                    retry_after = answer.retry_after;
+                }
+                (Outcome::Status(code), None)
+            }
+            Ok(Err(error)) => (Outcome::Connection, Some(Failure::Http(error))),
+            Err(_) => {
+                connection.reset();
+                (
+                    Outcome::Timeout,
+                    Some(Failure::Http(anyhow::anyhow!(
+                        "POST {path}: no answer within {:?} (deadline {:?})",
+                        self.give_up,
                         self.timeout
                     ))),
                 )

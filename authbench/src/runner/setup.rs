@@ -17,7 +17,6 @@ use super::{
 use crate::{
     pb::{LoginRequest, RegisterRequest, auth_service_client::AuthServiceClient},
     progress::Progress,
-    protocol::Protocol,
     scenario::{Mix, Operation},
 };
 use anyhow::{Context as _, bail};
@@ -99,8 +98,8 @@ pub(super) async fn prepare(
     let forwarded = match plan.forwarded_for {
         Some(n) => Forwarded::new(
             n,
-            plan.protocol == Protocol::Grpc,
-            plan.protocol == Protocol::Http || plan.forward_auth.is_some(),
+            plan.protocol.is_authd(),
+            plan.protocol.over_http1() || plan.check_url().is_some(),
         ),
         None => Forwarded::default(),
     };
