@@ -1,5 +1,5 @@
-//! The README's examples, run: every code block of README.md that follows the line
-//! `<!-- run by tests/api/readme.rs -->` is a transcript (`$ command`, continued by
+//! The README's examples, run: every code block of README.md (then of docs/api.md)
+//! that follows the line `<!-- run by tests/api/readme.rs -->` is a transcript (`$ command`, continued by
 //! lines ending in `\`, then what it prints), and each of its commands runs against a
 //! real server on 127.0.0.1, its output matched against the transcript's:
 //! - `grpcurl …` (from AUTHD_TEST_GRPCURL or the PATH, as in `grpcurl.rs`; skipped
@@ -18,11 +18,24 @@
 //! within a line for any text. A failed command's transcript starts with grpcurl's
 //! `ERROR:`. A request that quotes an earlier answer abbreviated (`"eyJhbGciOi…"`)
 //! is sent the whole value (of the latest answer that gave one).
+//!
+//! A string shown as `<a name>` in an answer is any string, named: a request that
+//! quotes `<a name>` is sent the value the latest answer showing it had. A request's
+//! `"code": "<current code>"` is sent the current TOTP code of the latest `secret`
+//! an answer gave, the server's clock (the test's) first moved on one step of 30 s,
+//! as a user waits for the next code.
 
 use crate::grpcurl::grpcurl_or_skip;
 use crate::helpers::{authd_command, spawn_app_with};
+use crate::totp::{base32_decode, code_at};
+use authd::ManualClock;
 use serde_json::Value;
-use std::{collections::HashMap, net::SocketAddr, path::Path, process::Command};
+use std::{
+    collections::HashMap, net::SocketAddr, path::Path, process::Command, sync::Arc, time::Duration,
+};
+
+/// The files whose marked blocks are run, in order, against one server.
+const FILES: [&str; 2] = ["README.md", "docs/api.md"];
 
 /// The line that marks a block of README.md as run by this test.
 const MARKER: &str = "<!-- run by tests/api/readme.rs -->";
@@ -159,7 +172,18 @@ fn lines_match(pattern: &[String], lines: &[&str]) -> bool {
 #[derive(Default)]
 struct Seen {
     bound: HashMap<String, String>,
+    /// `<a name>` placeholders and the value each stood for last.
+    named: HashMap<String, String>,
     strings: Vec<String>,
+    /// The TOTP secret an answer gave last (base32).
+    secret: Option<String>,
+    /// The server's clock.
+    clock: Option<Arc<ManualClock>>,
+}
+
+/// Whether a string the transcript shows is a named placeholder, `<a name>`.
+fn is_placeholder(shown: &str) -> bool {
+    shown.len() > 2 && shown.starts_with('<') && shown.ends_with('>')
 }
 
 /// Whether `text` has the form `form` gives, character by character: `9` a digit,
@@ -208,7 +232,13 @@ impl Seen {
             }
             (Value::String(shown), Value::String(actual)) => {
                 self.strings.push(actual.clone());
-                let same_form = if shown.contains('…') {
+                if path.ends_with(".secret") {
+                    self.secret = Some(actual.clone());
+                }
+                let same_form = if is_placeholder(shown) {
+                    self.named.insert(shown.clone(), actual.clone());
+                    !actual.is_empty()
+                } else if shown.contains('…') {
                     line_matches(shown, actual)
                 } else if has_form(shown, UUID) {
                     has_form(actual, UUID)
@@ -241,6 +271,12 @@ impl Seen {
     fn complete(&self, data: &str) -> String {
         fn walk(value: &mut Value, seen: &Seen) {
             match value {
+                Value::String(s) if s == "<current code>" => *s = seen.current_code(),
+                Value::String(s) if is_placeholder(s) => {
+                    let whole = (seen.named.get(s.as_str()))
+                        .unwrap_or_else(|| panic!("no answer before showed {s:?}"));
+                    *s = whole.clone();
+                }
                 Value::String(s) if s.ends_with('…') => {
                     let prefix = s.trim_end_matches('…');
                     // The latest answer that gave such a value.
@@ -258,6 +294,17 @@ impl Seen {
             .unwrap_or_else(|e| panic!("the README's request is not JSON ({e}): {data}"));
         walk(&mut value, self);
         value.to_string()
+    }
+
+    /// The TOTP code of the latest secret, one step of the server's clock later.
+    fn current_code(&self) -> String {
+        let secret = (self.secret.as_deref()).expect("an answer gave a TOTP secret before");
+        let clock = self
+            .clock
+            .as_ref()
+            .expect("the server runs on the test's clock");
+        clock.advance(Duration::from_secs(30));
+        code_at(&base32_decode(secret), clock.unix_millis() / 1000)
     }
 }
 
@@ -347,9 +394,12 @@ fn run(step: &Step, grpcurl: &Path, dir: &Path, ports: &Ports, seen: &mut Seen) 
 
 #[tokio::test]
 async fn the_readme_transcripts_are_what_authd_prints() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
-    let blocks = transcripts(&readme);
+    let mut blocks = Vec::new();
+    for file in FILES {
+        let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file))
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        blocks.extend(transcripts(&text));
+    }
     // The quick tour's calls are among them: a README that lost its markers would
     // otherwise pass with nothing run.
     let commands: Vec<&str> = (blocks.iter().flatten())
@@ -377,7 +427,14 @@ async fn the_readme_transcripts_are_what_authd_prints() {
         );
         return;
     }
-    let app = spawn_app_with(|_| {}).await;
+    let clock = Arc::new(ManualClock::new());
+    let server_clock = clock.clone();
+    // With data keys, so that the second factor's RPCs run (docs/api.md).
+    let app = spawn_app_with(move |c| {
+        c.clock = Some(server_clock);
+        c.second_factor.data_keys = Some(crate::totp::K1.parse().unwrap());
+    })
+    .await;
     let ports = Ports {
         grpc: app.addr,
         health: app.handle.health_addr().expect("a health-only port"),
@@ -385,7 +442,10 @@ async fn the_readme_transcripts_are_what_authd_prints() {
     let dir = tempfile::tempdir().unwrap();
     // Off the runtime: the server answers on it meanwhile.
     tokio::task::spawn_blocking(move || {
-        let mut seen = Seen::default();
+        let mut seen = Seen {
+            clock: Some(clock),
+            ..Seen::default()
+        };
         for step in blocks.iter().flatten() {
             run(step, &grpcurl, dir.path(), &ports, &mut seen);
         }
