@@ -107,6 +107,7 @@ impl GrpcPort {
             rate_limiter: core.rate_limiter.clone(),
             metrics: core.metrics.oidc.clone(),
             settings: self.standard,
+            receive_timeout: config.overload.receive_timeout,
         });
         let service = web::front(service, web::routes(standard), api, config.server.cors());
         let listener = Listener {

@@ -17,9 +17,15 @@ use std::collections::HashMap;
 pub(super) type Form = HashMap<String, String>;
 
 /// The form of a request, or the answer that refuses it: 413 beyond
-/// [`MAX_FORM_BYTES`], 400 for another content type, a body that is no form, or a
-/// parameter given twice (RFC 6749 §3.2).
-pub(super) async fn read(parts: &Parts, body: Body) -> Result<Form, Response> {
+/// [`MAX_FORM_BYTES`], 408 when it has not arrived `within` (a client that sends
+/// its headers and then trickles or withholds the body holds its connection no
+/// longer than an RPC's would), 400 for another content type, a body that is no
+/// form, or a parameter given twice (RFC 6749 §3.2).
+pub(super) async fn read(
+    parts: &Parts,
+    body: Body,
+    within: std::time::Duration,
+) -> Result<Form, Response> {
     let form_type = (parts.headers.get(header::CONTENT_TYPE))
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split(';').next())
@@ -32,16 +38,25 @@ pub(super) async fn read(parts: &Parts, body: Body) -> Result<Form, Response> {
             "the body must be application/x-www-form-urlencoded",
         ));
     }
-    let bytes = match Limited::new(body, MAX_FORM_BYTES).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+    // tokio's time: the runtime's timers, paused and driven by tests.
+    let read = tokio::time::timeout(within, Limited::new(body, MAX_FORM_BYTES).collect());
+    let bytes = match read.await {
+        Err(_) => {
+            return Err(error(
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request",
+                "the form did not arrive in time",
+            ));
+        }
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
             return Err(error(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "invalid_request",
                 &format!("the form is larger than {MAX_FORM_BYTES} bytes"),
             ));
         }
-        Err(_) => return Err(invalid_request("the body could not be read")),
+        Ok(Err(_)) => return Err(invalid_request("the body could not be read")),
     };
     let mut form = Form::new();
     for (name, value) in form_urlencoded::parse(&bytes) {

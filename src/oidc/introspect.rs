@@ -42,7 +42,7 @@ pub(super) async fn introspect(
         );
         return response;
     };
-    let form = match form::read(&parts, body).await {
+    let form = match form::read(&parts, body, endpoints.receive_timeout).await {
         Ok(form) => form,
         Err(refused) => {
             metrics.introspection("bad_request");

@@ -69,6 +69,8 @@ pub(crate) struct Endpoints {
     pub rate_limiter: Arc<RateLimiter>,
     pub metrics: OidcMetrics,
     pub settings: OidcSettings,
+    /// How long a form may take to arrive (`AUTHD_RECEIVE_TIMEOUT`, as for RPCs).
+    pub receive_timeout: std::time::Duration,
 }
 
 /// The endpoints' router.

@@ -25,7 +25,7 @@ pub(super) async fn revoke(
     if let Err(refused) = form::rate_limit(&endpoints.rate_limiter, REVOKE, &parts).await {
         return refused;
     }
-    let form = match form::read(&parts, body).await {
+    let form = match form::read(&parts, body, endpoints.receive_timeout).await {
         Ok(form) => form,
         Err(refused) => return refused,
     };

@@ -676,3 +676,21 @@ async fn python_oidc_clients_discover_verify_introspect_and_revoke() {
         .await;
     expect_code(refreshed, Code::Unauthenticated);
 }
+
+#[tokio::test]
+async fn a_form_whose_body_never_arrives_is_answered_408_at_the_receive_timeout() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let app = spawn_app_with(|c| c.overload.receive_timeout = Duration::from_millis(200)).await;
+    let mut stream = tokio::net::TcpStream::connect(app.addr).await.unwrap();
+    // Headers promising 100 bytes, then 10 of them and nothing more.
+    let head = format!(
+        "POST /oauth2/revoke HTTP/1.1\r\nHost: {}\r\n\
+         content-type: application/x-www-form-urlencoded\r\ncontent-length: 100\r\n\r\ntoken=abcd",
+        app.addr
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = vec![0; 1024];
+    let n = stream.read(&mut answer).await.unwrap();
+    let answer = String::from_utf8_lossy(&answer[..n]);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+}
