@@ -227,34 +227,32 @@ pub(super) async fn migrate_postgres(settings: &PostgresSettings) -> anyhow::Res
 /// What the database's schema is, read without changing it (`authd migrate
 /// --status`); an SQLite file that does not exist is an error, not an empty schema.
 pub(super) async fn read_schema(settings: &StoreSettings) -> anyhow::Result<SchemaState> {
-    match settings {
-        StoreSettings::Sqlite(s) => {
-            anyhow::ensure!(
-                s.path.exists(),
-                "no SQLite database at {}",
-                s.path.display()
-            );
-            let mut conn = SqliteConnection::connect_with(&sqlite_options(s).read_only(true))
-                .await
-                .with_context(|| format!("opening SQLite database {}", s.path.display()))?;
-            let state = super::schema::sqlite_state(&mut conn).await;
-            conn.close().await.context("closing the SQLite database")?;
-            state
-        }
-        StoreSettings::Postgres(s) => {
-            let mut conn = PgConnection::connect_with(&postgres_options(s)?)
-                .await
-                .context("connecting to PostgreSQL")?;
-            let state = super::schema::postgres_state(&mut conn).await;
-            conn.close().await.context("closing the connection")?;
-            state
-        }
-    }
+    read_only(
+        settings,
+        async |conn| super::schema::sqlite_state(conn).await,
+        async |conn| super::schema::postgres_state(conn).await,
+    )
+    .await
 }
 
 /// Users whose password is an ext hash (a marker in `password_hash`), read without
 /// changing anything: for `authd migrate --check-rollback`.
 pub(super) async fn read_ext_users(settings: &StoreSettings) -> anyhow::Result<i64> {
+    read_only(
+        settings,
+        async |conn| super::schema::sqlite_ext_users(conn).await,
+        async |conn| super::schema::postgres_ext_users(conn).await,
+    )
+    .await
+}
+
+/// Runs `sqlite` or `postgres` (as the backend is) on one connection of its own,
+/// read-only on SQLite (whose file must exist), closed afterwards.
+async fn read_only<T>(
+    settings: &StoreSettings,
+    sqlite: impl AsyncFnOnce(&mut SqliteConnection) -> anyhow::Result<T>,
+    postgres: impl AsyncFnOnce(&mut PgConnection) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
     match settings {
         StoreSettings::Sqlite(s) => {
             anyhow::ensure!(
@@ -265,17 +263,17 @@ pub(super) async fn read_ext_users(settings: &StoreSettings) -> anyhow::Result<i
             let mut conn = SqliteConnection::connect_with(&sqlite_options(s).read_only(true))
                 .await
                 .with_context(|| format!("opening SQLite database {}", s.path.display()))?;
-            let count = super::schema::sqlite_ext_users(&mut conn).await;
+            let read = sqlite(&mut conn).await;
             conn.close().await.context("closing the SQLite database")?;
-            count
+            read
         }
         StoreSettings::Postgres(s) => {
             let mut conn = PgConnection::connect_with(&postgres_options(s)?)
                 .await
                 .context("connecting to PostgreSQL")?;
-            let count = super::schema::postgres_ext_users(&mut conn).await;
+            let read = postgres(&mut conn).await;
             conn.close().await.context("closing the connection")?;
-            count
+            read
         }
     }
 }
