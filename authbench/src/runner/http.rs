@@ -138,6 +138,19 @@ pub(super) enum Form {
 }
 
 impl Form {
+    /// A request's body: the JSON (Connect), or the protobuf message in a gRPC-Web
+    /// frame; only the one the form sends is built.
+    pub(super) fn body<M: prost::Message>(
+        self,
+        json: impl FnOnce() -> Bytes,
+        message: impl FnOnce() -> M,
+    ) -> Bytes {
+        match self {
+            Form::Connect => json(),
+            Form::GrpcWeb => grpc_frame(&message()),
+        }
+    }
+
     fn headers(self, timeout: Duration) -> (&'static str, Vec<(HeaderName, HeaderValue)>) {
         let millis = timeout.as_millis().max(1);
         match self {

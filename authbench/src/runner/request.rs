@@ -355,44 +355,40 @@ impl Shared {
         connection: &mut Connection,
     ) -> Performed {
         let fixtures = &self.fixtures;
-        let json = matches!(form, Form::Connect);
         let (path, body, k) = match op {
             Operation::Register => {
                 let (username, n) = fixtures.new_username();
-                let body = if json {
-                    http::credentials(&username)
-                } else {
-                    http::grpc_frame(&RegisterRequest {
-                        username,
+                let body = form.body(
+                    || http::credentials(&username),
+                    || RegisterRequest {
+                        username: username.clone(),
                         password: PASSWORD.into(),
-                    })
-                };
+                    },
+                );
                 ("/auth.v1.AuthService/Register", body, n)
             }
             Operation::Login => {
                 let user = pick % fixtures.users.len();
                 let username = &fixtures.users[user];
-                let body = if json {
-                    http::credentials(username)
-                } else {
-                    http::grpc_frame(&LoginRequest {
+                let body = form.body(
+                    || http::credentials(username),
+                    || LoginRequest {
                         username: username.clone(),
                         password: PASSWORD.into(),
-                    })
-                };
+                    },
+                );
                 ("/auth.v1.AuthService/Login", body, user)
             }
             Operation::Validate => {
                 let user = pick % fixtures.tokens.len();
                 let token = &fixtures.tokens[user];
-                let body = if json {
-                    http::access_token(token)
-                } else {
-                    http::grpc_frame(&ValidateTokenRequest {
+                let body = form.body(
+                    || http::access_token(token),
+                    || ValidateTokenRequest {
                         access_token: token.clone(),
                         ..Default::default()
-                    })
-                };
+                    },
+                );
                 ("/auth.v1.AuthService/ValidateToken", body, user)
             }
             _ => unreachable!("Plan::check refuses {op} over authd's HTTP forms"),
