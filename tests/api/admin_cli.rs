@@ -22,10 +22,10 @@ use tonic::Code;
 crate::backend_tests!(accounts_are_managed_from_the_command_line);
 
 /// One run of `authd admin`.
-struct Run {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
+pub(crate) struct Run {
+    pub(crate) code: Option<i32>,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
 }
 
 impl Run {
@@ -70,11 +70,11 @@ impl Run {
 /// How `authd admin` is run: the address, the key in `AUTHD_ADMIN_KEY`, more of
 /// the environment, what it reads on stdin.
 #[derive(Clone, Default)]
-struct Cli {
+pub(crate) struct Cli {
     addr: String,
     key: Option<String>,
     envs: Vec<(String, String)>,
-    stdin: Option<String>,
+    stdin: Option<Vec<u8>>,
 }
 
 impl Cli {
@@ -86,7 +86,7 @@ impl Cli {
         )
     }
 
-    fn at(addr: &str, key: &str) -> Self {
+    pub(crate) fn at(addr: &str, key: &str) -> Self {
         Self {
             addr: addr.to_owned(),
             key: Some(key.to_owned()),
@@ -102,8 +102,12 @@ impl Cli {
     }
 
     fn stdin(&self, text: &str) -> Self {
+        self.stdin_bytes(text.as_bytes().to_vec())
+    }
+
+    pub(crate) fn stdin_bytes(&self, bytes: Vec<u8>) -> Self {
         Self {
-            stdin: Some(text.to_owned()),
+            stdin: Some(bytes),
             ..self.clone()
         }
     }
@@ -115,7 +119,7 @@ impl Cli {
     }
 
     /// `authd admin --addr ADDR ARGS…`, on a thread of its own while this one serves.
-    async fn run(&self, args: &[&str]) -> Run {
+    pub(crate) async fn run(&self, args: &[&str]) -> Run {
         let cli = self.clone();
         let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
         let output = tokio::task::spawn_blocking(move || {
@@ -136,9 +140,13 @@ impl Cli {
                 command.env("AUTHD_ADMIN_KEY", key);
             }
             let mut child = command.spawn().unwrap();
-            if let Some(text) = &cli.stdin {
+            // Written from a thread of its own: a CLI that answers as it reads (an
+            // import) fills its stdout while its stdin is still being written.
+            if let Some(bytes) = cli.stdin.clone() {
                 let mut stdin = child.stdin.take().unwrap();
-                stdin.write_all(text.as_bytes()).unwrap();
+                std::thread::spawn(move || {
+                    let _ = stdin.write_all(&bytes);
+                });
             }
             child.wait_with_output().unwrap()
         })

@@ -11,6 +11,7 @@
 
 use crate::{
     admin::{ADMIN_KEY, Admin, READ_KEY, admin_app, keys_file},
+    admin_cli::{Cli, Run},
     helpers::{TEST_KEY, TEST_KID, TestDb, authd_command, key_spec},
 };
 use authd::config::DatabaseUrl;
@@ -42,14 +43,14 @@ const BCRYPT_12: &str = "$2b$12$abcdefghijklmnopqrstuu5jz8q7Jm3MYGc7b4QZwS1Y5.6k
 const PBKDF2: &str =
     "$pbkdf2-sha256$i=1000,l=32$AKh4f+JN1Hz3qCVLeaF/SA$eHz5DaZ1OQ83rAhSufI9KXPNmC7a00/to0km3fxyPeA";
 
-/// One run of the CLI.
-struct Run {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
+/// What an import's run printed (with --json).
+trait Printed {
+    fn summary(&self) -> Value;
+    fn refusals(&self) -> Vec<(u64, String)>;
+    fn counts(&self) -> [u64; 4];
 }
 
-impl Run {
+impl Printed for Run {
     /// The JSON summary, the last line of stdout (with --json).
     #[track_caller]
     fn summary(&self) -> Value {
@@ -81,37 +82,16 @@ impl Run {
 
 /// `authd admin --addr ADDR users import --json ARGS…` with `key`.
 async fn import(addr: &str, key: &str, args: &[&str], stdin: Option<Vec<u8>>) -> Run {
-    let (addr, key) = (addr.to_owned(), key.to_owned());
-    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-    let output = tokio::task::spawn_blocking(move || {
-        let mut command = authd_command();
-        command
-            .args(["admin", "--addr", &addr, "users", "import", "--json"])
-            .args(&args)
-            .env("AUTHD_ADMIN_KEY", key)
-            .stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = command.spawn().unwrap();
-        if let Some(bytes) = stdin {
-            let mut pipe = child.stdin.take().unwrap();
-            std::thread::spawn(move || {
-                let _ = pipe.write_all(&bytes);
-            });
-        }
-        child.wait_with_output().unwrap()
-    })
-    .await
-    .unwrap();
-    Run {
-        code: output.status.code(),
-        stdout: String::from_utf8(output.stdout).unwrap(),
-        stderr: String::from_utf8(output.stderr).unwrap(),
-    }
+    let cli = Cli::at(addr, key);
+    let cli = match stdin {
+        Some(bytes) => cli.stdin_bytes(bytes),
+        None => cli,
+    };
+    let args: Vec<&str> = ["users", "import", "--json"]
+        .into_iter()
+        .chain(args.iter().copied())
+        .collect();
+    cli.run(&args).await
 }
 
 fn addr(admin: &Admin) -> String {
