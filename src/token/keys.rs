@@ -243,7 +243,8 @@ impl FromStr for KeyRing {
                     "ed25519" => (Algorithm::EdDsa, encoded),
                     _ => {
                         return Err(format!(
-                            "key {kid:?}: unknown algorithm (expected hs256 or ed25519)"
+                            "key {kid:?}: unknown algorithm in its second field (an entry is \
+                             KID:hs256:BASE64, KID:ed25519:BASE64 or KID:BASE64)"
                         ));
                     }
                 },
@@ -428,6 +429,7 @@ mod tests {
             .parse::<KeyRing>()
             .unwrap_err();
         assert!(err.contains("unknown algorithm"), "{err}");
+        assert!(err.contains("KID:hs256:BASE64"), "{err}");
         assert!(!err.contains(&KEY_A[2..]), "{err}");
         assert!(generate_key_entry(Algorithm::EdDsa, "bad kid").is_err());
     }
