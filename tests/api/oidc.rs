@@ -624,8 +624,9 @@ async fn python_oidc_clients_discover_verify_introspect_and_revoke() {
     let clients = clients_file();
     let entry = generate_key_entry(KeyAlgorithm::EdDsa, "ed1").unwrap();
     // The issuer is this server's own URL: the port is known once it is bound, so
-    // bind one first and hand it over.
-    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    // bind one first and hand it over, on a loopback address of this test's own (the
+    // other tests bind 127.0.0.1:0, which never takes a port of this address).
+    let probe = std::net::TcpListener::bind("127.0.0.77:0").unwrap();
     let addr = probe.local_addr().unwrap();
     drop(probe);
     let issuer = format!("http://{addr}");
