@@ -40,6 +40,7 @@ crate::backend_tests!(
     disabling_and_deleting_refuse_the_accounts_tokens,
     token_exchange_acts_for_the_user_within_its_bounds,
     concurrent_grants_with_one_wrong_secret_refuse_that_one_only,
+    a_disable_wins_against_grants_in_flight,
 );
 
 const PASSWORD: &str = "a fine password";
@@ -730,6 +731,61 @@ async fn concurrent_grants_with_one_wrong_secret_refuse_that_one_only(db: TestDb
         metric(&metrics, &series("throttled")),
         Some(1.0),
         "{metrics}"
+    );
+}
+
+/// Grants in flight while the account is disabled: whatever each answered, no
+/// token it issued is valid once the disable has answered (a grant whose account
+/// was read before the disable is issued with that moment as its `iat`).
+async fn a_disable_wins_against_grants_in_flight(db: TestDb) {
+    let mut admin = app(&db).await;
+    let secret = create(&mut admin, "orders", &[], &[]).await.client_secret;
+    let client = admin.app.client.clone();
+    let grants = join_all((0..40).map(|_| {
+        let mut client = client.clone();
+        let secret = secret.clone();
+        async move { grant(&mut client, "orders", &secret, "", &[]).await }
+    }));
+    let mut admin_client = admin.client.clone();
+    let disable = async move {
+        admin_client
+            .disable_service_account(with_key(DisableServiceAccountRequest {
+                account: by_name("orders"),
+                reason: "race".into(),
+            }))
+            .await
+            .unwrap()
+    };
+    let (results, _) = tokio::join!(grants, disable);
+    for result in results {
+        match result {
+            Ok(granted) => {
+                expect_code(
+                    admin.app.validate(&granted.access_token).await,
+                    Code::Unauthenticated,
+                );
+            }
+            // Refused after the disable, or by the throttle once those refusals
+            // add up.
+            Err(status) => assert!(
+                matches!(
+                    status.code(),
+                    Code::Unauthenticated | Code::ResourceExhausted
+                ),
+                "{status:?}"
+            ),
+        }
+    }
+    // After the disable, none is issued.
+    let refused = grant(&mut admin.app.client.clone(), "orders", &secret, "", &[])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            refused.code(),
+            Code::Unauthenticated | Code::ResourceExhausted
+        ),
+        "{refused:?}"
     );
 }
 
