@@ -429,6 +429,23 @@ impl Accounts {
         }
     }
 
+    /// Counts and audits a grant's outcome.
+    fn settle(
+        &self,
+        grant: usize,
+        outcome: GrantOutcome,
+        caller: &Caller,
+        service_id: Option<&str>,
+        user_id: Option<&str>,
+    ) {
+        self.service_metrics.grant(grant, outcome);
+        let name = crate::metrics::GRANTS
+            .get(grant)
+            .copied()
+            .unwrap_or("unknown");
+        (self.audit).service_grant(caller, name, outcome.label(), service_id, user_id);
+    }
+
     /// The account `proof` proves, with the credential it proved, and when it was
     /// read (Unix seconds); throttled per client id and client, counted.
     async fn authenticate_client(
@@ -438,7 +455,7 @@ impl Accounts {
         deadline: Option<Instant>,
         grant: usize,
     ) -> Result<(ServiceAccount, String, u64), Error> {
-        let count = |outcome| self.service_metrics.grant(grant, outcome);
+        let count = |outcome| self.settle(grant, outcome, caller, None, None);
         let throttle_key = match proof {
             ClientProof::Secret { client_id, .. } => client_id.to_ascii_lowercase(),
             ClientProof::Certificate { identity } => format!("mtls:{identity}"),
@@ -580,7 +597,9 @@ impl Accounts {
         let (account, credential, verified_at) = self
             .authenticate_client(proof, caller, deadline, CLIENT_CREDENTIALS)
             .await?;
-        let count = |outcome| self.service_metrics.grant(CLIENT_CREDENTIALS, outcome);
+        let count = |outcome| {
+            self.settle(CLIENT_CREDENTIALS, outcome, caller, Some(&account.id), None);
+        };
         let (audiences, scopes) = granted(&account, audience, scopes).inspect_err(|_| {
             count(GrantOutcome::NotAllowed);
         })?;
@@ -619,7 +638,7 @@ impl Accounts {
         let (account, _, _) = self
             .authenticate_client(proof, caller, deadline, TOKEN_EXCHANGE)
             .await?;
-        let count = |outcome| self.service_metrics.grant(TOKEN_EXCHANGE, outcome);
+        let count = |outcome| self.settle(TOKEN_EXCHANGE, outcome, caller, Some(&account.id), None);
         let source = match self.validate(subject_token, None) {
             Ok(source) => source,
             Err(Error::InvalidToken(_)) => {
@@ -659,7 +678,13 @@ impl Accounts {
             .tokens
             .issue_exchanged(&source, actor, audience, scopes, self.services.token_ttl)
             .inspect_err(|_| count(GrantOutcome::Error))?;
-        count(GrantOutcome::Ok);
+        self.settle(
+            TOKEN_EXCHANGE,
+            GrantOutcome::Ok,
+            caller,
+            Some(&account.id),
+            Some(&source.user_id),
+        );
         Ok(ServiceToken {
             token,
             audiences: vec![audience.to_owned()],

@@ -59,7 +59,7 @@ pub(crate) use ratelimit::RateLimitMetrics;
 pub(crate) use requests::{CODE_NAMES, GrpcMetrics, TraceMetrics};
 pub(crate) use second_factor::{CodeOutcome, FactorChange, SecondFactorMetrics};
 pub(crate) use sentinel::SentinelMetrics;
-pub(crate) use service::{GrantOutcome, ServiceMetrics};
+pub(crate) use service::{GRANTS, GrantOutcome, ServiceMetrics};
 pub(crate) use store::StoreMetrics;
 pub(crate) use transport::{ConnectionMetrics, ListenerMetrics, TlsMetrics};
 

@@ -12,6 +12,13 @@ pub(crate) const GRANTS: [&str; 2] = ["client_credentials", "token_exchange"];
 pub(crate) const GRANT_OUTCOMES: [&str; 5] =
     ["ok", "invalid_client", "throttled", "not_allowed", "error"];
 
+impl GrantOutcome {
+    /// Its label, as the metric and the audit trail name it.
+    pub(crate) fn label(self) -> &'static str {
+        GRANT_OUTCOMES[self as usize]
+    }
+}
+
 /// The outcome of one grant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum GrantOutcome {

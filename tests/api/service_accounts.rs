@@ -532,6 +532,49 @@ async fn disabling_and_deleting_refuse_the_accounts_tokens(db: TestDb) {
         grant(&mut client, "stock", &stock, "", &[]).await,
         Code::Unauthenticated,
     );
+    // A taken name, or a certificate identity bound to another account: nothing
+    // stored.
+    let taken = CreateServiceAccountRequest {
+        name: "ORDERS".into(),
+        ..Default::default()
+    };
+    expect_code(
+        admin.client.create_service_account(with_key(taken)).await,
+        Code::AlreadyExists,
+    );
+    let bound = |name: &str| CreateServiceAccountRequest {
+        name: name.into(),
+        mtls_identities: vec!["spiffe://corp/ns/shop/sa/shared".into()],
+        ..Default::default()
+    };
+    admin
+        .client
+        .create_service_account(with_key(bound("first")))
+        .await
+        .unwrap();
+    expect_code(
+        admin
+            .client
+            .create_service_account(with_key(bound("second")))
+            .await,
+        Code::AlreadyExists,
+    );
+    expect_code(
+        admin
+            .client
+            .get_service_account(with_key(GetServiceAccountRequest {
+                account: by_name("second"),
+            }))
+            .await,
+        Code::NotFound,
+    );
+    admin
+        .client
+        .delete_service_account(with_key(DeleteServiceAccountRequest {
+            account: by_name("first"),
+        }))
+        .await
+        .unwrap();
     let listed = admin
         .client
         .list_service_accounts(with_key(ListServiceAccountsRequest::default()))
