@@ -38,8 +38,8 @@ mod upkeep;
 pub use admin::{Changed, MAX_SESSIONS, new_user_id};
 pub use second_factor::SecondFactorSettings;
 pub use service::{
-    ClientProof, MAX_AUDIENCES, MAX_CREDENTIALS, MAX_SCOPES, NewCredential, ServiceSettings,
-    is_service_token, parse_identity, parse_items, parse_name,
+    AUDIENCE_NOT_ALLOWED, ClientProof, MAX_AUDIENCES, MAX_CREDENTIALS, MAX_SCOPES, NewCredential,
+    SCOPE_NOT_ALLOWED, ServiceSettings, is_service_token, parse_identity, parse_items, parse_name,
 };
 
 use crate::{

@@ -54,6 +54,12 @@ pub const MAX_ITEM_BYTES: usize = 256;
 /// The longest service account name, in characters.
 pub const MAX_NAME_CHARS: usize = 64;
 
+/// Why a grant is refused for what it asks (`Error::NotAllowed`): an audience or a
+/// scope the account may not have (OAuth's `invalid_target`, `invalid_scope`);
+/// every other refusal of an exchange is about its subject token (`invalid_grant`).
+pub const AUDIENCE_NOT_ALLOWED: &str = "the account may not have this audience";
+pub const SCOPE_NOT_ALLOWED: &str = "the account may not have this scope";
+
 /// The grants, as the metrics index them.
 const CLIENT_CREDENTIALS: usize = 0;
 const TOKEN_EXCHANGE: usize = 1;
@@ -212,14 +218,14 @@ fn granted(
     let audiences = match audience {
         None => account.audiences.clone(),
         Some(a) if account.audiences.iter().any(|x| x == a) => vec![a.to_owned()],
-        Some(_) => return Err(Error::NotAllowed("the account may not have this audience")),
+        Some(_) => return Err(Error::NotAllowed(AUDIENCE_NOT_ALLOWED)),
     };
     let scopes = if scopes.is_empty() {
         account.scopes.clone()
     } else if scopes.iter().all(|s| account.scopes.contains(s)) {
         scopes.to_vec()
     } else {
-        return Err(Error::NotAllowed("the account may not have this scope"));
+        return Err(Error::NotAllowed(SCOPE_NOT_ALLOWED));
     };
     Ok((audiences, scopes))
 }
@@ -662,12 +668,12 @@ impl Accounts {
             return refuse("the subject token has been exchanged as often as it may");
         }
         if !account.audiences.iter().any(|a| a == audience) {
-            return refuse("the account may not have this audience");
+            return refuse(AUDIENCE_NOT_ALLOWED);
         }
         if !scopes.iter().all(|s| account.scopes.contains(s))
             || (!source.scopes.is_empty() && !scopes.iter().all(|s| source.scopes.contains(s)))
         {
-            return refuse("the account may not have this scope");
+            return refuse(SCOPE_NOT_ALLOWED);
         }
         let actor = Actor {
             sub: account.id.clone(),

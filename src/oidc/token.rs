@@ -20,7 +20,7 @@
 
 use super::{Endpoints, TOKEN, clients::basic, form};
 use crate::{
-    accounts::{ClientProof, MAX_SCOPES, parse_items},
+    accounts::{AUDIENCE_NOT_ALLOWED, ClientProof, MAX_SCOPES, SCOPE_NOT_ALLOWED, parse_items},
     audit::Caller,
     error::Error,
     rpc,
@@ -58,10 +58,10 @@ fn invalid_client() -> Response {
 fn refused(e: Error) -> Response {
     match e {
         Error::InvalidClient => invalid_client(),
-        Error::NotAllowed(why) if why.contains("scope") => {
+        Error::NotAllowed(why) if why == SCOPE_NOT_ALLOWED => {
             form::error(StatusCode::BAD_REQUEST, "invalid_scope", why)
         }
-        Error::NotAllowed(why) if why.contains("audience") => {
+        Error::NotAllowed(why) if why == AUDIENCE_NOT_ALLOWED => {
             form::error(StatusCode::BAD_REQUEST, "invalid_target", why)
         }
         Error::NotAllowed(why) => form::error(StatusCode::BAD_REQUEST, "invalid_grant", why),
