@@ -227,6 +227,29 @@ impl Audit {
     }
 
     /// A right password of a user with a second factor: a challenge was issued.
+    /// A service account's grant (docs/service-accounts.md): `grant` is
+    /// `client_credentials` or `token_exchange`, `outcome` one of
+    /// `authd_service_grants_total`'s; `service_id` the account when known,
+    /// `user_id` the subject of an exchange.
+    pub fn service_grant(
+        &self,
+        caller: &Caller,
+        grant: &'static str,
+        outcome: &'static str,
+        service_id: Option<&str>,
+        user_id: Option<&str>,
+    ) {
+        event!(
+            caller,
+            "service_grant",
+            outcome,
+            "service account grant";
+            grant,
+            service_id,
+            user_id,
+        );
+    }
+
     pub fn login_challenged(&self, caller: &Caller, user_id: &str) {
         event!(
             caller,

@@ -251,6 +251,22 @@ pub enum Error {
     /// The admin API: the account named does not exist.
     #[error("no such user")]
     NoSuchUser,
+    /// A service account's credential that proves nothing (a wrong secret, an
+    /// unknown client, a disabled account, an external token refused): one answer
+    /// for every reason.
+    #[error("invalid client credentials")]
+    InvalidClient,
+    #[error("no such service account or credential")]
+    NoSuchServiceAccount,
+    /// A service account's name, or a credential's identity, is taken.
+    #[error("a service account of that name, or a credential of that identity, exists")]
+    ServiceAccountExists,
+    /// Adding a secret to an account that holds the most it may.
+    #[error("the account holds two secrets already: remove one first")]
+    TooManySecrets,
+    /// An audience, a scope or an exchange the service account may not have.
+    #[error("not allowed: {0}")]
+    NotAllowed(&'static str),
     #[error("deadline exceeded before the work could be done")]
     DeadlineExceeded,
     /// The request's body did not arrive within the receive timeout.
@@ -377,7 +393,11 @@ impl Error {
                 Status::permission_denied(self.to_string())
             }
             Error::AdminUnauthenticated => Status::unauthenticated(self.to_string()),
-            Error::NoSuchUser => Status::not_found(self.to_string()),
+            Error::NoSuchUser | Error::NoSuchServiceAccount => Status::not_found(self.to_string()),
+            Error::InvalidClient => Status::unauthenticated(self.to_string()),
+            Error::ServiceAccountExists => Status::already_exists(self.to_string()),
+            Error::TooManySecrets => Status::failed_precondition(self.to_string()),
+            Error::NotAllowed(_) => Status::permission_denied(self.to_string()),
             Error::DeadlineExceeded | Error::ReceiveTimeout => {
                 Status::deadline_exceeded(self.to_string())
             }

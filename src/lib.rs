@@ -59,6 +59,9 @@
 //!     priority         the OS scheduling priority of the runtime's and the hashing threads
 //!     token            JWT EdDSA / HS256 with a key ring (kid -> key), the key file,
 //!                      the JWKS document
+//!     issuers          external JWT issuers (Kubernetes service-account tokens): their
+//!                      keys from their discovery documents, cached, and their tokens
+//!                      checked as service accounts' credentials
 //!     credentials      `Username` and `Password`, parsed and normalized at the edge
 //! ```
 //!
@@ -128,6 +131,7 @@ pub(crate) mod credentials;
 pub(crate) mod error;
 pub(crate) mod handlers;
 pub(crate) mod health;
+pub(crate) mod issuers;
 pub(crate) mod layers;
 pub(crate) mod metrics;
 pub(crate) mod middleware;

@@ -48,6 +48,7 @@ pub(crate) enum Rpc {
     CompleteLogin,
     DisableTotp,
     RegenerateRecoveryCodes,
+    IssueServiceToken,
     /// `envoy.service.auth.v3.Authorization/Check`: Envoy's external authorization.
     ExtAuthzCheck,
     HealthCheck,
@@ -62,7 +63,7 @@ pub(crate) enum Rpc {
 
 impl Rpc {
     /// Every value, in the order of [`Rpc::index`].
-    pub(crate) const ALL: [Rpc; 19] = [
+    pub(crate) const ALL: [Rpc; 20] = [
         Rpc::Register,
         Rpc::Login,
         Rpc::ValidateToken,
@@ -75,6 +76,7 @@ impl Rpc {
         Rpc::CompleteLogin,
         Rpc::DisableTotp,
         Rpc::RegenerateRecoveryCodes,
+        Rpc::IssueServiceToken,
         Rpc::ExtAuthzCheck,
         Rpc::HealthCheck,
         Rpc::HealthWatch,
@@ -87,7 +89,7 @@ impl Rpc {
     /// The methods of `auth.v1.AuthService` (a unit test keeps them in step with the
     /// proto, and [`Rpc::NAMED_METHODS`] in step with them).
     #[cfg(test)]
-    pub(crate) const AUTH_METHODS: [Rpc; 12] = [
+    pub(crate) const AUTH_METHODS: [Rpc; 13] = [
         Rpc::Register,
         Rpc::Login,
         Rpc::ValidateToken,
@@ -100,11 +102,12 @@ impl Rpc {
         Rpc::CompleteLogin,
         Rpc::DisableTotp,
         Rpc::RegenerateRecoveryCodes,
+        Rpc::IssueServiceToken,
     ];
 
     /// The methods rate-limit rules and the mutual-TLS allow-list may name: those of
     /// AuthService, and `Check` (Envoy's external authorization).
-    pub(crate) const NAMED_METHODS: [Rpc; 13] = [
+    pub(crate) const NAMED_METHODS: [Rpc; 14] = [
         Rpc::Register,
         Rpc::Login,
         Rpc::ValidateToken,
@@ -117,6 +120,7 @@ impl Rpc {
         Rpc::CompleteLogin,
         Rpc::DisableTotp,
         Rpc::RegenerateRecoveryCodes,
+        Rpc::IssueServiceToken,
         Rpc::ExtAuthzCheck,
     ];
 
@@ -146,7 +150,8 @@ impl Rpc {
             | Rpc::ConfirmTotpEnrollment
             | Rpc::CompleteLogin
             | Rpc::DisableTotp
-            | Rpc::RegenerateRecoveryCodes => AUTH,
+            | Rpc::RegenerateRecoveryCodes
+            | Rpc::IssueServiceToken => AUTH,
             Rpc::ExtAuthzCheck => EXT_AUTHZ,
             Rpc::HealthCheck | Rpc::HealthWatch => HEALTH,
             Rpc::ReflectionV1 => REFLECTION_V1,
@@ -171,6 +176,7 @@ impl Rpc {
             Rpc::CompleteLogin => "CompleteLogin",
             Rpc::DisableTotp => "DisableTotp",
             Rpc::RegenerateRecoveryCodes => "RegenerateRecoveryCodes",
+            Rpc::IssueServiceToken => "IssueServiceToken",
             Rpc::ExtAuthzCheck | Rpc::HealthCheck => "Check",
             Rpc::HealthWatch => "Watch",
             Rpc::ReflectionV1 | Rpc::ReflectionV1Alpha => "ServerReflectionInfo",
@@ -212,8 +218,9 @@ impl Rpc {
 }
 
 /// The standard HTTP endpoints rate-limit rules may name beside the RPCs
-/// (`Introspect:peer=…`): token introspection and token revocation (`oidc`).
-pub(crate) const STANDARD_METHODS: [&str; 2] = ["Introspect", "Revoke"];
+/// (`Introspect:peer=…`): token introspection, token revocation and the token
+/// endpoint of service accounts (`oidc`).
+pub(crate) const STANDARD_METHODS: [&str; 3] = ["Introspect", "Revoke", "Token"];
 
 /// The method a rate-limit rule names `name` (case-insensitively): one of
 /// [`Rpc::NAMED_METHODS`] or of [`STANDARD_METHODS`], as they spell it.
@@ -672,8 +679,8 @@ mod tests {
             .collect();
         known.sort();
         assert_eq!(methods, known);
-        assert_eq!(Rpc::NAMED_METHODS[..12], Rpc::AUTH_METHODS);
-        assert_eq!(Rpc::NAMED_METHODS[12], Rpc::ExtAuthzCheck);
+        assert_eq!(Rpc::NAMED_METHODS[..13], Rpc::AUTH_METHODS);
+        assert_eq!(Rpc::NAMED_METHODS[13], Rpc::ExtAuthzCheck);
     }
 
     fn callers(list: &str) -> TrustedCallers {

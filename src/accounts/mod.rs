@@ -27,13 +27,20 @@
 //!   per-user token cutoffs the upkeep reads.
 //! - `second_factor`: TOTP enrollment, Login's challenge and CompleteLogin,
 //!   turning the factor off, recovery codes.
+//! - `service`: service accounts (what an administrator does to them), their
+//!   client credentials and token exchange grants.
 
 mod admin;
 mod second_factor;
+mod service;
 mod upkeep;
 
 pub use admin::{Changed, MAX_SESSIONS, new_user_id};
 pub use second_factor::SecondFactorSettings;
+pub use service::{
+    AUDIENCE_NOT_ALLOWED, ClientProof, MAX_AUDIENCES, MAX_CREDENTIALS, MAX_SCOPES, NewCredential,
+    SCOPE_NOT_ALLOWED, ServiceSettings, is_service_token, parse_identity, parse_items, parse_name,
+};
 
 use crate::{
     audit::{Audit, Caller, LoginFailure as Failure},
@@ -153,6 +160,11 @@ pub struct Accounts {
     rehashing: InFlight,
     /// `authd_password_rehashes_total`.
     rehashes: IntCounterVec,
+    /// Service tokens' lifetime and the exchange's depth.
+    services: ServiceSettings,
+    service_metrics: crate::metrics::ServiceMetrics,
+    /// External JWT issuers (none unless configured).
+    issuers: Option<Arc<crate::issuers::Issuers>>,
 }
 
 /// The users some work is in flight for, at most `max` of them: a second piece of
@@ -269,6 +281,9 @@ impl Accounts {
             metrics_sf: metrics.second_factor.clone(),
             rehashing: InFlight::new(MAX_REHASHING),
             rehashes: metrics.rehash.rehashes.clone(),
+            services: ServiceSettings::default(),
+            service_metrics: metrics.service.clone(),
+            issuers: None,
         }
     }
 
@@ -818,13 +833,23 @@ impl Accounts {
 
     /// Checks a token: signature, expiry, and whether its session has ended (in
     /// memory: no database query).
+    /// A service token is refused when its account or the credential it was issued
+    /// for was cut off; an exchanged one also when any account acting in it was.
     pub fn validate(&self, token: &str, audience: Option<&str>) -> Result<VerifiedToken, Error> {
         Ok(self.tokens.verify_unless(token, audience, |v| {
-            self.revocations.is_revoked(
-                v.session_id.as_deref().unwrap_or_default(),
-                &v.user_id,
-                v.issued_at,
-            )
+            let session = v.session_id.as_deref().unwrap_or_default();
+            let revoked = |key: &str| self.revocations.is_revoked(session, key, v.issued_at);
+            if revoked(&v.user_id) || v.credential_id.as_deref().is_some_and(revoked) {
+                return true;
+            }
+            let mut actor = v.actor.as_ref();
+            while let Some(a) = actor {
+                if revoked(&a.sub) {
+                    return true;
+                }
+                actor = a.act.as_deref();
+            }
+            false
         })?)
     }
 

@@ -17,15 +17,20 @@
 //! - this file: the connection, the calls, the failures and their exit status.
 //! - `import`: `users import`, JSON Lines streamed to ImportUsers.
 //! - `input`: the new password of `set-password`, from standard input or a file.
+//! - `service`: `service-accounts …`, the service accounts' calls and answers.
 //! - `view`: what is printed: tables and lines for people, JSON for scripts.
 
 mod import;
 mod input;
+mod service;
 mod view;
 
 use crate::{
     client::{self, BadEndpoint, ClientTls},
-    config::{AdminAction, AdminCommand, Config, SessionsAction, UserArg, UsersAction},
+    config::{
+        AdminAction, AdminCommand, Config, ServiceAccountsAction, SessionsAction, UserArg,
+        UsersAction,
+    },
     pb::admin::{
         DeleteUserRequest, DisableUserRequest, DisabledFilter, EnableUserRequest,
         EndSessionsRequest, GetUserRequest, ListSessionsRequest, ListUsersRequest,
@@ -171,6 +176,21 @@ async fn execute(config: &Config, command: &AdminCommand) -> Result<String, Fail
         }
         _ => None,
     };
+    if let AdminAction::ServiceAccounts(ServiceAccountsAction::Delete { yes: false, .. }) =
+        &command.action
+    {
+        return Err(Failure::Usage(
+            "`service-accounts delete` erases the account and its credentials for good: \
+             add --yes to do it"
+                .into(),
+        ));
+    }
+    if let AdminAction::ServiceAccounts(ServiceAccountsAction::Create { jwt, .. }) = &command.action
+    {
+        for binding in jwt {
+            service::jwt_binding(binding).map_err(Failure::Usage)?;
+        }
+    }
     if let AdminAction::Users(UsersAction::Delete { yes: false, .. }) = &command.action {
         return Err(Failure::Usage(
             "`users delete` erases the account and its sessions for good: \
@@ -200,6 +220,7 @@ async fn execute(config: &Config, command: &AdminCommand) -> Result<String, Fail
     let admin = Admin::connect(&addr, connection.timeout, &tls, key.expose()).await?;
 
     match &command.action {
+        AdminAction::ServiceAccounts(action) => service::run(&admin, action, as_json).await,
         AdminAction::Users(UsersAction::List {
             prefix,
             disabled,

@@ -67,7 +67,7 @@ fn non_empty(text: &str) -> Option<&str> {
 }
 
 /// One JSON document and a line end.
-fn json(value: &impl Serialize) -> String {
+pub(super) fn json(value: &impl Serialize) -> String {
     let mut text = serde_json::to_string_pretty(value).expect("plain data encodes");
     text.push('\n');
     text
@@ -75,7 +75,7 @@ fn json(value: &impl Serialize) -> String {
 
 /// A time for JSON: RFC 3339 in UTC, always with three digits of milliseconds
 /// (what the server stores), so that times of one width sort as text.
-fn rfc3339(at: Option<&Timestamp>) -> Option<String> {
+pub(super) fn rfc3339(at: Option<&Timestamp>) -> Option<String> {
     let mut at = *at?;
     at.normalize();
     let millis = at.nanos / 1_000_000;
@@ -87,7 +87,7 @@ fn rfc3339(at: Option<&Timestamp>) -> Option<String> {
 }
 
 /// A time for people: RFC 3339 in UTC, to the second; `-` when not set.
-fn when(at: Option<&Timestamp>) -> String {
+pub(super) fn when(at: Option<&Timestamp>) -> String {
     match at {
         Some(at) => {
             let mut at = *at;
@@ -100,7 +100,7 @@ fn when(at: Option<&Timestamp>) -> String {
 }
 
 /// `text` with control characters escaped (`\n`, `\u{1b}`), for a terminal.
-fn printable(text: &str) -> String {
+pub(super) fn printable(text: &str) -> String {
     text.chars()
         .map(|c| {
             if c.is_control() {
@@ -122,7 +122,7 @@ fn sessions(n: u32) -> String {
 }
 
 /// Columns padded to their widest cell, two spaces apart; the last one unpadded.
-fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+pub(super) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {

@@ -97,7 +97,13 @@ impl Core {
                 config.tokens.sessions(),
                 &metrics,
             )
-            .with_second_factor(config.second_factor.settings()),
+            .with_second_factor(config.second_factor.settings())
+            .with_services(config.tokens.services())
+            .with_issuers(Arc::new(crate::issuers::Issuers::new(
+                &config.oidc.issuers(config.tokens.token_clock_skew),
+                clock.clone(),
+                metrics.service.issuer_fetches.clone(),
+            )?)),
         );
         // Failed logins cost as much as the most expensive stored hash from the first.
         accounts

@@ -148,6 +148,10 @@ pub enum AdminAction {
     /// List and end a user's sessions.
     #[command(subcommand, after_help = EXIT_STATUS)]
     Sessions(SessionsAction),
+    /// Create, list, show, disable and delete service accounts, and rotate their
+    /// credentials (docs/service-accounts.md).
+    #[command(subcommand, after_help = EXIT_STATUS)]
+    ServiceAccounts(ServiceAccountsAction),
     /// Set a user's password (an administrator's reset: the current one is not needed):
     /// the new one is the first line of standard input or of --password-file, never an
     /// argument. The password rules and the blocklist apply. The user's sessions end,
@@ -276,6 +280,102 @@ pub enum SessionsAction {
         #[arg(long = "session", value_name = "ID", display_order = 0)]
         sessions: Vec<String>,
     },
+}
+
+/// `authd admin service-accounts …`.
+#[derive(Debug, Clone, Subcommand)]
+pub enum ServiceAccountsAction {
+    /// Create a service account. With --secret a client secret is made and printed
+    /// once (never again: keep it); --mtls-identity and --jwt bind a certificate
+    /// identity or an external issuer's subject.
+    #[command(after_help = EXIT_STATUS)]
+    Create {
+        /// Its name, the client_id of its grants (1 to 64 of a-z 0-9 . _ -).
+        #[arg(value_name = "NAME")]
+        name: String,
+        /// An audience its tokens may carry; repeat it for more.
+        #[arg(long = "audience", value_name = "AUDIENCE", display_order = 0)]
+        audiences: Vec<String>,
+        /// A scope its tokens may carry; repeat it for more.
+        #[arg(long = "scope", value_name = "SCOPE", display_order = 0)]
+        scopes: Vec<String>,
+        /// Make a client secret (printed once).
+        #[arg(long, display_order = 0)]
+        secret: bool,
+        /// A client certificate identity (SPIFFE URI or DNS name) that proves it under
+        /// mutual TLS; repeat it for more.
+        #[arg(long = "mtls-identity", value_name = "IDENTITY", display_order = 0)]
+        mtls_identities: Vec<String>,
+        /// An external issuer's tokens whose sub is SUBJECT prove it: ISSUER_URL=SUBJECT
+        /// (e.g. https://kubernetes.default.svc=system:serviceaccount:shop:orders);
+        /// repeat it for more.
+        #[arg(long = "jwt", value_name = "ISSUER_URL=SUBJECT", display_order = 0)]
+        jwt: Vec<String>,
+    },
+    /// List service accounts in name order (every page).
+    #[command(after_help = EXIT_STATUS)]
+    List,
+    /// Show one service account: id, name, audiences, scopes, disabled, credentials
+    /// (never a secret).
+    #[command(after_help = EXIT_STATUS)]
+    Show {
+        #[command(flatten)]
+        account: ServiceAccountArg,
+    },
+    /// Disable a service account: its grants fail and its tokens are refused on every
+    /// replica within AUTHD_REVOCATION_DELAY.
+    #[command(after_help = EXIT_STATUS)]
+    Disable {
+        #[command(flatten)]
+        account: ServiceAccountArg,
+        /// Why, for the audit trail and `show` (1 to 512 characters).
+        #[arg(long, value_name = "TEXT", display_order = 0)]
+        reason: String,
+    },
+    /// Delete a service account and its credentials, for good; its tokens are refused
+    /// as a disabled account's. Needs --yes.
+    #[command(after_help = EXIT_STATUS)]
+    Delete {
+        #[command(flatten)]
+        account: ServiceAccountArg,
+        /// Yes, delete it: without this nothing is deleted.
+        #[arg(long, display_order = 0)]
+        yes: bool,
+    },
+    /// Add a new client secret (printed once) beside the one in use: roll it out,
+    /// then remove the old one with --revoke, or with `remove-credential`. An account
+    /// holds two secrets at most.
+    #[command(after_help = EXIT_STATUS)]
+    RotateSecret {
+        #[command(flatten)]
+        account: ServiceAccountArg,
+        /// Remove this credential (the old secret's id, as `show` lists it) once the
+        /// new one is added: its tokens are refused from then on.
+        #[arg(long, value_name = "CREDENTIAL_ID", display_order = 0)]
+        revoke: Option<String>,
+    },
+    /// Remove a credential (its id, as `show` lists it): it proves nothing any more,
+    /// and the tokens issued for it are refused within AUTHD_REVOCATION_DELAY.
+    #[command(after_help = EXIT_STATUS)]
+    RemoveCredential {
+        #[command(flatten)]
+        account: ServiceAccountArg,
+        /// The credential's id.
+        #[arg(long, value_name = "CREDENTIAL_ID", display_order = 0)]
+        credential: String,
+    },
+}
+
+/// Which service account: its name, or `--id`.
+#[derive(Debug, Clone, Args)]
+#[group(required = true, multiple = false)]
+pub struct ServiceAccountArg {
+    /// The account's name (case-insensitive).
+    #[arg(value_name = "NAME")]
+    pub name: Option<String>,
+    /// The account's id instead of its name.
+    #[arg(long, value_name = "ID", display_order = 0)]
+    pub id: Option<String>,
 }
 
 /// Which account: a username, or `--id`.

@@ -71,7 +71,8 @@ mod tokens;
 pub use crate::handlers::admin::Role as AdminRole;
 pub use admin::AdminConfig;
 pub use admin_command::{
-    AdminAction, AdminCommand, AdminConnection, OnConflictArg, SessionsAction, UserArg, UsersAction,
+    AdminAction, AdminCommand, AdminConnection, OnConflictArg, ServiceAccountArg,
+    ServiceAccountsAction, SessionsAction, UserArg, UsersAction,
 };
 pub use authz::AuthzConfig;
 pub use import::ImportConfig;

@@ -43,9 +43,56 @@ pub struct OidcConfig {
         display_order = 122
     )]
     pub introspection_allow: Vec<String>,
+
+    /// External JWT issuers whose tokens prove service accounts
+    /// (docs/service-accounts.md), ISSUER_URL=AUDIENCE,…: the tokens' `iss`, and the
+    /// audience they must name, e.g. the URL of a Kubernetes API server and the
+    /// audience of its projected tokens. The keys come from the issuer's discovery
+    /// document [default: none].
+    #[arg(long, env = "AUTHD_JWT_ISSUERS", value_delimiter = ',',
+          value_parser = jwt_issuer, global = true, display_order = 125)]
+    pub jwt_issuers: Vec<(String, String)>,
+
+    /// PEM bundle of the CAs an https external issuer's certificate must chain to
+    /// (in Kubernetes, the service account's ca.crt) [default: the Mozilla roots].
+    #[arg(long, env = "AUTHD_JWT_ISSUER_CA", global = true, display_order = 126)]
+    pub jwt_issuer_ca: Option<PathBuf>,
+
+    /// The least time between two fetches of one issuer's keys: a token naming a key
+    /// not held fetches them again, at most this often.
+    #[arg(long, env = "AUTHD_JWT_ISSUER_REFRESH", default_value = "30s",
+          value_parser = super::parse::positive_duration, global = true, display_order = 127)]
+    pub jwt_issuer_refresh: std::time::Duration,
+}
+
+/// `ISSUER_URL=AUDIENCE`: an http(s) URL without a trailing slash, and an audience.
+fn jwt_issuer(text: &str) -> Result<(String, String), String> {
+    let (url, audience) = text
+        .rsplit_once('=')
+        .ok_or("expected ISSUER_URL=AUDIENCE")?;
+    if !(url.starts_with("https://") || url.starts_with("http://")) || url.ends_with('/') {
+        return Err("the issuer is an http(s) URL without a trailing slash".into());
+    }
+    if audience.is_empty() || audience.len() > 256 {
+        return Err("the audience is 1 to 256 bytes".into());
+    }
+    Ok((url.to_owned(), audience.to_owned()))
 }
 
 impl OidcConfig {
+    /// The external issuers and how their keys are fetched.
+    pub(crate) fn issuers(
+        &self,
+        clock_skew: std::time::Duration,
+    ) -> crate::issuers::IssuerSettings {
+        crate::issuers::IssuerSettings {
+            issuers: self.jwt_issuers.clone(),
+            ca: self.jwt_issuer_ca.clone(),
+            min_refresh: self.jwt_issuer_refresh,
+            clock_skew,
+        }
+    }
+
     /// The endpoints' settings, with the introspection keys read.
     pub fn settings(&self, mutual_tls: bool) -> anyhow::Result<OidcSettings> {
         let allow: Vec<String> = (self.introspection_allow.iter())

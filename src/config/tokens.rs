@@ -11,7 +11,7 @@
 
 use super::parse::{positive_duration, read_secret_file};
 use crate::{
-    accounts::SessionSettings,
+    accounts::{ServiceSettings, SessionSettings},
     metrics::Metrics,
     secret::{self, DigestKey},
     throttle::UsernameDigest,
@@ -76,6 +76,21 @@ pub struct TokenConfig {
     #[arg(long, env = "AUTHD_REVOCATION_DELAY", default_value = "1s",
           value_parser = revocation_delay, global = true, display_order = 47)]
     pub revocation_delay: Duration,
+
+    /// Lifetime of the tokens service accounts get (client credentials, token
+    /// exchange; docs/service-accounts.md); never longer than --token-ttl (how long
+    /// every replica keeps a revocation), a longer value is cut to it.
+    #[arg(long, env = "AUTHD_SERVICE_TOKEN_TTL", default_value = "5m",
+          value_parser = token_ttl, global = true, display_order = 123)]
+    pub service_token_ttl: Duration,
+
+    /// The most service accounts an exchanged token may name in its act claim: 1
+    /// lets a service exchange a user's token, 2 lets the service it calls exchange
+    /// that one again, and so on (1 to 8).
+    #[arg(long, env = "AUTHD_TOKEN_EXCHANGE_MAX_DEPTH", default_value = "2",
+          value_parser = clap::value_parser!(u8).range(1..=8), global = true,
+          display_order = 124)]
+    pub token_exchange_max_depth: u8,
 
     /// Key of the keyed digest (HMAC-SHA256) that names an account in the login
     /// throttle's Redis keys and in audit events, base64, at least 32 bytes; the same
@@ -165,6 +180,15 @@ impl TokenConfig {
         SessionSettings {
             refresh_ttl: self.refresh_ttl,
             token_ttl: self.token_ttl,
+        }
+    }
+
+    /// How service tokens live: never longer than users' tokens, which is how long
+    /// every replica keeps a revocation.
+    pub(crate) fn services(&self) -> ServiceSettings {
+        ServiceSettings {
+            token_ttl: self.service_token_ttl.min(self.token_ttl),
+            max_actors: usize::from(self.token_exchange_max_depth),
         }
     }
 

@@ -17,8 +17,9 @@ use crate::{
         BeginTotpEnrollmentRequest, BeginTotpEnrollmentResponse, ChangePasswordRequest,
         ChangePasswordResponse, CompleteLoginRequest, CompleteLoginResponse,
         ConfirmTotpEnrollmentRequest, ConfirmTotpEnrollmentResponse, DisableTotpRequest,
-        DisableTotpResponse, GetSigningKeysRequest, GetSigningKeysResponse, LoginRequest,
-        LoginResponse, LogoutRequest, LogoutResponse, PublicKey, RefreshRequest, RefreshResponse,
+        DisableTotpResponse, GetSigningKeysRequest, GetSigningKeysResponse,
+        IssueServiceTokenRequest, IssueServiceTokenResponse, LoginRequest, LoginResponse,
+        LogoutRequest, LogoutResponse, PublicKey, RefreshRequest, RefreshResponse,
         RegenerateRecoveryCodesRequest, RegenerateRecoveryCodesResponse, RegisterRequest,
         RegisterResponse, ValidateTokenRequest, ValidateTokenResponse,
         auth_service_server::AuthService,
@@ -314,13 +315,7 @@ impl AuthService for AuthApi {
             if req.require_second_factor && !token.second_factor() {
                 return Err(Error::SecondFactorRequired);
             }
-            Ok(ValidateTokenResponse {
-                user_id: token.user_id,
-                username: token.username,
-                expires_at: Some(timestamp(token.expires_at)),
-                session_id: token.session_id.unwrap_or_default(),
-                amr: token.amr,
-            })
+            Ok(validate_response(token))
         };
         respond("ValidateToken", request_id, work, |r| &r.user_id).await
     }
@@ -523,5 +518,132 @@ impl AuthService for AuthApi {
             Ok(RegenerateRecoveryCodesResponse { recovery_codes })
         };
         respond("RegenerateRecoveryCodes", request_id, work, |_| "").await
+    }
+
+    async fn issue_service_token(
+        &self,
+        request: Request<IssueServiceTokenRequest>,
+    ) -> Result<Response<IssueServiceTokenResponse>, Status> {
+        let (deadline, request_id) = (deadline(&request), request_id(&request));
+        let caller = self.caller(&request);
+        let identity = rpc::client_identity(request.extensions()).map(|i| i.as_str().to_owned());
+        let req = request.into_inner();
+        let work = async {
+            let proof = if req.client_assertion.is_empty() {
+                client_proof(&req.client_id, &req.client_secret, identity)?
+            } else if req.client_secret.is_empty()
+                && req.client_assertion.len() <= crate::issuers::MAX_TOKEN_BYTES
+            {
+                crate::accounts::ClientProof::Assertion {
+                    jwt: req.client_assertion.clone(),
+                }
+            } else {
+                return Err(Error::InvalidArgument(vec![FieldViolation {
+                    field: "client_assertion",
+                    description: "at most 8 KiB, and never with client_secret".into(),
+                }]));
+            };
+            let audience = token::requested_audience(&req.audience).map_err(|description| {
+                Error::InvalidArgument(vec![FieldViolation {
+                    field: "audience",
+                    description,
+                }])
+            })?;
+            let scopes =
+                crate::accounts::parse_items(&req.scopes, "scopes", crate::accounts::MAX_SCOPES)?;
+            let granted = if req.subject_token.is_empty() {
+                (self.accounts)
+                    .client_credentials(&proof, audience, &scopes, &caller, deadline)
+                    .await?
+            } else {
+                let Some(audience) = audience else {
+                    return Err(Error::InvalidArgument(vec![FieldViolation {
+                        field: "audience",
+                        description: "an exchange names the audience it is for".into(),
+                    }]));
+                };
+                (self.accounts)
+                    .exchange_token(
+                        &proof,
+                        &req.subject_token,
+                        audience,
+                        &scopes,
+                        &caller,
+                        deadline,
+                    )
+                    .await?
+            };
+            Ok(IssueServiceTokenResponse {
+                access_token: granted.token.token,
+                token_type: "Bearer".into(),
+                expires_at: Some(timestamp(granted.token.expires_at)),
+                audiences: granted.audiences,
+                scopes: granted.scopes,
+            })
+        };
+        respond("IssueServiceToken", request_id, work, |_| "").await
+    }
+}
+
+/// What a service presents: a client id and secret, or, with neither, its client
+/// certificate's identity.
+fn client_proof(
+    client_id: &str,
+    secret: &str,
+    identity: Option<String>,
+) -> Result<crate::accounts::ClientProof, Error> {
+    use crate::accounts::ClientProof;
+    let bad = |field, description: &str| {
+        Error::InvalidArgument(vec![FieldViolation {
+            field,
+            description: description.into(),
+        }])
+    };
+    match (client_id.is_empty(), secret.is_empty(), identity) {
+        (true, true, Some(identity)) => Ok(ClientProof::Certificate { identity }),
+        (true, true, None) => Err(bad(
+            "client_id",
+            "must not be empty (or call under mutual TLS with a bound certificate)",
+        )),
+        (false, false, _) if client_id.len() <= 256 && secret.len() <= 256 => {
+            Ok(ClientProof::Secret {
+                client_id: client_id.to_owned(),
+                secret: secret.to_owned(),
+            })
+        }
+        (false, false, _) => Err(bad(
+            "client_secret",
+            "client_id and client_secret are at most 256 bytes",
+        )),
+        (true, false, _) => Err(bad("client_id", "must not be empty")),
+        (false, true, _) => Err(bad("client_secret", "must not be empty")),
+    }
+}
+
+/// ValidateToken's answer for a valid token: a user's, a service's, or an
+/// exchanged one.
+fn validate_response(token: token::VerifiedToken) -> ValidateTokenResponse {
+    let service = crate::accounts::is_service_token(&token);
+    let mut actors = Vec::new();
+    let mut actor = token.actor.as_ref();
+    while let Some(a) = actor {
+        actors.push(a.sub.clone());
+        actor = a.act.as_deref();
+    }
+    ValidateTokenResponse {
+        user_id: token.user_id,
+        username: if service {
+            String::new()
+        } else {
+            token.username
+        },
+        expires_at: Some(timestamp(token.expires_at)),
+        session_id: token.session_id.unwrap_or_default(),
+        amr: if service { Vec::new() } else { token.amr },
+        client_id: token.client_id.unwrap_or_default(),
+        scopes: token.scopes,
+        service,
+        actors,
+        audiences: token.audience,
     }
 }

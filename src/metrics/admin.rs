@@ -19,6 +19,10 @@ pub(crate) struct AdminMetrics {
     imported: IntCounterVec,
     /// Pauses of ImportUsers after a batch, giving way to logins.
     pub import_paused: IntCounter,
+    /// Service accounts created, disabled and deleted.
+    pub service_accounts_created: IntCounter,
+    pub service_accounts_disabled: IntCounter,
+    pub service_accounts_deleted: IntCounter,
 }
 
 impl AdminMetrics {
@@ -47,6 +51,18 @@ impl AdminMetrics {
                 "authd_admin_import_pauses_total",
                 "Pauses of ImportUsers after a batch while the hash pool had work: the \
                  import giving way to logins.",
+            ),
+            service_accounts_created: f.counter(
+                "authd_admin_service_accounts_created_total",
+                "Service accounts an administrator created.",
+            ),
+            service_accounts_disabled: f.counter(
+                "authd_admin_service_accounts_disabled_total",
+                "Service accounts an administrator disabled.",
+            ),
+            service_accounts_deleted: f.counter(
+                "authd_admin_service_accounts_deleted_total",
+                "Service accounts an administrator deleted.",
             ),
         }
     }

@@ -29,7 +29,8 @@
 //! - `authz`: external authorization's decisions (Envoy's Check, forward-auth);
 //! - `oidc`: the standard endpoints' introspections and revocations;
 //! - `second_factor`: TOTP enrollments, second-factor codes by outcome, recovery
-//!   codes used.
+//!   codes used;
+//! - `service`: the tokens service accounts were granted and refused.
 //!
 //! Like the rest of the bottom floor, none of these files imports anything above
 //! it: the components take their handles from here, never the other way round.
@@ -44,6 +45,7 @@ mod ratelimit;
 mod requests;
 mod second_factor;
 mod sentinel;
+mod service;
 mod store;
 mod transport;
 
@@ -57,6 +59,7 @@ pub(crate) use ratelimit::RateLimitMetrics;
 pub(crate) use requests::{CODE_NAMES, GrpcMetrics, TraceMetrics};
 pub(crate) use second_factor::{CodeOutcome, FactorChange, SecondFactorMetrics};
 pub(crate) use sentinel::SentinelMetrics;
+pub(crate) use service::{GRANTS, GrantOutcome, ServiceMetrics};
 pub(crate) use store::StoreMetrics;
 pub(crate) use transport::{ConnectionMetrics, ListenerMetrics, TlsMetrics};
 
@@ -94,6 +97,7 @@ pub struct Metrics {
     pub(crate) authz: AuthzMetrics,
     pub(crate) oidc: OidcMetrics,
     pub(crate) second_factor: SecondFactorMetrics,
+    pub(crate) service: ServiceMetrics,
     /// 1 while readiness is SERVING, 0 while NOT_SERVING (the health checker sets it).
     pub(crate) serving: IntGauge,
     /// Run before each scrape, for values read from elsewhere (connection pools).
@@ -208,6 +212,7 @@ impl Metrics {
             authz: AuthzMetrics::new(&f),
             oidc: OidcMetrics::new(&f),
             second_factor: SecondFactorMetrics::new(&f),
+            service: ServiceMetrics::new(&f),
             serving,
             refreshers: Mutex::new(Vec::new()),
             // Last: every family above is registered in it through `f`.

@@ -107,7 +107,7 @@ fn role(text: &str) -> Result<Introspect, String> {
 }
 
 /// `Basic base64(id:secret)` → the id and the secret.
-fn basic(value: &str) -> Option<(String, String)> {
+pub(super) fn basic(value: &str) -> Option<(String, String)> {
     let (scheme, encoded) = value.trim().split_once(' ')?;
     if !scheme.eq_ignore_ascii_case("basic") {
         return None;

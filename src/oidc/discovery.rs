@@ -1,8 +1,9 @@
 //! The issuer URL (`AUTHD_ISSUER`) and the discovery document built from it
 //! (RFC 8414, OpenID Connect Discovery 1.0): only what is true of authd, so a
-//! library that reads it finds the keys, the algorithms and the two token
-//! endpoints, and nothing authd does not serve (no authorization or token
-//! endpoint: tokens come from Login over gRPC).
+//! library that reads it finds the keys, the algorithms, the token endpoints
+//! (introspection, revocation, and the service accounts' grants), and nothing
+//! authd does not serve (no authorization endpoint: users' tokens come from Login
+//! over gRPC).
 //!
 //! Every URL is the issuer's: a document built from the request's `Host` would
 //! let a client choose where verifiers fetch keys from. Without an issuer the
@@ -95,7 +96,16 @@ fn of(issuer: &str, algorithms: Vec<Algorithm>, clients: &super::IntrospectionCl
         // stable id (`sub`), the same for every client.
         "subject_types_supported": ["public"],
         "claims_supported": [
-            "iss", "sub", "name", "iat", "exp", "nbf", "aud", "sid", "jti", "amr"
+            "iss", "sub", "name", "iat", "exp", "nbf", "aud", "sid", "jti", "amr",
+            "client_id", "scope", "act"
+        ],
+        // Service accounts' grants (docs/service-accounts.md).
+        "token_endpoint": format!("{issuer}{}", super::TOKEN_PATH),
+        "token_endpoint_auth_methods_supported": [
+            "client_secret_basic", "client_secret_post", "tls_client_auth"
+        ],
+        "grant_types_supported": [
+            "client_credentials", super::token::TOKEN_EXCHANGE
         ],
     });
     let methods = clients.auth_methods();
@@ -145,6 +155,6 @@ mod tests {
         );
         assert!(doc.get("introspection_endpoint").is_none());
         assert!(doc.get("authorization_endpoint").is_none());
-        assert!(doc.get("token_endpoint").is_none());
+        assert!(doc.get("token_endpoint").is_some());
     }
 }

@@ -77,6 +77,7 @@ pub(super) async fn introspect(
 /// The answer for an active token: RFC 7662 §2.2's members, and authd's own claims
 /// under their JWT names.
 fn active(token: crate::token::VerifiedToken, issuer_url: Option<&str>) -> Value {
+    let service = crate::accounts::is_service_token(&token);
     let mut answer = Map::new();
     answer.insert("active".into(), true.into());
     answer.insert("token_type".into(), "Bearer".into());
@@ -111,6 +112,20 @@ fn active(token: crate::token::VerifiedToken, issuer_url: Option<&str>) -> Value
     if let Some(jti) = token.token_id {
         answer.insert("jti".into(), jti.into());
     }
-    answer.insert("amr".into(), token.amr.into());
+    if !service {
+        answer.insert("amr".into(), token.amr.into());
+    }
+    if let Some(client_id) = token.client_id {
+        answer.insert("client_id".into(), client_id.into());
+    }
+    if !token.scopes.is_empty() {
+        answer.insert("scope".into(), token.scopes.join(" ").into());
+    }
+    if let Some(actor) = token.actor {
+        answer.insert(
+            "act".into(),
+            serde_json::to_value(actor).unwrap_or(Value::Null),
+        );
+    }
     Value::Object(answer)
 }

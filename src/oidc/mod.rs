@@ -10,6 +10,8 @@
 //!   the metrics port too.
 //! - `POST /oauth2/introspect`: RFC 7662, for authenticated clients only.
 //! - `POST /oauth2/revoke`: RFC 7009, the token itself is the credential.
+//! - `POST /oauth2/token`: the grants of service accounts (RFC 6749 §4.4's client
+//!   credentials, RFC 8693's token exchange).
 //!
 //! Forms are bounded ([`MAX_FORM_BYTES`]); answers are JSON; token answers carry
 //! `Cache-Control: no-store`. Tokens are checked exactly as ValidateToken checks
@@ -26,12 +28,14 @@
 //!   keys file of digests, or mutual TLS identities).
 //! - `form`: reading a bounded form, the rate limit, and the JSON answers.
 //! - `introspect`, `revoke`: the two token endpoints.
+//! - `token`: the token endpoint of service accounts.
 
 mod clients;
 mod discovery;
 mod form;
 mod introspect;
 mod revoke;
+mod token;
 
 pub use clients::IntrospectionClients;
 pub use discovery::parse_issuer;
@@ -46,6 +50,10 @@ pub const DISCOVERY_PATH: &str = "/.well-known/openid-configuration";
 pub const INTROSPECT_PATH: &str = "/oauth2/introspect";
 /// The path of the revocation endpoint.
 pub const REVOKE_PATH: &str = "/oauth2/revoke";
+/// The path of the token endpoint (service accounts' grants).
+pub const TOKEN_PATH: &str = "/oauth2/token";
+/// The method name rate-limit rules give the token endpoint (`Token:peer=…`).
+pub const TOKEN: &str = crate::rpc::STANDARD_METHODS[2];
 /// The largest form the token endpoints read; a larger one answers 413.
 pub const MAX_FORM_BYTES: usize = 8 * 1024;
 /// The method name rate-limit rules give introspection (`Introspect:peer=…`).
@@ -81,6 +89,7 @@ pub(crate) fn router(endpoints: Endpoints) -> axum::Router {
         .route(DISCOVERY_PATH, get(discovery::document))
         .route(INTROSPECT_PATH, post(introspect::introspect))
         .route(REVOKE_PATH, post(revoke::revoke))
+        .route(TOKEN_PATH, post(token::token))
         .fallback(form::not_found)
         .with_state(endpoints)
         .merge(crate::token::jwks_router(key_ring))

@@ -19,6 +19,7 @@ use super::{
     error::StoreError,
     factor::{self, Factor, FactorAnswer, FactorWrite, LiveChallenge},
     import::{ImportRecord, Imported},
+    service::{self, ServiceAccount, ServiceAnswer, ServiceKey, ServiceWrite},
     session::{self, Ended, EndedSession, LoggedOut, NewSession, Purged, Refreshed, Rotation},
     users::{self, NewUser, Rehash, User},
     writes::{Answer, Answered, Write},
@@ -265,6 +266,34 @@ pub(super) trait Backend: Send + Sync {
     /// A batch of imported users, in one transaction (`import::import`).
     fn import_users(&self, records: Vec<ImportRecord>) -> Op<'_, Vec<Imported>> {
         applied(self, Write::Import(records))
+    }
+
+    /// The service account `key` names.
+    fn service_account<'a>(&'a self, key: &'a ServiceKey) -> Op<'a, Option<ServiceAccount>> {
+        Box::pin(service::account(self.conns(), key))
+    }
+
+    /// Service accounts in name order after `after`, at most `limit`.
+    fn service_accounts_page<'a>(
+        &'a self,
+        after: &'a str,
+        limit: i64,
+    ) -> Op<'a, Vec<ServiceAccount>> {
+        Box::pin(service::page(self.conns(), after, limit))
+    }
+
+    /// The service account a certificate identity or an external subject is bound to.
+    fn service_account_by_identity<'a>(
+        &'a self,
+        issuer: Option<&'a str>,
+        identity: &'a str,
+    ) -> Op<'a, Option<ServiceAccount>> {
+        Box::pin(service::by_identity(self.conns(), issuer, identity))
+    }
+
+    /// A write of service accounts (`service::service_write`).
+    fn service_write(&self, write: ServiceWrite) -> Op<'_, ServiceAnswer> {
+        applied(self, Write::Service(write))
     }
 
     /// A write of the second factor (`factor::factor_write`).

@@ -45,6 +45,8 @@
 //! - `import`: users imported with the hashes they have, a batch in one
 //!   transaction.
 //! - `factor`: the second factor: TOTP factors, recovery codes, Login's challenges.
+//! - `service`: service accounts and their credentials; their writes cut tokens
+//!   off through the per-user cutoffs.
 //! - `connection`: the backend choice and its settings, connect options, and the
 //!   pools operations take a bounded connection from.
 //! - `schema`: the migrations' two ledgers and the compatibility levels: what a
@@ -68,6 +70,7 @@ mod import;
 mod kept;
 mod postgres;
 mod schema;
+mod service;
 mod session;
 mod sqlite;
 mod sqlite_lookups;
@@ -83,6 +86,10 @@ pub use error::StoreError;
 pub use factor::{Factor, FactorAnswer, FactorWrite, LiveChallenge, Proof, Proved, Purpose};
 pub use import::{ImportRecord, Imported};
 pub use schema::{EXT_HASH_LEVEL, RELEASES, SchemaState};
+pub use service::{
+    Added, CredentialKind, ServiceAccount, ServiceAnswer, ServiceCredential, ServiceKey,
+    ServiceWrite,
+};
 pub use session::{
     EndReason, Ended, EndedSession, LiveSession, LoggedOut, NewSession, Purged, Refreshed, Rotation,
 };
@@ -159,6 +166,8 @@ struct Operations {
     find_user_by_id: OperationMetrics,
     write_factor: OperationMetrics,
     import_users: OperationMetrics,
+    read_service: OperationMetrics,
+    write_service: OperationMetrics,
 }
 
 impl Operations {
@@ -190,6 +199,8 @@ impl Operations {
             find_user_by_id: OperationMetrics::new(metrics, backend, "find_user_by_id"),
             write_factor: OperationMetrics::new(metrics, backend, "write_factor"),
             import_users: OperationMetrics::new(metrics, backend, "import_users"),
+            read_service: OperationMetrics::new(metrics, backend, "read_service"),
+            write_service: OperationMetrics::new(metrics, backend, "write_service"),
         }
     }
 }
@@ -423,6 +434,48 @@ impl Store {
     /// its token cutoff at `now`, in one transaction.
     pub async fn delete_user(&self, id: &str, now: i64) -> Result<Change<Revoked>, StoreError> {
         self.timed(&self.ops.delete_user, self.backend.delete_user(id, now))
+            .await
+    }
+
+    /// The service account `key` names, with its credentials.
+    pub async fn service_account(
+        &self,
+        key: &ServiceKey,
+    ) -> Result<Option<ServiceAccount>, StoreError> {
+        self.timed(&self.ops.read_service, self.backend.service_account(key))
+            .await
+    }
+
+    /// Service accounts in name order after `after`, at most `limit`.
+    pub async fn service_accounts_page(
+        &self,
+        after: &str,
+        limit: i64,
+    ) -> Result<Vec<ServiceAccount>, StoreError> {
+        self.timed(
+            &self.ops.read_service,
+            self.backend.service_accounts_page(after, limit),
+        )
+        .await
+    }
+
+    /// The service account bound to a certificate identity (`issuer` `None`) or to
+    /// an external issuer's subject.
+    pub async fn service_account_by_identity(
+        &self,
+        issuer: Option<&str>,
+        identity: &str,
+    ) -> Result<Option<ServiceAccount>, StoreError> {
+        self.timed(
+            &self.ops.read_service,
+            self.backend.service_account_by_identity(issuer, identity),
+        )
+        .await
+    }
+
+    /// A change of service accounts, in one transaction.
+    pub async fn service_write(&self, write: ServiceWrite) -> Result<ServiceAnswer, StoreError> {
+        self.timed(&self.ops.write_service, self.backend.service_write(write))
             .await
     }
 

@@ -9,6 +9,7 @@ use super::{
     error::StoreError,
     factor::{self, FactorAnswer, FactorWrite},
     import::{self, ImportRecord, Imported},
+    service::{self, ServiceAnswer, ServiceWrite},
     session::{self, EndReason, Ended, LoggedOut, NewSession, Purged, Refreshed, Rotation},
     users::{self, NewUser, Rehash},
 };
@@ -79,6 +80,8 @@ pub(super) enum Write {
     Factor(FactorWrite),
     /// A batch of imported users, in one transaction.
     Import(Vec<ImportRecord>),
+    /// A change of service accounts (`service`).
+    Service(ServiceWrite),
 }
 
 /// What a write came to, for the caller to unwrap (each write has one kind).
@@ -97,6 +100,7 @@ pub(super) enum Answer {
     Ids(Vec<String>),
     Factor(FactorAnswer),
     Imported(Vec<Imported>),
+    Service(ServiceAnswer),
 }
 
 /// The value an [`Answer`] holds for one kind of write.
@@ -222,6 +226,15 @@ impl Answered for Vec<Imported> {
     }
 }
 
+impl Answered for ServiceAnswer {
+    fn from_answer(answer: Answer) -> Option<Self> {
+        match answer {
+            Answer::Service(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
 impl Answered for FactorAnswer {
     fn from_answer(answer: Answer) -> Option<Self> {
         match answer {
@@ -331,5 +344,6 @@ pub(super) async fn apply_one(
         )),
         Write::Factor(w) => Ok(Answer::Factor(factor::factor_write(conn, w).await?)),
         Write::Import(records) => Ok(Answer::Imported(import::import(conn, records, now).await?)),
+        Write::Service(w) => Ok(Answer::Service(service::service_write(conn, w).await?)),
     })
 }

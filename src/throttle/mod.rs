@@ -402,6 +402,22 @@ impl Throttle {
         }
     }
 
+    /// As [`Throttle::begin`], for a service account's credential presented as
+    /// `client_id` (docs/service-accounts.md): the same rule and settings, counts of
+    /// their own (the `svc:` keys), per client id and client and per client id.
+    pub async fn begin_client(
+        self: &Arc<Self>,
+        client_id: &str,
+        client: Option<IpAddr>,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Attempt>, Error> {
+        let keys = Keys::new("svc", &self.digest.of_text(client_id), client);
+        match self.begin_keyed(keys, deadline).await? {
+            Some(begun) => Ok(Some(begun.place().await?)),
+            None => Ok(None),
+        }
+    }
+
     async fn begin_keyed(
         self: &Arc<Self>,
         keys: Keys,

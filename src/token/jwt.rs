@@ -80,6 +80,45 @@ pub(super) struct Claims {
     /// tokens issued before authd wrote it, which count as `["pwd"]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) amr: Option<Vec<String>>,
+    /// The service account a token was issued to (client credentials) or the one
+    /// that asked for it (token exchange): its name (RFC 9068 `client_id`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) client_id: Option<String>,
+    /// The scopes granted, space-separated (RFC 9068 `scope`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) scope: Option<String>,
+    /// The credential a service token was issued for: removing it refuses the token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) cred: Option<String>,
+    /// The party acting for `sub` (RFC 8693 `act`), nested for a chain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) act: Option<Box<Actor>>,
+}
+
+/// An actor of RFC 8693: who acts for the subject, and who acted before it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Actor {
+    /// The acting service account's id.
+    pub sub: String,
+    /// Its name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_id: Option<String>,
+    /// The actor before it, in a chain of exchanges.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub act: Option<Box<Actor>>,
+}
+
+impl Actor {
+    /// How many actors the chain holds, this one included.
+    pub fn depth(&self) -> usize {
+        let mut depth = 1;
+        let mut next = self.act.as_deref();
+        while let Some(actor) = next {
+            depth += 1;
+            next = actor.act.as_deref();
+        }
+        depth
+    }
 }
 
 /// What a valid token says.
@@ -102,6 +141,15 @@ pub struct VerifiedToken {
     pub not_before: Option<u64>,
     /// The `jti` claim, when the token has one.
     pub token_id: Option<String>,
+    /// The `client_id` claim: the service account's name, in a service token or an
+    /// exchanged one.
+    pub client_id: Option<String>,
+    /// The `scope` claim, split.
+    pub scopes: Vec<String>,
+    /// The `cred` claim: the credential a service token was issued for.
+    pub credential_id: Option<String>,
+    /// The `act` claim: who acts for the subject.
+    pub actor: Option<Actor>,
 }
 
 impl VerifiedToken {
@@ -202,6 +250,12 @@ pub(super) fn verify(
         issuer_url: claims.iss != ISSUER,
         not_before: claims.nbf,
         token_id: claims.jti,
+        client_id: claims.client_id,
+        scopes: (claims.scope.as_deref())
+            .map(|s| s.split_whitespace().map(str::to_owned).collect())
+            .unwrap_or_default(),
+        credential_id: claims.cred,
+        actor: claims.act.map(|a| *a),
     })
 }
 

@@ -39,7 +39,7 @@ mod keys;
 pub use crate::error::TokenError;
 pub use jwks::Jwks;
 pub(crate) use jwks::{MAX_AGE as JWKS_MAX_AGE, PATH as JWKS_PATH};
-pub use jwt::{ISSUER, VerifiedToken};
+pub use jwt::{Actor, ISSUER, VerifiedToken};
 pub use keys::{Algorithm, KeyRing, LiveKeyRing, generate_key_entry};
 
 use crate::{
@@ -81,6 +81,22 @@ pub(crate) fn requested_audience(requested: &str) -> Result<Option<&str>, String
 /// `GET /.well-known/jwks.json` for the ring in use, merged into the HTTP port's router.
 pub(crate) fn jwks_router(ring: LiveKeyRing) -> axum::Router {
     jwks::router(move || ring.current().jwks().clone())
+}
+
+/// What the `name` claim of a service token starts with (the account's name
+/// follows).
+pub const SERVICE_NAME_PREFIX: &str = "service:";
+
+/// What a service token is issued with.
+pub struct ServiceGrant<'a> {
+    pub account_id: &'a str,
+    pub client_id: &'a str,
+    pub audiences: &'a [String],
+    pub scopes: &'a [String],
+    pub credential_id: Option<&'a str>,
+    /// When the credential was checked (Unix seconds): the token's `iat`.
+    pub verified_at: u64,
+    pub ttl: Duration,
 }
 
 /// A token just issued.
@@ -222,8 +238,86 @@ impl Tokens {
             sid: sid.map(str::to_owned),
             jti: sid.map(|_| uuid::Uuid::now_v7().simple().to_string()),
             amr: Some(amr.split_whitespace().map(str::to_owned).collect()),
+            client_id: None,
+            scope: None,
+            cred: None,
+            act: None,
         };
         let token = jwt::sign(key, &claims)?;
+        self.issued.inc();
+        Ok(IssuedToken { token, expires_at })
+    }
+
+    /// A token of a service account (client credentials, docs/service-accounts.md):
+    /// `sub` its id, `client_id` its name, the audiences and scopes granted, the
+    /// credential it proved itself with, no session. Its `iat` is `grant.verified_at`,
+    /// when the credential was checked against the store, so a change made after
+    /// that check (a disable, a credential removed) refuses it.
+    pub fn issue_service(&self, grant: &ServiceGrant<'_>) -> anyhow::Result<IssuedToken> {
+        let now = grant.verified_at;
+        let exp = now.saturating_add(grant.ttl.as_secs().max(1));
+        let expires_at = unix_time(exp)
+            .ok_or_else(|| anyhow::anyhow!("a service token's lifetime ends past year 9999"))?;
+        let claims = Claims {
+            sub: grant.account_id.to_owned(),
+            // Never a username (':' is no username character): a release that knows
+            // no service tokens names no user with it.
+            name: format!("{SERVICE_NAME_PREFIX}{}", grant.client_id),
+            iat: now,
+            exp,
+            iss: self.issuer().into(),
+            nbf: Some(now),
+            aud: Audience::of(grant.audiences),
+            sid: None,
+            jti: Some(uuid::Uuid::now_v7().simple().to_string()),
+            amr: None,
+            client_id: Some(grant.client_id.to_owned()),
+            scope: (!grant.scopes.is_empty()).then(|| grant.scopes.join(" ")),
+            cred: grant.credential_id.map(str::to_owned),
+            act: None,
+        };
+        let token = jwt::sign(self.keys.current().signer(), &claims)?;
+        self.issued.inc();
+        Ok(IssuedToken { token, expires_at })
+    }
+
+    /// A token exchanged for `source` (RFC 8693): the same subject, session and
+    /// `amr`, for one audience, with `actor` acting (the source's actors after it);
+    /// it never outlives the source.
+    pub fn issue_exchanged(
+        &self,
+        source: &VerifiedToken,
+        actor: Actor,
+        audience: &str,
+        scopes: &[String],
+        ttl: Duration,
+    ) -> anyhow::Result<IssuedToken> {
+        let now = self.clock.unix_secs();
+        let source_exp = source
+            .expires_at
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let exp = now.saturating_add(ttl.as_secs().max(1)).min(source_exp);
+        let expires_at = unix_time(exp)
+            .ok_or_else(|| anyhow::anyhow!("an exchanged token's lifetime ends past year 9999"))?;
+        let claims = Claims {
+            sub: source.user_id.clone(),
+            name: source.username.clone(),
+            iat: now,
+            exp,
+            iss: self.issuer().into(),
+            nbf: Some(now),
+            aud: Some(Audience::One(audience.to_owned())),
+            sid: source.session_id.clone(),
+            jti: Some(uuid::Uuid::now_v7().simple().to_string()),
+            amr: Some(source.amr.clone()),
+            client_id: actor.client_id.clone(),
+            scope: (!scopes.is_empty()).then(|| scopes.join(" ")),
+            cred: None,
+            act: Some(Box::new(actor)),
+        };
+        let token = jwt::sign(self.keys.current().signer(), &claims)?;
         self.issued.inc();
         Ok(IssuedToken { token, expires_at })
     }

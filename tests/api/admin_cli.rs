@@ -19,7 +19,10 @@ use std::{
 };
 use tonic::Code;
 
-crate::backend_tests!(accounts_are_managed_from_the_command_line);
+crate::backend_tests!(
+    accounts_are_managed_from_the_command_line,
+    service_accounts_are_managed_from_the_command_line,
+);
 
 /// One run of `authd admin`.
 pub(crate) struct Run {
@@ -658,4 +661,96 @@ async fn a_password_is_set_from_standard_input_or_a_file() {
         .run(&["set-password", "nobody"])
         .await;
     assert_eq!(run.failed(1), "authd: error: NOT_FOUND: no such user");
+}
+
+/// `authd admin service-accounts …`: created with a secret printed once (the last
+/// line for people, `client_secret` in JSON), shown and listed without it, a secret
+/// rotated in and the old one removed, disabled, and deleted only with --yes.
+async fn service_accounts_are_managed_from_the_command_line(db: TestDb) {
+    use authd::pb::IssueServiceTokenRequest;
+    let admin = admin_app(&db, |_| {}).await;
+    let cli = Cli::of(&admin);
+    let grant = |secret: String| {
+        let mut client = admin.app.client.clone();
+        async move {
+            client
+                .issue_service_token(IssueServiceTokenRequest {
+                    client_id: "orders".into(),
+                    client_secret: secret,
+                    ..Default::default()
+                })
+                .await
+        }
+    };
+
+    let run = cli
+        .run(&[
+            "service-accounts",
+            "create",
+            "orders",
+            "--audience",
+            "billing",
+            "--scope",
+            "read",
+            "--secret",
+        ])
+        .await;
+    let secret = run.ok().stdout.lines().last().unwrap().to_owned();
+    assert!(secret.starts_with("authd_sa_"), "{}", run.stdout);
+    assert!(
+        run.stdout.contains("client secret (shown this once"),
+        "{}",
+        run.stdout
+    );
+    grant(secret.clone()).await.unwrap();
+
+    let shown = cli
+        .run(&["service-accounts", "show", "orders", "--json"])
+        .await
+        .json();
+    assert_eq!(shown["account"]["name"], "orders");
+    assert_eq!(shown["account"]["audiences"][0], "billing");
+    assert!(shown.get("client_secret").is_none());
+    let old_id = shown["account"]["credentials"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let listed = cli.run(&["service-accounts", "list"]).await;
+    assert!(listed.ok().stdout.contains("orders"), "{}", listed.stdout);
+    assert!(!listed.stdout.contains(&secret));
+
+    // Rotation: a new secret, the old one removed; only the new one works.
+    let rotated = cli
+        .run(&[
+            "service-accounts",
+            "rotate-secret",
+            "orders",
+            "--revoke",
+            &old_id,
+            "--json",
+        ])
+        .await
+        .json();
+    let new_secret = rotated["client_secret"].as_str().unwrap().to_owned();
+    assert_ne!(new_secret, secret);
+    expect_code(grant(secret).await, Code::Unauthenticated);
+    grant(new_secret.clone()).await.unwrap();
+
+    cli.run(&[
+        "service-accounts",
+        "disable",
+        "orders",
+        "--reason",
+        "retired",
+    ])
+    .await
+    .ok();
+    expect_code(grant(new_secret).await, Code::Unauthenticated);
+    let refused = cli.run(&["service-accounts", "delete", "orders"]).await;
+    assert!(refused.failed(2).contains("--yes"));
+    cli.run(&["service-accounts", "delete", "orders", "--yes"])
+        .await
+        .ok();
+    let gone = cli.run(&["service-accounts", "show", "orders"]).await;
+    assert!(gone.failed(1).contains("NOT_FOUND"), "{}", gone.stderr);
 }

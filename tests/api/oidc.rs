@@ -155,7 +155,9 @@ async fn without_an_issuer_discovery_says_what_it_needs_and_tokens_say_authd() {
     assert_eq!(claims(&login.access_token)["iss"], "authd");
     // Other paths under the prefixes are JSON 404s; gRPC is untouched.
     assert_eq!(
-        http(app.addr, "GET", "/oauth2/token", "", "").await.status,
+        http(app.addr, "GET", "/oauth2/authorize", "", "")
+            .await
+            .status,
         404
     );
     app.validate(&login.access_token).await.unwrap();
@@ -196,13 +198,21 @@ async fn with_an_issuer_discovery_names_it_tokens_carry_it_and_old_tokens_stay_v
         json!(["HS256"])
     );
     // Nothing authd does not serve.
-    for absent in [
-        "authorization_endpoint",
-        "token_endpoint",
-        "userinfo_endpoint",
-    ] {
+    for absent in ["authorization_endpoint", "userinfo_endpoint"] {
         assert!(doc.get(absent).is_none(), "{absent}");
     }
+    // The token endpoint is the service accounts' (docs/service-accounts.md).
+    assert_eq!(
+        doc["token_endpoint"],
+        json!(format!("{ISSUER}/oauth2/token"))
+    );
+    assert_eq!(
+        doc["grant_types_supported"],
+        json!([
+            "client_credentials",
+            "urn:ietf:params:oauth:grant-type:token-exchange"
+        ])
+    );
     // A client-chosen Host changes nothing.
     let spoofed = http(
         app.addr,

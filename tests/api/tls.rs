@@ -963,3 +963,105 @@ async fn json_and_grpc_web_over_tls_with_http1_and_http2() {
     }
     app.stop().await;
 }
+
+/// A service account proves itself with its client certificate: a bound identity
+/// gets a token with neither client id nor secret; an unbound one, and the bound
+/// one once its credential is removed, are refused as a wrong secret is, and the
+/// token issued for the removed identity is refused.
+#[tokio::test]
+async fn a_bound_certificate_identity_gets_a_service_token_until_it_is_removed() {
+    use authd::pb::{
+        IssueServiceTokenRequest,
+        admin::{
+            CreateServiceAccountRequest, RemoveServiceCredentialRequest, ServiceAccountSelector,
+            admin_service_client::AdminServiceClient, service_account_selector::Selector,
+        },
+    };
+    let server_ca = Ca::new("server-ca");
+    let client_ca = Ca::new("client-ca");
+    let files = Files::new(&server_ca.server(2040), Some(&client_ca));
+    let app = spawn_tls(&files, true, |c| {
+        c.admin.admin_listen = "127.0.0.1:0".parse().unwrap();
+        c.admin.admin_allow = vec![(
+            authd::config::AdminRole::Admin,
+            "spiffe://corp/ns/ops/sa/oncall".into(),
+        )];
+    })
+    .await;
+    let admin_addr = app.handle.admin_addr().unwrap();
+    let mut oncall = AdminServiceClient::new(tls_channel(
+        admin_addr,
+        &server_ca.pem(),
+        Some(&client_ca.client("spiffe://corp/ns/ops/sa/oncall")),
+    ));
+    let orders_identity = "spiffe://corp/ns/shop/sa/orders";
+    let created = oncall
+        .create_service_account(CreateServiceAccountRequest {
+            name: "orders".into(),
+            audiences: vec!["billing".into()],
+            mtls_identities: vec![orders_identity.into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(created.client_secret.is_empty(), "no secret was asked for");
+    let account = created.account.unwrap();
+    let as_identity = |uri: &str| {
+        AuthServiceClient::new(tls_channel(
+            app.addr,
+            &server_ca.pem(),
+            Some(&client_ca.client(uri)),
+        ))
+    };
+    let mut orders = as_identity(orders_identity);
+    let granted = orders
+        .issue_service_token(IssueServiceTokenRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(granted.audiences, ["billing"]);
+    let valid = orders
+        .validate_token(ValidateTokenRequest {
+            access_token: granted.access_token.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(valid.service);
+    assert_eq!(valid.client_id, "orders");
+    assert_eq!(valid.user_id, account.id);
+
+    let mut stranger = as_identity("spiffe://corp/ns/shop/sa/stock");
+    let refused = stranger
+        .issue_service_token(IssueServiceTokenRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+
+    // The identity removed from the account: refused, and its token too.
+    oncall
+        .remove_service_credential(RemoveServiceCredentialRequest {
+            account: Some(ServiceAccountSelector {
+                selector: Some(Selector::Name("orders".into())),
+            }),
+            credential_id: account.credentials[0].id.clone(),
+        })
+        .await
+        .unwrap();
+    let refused = orders
+        .issue_service_token(IssueServiceTokenRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    let refused = orders
+        .validate_token(ValidateTokenRequest {
+            access_token: granted.access_token,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    app.stop().await;
+}

@@ -14,9 +14,11 @@
 //! - `import`: ImportUsers, a stream of users with the hashes they have, written
 //!   in batches.
 //! - `keys`: the admin keys file and the constant-time check of a key.
+//! - `service`: the service accounts' calls (docs/service-accounts.md).
 
 mod import;
 mod keys;
+mod service;
 
 pub use keys::{Actor, AdminKeys, Role};
 
@@ -595,6 +597,55 @@ impl admin_service_server::AdminService for AdminApi {
         request: Request<tonic::Streaming<crate::pb::admin::ImportUsersRequest>>,
     ) -> Result<Response<Self::ImportUsersStream>, Status> {
         self.import(request).await
+    }
+
+    async fn create_service_account(
+        &self,
+        request: Request<crate::pb::admin::CreateServiceAccountRequest>,
+    ) -> Result<Response<crate::pb::admin::CreateServiceAccountResponse>, Status> {
+        self.create_service_account_call(request).await
+    }
+
+    async fn get_service_account(
+        &self,
+        request: Request<crate::pb::admin::GetServiceAccountRequest>,
+    ) -> Result<Response<crate::pb::admin::GetServiceAccountResponse>, Status> {
+        self.get_service_account_call(request).await
+    }
+
+    async fn list_service_accounts(
+        &self,
+        request: Request<crate::pb::admin::ListServiceAccountsRequest>,
+    ) -> Result<Response<crate::pb::admin::ListServiceAccountsResponse>, Status> {
+        self.list_service_accounts_call(request).await
+    }
+
+    async fn disable_service_account(
+        &self,
+        request: Request<crate::pb::admin::DisableServiceAccountRequest>,
+    ) -> Result<Response<crate::pb::admin::DisableServiceAccountResponse>, Status> {
+        self.disable_service_account_call(request).await
+    }
+
+    async fn delete_service_account(
+        &self,
+        request: Request<crate::pb::admin::DeleteServiceAccountRequest>,
+    ) -> Result<Response<crate::pb::admin::DeleteServiceAccountResponse>, Status> {
+        self.delete_service_account_call(request).await
+    }
+
+    async fn add_service_credential(
+        &self,
+        request: Request<crate::pb::admin::AddServiceCredentialRequest>,
+    ) -> Result<Response<crate::pb::admin::AddServiceCredentialResponse>, Status> {
+        self.add_service_credential_call(request).await
+    }
+
+    async fn remove_service_credential(
+        &self,
+        request: Request<crate::pb::admin::RemoveServiceCredentialRequest>,
+    ) -> Result<Response<crate::pb::admin::RemoveServiceCredentialResponse>, Status> {
+        self.remove_service_credential_call(request).await
     }
 
     async fn remove_second_factors(

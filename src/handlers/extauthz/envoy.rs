@@ -11,7 +11,7 @@
 //! The route's policy is read from `context_extensions` (see `Policy`).
 
 use super::{
-    Authorizer, Decision, Policy, UNREADABLE, identity_values,
+    Authorizer, Decision, IDENTITY_HEADERS, Policy, UNREADABLE, identity_values,
     wire::{
         CheckRequest, CheckResponse, DeniedHttpResponse, Field, HeaderValueOption, HttpResponse,
         HttpStatus, Kind, ListValue, OkHttpResponse, RpcStatus, Struct, Value,
@@ -80,7 +80,7 @@ impl Authorization for AuthorizationApi {
         let answer = match decision {
             Decision::Allow(token) => {
                 user = token.as_ref().map(|t| UserId(t.user_id.clone()));
-                self.allowed(token, &check)
+                self.allowed(token.map(|t| *t), &check)
             }
             Decision::Deny(denial) => self.denied(denial),
         };
@@ -97,7 +97,7 @@ impl AuthorizationApi {
     fn allowed(&self, token: Option<VerifiedToken>, check: &CheckRequest) -> CheckResponse {
         let settings = self.authorizer.settings();
         let names = self.authorizer.header_names();
-        let values: [Option<Bytes>; 5] = match &token {
+        let values: [Option<Bytes>; IDENTITY_HEADERS] = match &token {
             Some(token) => identity_values(token).map(|v| v.map(|v| Bytes::from(v.into_owned()))),
             None => Default::default(),
         };
@@ -183,7 +183,7 @@ impl AuthorizationApi {
 /// filter's namespace): `user_id`, `username`, `session_id`, `amr`, `audience`,
 /// `expires_at` (Unix seconds). `values` are the token's identity header values
 /// (`identity_values`), shared rather than copied where they are the same.
-fn claims(token: VerifiedToken, values: &[Option<Bytes>; 5]) -> Struct {
+fn claims(token: VerifiedToken, values: &[Option<Bytes>; IDENTITY_HEADERS]) -> Struct {
     let text = |value: Bytes| Kind::String(value);
     let list = |items: Vec<String>| {
         Kind::List(ListValue {
@@ -199,8 +199,23 @@ fn claims(token: VerifiedToken, values: &[Option<Bytes>; 5]) -> Struct {
         .expires_at
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs() as f64);
-    let [user_id, username, session_id, ..] = values;
-    let mut fields = Vec::with_capacity(6);
+    let [
+        user_id,
+        username,
+        session_id,
+        _,
+        _,
+        client_id,
+        service_id,
+        ..,
+    ] = values;
+    let mut fields = Vec::with_capacity(8);
+    if let Some(client_id) = client_id {
+        fields.push(Field::new("client_id", text(client_id.clone())));
+    }
+    if let Some(service_id) = service_id {
+        fields.push(Field::new("service_id", text(service_id.clone())));
+    }
     if let Some(user_id) = user_id {
         fields.push(Field::new("user_id", text(user_id.clone())));
     }

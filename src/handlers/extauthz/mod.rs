@@ -99,7 +99,7 @@ impl Policy {
 #[derive(Debug)]
 pub(crate) enum Decision {
     /// Let the request through: as the token's user, or anonymously (`None`).
-    Allow(Option<VerifiedToken>),
+    Allow(Option<Box<VerifiedToken>>),
     Deny(Denial),
 }
 
@@ -127,7 +127,7 @@ pub(crate) struct Authorizer {
     accounts: Arc<Accounts>,
     settings: AuthzSettings,
     /// [`identity_header_names`] under the settings' prefix, made once.
-    header_names: [Bytes; 5],
+    header_names: [Bytes; IDENTITY_HEADERS],
     metrics: AuthzMetrics,
 }
 
@@ -151,7 +151,7 @@ impl Authorizer {
     }
 
     /// The identity headers' names, in the order of [`identity_values`].
-    pub(crate) fn header_names(&self) -> &[Bytes; 5] {
+    pub(crate) fn header_names(&self) -> &[Bytes; IDENTITY_HEADERS] {
         &self.header_names
     }
 
@@ -201,7 +201,7 @@ impl Authorizer {
         if !identity_values_fit(&verified) {
             return Decision::Deny(Denial::InvalidToken(TokenError::Malformed));
         }
-        Decision::Allow(Some(verified))
+        Decision::Allow(Some(Box::new(verified)))
     }
 }
 
@@ -233,9 +233,16 @@ fn bearer(authorization: Option<&str>) -> Bearer<'_> {
     Bearer::Token(token)
 }
 
-/// The headers that name `token`'s user to the upstream, under `prefix`: user id,
-/// username, session id (when the token has one), `amr` and audience (comma
-/// separated, when there are any).
+/// How many identity headers there are.
+pub(crate) const IDENTITY_HEADERS: usize = 9;
+
+/// The headers that name `token`'s user (or service) to the upstream, under
+/// `prefix`: user id, username, session id (when the token has one), `amr` and
+/// audience (comma separated, when there are any); for a service token the
+/// service's name (`client-id`) and id (`service-id`) instead of the user's; for an
+/// exchanged token the user's, the acting service's name (`client-id`) and the ids
+/// of the services acting (`actor`, the latest first); the scopes (`scope`, space
+/// separated) when there are any.
 pub(crate) fn identity_headers(prefix: &str, token: &VerifiedToken) -> Vec<(String, String)> {
     identity_header_names(prefix)
         .into_iter()
@@ -247,27 +254,48 @@ pub(crate) fn identity_headers(prefix: &str, token: &VerifiedToken) -> Vec<(Stri
 /// The names of every identity header, set or not: what is removed from a request
 /// before any is set, so that a client can forge none. In the order of
 /// [`identity_values`].
-pub(crate) fn identity_header_names(prefix: &str) -> [String; 5] {
-    ["user-id", "username", "session-id", "amr", "audience"].map(|name| format!("{prefix}{name}"))
+pub(crate) fn identity_header_names(prefix: &str) -> [String; IDENTITY_HEADERS] {
+    [
+        "user-id",
+        "username",
+        "session-id",
+        "amr",
+        "audience",
+        "client-id",
+        "service-id",
+        "scope",
+        "actor",
+    ]
+    .map(|name| format!("{prefix}{name}"))
 }
 
 /// The value of each identity header for `token`, in the order of
 /// [`identity_header_names`]; `None` for one not set (no session, no `amr`, no
-/// audience).
-pub(crate) fn identity_values(token: &VerifiedToken) -> [Option<Cow<'_, str>>; 5] {
-    fn list(items: &[String]) -> Option<Cow<'_, str>> {
+/// audience, not a service's).
+pub(crate) fn identity_values(token: &VerifiedToken) -> [Option<Cow<'_, str>>; IDENTITY_HEADERS] {
+    fn list(items: &[String], by: &str) -> Option<Cow<'static, str>> {
         match items {
             [] => None,
-            [one] => Some(Cow::Borrowed(one.as_str())),
-            many => Some(Cow::Owned(many.join(","))),
+            many => Some(Cow::Owned(many.join(by))),
         }
     }
+    let service = crate::accounts::is_service_token(token);
+    let mut actors = Vec::new();
+    let mut actor = token.actor.as_ref();
+    while let Some(a) = actor {
+        actors.push(a.sub.clone());
+        actor = a.act.as_deref();
+    }
     [
-        Some(Cow::Borrowed(token.user_id.as_str())),
-        Some(Cow::Borrowed(token.username.as_str())),
+        (!service).then_some(Cow::Borrowed(token.user_id.as_str())),
+        (!service).then_some(Cow::Borrowed(token.username.as_str())),
         token.session_id.as_deref().map(Cow::Borrowed),
-        list(&token.amr),
-        list(&token.audience),
+        if service { None } else { list(&token.amr, ",") },
+        list(&token.audience, ","),
+        token.client_id.as_deref().map(Cow::Borrowed),
+        service.then_some(Cow::Borrowed(token.user_id.as_str())),
+        list(&token.scopes, " "),
+        list(&actors, ","),
     ]
 }
 
@@ -346,6 +374,10 @@ mod tests {
             issuer_url: false,
             not_before: None,
             token_id: None,
+            client_id: None,
+            scopes: vec![],
+            credential_id: None,
+            actor: None,
         };
         let headers = identity_headers("x-authd-", &token);
         let named: Vec<(&str, &str)> = headers
