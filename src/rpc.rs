@@ -48,6 +48,8 @@ pub(crate) enum Rpc {
     CompleteLogin,
     DisableTotp,
     RegenerateRecoveryCodes,
+    RequestPasswordReset,
+    CompletePasswordReset,
     /// `envoy.service.auth.v3.Authorization/Check`: Envoy's external authorization.
     ExtAuthzCheck,
     HealthCheck,
@@ -62,7 +64,7 @@ pub(crate) enum Rpc {
 
 impl Rpc {
     /// Every value, in the order of [`Rpc::index`].
-    pub(crate) const ALL: [Rpc; 19] = [
+    pub(crate) const ALL: [Rpc; 21] = [
         Rpc::Register,
         Rpc::Login,
         Rpc::ValidateToken,
@@ -75,6 +77,8 @@ impl Rpc {
         Rpc::CompleteLogin,
         Rpc::DisableTotp,
         Rpc::RegenerateRecoveryCodes,
+        Rpc::RequestPasswordReset,
+        Rpc::CompletePasswordReset,
         Rpc::ExtAuthzCheck,
         Rpc::HealthCheck,
         Rpc::HealthWatch,
@@ -87,7 +91,7 @@ impl Rpc {
     /// The methods of `auth.v1.AuthService` (a unit test keeps them in step with the
     /// proto, and [`Rpc::NAMED_METHODS`] in step with them).
     #[cfg(test)]
-    pub(crate) const AUTH_METHODS: [Rpc; 12] = [
+    pub(crate) const AUTH_METHODS: [Rpc; 14] = [
         Rpc::Register,
         Rpc::Login,
         Rpc::ValidateToken,
@@ -100,11 +104,13 @@ impl Rpc {
         Rpc::CompleteLogin,
         Rpc::DisableTotp,
         Rpc::RegenerateRecoveryCodes,
+        Rpc::RequestPasswordReset,
+        Rpc::CompletePasswordReset,
     ];
 
     /// The methods rate-limit rules and the mutual-TLS allow-list may name: those of
     /// AuthService, and `Check` (Envoy's external authorization).
-    pub(crate) const NAMED_METHODS: [Rpc; 13] = [
+    pub(crate) const NAMED_METHODS: [Rpc; 15] = [
         Rpc::Register,
         Rpc::Login,
         Rpc::ValidateToken,
@@ -117,6 +123,8 @@ impl Rpc {
         Rpc::CompleteLogin,
         Rpc::DisableTotp,
         Rpc::RegenerateRecoveryCodes,
+        Rpc::RequestPasswordReset,
+        Rpc::CompletePasswordReset,
         Rpc::ExtAuthzCheck,
     ];
 
@@ -146,7 +154,9 @@ impl Rpc {
             | Rpc::ConfirmTotpEnrollment
             | Rpc::CompleteLogin
             | Rpc::DisableTotp
-            | Rpc::RegenerateRecoveryCodes => AUTH,
+            | Rpc::RegenerateRecoveryCodes
+            | Rpc::RequestPasswordReset
+            | Rpc::CompletePasswordReset => AUTH,
             Rpc::ExtAuthzCheck => EXT_AUTHZ,
             Rpc::HealthCheck | Rpc::HealthWatch => HEALTH,
             Rpc::ReflectionV1 => REFLECTION_V1,
@@ -171,6 +181,8 @@ impl Rpc {
             Rpc::CompleteLogin => "CompleteLogin",
             Rpc::DisableTotp => "DisableTotp",
             Rpc::RegenerateRecoveryCodes => "RegenerateRecoveryCodes",
+            Rpc::RequestPasswordReset => "RequestPasswordReset",
+            Rpc::CompletePasswordReset => "CompletePasswordReset",
             Rpc::ExtAuthzCheck | Rpc::HealthCheck => "Check",
             Rpc::HealthWatch => "Watch",
             Rpc::ReflectionV1 | Rpc::ReflectionV1Alpha => "ServerReflectionInfo",
@@ -198,7 +210,10 @@ impl Rpc {
     /// milliseconds at the default cost): admission control measures how fast these
     /// are answered apart from the others, which take microseconds.
     pub(crate) fn hashes_a_password(self) -> bool {
-        matches!(self, Rpc::Register | Rpc::Login | Rpc::ChangePassword)
+        matches!(
+            self,
+            Rpc::Register | Rpc::Login | Rpc::ChangePassword | Rpc::CompletePasswordReset
+        )
     }
 
     /// The method called `name` (case-insensitively) among [`Rpc::NAMED_METHODS`],
@@ -672,8 +687,8 @@ mod tests {
             .collect();
         known.sort();
         assert_eq!(methods, known);
-        assert_eq!(Rpc::NAMED_METHODS[..12], Rpc::AUTH_METHODS);
-        assert_eq!(Rpc::NAMED_METHODS[12], Rpc::ExtAuthzCheck);
+        assert_eq!(Rpc::NAMED_METHODS[..14], Rpc::AUTH_METHODS);
+        assert_eq!(Rpc::NAMED_METHODS[14], Rpc::ExtAuthzCheck);
     }
 
     fn callers(list: &str) -> TrustedCallers {

@@ -25,10 +25,12 @@
 //!   the purge of old sessions and cutoffs.
 //! - `admin`: what an administrator does to accounts (the admin API), and the
 //!   per-user token cutoffs the upkeep reads.
+//! - `recovery`: RequestPasswordReset and CompletePasswordReset (docs/recovery.md).
 //! - `second_factor`: TOTP enrollment, Login's challenge and CompleteLogin,
 //!   turning the factor off, recovery codes.
 
 mod admin;
+mod recovery;
 mod second_factor;
 mod upkeep;
 
@@ -153,6 +155,8 @@ pub struct Accounts {
     rehashing: InFlight,
     /// `authd_password_rehashes_total`.
     rehashes: IntCounterVec,
+    /// How long a password reset token lives.
+    reset_ttl: Duration,
 }
 
 /// The users some work is in flight for, at most `max` of them: a second piece of
@@ -269,12 +273,19 @@ impl Accounts {
             metrics_sf: metrics.second_factor.clone(),
             rehashing: InFlight::new(MAX_REHASHING),
             rehashes: metrics.rehash.rehashes.clone(),
+            reset_ttl: Duration::from_secs(30 * 60),
         }
     }
 
     /// The second factor's data keys, issuer, challenge lifetime and clock.
     pub fn with_second_factor(mut self, factors: SecondFactorSettings) -> Self {
         self.factors = factors;
+        self
+    }
+
+    /// How long a password reset token lives (AUTHD_PASSWORD_RESET_TTL).
+    pub fn with_reset_ttl(mut self, ttl: Duration) -> Self {
+        self.reset_ttl = ttl;
         self
     }
 

@@ -15,17 +15,21 @@
 //! # Layout
 //!
 //! - this file: the connection, the calls, the failures and their exit status.
+//! - `events`: `events tail`, WatchEvents printed as events arrive.
 //! - `import`: `users import`, JSON Lines streamed to ImportUsers.
 //! - `input`: the new password of `set-password`, from standard input or a file.
 //! - `view`: what is printed: tables and lines for people, JSON for scripts.
 
+mod events;
 mod import;
 mod input;
 mod view;
 
 use crate::{
     client::{self, BadEndpoint, ClientTls},
-    config::{AdminAction, AdminCommand, Config, SessionsAction, UserArg, UsersAction},
+    config::{
+        AdminAction, AdminCommand, Config, EventsAction, SessionsAction, UserArg, UsersAction,
+    },
     pb::admin::{
         DeleteUserRequest, DisableUserRequest, DisabledFilter, EnableUserRequest,
         EndSessionsRequest, GetUserRequest, ListSessionsRequest, ListUsersRequest,
@@ -298,6 +302,11 @@ async fn execute(config: &Config, command: &AdminCommand) -> Result<String, Fail
                 as_json,
             ))
         }
+        AdminAction::Events(EventsAction::Tail {
+            from,
+            oldest,
+            count,
+        }) => events::tail(&admin, *from, *oldest, *count, as_json).await,
         AdminAction::Users(UsersAction::Import { on_conflict, .. }) => {
             let Some(input) = input else {
                 return Err(Failure::Usage("no input".into()));

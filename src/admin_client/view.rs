@@ -75,7 +75,7 @@ fn json(value: &impl Serialize) -> String {
 
 /// A time for JSON: RFC 3339 in UTC, always with three digits of milliseconds
 /// (what the server stores), so that times of one width sort as text.
-fn rfc3339(at: Option<&Timestamp>) -> Option<String> {
+pub(super) fn rfc3339(at: Option<&Timestamp>) -> Option<String> {
     let mut at = *at?;
     at.normalize();
     let millis = at.nanos / 1_000_000;

@@ -17,6 +17,8 @@ use super::{
     admin::{self, Account, AccountKey, Change, Cutoff, PageQuery, Revoked, SessionInfo},
     db::Conns,
     error::StoreError,
+    events::{self, Event, Frontier, WebhookWrite},
+    reset::{self, ResetAnswer, ResetWrite},
     factor::{self, Factor, FactorAnswer, FactorWrite, LiveChallenge},
     import::{ImportRecord, Imported},
     session::{self, Ended, EndedSession, LoggedOut, NewSession, Purged, Refreshed, Rotation},
@@ -265,6 +267,53 @@ pub(super) trait Backend: Send + Sync {
     /// A batch of imported users, in one transaction (`import::import`).
     fn import_users(&self, records: Vec<ImportRecord>) -> Op<'_, Vec<Imported>> {
         applied(self, Write::Import(records))
+    }
+
+    /// Events after `after` up to `upto`, at most `limit` (`events::after`).
+    fn events_after(&self, after: i64, upto: i64, limit: i64) -> Op<'_, Vec<Event>> {
+        Box::pin(events::after(self.conns(), after, upto, limit))
+    }
+
+    /// The highest position retention deleted.
+    fn events_pruned(&self) -> Op<'_, i64> {
+        Box::pin(events::pruned(self.conns()))
+    }
+
+    /// How far readers may read (`events::Frontier`).
+    fn event_frontier(&self) -> Op<'_, Frontier> {
+        Box::pin(events::frontier(self.conns()))
+    }
+
+    /// Whether the transactions in progress in a frontier's snapshot have ended.
+    fn events_settled<'a>(&'a self, snapshot: &'a str) -> Op<'a, bool> {
+        Box::pin(events::settled(self.conns(), snapshot))
+    }
+
+    /// One pass of retention (`events::prune`).
+    fn prune_events(&self, before: i64, keep: i64, limit: i64) -> Op<'_, u64> {
+        applied(
+            self,
+            Write::PruneEvents {
+                before,
+                keep,
+                limit,
+            },
+        )
+    }
+
+    /// A webhook endpoint's delivery state (`events::webhook`).
+    fn webhook_write(&self, write: WebhookWrite) -> Op<'_, Option<i64>> {
+        applied(self, Write::Webhook(write))
+    }
+
+    /// The user of the live reset `digest` (`reset::live`).
+    fn live_reset<'a>(&'a self, digest: &'a str, now: i64) -> Op<'a, Option<String>> {
+        Box::pin(reset::live(self.conns(), digest, now))
+    }
+
+    /// A password reset's write (`reset::apply`).
+    fn reset_write(&self, write: ResetWrite) -> Op<'_, ResetAnswer> {
+        applied(self, Write::Reset(write))
     }
 
     /// A write of the second factor (`factor::factor_write`).
