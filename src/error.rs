@@ -390,8 +390,10 @@ impl Error {
                 Status::unauthenticated(self.to_string())
             }
             Error::EventsPruned { oldest_after } => {
-                let metadata =
-                    std::collections::HashMap::from([("oldest_after".to_owned(), oldest_after.to_string())]);
+                let metadata = std::collections::HashMap::from([(
+                    "oldest_after".to_owned(),
+                    oldest_after.to_string(),
+                )]);
                 let details = ErrorDetails::with_error_info("EVENTS_PRUNED", "authd", metadata);
                 Status::with_error_details(Code::OutOfRange, self.to_string(), details)
             }

@@ -125,7 +125,8 @@ impl Accounts {
                 for id in &sessions {
                     self.revocations.insert(id, now, now);
                 }
-                self.counters.ended(EndReason::PasswordChange, sessions.len());
+                self.counters
+                    .ended(EndReason::PasswordChange, sessions.len());
                 self.audit.password_reset(caller, &user_id, "completed");
                 if let Err(e) = self.refresh_hash_cost().await {
                     tracing::warn!(error = %e, "reading the highest stored hash cost failed");

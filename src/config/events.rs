@@ -57,8 +57,13 @@ pub struct EventsConfig {
     /// Webhook endpoints, comma-separated: `URL` for every event type, or
     /// `TYPE|TYPE=URL` for some (e.g. `user.registered|user.deleted=https://crm/hook`).
     /// http:// or https:// URLs [default: none: no webhooks].
-    #[arg(long, env = "AUTHD_WEBHOOKS", value_delimiter = ',', global = true,
-          display_order = 135)]
+    #[arg(
+        long,
+        env = "AUTHD_WEBHOOKS",
+        value_delimiter = ',',
+        global = true,
+        display_order = 135
+    )]
     pub webhooks: Vec<Endpoint>,
 
     /// The Standard Webhooks signing secret, `whsec_` and base64 of 24 to 64 random
@@ -70,7 +75,12 @@ pub struct EventsConfig {
 
     /// File holding the webhook signing secret, instead of --webhook-secret: keeps it
     /// out of `ps` and the environment. Read at start.
-    #[arg(long, env = "AUTHD_WEBHOOK_SECRET_FILE", global = true, display_order = 137)]
+    #[arg(
+        long,
+        env = "AUTHD_WEBHOOK_SECRET_FILE",
+        global = true,
+        display_order = 137
+    )]
     pub webhook_secret_file: Option<PathBuf>,
 
     /// How long one webhook delivery may take (connecting, sending, the answer).

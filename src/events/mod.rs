@@ -96,7 +96,10 @@ impl Reader {
             }
             Some(snapshot) => {
                 if self.pending.len() < MAX_PENDING
-                    && self.pending.back().is_none_or(|(last, _)| *last < frontier.last)
+                    && self
+                        .pending
+                        .back()
+                        .is_none_or(|(last, _)| *last < frontier.last)
                 {
                     self.pending.push_back((frontier.last, snapshot));
                 }
@@ -172,12 +175,13 @@ impl Events {
         start: Start,
         stop: CancellationToken,
     ) -> Result<mpsc::Receiver<Result<Event, Error>>, Error> {
-        let permit = (self.watchers.clone())
-            .try_acquire_owned()
-            .map_err(|_| Error::Overloaded {
-                what: "event watchers (AUTHD_EVENTS_MAX_WATCHERS)",
-                retry_after: self.settings.poll.max(Duration::from_secs(1)),
-            })?;
+        let permit =
+            (self.watchers.clone())
+                .try_acquire_owned()
+                .map_err(|_| Error::Overloaded {
+                    what: "event watchers (AUTHD_EVENTS_MAX_WATCHERS)",
+                    retry_after: self.settings.poll.max(Duration::from_secs(1)),
+                })?;
         let mut reader = Reader::new(self.store.clone());
         let after = self.start_after(start, &mut reader).await?;
         let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
@@ -204,6 +208,11 @@ impl Events {
             let batch = match reader.read(after, READ_BATCH).await {
                 Ok(batch) => batch,
                 Err(e) => {
+                    tracing::warn!(
+                        error = format!("{e:#}"),
+                        after,
+                        "an event stream ended: reading the events failed"
+                    );
                     let _ = sender.send(Err(Error::from(e))).await;
                     return;
                 }

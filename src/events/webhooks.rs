@@ -231,9 +231,12 @@ impl Webhooks {
                 break;
             }
             writes.borrow_and_update();
-            let step = self
-                .step(endpoint, &mut reader, &mut connection, &mut attempts, &stop)
-                .await;
+            // A delivery in flight is given up at shutdown (it is sent again after
+            // the restart: at least once).
+            let step = self.step(endpoint, &mut reader, &mut connection, &mut attempts, &stop);
+            let Some(step) = stop.run_until_cancelled(step).await else {
+                break;
+            };
             let idle = matches!(step, Ok(Step::Idle));
             let wait = match step {
                 Ok(Step::More) => continue,
@@ -250,7 +253,11 @@ impl Webhooks {
                 _ = tokio::time::sleep(wait) => {}
             }
         }
-        if let Err(e) = self.store.release_webhook(endpoint.url(), &self.owner).await {
+        if let Err(e) = self
+            .store
+            .release_webhook(endpoint.url(), &self.owner)
+            .await
+        {
             tracing::debug!(error = %e, "giving back a webhook lease failed");
         }
     }
@@ -269,7 +276,13 @@ impl Webhooks {
         // A new endpoint starts with the events committed from now on.
         let start = reader.advance().await?;
         let Some(mut after) = (self.store)
-            .lease_webhook(endpoint.url(), &self.owner, start, self.clock.millis(), lease_until)
+            .lease_webhook(
+                endpoint.url(),
+                &self.owner,
+                start,
+                self.clock.millis(),
+                lease_until,
+            )
             .await?
         else {
             return Ok(Step::Idle);
@@ -318,7 +331,12 @@ impl Webhooks {
         Ok(Step::More)
     }
 
-    async fn record(&self, endpoint: &Endpoint, position: i64, attempts: i64) -> anyhow::Result<()> {
+    async fn record(
+        &self,
+        endpoint: &Endpoint,
+        position: i64,
+        attempts: i64,
+    ) -> anyhow::Result<()> {
         let now = self.clock.millis();
         let kept = (self.store)
             .record_webhook(
@@ -347,13 +365,14 @@ impl Webhooks {
         let id = format!("evt_{}", event.position);
         let timestamp = self.clock.millis() / 1000;
         let signature = self.settings.secret.sign(&id, timestamp, &body);
-        let authority = if (endpoint.tls && endpoint.port == 443) || (!endpoint.tls && endpoint.port == 80) {
-            endpoint.host.clone()
-        } else if endpoint.host.contains(':') {
-            format!("[{}]:{}", endpoint.host, endpoint.port)
-        } else {
-            format!("{}:{}", endpoint.host, endpoint.port)
-        };
+        let authority =
+            if (endpoint.tls && endpoint.port == 443) || (!endpoint.tls && endpoint.port == 80) {
+                endpoint.host.clone()
+            } else if endpoint.host.contains(':') {
+                format!("[{}]:{}", endpoint.host, endpoint.port)
+            } else {
+                format!("{}:{}", endpoint.host, endpoint.port)
+            };
         let request = http::Request::post(endpoint.path.as_str())
             .header(http::header::HOST, authority)
             .header(http::header::CONTENT_TYPE, "application/json")
@@ -460,7 +479,10 @@ mod tests {
     fn an_endpoint_names_its_types_or_takes_all() {
         let all: Endpoint = "http://127.0.0.1:8080/hook".parse().unwrap();
         assert!(all.wants("user.registered"));
-        assert_eq!((all.host.as_str(), all.port, all.path.as_str()), ("127.0.0.1", 8080, "/hook"));
+        assert_eq!(
+            (all.host.as_str(), all.port, all.path.as_str()),
+            ("127.0.0.1", 8080, "/hook")
+        );
         let some: Endpoint = "user.registered|user.deleted=https://crm.example/h?x=1"
             .parse()
             .unwrap();
@@ -496,7 +518,9 @@ mod tests {
         let max = Duration::from_secs(60);
         for attempts in 1..30 {
             let wait = backoff(attempts, max);
-            let full = FIRST_RETRY.saturating_mul(1 << (attempts - 1).min(20)).min(max);
+            let full = FIRST_RETRY
+                .saturating_mul(1 << (attempts - 1).min(20))
+                .min(max);
             assert!(wait <= full && wait >= full / 2, "{attempts}: {wait:?}");
         }
     }

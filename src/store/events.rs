@@ -130,7 +130,7 @@ pub(super) mod sql {
     pub const SNAPSHOT: &str = "SELECT pg_current_snapshot()::text";
     /// Whether every transaction in progress in snapshot `$1` has ended.
     pub const SETTLED: &str = "SELECT COALESCE(bool_and(pg_visible_in_snapshot(x, \
-         pg_current_snapshot())), TRUE) FROM unnest(pg_snapshot_xip($1::text::pg_snapshot)) AS x";
+         pg_current_snapshot())), TRUE) FROM pg_snapshot_xip($1::text::pg_snapshot) AS x";
     /// The highest position retention deletes: the newest event older than `$1`,
     /// or the one `$2` events below the newest.
     pub const PRUNE_TARGET: &str = "SELECT COALESCE(MAX(p), 0) FROM (\

@@ -88,9 +88,9 @@ pub use backend::WriterSnapshot;
 pub use connection::{PostgresSettings, SqliteSettings, StoreSettings};
 pub use error::StoreError;
 pub use events::{Event, Frontier, kind as event_kind};
-pub use reset::{ResetAnswer, ResetWrite};
 pub use factor::{Factor, FactorAnswer, FactorWrite, LiveChallenge, Proof, Proved, Purpose};
 pub use import::{ImportRecord, Imported};
+pub use reset::{ResetAnswer, ResetWrite};
 pub use schema::{EXT_HASH_LEVEL, RELEASES, SchemaState};
 pub use session::{
     EndReason, Ended, EndedSession, LiveSession, LoggedOut, NewSession, Purged, Refreshed, Rotation,
@@ -631,7 +631,12 @@ impl Store {
 
     /// Deletes up to `limit` events written before `before` or more than `keep`
     /// below the newest, oldest first; how many.
-    pub async fn prune_events(&self, before: i64, keep: i64, limit: i64) -> Result<u64, StoreError> {
+    pub async fn prune_events(
+        &self,
+        before: i64,
+        keep: i64,
+        limit: i64,
+    ) -> Result<u64, StoreError> {
         self.timed(
             &self.ops.prune_events,
             self.backend.prune_events(before, keep, limit),

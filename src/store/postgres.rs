@@ -25,8 +25,8 @@ use super::{
     connection::{Connections, PostgresSettings, connect_postgres, migrate_postgres, within},
     db::{Conn, Conns, Statement},
     error::StoreError,
-    session::{NewSession, new_session_args, sql::INSERT_SESSION_LOCKING},
     events::{self, registered},
+    session::{NewSession, new_session_args, sql::INSERT_SESSION_LOCKING},
     users::{self, NewUser, Rehash, User, new_user_args},
     writes::{Answer, Write, apply_one},
 };

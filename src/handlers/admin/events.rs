@@ -57,7 +57,9 @@ impl AdminApi {
                 }
             };
             let Some(events) = &self.events else {
-                return Err(Error::Unavailable("account events are not served here".into()));
+                return Err(Error::Unavailable(
+                    "account events are not served here".into(),
+                ));
             };
             let receiver = events.watch(start, self.stop.clone()).await?;
             Ok((actor, receiver))
