@@ -29,6 +29,7 @@ mod load;
 mod metrics;
 mod oidc;
 mod outage;
+mod outbox;
 mod overload;
 mod ratelimit;
 mod readme;
