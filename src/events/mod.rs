@@ -274,15 +274,16 @@ impl Events {
         }
     }
 
-    /// Runs retention every `prune_every` until cancelled.
+    /// Runs retention every `prune_every` until cancelled, the first time one
+    /// interval after the start (a start writes nothing of its own).
     pub async fn prune_every(self: Arc<Self>, stop: CancellationToken) {
         loop {
-            if let Err(e) = self.prune().await {
-                tracing::warn!(error = %e, "deleting old account events failed");
-            }
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(self.settings.prune_every) => {}
+            }
+            if let Err(e) = self.prune().await {
+                tracing::warn!(error = %e, "deleting old account events failed");
             }
         }
     }

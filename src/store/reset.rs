@@ -35,8 +35,9 @@ pub(super) mod sql {
         "SELECT id FROM users WHERE id = $1 AND password_version = $2 AND disabled_at IS NULL";
 }
 
-/// A write of a password reset, one transaction.
-#[derive(Debug, Clone)]
+/// A write of a password reset, one transaction. No `Debug`: a request holds the
+/// token, which is never printed.
+#[derive(Clone)]
 pub enum ResetWrite {
     /// A new reset for the user, at the password version read.
     Request {
