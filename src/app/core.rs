@@ -89,6 +89,12 @@ impl Core {
                 metrics.events.clone(),
             ))
         });
+        if let Some(webhooks) = &webhooks {
+            webhooks
+                .prepare()
+                .await
+                .map_err(|e| anyhow::anyhow!("recording the webhook endpoints: {e:#}"))?;
+        }
         let hasher = (config.passwords.hasher(&metrics)?).with_caps(config.import.caps());
         let tokens = config
             .tokens

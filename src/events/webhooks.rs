@@ -206,6 +206,21 @@ impl Webhooks {
         }
     }
 
+    /// Records where each endpoint configured for the first time starts: after the
+    /// events committed now. Called before the server takes requests, so an
+    /// endpoint misses nothing this replica is asked to change after its start.
+    pub async fn prepare(&self) -> anyhow::Result<()> {
+        let start = Reader::new(self.store.clone()).advance().await?;
+        let now = self.clock.millis();
+        for endpoint in &self.settings.endpoints {
+            // A lease that lapses at once: it only creates the row when missing.
+            (self.store)
+                .lease_webhook(endpoint.url(), &self.owner, start, now, now)
+                .await?;
+        }
+        Ok(())
+    }
+
     /// Delivers to every endpoint until `stop` is cancelled; gives the leases back
     /// then.
     pub async fn run(self: Arc<Self>, stop: CancellationToken) {
@@ -273,7 +288,8 @@ impl Webhooks {
         stop: &CancellationToken,
     ) -> Result<Step, anyhow::Error> {
         let lease_until = self.clock.millis() + LEASE.as_millis() as i64;
-        // A new endpoint starts with the events committed from now on.
+        // An endpoint's row exists from `prepare`; were it deleted meanwhile, it
+        // starts again after the events committed now.
         let start = reader.advance().await?;
         let Some(mut after) = (self.store)
             .lease_webhook(
