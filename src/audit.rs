@@ -191,6 +191,19 @@ impl Audit {
         );
     }
 
+    /// A password reset `step` (requested, completed) of a known user; the token is
+    /// never written here.
+    pub fn password_reset(&self, caller: &Caller, user_id: &str, step: &str) {
+        event!(
+            caller,
+            "password_reset",
+            step,
+            "password reset";
+            user_id,
+            step,
+        );
+    }
+
     /// A change of the user's second factor: `change` is enrollment_begun,
     /// enrolled, disabled, recovery_codes_replaced or removed (by an administrator).
     pub fn second_factor_changed(&self, caller: &Caller, user_id: &str, change: &str) {

@@ -248,6 +248,16 @@ pub enum Error {
     /// The admin API: a known admin credential whose role may not call the method.
     #[error("this admin credential may not call this method")]
     AdminForbidden,
+    /// A password reset token that is unknown, used, expired, superseded, or whose
+    /// account changed since it was issued: one message for all.
+    #[error("invalid or expired reset token")]
+    InvalidResetToken,
+    /// WatchEvents: events after the position asked for were deleted by retention;
+    /// the stream may resume after `oldest_after`.
+    #[error(
+        "events after that position were deleted by retention; resume after position {oldest_after}"
+    )]
+    EventsPruned { oldest_after: i64 },
     /// The admin API: the account named does not exist.
     #[error("no such user")]
     NoSuchUser,
@@ -392,12 +402,22 @@ impl Error {
             Error::PermissionDenied | Error::AdminForbidden | Error::SecondFactorRequired => {
                 Status::permission_denied(self.to_string())
             }
-            Error::AdminUnauthenticated => Status::unauthenticated(self.to_string()),
             Error::NoSuchUser | Error::NoSuchServiceAccount => Status::not_found(self.to_string()),
             Error::InvalidClient => Status::unauthenticated(self.to_string()),
             Error::ServiceAccountExists => Status::already_exists(self.to_string()),
             Error::TooManySecrets => Status::failed_precondition(self.to_string()),
             Error::NotAllowed(_) => Status::permission_denied(self.to_string()),
+            Error::AdminUnauthenticated | Error::InvalidResetToken => {
+                Status::unauthenticated(self.to_string())
+            }
+            Error::EventsPruned { oldest_after } => {
+                let metadata = std::collections::HashMap::from([(
+                    "oldest_after".to_owned(),
+                    oldest_after.to_string(),
+                )]);
+                let details = ErrorDetails::with_error_info("EVENTS_PRUNED", "authd", metadata);
+                Status::with_error_details(Code::OutOfRange, self.to_string(), details)
+            }
             Error::DeadlineExceeded | Error::ReceiveTimeout => {
                 Status::deadline_exceeded(self.to_string())
             }

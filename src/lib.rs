@@ -41,6 +41,8 @@
 //!                      roles, its rate limit, proto <-> domain, audited
 //!   oidc               the standard HTTP endpoints on the gRPC port: OIDC discovery,
 //!                      the JWKS, RFC 7662 introspection, RFC 7009 revocation
+//!   events             account events out of the store's outbox: WatchEvents
+//!                      streams, retention, webhook delivery
 //!   accounts           the register / login / validate / session use cases
 //!     audit            the audit trail: one event per security outcome on `authd::audit`
 //!     throttle         the login throttle: attempts reserved before hashing, per
@@ -129,6 +131,7 @@ pub(crate) mod codec;
 pub mod config;
 pub(crate) mod credentials;
 pub(crate) mod error;
+pub(crate) mod events;
 pub(crate) mod handlers;
 pub(crate) mod health;
 pub(crate) mod issuers;

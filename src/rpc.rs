@@ -49,6 +49,8 @@ pub(crate) enum Rpc {
     DisableTotp,
     RegenerateRecoveryCodes,
     IssueServiceToken,
+    RequestPasswordReset,
+    CompletePasswordReset,
     /// `envoy.service.auth.v3.Authorization/Check`: Envoy's external authorization.
     ExtAuthzCheck,
     HealthCheck,
@@ -63,7 +65,7 @@ pub(crate) enum Rpc {
 
 impl Rpc {
     /// Every value, in the order of [`Rpc::index`].
-    pub(crate) const ALL: [Rpc; 20] = [
+    pub(crate) const ALL: [Rpc; 22] = [
         Rpc::Register,
         Rpc::Login,
         Rpc::ValidateToken,
@@ -77,6 +79,8 @@ impl Rpc {
         Rpc::DisableTotp,
         Rpc::RegenerateRecoveryCodes,
         Rpc::IssueServiceToken,
+        Rpc::RequestPasswordReset,
+        Rpc::CompletePasswordReset,
         Rpc::ExtAuthzCheck,
         Rpc::HealthCheck,
         Rpc::HealthWatch,
@@ -89,7 +93,7 @@ impl Rpc {
     /// The methods of `auth.v1.AuthService` (a unit test keeps them in step with the
     /// proto, and [`Rpc::NAMED_METHODS`] in step with them).
     #[cfg(test)]
-    pub(crate) const AUTH_METHODS: [Rpc; 13] = [
+    pub(crate) const AUTH_METHODS: [Rpc; 15] = [
         Rpc::Register,
         Rpc::Login,
         Rpc::ValidateToken,
@@ -103,11 +107,13 @@ impl Rpc {
         Rpc::DisableTotp,
         Rpc::RegenerateRecoveryCodes,
         Rpc::IssueServiceToken,
+        Rpc::RequestPasswordReset,
+        Rpc::CompletePasswordReset,
     ];
 
     /// The methods rate-limit rules and the mutual-TLS allow-list may name: those of
     /// AuthService, and `Check` (Envoy's external authorization).
-    pub(crate) const NAMED_METHODS: [Rpc; 14] = [
+    pub(crate) const NAMED_METHODS: [Rpc; 16] = [
         Rpc::Register,
         Rpc::Login,
         Rpc::ValidateToken,
@@ -121,6 +127,8 @@ impl Rpc {
         Rpc::DisableTotp,
         Rpc::RegenerateRecoveryCodes,
         Rpc::IssueServiceToken,
+        Rpc::RequestPasswordReset,
+        Rpc::CompletePasswordReset,
         Rpc::ExtAuthzCheck,
     ];
 
@@ -151,7 +159,9 @@ impl Rpc {
             | Rpc::CompleteLogin
             | Rpc::DisableTotp
             | Rpc::RegenerateRecoveryCodes
-            | Rpc::IssueServiceToken => AUTH,
+            | Rpc::IssueServiceToken
+            | Rpc::RequestPasswordReset
+            | Rpc::CompletePasswordReset => AUTH,
             Rpc::ExtAuthzCheck => EXT_AUTHZ,
             Rpc::HealthCheck | Rpc::HealthWatch => HEALTH,
             Rpc::ReflectionV1 => REFLECTION_V1,
@@ -177,6 +187,8 @@ impl Rpc {
             Rpc::DisableTotp => "DisableTotp",
             Rpc::RegenerateRecoveryCodes => "RegenerateRecoveryCodes",
             Rpc::IssueServiceToken => "IssueServiceToken",
+            Rpc::RequestPasswordReset => "RequestPasswordReset",
+            Rpc::CompletePasswordReset => "CompletePasswordReset",
             Rpc::ExtAuthzCheck | Rpc::HealthCheck => "Check",
             Rpc::HealthWatch => "Watch",
             Rpc::ReflectionV1 | Rpc::ReflectionV1Alpha => "ServerReflectionInfo",
@@ -204,7 +216,10 @@ impl Rpc {
     /// milliseconds at the default cost): admission control measures how fast these
     /// are answered apart from the others, which take microseconds.
     pub(crate) fn hashes_a_password(self) -> bool {
-        matches!(self, Rpc::Register | Rpc::Login | Rpc::ChangePassword)
+        matches!(
+            self,
+            Rpc::Register | Rpc::Login | Rpc::ChangePassword | Rpc::CompletePasswordReset
+        )
     }
 
     /// The method called `name` (case-insensitively) among [`Rpc::NAMED_METHODS`],
@@ -679,8 +694,8 @@ mod tests {
             .collect();
         known.sort();
         assert_eq!(methods, known);
-        assert_eq!(Rpc::NAMED_METHODS[..13], Rpc::AUTH_METHODS);
-        assert_eq!(Rpc::NAMED_METHODS[13], Rpc::ExtAuthzCheck);
+        assert_eq!(Rpc::NAMED_METHODS[..15], Rpc::AUTH_METHODS);
+        assert_eq!(Rpc::NAMED_METHODS[15], Rpc::ExtAuthzCheck);
     }
 
     fn callers(list: &str) -> TrustedCallers {

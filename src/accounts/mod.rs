@@ -25,12 +25,14 @@
 //!   the purge of old sessions and cutoffs.
 //! - `admin`: what an administrator does to accounts (the admin API), and the
 //!   per-user token cutoffs the upkeep reads.
+//! - `recovery`: RequestPasswordReset and CompletePasswordReset (docs/recovery.md).
 //! - `second_factor`: TOTP enrollment, Login's challenge and CompleteLogin,
 //!   turning the factor off, recovery codes.
 //! - `service`: service accounts (what an administrator does to them), their
 //!   client credentials and token exchange grants.
 
 mod admin;
+mod recovery;
 mod second_factor;
 mod service;
 mod upkeep;
@@ -165,6 +167,8 @@ pub struct Accounts {
     service_metrics: crate::metrics::ServiceMetrics,
     /// External JWT issuers (none unless configured).
     issuers: Option<Arc<crate::issuers::Issuers>>,
+    /// How long a password reset token lives.
+    reset_ttl: Duration,
 }
 
 /// The users some work is in flight for, at most `max` of them: a second piece of
@@ -284,12 +288,19 @@ impl Accounts {
             services: ServiceSettings::default(),
             service_metrics: metrics.service.clone(),
             issuers: None,
+            reset_ttl: Duration::from_secs(30 * 60),
         }
     }
 
     /// The second factor's data keys, issuer, challenge lifetime and clock.
     pub fn with_second_factor(mut self, factors: SecondFactorSettings) -> Self {
         self.factors = factors;
+        self
+    }
+
+    /// How long a password reset token lives (AUTHD_PASSWORD_RESET_TTL).
+    pub fn with_reset_ttl(mut self, ttl: Duration) -> Self {
+        self.reset_ttl = ttl;
         self
     }
 

@@ -107,6 +107,12 @@ impl Accounts {
                 break;
             }
         }
+        // Password reset tokens that expired.
+        for _ in 0..10 {
+            if self.purge_resets(now, PURGE_BATCH).await? < PURGE_BATCH as u64 {
+                break;
+            }
+        }
         Ok(())
     }
 

@@ -15,11 +15,13 @@
 //! # Layout
 //!
 //! - this file: the connection, the calls, the failures and their exit status.
+//! - `events`: `events tail`, WatchEvents printed as events arrive.
 //! - `import`: `users import`, JSON Lines streamed to ImportUsers.
 //! - `input`: the new password of `set-password`, from standard input or a file.
 //! - `service`: `service-accounts …`, the service accounts' calls and answers.
 //! - `view`: what is printed: tables and lines for people, JSON for scripts.
 
+mod events;
 mod import;
 mod input;
 mod service;
@@ -28,8 +30,8 @@ mod view;
 use crate::{
     client::{self, BadEndpoint, ClientTls},
     config::{
-        AdminAction, AdminCommand, Config, ServiceAccountsAction, SessionsAction, UserArg,
-        UsersAction,
+        AdminAction, AdminCommand, Config, EventsAction, ServiceAccountsAction, SessionsAction,
+        UserArg, UsersAction,
     },
     pb::admin::{
         DeleteUserRequest, DisableUserRequest, DisabledFilter, EnableUserRequest,
@@ -319,6 +321,11 @@ async fn execute(config: &Config, command: &AdminCommand) -> Result<String, Fail
                 as_json,
             ))
         }
+        AdminAction::Events(EventsAction::Tail {
+            from,
+            oldest,
+            count,
+        }) => events::tail(&admin, *from, *oldest, *count, as_json).await,
         AdminAction::Users(UsersAction::Import { on_conflict, .. }) => {
             let Some(input) = input else {
                 return Err(Failure::Usage("no input".into()));

@@ -62,6 +62,9 @@ impl AdminPort {
                 .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
                 .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
         };
+        // Ends the WatchEvents streams when the port stops, so the drain does not
+        // wait for subscribers that never hang up.
+        let streams = tokio_util::sync::CancellationToken::new();
         let api = AdminApi::new(
             core.accounts.clone(),
             core.blocklist.clone(),
@@ -69,7 +72,8 @@ impl AdminPort {
             core.accounts.audit().clone(),
             core.metrics.admin.clone(),
         )
-        .with_import_caps(self.import_caps);
+        .with_import_caps(self.import_caps)
+        .with_events(core.events.clone(), streams.clone());
         let routes = Routes::new(health)
             .add_service(reflection().build_v1()?)
             .add_service(reflection().build_v1alpha()?)
@@ -95,7 +99,14 @@ impl AdminPort {
             metrics: core.metrics.listener("admin"),
         };
         tasks.spawn(Stage::Serving, "admin", |stop| {
-            listener.serve(service, stop)
+            let ending = stop.clone();
+            async move {
+                let end_streams = async move {
+                    ending.cancelled().await;
+                    streams.cancel();
+                };
+                tokio::join!(listener.serve(service, stop), end_streams);
+            }
         });
         Ok(())
     }

@@ -1,4 +1,5 @@
-//! The background tasks: the session upkeep, and the files re-read while serving
+//! The background tasks: the session upkeep, the account events' retention and
+//! webhook delivery, and the files re-read while serving
 //! (TLS certificates, the token key file, the rate limit rules file). A task is
 //! added here, registered with the supervisor under the stage it stops with.
 
@@ -12,6 +13,14 @@ pub(super) fn start(core: &Core, config: &Config, tasks: &mut Supervisor) {
     // Revocations from every replica, and the purge of old sessions.
     let upkeep = (core.accounts.clone()).upkeep(config.tokens.revocation_delay / 2);
     tasks.spawn_until_stopped(Stage::Serving, "session upkeep", upkeep);
+    // The account events' retention, and webhook delivery.
+    let events = core.events.clone();
+    tasks.spawn(Stage::Serving, "event retention", |stop| {
+        events.prune_every(stop)
+    });
+    if let Some(webhooks) = core.webhooks.clone() {
+        tasks.spawn(Stage::Serving, "webhooks", |stop| webhooks.run(stop));
+    }
     if let Some(tls) = core.tls.clone() {
         let every = config.tls.tls_reload;
         tasks.spawn(Stage::Serving, "TLS reload", |stop| {

@@ -9,6 +9,7 @@ use crate::{
     audit::Audit,
     blocklist::Blocklist,
     config::Config,
+    events::{Events, webhooks::Webhooks},
     handlers::extauthz::Authorizer,
     layers::{admission::Admission, pushback::Pushback},
     metrics::Metrics,
@@ -49,6 +50,10 @@ pub(super) struct Core {
     pub limits: Limits,
     /// Who may name the client of its requests, on every port alike.
     pub callers: Arc<TrustedCallers>,
+    /// The account events: WatchEvents streams and retention.
+    pub events: Arc<Events>,
+    /// Webhook delivery, when endpoints are configured.
+    pub webhooks: Option<Arc<Webhooks>>,
 }
 
 impl Core {
@@ -67,7 +72,29 @@ impl Core {
         let traces = Traces::start(&config.telemetry.trace_settings(), &metrics)?.map(Arc::new);
         // Before the store: a bad list file stops the start before anything is opened.
         let blocklist = Arc::new(config.passwords.blocklist(&metrics)?);
-        let store = Store::open(config.store.settings(), &metrics, clock.clone()).await?;
+        // Before the store: a webhook setting that does not hold stops the start.
+        let webhook_settings = config.events.webhooks()?;
+        let store = Arc::new(Store::open(config.store.settings(), &metrics, clock.clone()).await?);
+        let events = Arc::new(Events::new(
+            store.clone(),
+            clock.clone(),
+            config.events.settings(),
+            metrics.events.clone(),
+        ));
+        let webhooks = webhook_settings.map(|settings| {
+            Arc::new(Webhooks::new(
+                store.clone(),
+                clock.clone(),
+                settings,
+                metrics.events.clone(),
+            ))
+        });
+        if let Some(webhooks) = &webhooks {
+            webhooks
+                .prepare()
+                .await
+                .map_err(|e| anyhow::anyhow!("recording the webhook endpoints: {e:#}"))?;
+        }
         let hasher = (config.passwords.hasher(&metrics)?).with_caps(config.import.caps());
         let tokens = config
             .tokens
@@ -89,7 +116,7 @@ impl Core {
         throttle.connect().await;
         let accounts = Arc::new(
             Accounts::new(
-                Arc::new(store),
+                store,
                 hasher,
                 tokens,
                 throttle,
@@ -103,7 +130,8 @@ impl Core {
                 &config.oidc.issuers(config.tokens.token_clock_skew),
                 clock.clone(),
                 metrics.service.issuer_fetches.clone(),
-            )?)),
+            )?))
+            .with_reset_ttl(config.events.password_reset_ttl),
         );
         // Failed logins cost as much as the most expensive stored hash from the first.
         accounts
@@ -167,6 +195,8 @@ impl Core {
             pushback,
             authorizer,
             limits,
+            events,
+            webhooks,
         })
     }
 

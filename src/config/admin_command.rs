@@ -152,6 +152,9 @@ pub enum AdminAction {
     /// credentials (docs/service-accounts.md).
     #[command(subcommand, after_help = EXIT_STATUS)]
     ServiceAccounts(ServiceAccountsAction),
+    /// Account events (docs/events.md).
+    #[command(subcommand, after_help = EXIT_STATUS)]
+    Events(EventsAction),
     /// Set a user's password (an administrator's reset: the current one is not needed):
     /// the new one is the first line of standard input or of --password-file, never an
     /// argument. The password rules and the blocklist apply. The user's sessions end,
@@ -168,6 +171,28 @@ pub enum AdminAction {
         /// working).
         #[arg(long, display_order = 0)]
         keep_sessions: bool,
+    },
+}
+
+/// `authd admin events …`.
+#[derive(Debug, Clone, Subcommand)]
+pub enum EventsAction {
+    /// Print account events as they commit, one a line (JSON Lines with --json):
+    /// from now on, or those after --from POS first. Runs until interrupted, or
+    /// until --count events are printed. A subscriber that records the last
+    /// position it processed resumes with --from that position and misses nothing.
+    #[command(after_help = EXIT_STATUS)]
+    Tail {
+        /// Start after this position (0: from the first event retained, if none was
+        /// deleted yet) [default: from now on].
+        #[arg(long, value_name = "POS", conflicts_with = "oldest", display_order = 0)]
+        from: Option<u64>,
+        /// Start at the oldest event retained.
+        #[arg(long, display_order = 0)]
+        oldest: bool,
+        /// Stop after this many events.
+        #[arg(long, value_name = "N", display_order = 0)]
+        count: Option<u64>,
     },
 }
 

@@ -28,6 +28,8 @@
 //! - `second_factor`: the data keys that seal TOTP secrets, the TOTP issuer, the
 //!   lifetime of Login's challenges.
 //! - `import`: the caps on the cost of imported password hashes.
+//! - `events`: account events' retention and streams, webhooks and their secret, the
+//!   password reset token's lifetime.
 //! - `oidc`: the public issuer URL and the introspection clients of the standard
 //!   endpoints.
 //! - `admin_command`: the command line of `authd admin`, the admin API's client: its
@@ -54,6 +56,7 @@
 mod admin;
 mod admin_command;
 mod authz;
+mod events;
 mod import;
 mod limits;
 mod oidc;
@@ -71,10 +74,11 @@ mod tokens;
 pub use crate::handlers::admin::Role as AdminRole;
 pub use admin::AdminConfig;
 pub use admin_command::{
-    AdminAction, AdminCommand, AdminConnection, OnConflictArg, ServiceAccountArg,
+    AdminAction, AdminCommand, AdminConnection, EventsAction, OnConflictArg, ServiceAccountArg,
     ServiceAccountsAction, SessionsAction, UserArg, UsersAction,
 };
 pub use authz::AuthzConfig;
+pub use events::EventsConfig;
 pub use import::ImportConfig;
 pub use limits::LimitsConfig;
 pub use oidc::OidcConfig;
@@ -236,6 +240,8 @@ pub struct Config {
     pub import: ImportConfig,
     #[command(flatten)]
     pub oidc: OidcConfig,
+    #[command(flatten)]
+    pub events: EventsConfig,
 
     /// Tests only: the one clock every component reads (none: the machine's).
     #[arg(skip)]
@@ -266,6 +272,7 @@ impl Config {
         self.store.read_secret_file()?;
         self.limits.read_secret_file()?;
         self.second_factor.read_secret_file()?;
+        self.events.read_secret_file()?;
         self.tokens.read_secret_file()
     }
 
@@ -315,6 +322,12 @@ pub fn secrets_on_command_line(matches: &ArgMatches) -> Vec<(&'static str, &'sta
     }
     if on_command_line("data_keys") {
         found.push(("--data-keys", "AUTHD_DATA_KEYS or --data-keys-file"));
+    }
+    if on_command_line("webhook_secret") {
+        found.push((
+            "--webhook-secret",
+            "AUTHD_WEBHOOK_SECRET or --webhook-secret-file",
+        ));
     }
     if on_command_line("account_digest_key") {
         found.push((

@@ -22,7 +22,8 @@ use crate::{
         LogoutRequest, LogoutResponse, PublicKey, RefreshRequest, RefreshResponse,
         RegenerateRecoveryCodesRequest, RegenerateRecoveryCodesResponse, RegisterRequest,
         RegisterResponse, ValidateTokenRequest, ValidateTokenResponse,
-        auth_service_server::AuthService,
+        auth_service_server::AuthService, CompletePasswordResetRequest,
+        CompletePasswordResetResponse, RequestPasswordResetRequest, RequestPasswordResetResponse,
     },
     rpc::{self, Deadline, RequestId, UserId},
     second_factor::Code,
@@ -399,6 +400,61 @@ impl AuthService for AuthApi {
             })
         };
         respond("ChangePassword", request_id, work, |_| "").await
+    }
+
+    async fn request_password_reset(
+        &self,
+        request: Request<RequestPasswordResetRequest>,
+    ) -> Result<Response<RequestPasswordResetResponse>, Status> {
+        let (deadline, request_id) = (deadline(&request), request_id(&request));
+        let caller = self.caller(&request);
+        let req = request.into_inner();
+        let work = async {
+            let mut fields = Fields::default();
+            let username = fields.take("username", Username::parse(&req.username));
+            fields.done()?;
+            let username = username.expect("checked");
+            self.accounts
+                .request_password_reset(username, deadline, &caller)
+                .await?;
+            Ok(RequestPasswordResetResponse {})
+        };
+        respond("RequestPasswordReset", request_id, work, |_| "").await
+    }
+
+    async fn complete_password_reset(
+        &self,
+        request: Request<CompletePasswordResetRequest>,
+    ) -> Result<Response<CompletePasswordResetResponse>, Status> {
+        let (deadline, request_id) = (deadline(&request), request_id(&request));
+        let caller = self.caller(&request);
+        let req = request.into_inner();
+        let work = async {
+            let mut fields = Fields::default();
+            if req.token.is_empty() || req.token.len() > 256 {
+                fields.0.push(FieldViolation {
+                    field: "token",
+                    description: "must be the token of a reset, 1 to 256 bytes".into(),
+                });
+            }
+            let new = fields.take("new_password", Password::parse(&req.new_password));
+            fields.done()?;
+            let new = new.expect("checked");
+            // The blocklist once the user is known (the password may not be the
+            // username), before any hashing.
+            let check = |username: &Username, new: &Password| {
+                self.blocklist
+                    .check_new_password("new_password", username, new)
+            };
+            let ended = self
+                .accounts
+                .complete_password_reset(&req.token, new, check, deadline, &caller)
+                .await?;
+            Ok(CompletePasswordResetResponse {
+                sessions_ended: ended,
+            })
+        };
+        respond("CompletePasswordReset", request_id, work, |_| "").await
     }
 
     async fn get_signing_keys(

@@ -26,6 +26,7 @@
 //! - `overload`: admission control and pushback, what was refused for load;
 //! - `transport`: the connections of every listener, and TLS on the gRPC port;
 //! - `admin`: the admin API's calls and what they did to accounts;
+//! - `events`: WatchEvents streams, retention's deletions, webhook deliveries;
 //! - `authz`: external authorization's decisions (Envoy's Check, forward-auth);
 //! - `oidc`: the standard endpoints' introspections and revocations;
 //! - `second_factor`: TOTP enrollments, second-factor codes by outcome, recovery
@@ -38,6 +39,7 @@
 mod accounts;
 mod admin;
 mod authz;
+mod events;
 mod oidc;
 mod overload;
 mod passwords;
@@ -52,6 +54,7 @@ mod transport;
 pub(crate) use accounts::{LoginOutcome, SessionMetrics, ThrottleMetrics, TokenMetrics};
 pub(crate) use admin::AdminMetrics;
 pub(crate) use authz::AuthzMetrics;
+pub(crate) use events::EventMetrics;
 pub(crate) use oidc::OidcMetrics;
 pub(crate) use overload::OverloadMetrics;
 pub(crate) use passwords::{BlocklistMetrics, HashMetrics, RehashMetrics};
@@ -98,6 +101,7 @@ pub struct Metrics {
     pub(crate) oidc: OidcMetrics,
     pub(crate) second_factor: SecondFactorMetrics,
     pub(crate) service: ServiceMetrics,
+    pub(crate) events: EventMetrics,
     /// 1 while readiness is SERVING, 0 while NOT_SERVING (the health checker sets it).
     pub(crate) serving: IntGauge,
     /// Run before each scrape, for values read from elsewhere (connection pools).
@@ -213,6 +217,7 @@ impl Metrics {
             oidc: OidcMetrics::new(&f),
             second_factor: SecondFactorMetrics::new(&f),
             service: ServiceMetrics::new(&f),
+            events: EventMetrics::new(&f),
             serving,
             refreshers: Mutex::new(Vec::new()),
             // Last: every family above is registered in it through `f`.

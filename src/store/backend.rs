@@ -17,9 +17,11 @@ use super::{
     admin::{self, Account, AccountKey, Change, Cutoff, PageQuery, Revoked, SessionInfo},
     db::Conns,
     error::StoreError,
+    events::{self, Event, Frontier, WebhookWrite},
     factor::{self, Factor, FactorAnswer, FactorWrite, LiveChallenge},
     import::{ImportRecord, Imported},
     service::{self, ServiceAccount, ServiceAnswer, ServiceKey, ServiceWrite},
+    reset::{self, ResetAnswer, ResetWrite},
     session::{self, Ended, EndedSession, LoggedOut, NewSession, Purged, Refreshed, Rotation},
     users::{self, NewUser, Rehash, User},
     writes::{Answer, Answered, Write},
@@ -294,6 +296,53 @@ pub(super) trait Backend: Send + Sync {
     /// A write of service accounts (`service::service_write`).
     fn service_write(&self, write: ServiceWrite) -> Op<'_, ServiceAnswer> {
         applied(self, Write::Service(write))
+    }
+
+    /// Events after `after` up to `upto`, at most `limit` (`events::after`).
+    fn events_after(&self, after: i64, upto: i64, limit: i64) -> Op<'_, Vec<Event>> {
+        Box::pin(events::after(self.conns(), after, upto, limit))
+    }
+
+    /// The highest position retention deleted.
+    fn events_pruned(&self) -> Op<'_, i64> {
+        Box::pin(events::pruned(self.conns()))
+    }
+
+    /// How far readers may read (`events::Frontier`).
+    fn event_frontier(&self) -> Op<'_, Frontier> {
+        Box::pin(events::frontier(self.conns()))
+    }
+
+    /// Whether the transactions in progress in a frontier's snapshot have ended.
+    fn events_settled<'a>(&'a self, snapshot: &'a str) -> Op<'a, bool> {
+        Box::pin(events::settled(self.conns(), snapshot))
+    }
+
+    /// One pass of retention (`events::prune`).
+    fn prune_events(&self, before: i64, keep: i64, limit: i64) -> Op<'_, u64> {
+        applied(
+            self,
+            Write::PruneEvents {
+                before,
+                keep,
+                limit,
+            },
+        )
+    }
+
+    /// A webhook endpoint's delivery state (`events::webhook`).
+    fn webhook_write(&self, write: WebhookWrite) -> Op<'_, Option<i64>> {
+        applied(self, Write::Webhook(write))
+    }
+
+    /// The user of the live reset `digest` (`reset::live`).
+    fn live_reset<'a>(&'a self, digest: &'a str, now: i64) -> Op<'a, Option<String>> {
+        Box::pin(reset::live(self.conns(), digest, now))
+    }
+
+    /// A password reset's write (`reset::apply`).
+    fn reset_write(&self, write: ResetWrite) -> Op<'_, ResetAnswer> {
+        applied(self, Write::Reset(write))
     }
 
     /// A write of the second factor (`factor::factor_write`).

@@ -40,6 +40,11 @@
 //! - `postgres`: operations on a PostgreSQL pool, each write in a transaction.
 //! - `writes`: each kind of write, what it came to, and how one is applied on a
 //!   connection (both backends).
+//! - `reset`: self-service password resets: the request, the completion that
+//!   consumes it, and their events.
+//! - `events`: the outbox: account events written in the transaction of their
+//!   change, read in position order up to the frontier no lower position can
+//!   still commit behind; retention; webhook endpoints' delivery state.
 //! - `admin`: accounts as the admin API sees and changes them, and the per-user
 //!   token cutoffs.
 //! - `import`: users imported with the hashes they have, a batch in one
@@ -65,10 +70,12 @@ mod backend;
 mod connection;
 mod db;
 mod error;
+mod events;
 mod factor;
 mod import;
 mod kept;
 mod postgres;
+mod reset;
 mod schema;
 mod service;
 mod session;
@@ -83,8 +90,10 @@ pub use admin::{Account, AccountKey, Change, Cutoff, PageQuery, Revoked, Session
 pub use backend::WriterSnapshot;
 pub use connection::{PostgresSettings, SqliteSettings, StoreSettings};
 pub use error::StoreError;
+pub use events::{Event, Frontier, kind as event_kind};
 pub use factor::{Factor, FactorAnswer, FactorWrite, LiveChallenge, Proof, Proved, Purpose};
 pub use import::{ImportRecord, Imported};
+pub use reset::{ResetAnswer, ResetWrite};
 pub use schema::{EXT_HASH_LEVEL, RELEASES, SchemaState};
 pub use service::{
     Added, CredentialKind, ServiceAccount, ServiceAnswer, ServiceCredential, ServiceKey,
@@ -107,6 +116,8 @@ pub struct Store {
     ops: Operations,
     /// Counts the operations that failed as unavailable; readiness watches it.
     unavailable: watch::Sender<u64>,
+    /// Counts the writes this process committed: event streams wake on it.
+    written: watch::Sender<u64>,
 }
 
 /// The metric handles of one operation, resolved when the store opens, and its name.
@@ -168,6 +179,11 @@ struct Operations {
     import_users: OperationMetrics,
     read_service: OperationMetrics,
     write_service: OperationMetrics,
+    read_events: OperationMetrics,
+    prune_events: OperationMetrics,
+    read_reset: OperationMetrics,
+    write_reset: OperationMetrics,
+    webhook_state: OperationMetrics,
 }
 
 impl Operations {
@@ -201,6 +217,11 @@ impl Operations {
             import_users: OperationMetrics::new(metrics, backend, "import_users"),
             read_service: OperationMetrics::new(metrics, backend, "read_service"),
             write_service: OperationMetrics::new(metrics, backend, "write_service"),
+            read_events: OperationMetrics::new(metrics, backend, "read_events"),
+            prune_events: OperationMetrics::new(metrics, backend, "prune_events"),
+            read_reset: OperationMetrics::new(metrics, backend, "read_reset"),
+            write_reset: OperationMetrics::new(metrics, backend, "write_reset"),
+            webhook_state: OperationMetrics::new(metrics, backend, "webhook_state"),
         }
     }
 }
@@ -250,6 +271,7 @@ impl Store {
             backend,
             ops,
             unavailable: watch::Sender::new(0),
+            written: watch::Sender::new(0),
         })
     }
 
@@ -272,7 +294,7 @@ impl Store {
 
     /// Stores a new user; [`StoreError::Duplicate`] when the username is taken.
     pub async fn insert_user(&self, user: NewUser) -> Result<(), StoreError> {
-        self.timed(&self.ops.insert_user, self.backend.insert_user(user))
+        self.written(&self.ops.insert_user, self.backend.insert_user(user))
             .await
     }
 
@@ -307,7 +329,7 @@ impl Store {
 
     /// Runs a Refresh: rotation, the retry rule, or reuse (see `session`).
     pub async fn rotate(&self, rotation: Rotation) -> Result<Refreshed, StoreError> {
-        self.timed(&self.ops.rotate_session, self.backend.rotate(rotation))
+        self.written(&self.ops.rotate_session, self.backend.rotate(rotation))
             .await
     }
 
@@ -319,7 +341,7 @@ impl Store {
         now: i64,
         grace_ms: i64,
     ) -> Result<LoggedOut, StoreError> {
-        self.timed(
+        self.written(
             &self.ops.end_sessions,
             self.backend.end_by_digest(digest, all, now, grace_ms),
         )
@@ -335,7 +357,7 @@ impl Store {
         all: bool,
         now: i64,
     ) -> Result<Option<Ended>, StoreError> {
-        self.timed(
+        self.written(
             &self.ops.end_sessions,
             self.backend.end_by_id(id, user_id, all, now),
         )
@@ -353,7 +375,7 @@ impl Store {
         version: i64,
         now: i64,
     ) -> Result<Option<Vec<String>>, StoreError> {
-        self.timed(
+        self.written(
             &self.ops.change_password,
             self.backend.change_password(id, hash, ext, version, now),
         )
@@ -417,7 +439,7 @@ impl Store {
         reason: &str,
         now: i64,
     ) -> Result<Change<Revoked>, StoreError> {
-        self.timed(
+        self.written(
             &self.ops.disable_user,
             self.backend.disable_user(id, reason, now),
         )
@@ -426,14 +448,14 @@ impl Store {
 
     /// Enables the account `id` again; its cutoff stays.
     pub async fn enable_user(&self, id: &str, now: i64) -> Result<Change<()>, StoreError> {
-        self.timed(&self.ops.enable_user, self.backend.enable_user(id, now))
+        self.written(&self.ops.enable_user, self.backend.enable_user(id, now))
             .await
     }
 
     /// Deletes the account `id`, its sessions and their refresh tokens, and writes
     /// its token cutoff at `now`, in one transaction.
     pub async fn delete_user(&self, id: &str, now: i64) -> Result<Change<Revoked>, StoreError> {
-        self.timed(&self.ops.delete_user, self.backend.delete_user(id, now))
+        self.written(&self.ops.delete_user, self.backend.delete_user(id, now))
             .await
     }
 
@@ -512,7 +534,7 @@ impl Store {
         ids: Vec<String>,
         now: i64,
     ) -> Result<Vec<String>, StoreError> {
-        self.timed(
+        self.written(
             &self.ops.end_sessions_of,
             self.backend.end_sessions_of(user_id, ids, now),
         )
@@ -530,7 +552,7 @@ impl Store {
         end_sessions: bool,
         now: i64,
     ) -> Result<Option<Vec<String>>, StoreError> {
-        self.timed(
+        self.written(
             &self.ops.set_password,
             self.backend
                 .set_password(user_id, hash, ext, end_sessions, now),
@@ -567,7 +589,7 @@ impl Store {
 
     /// A write of the second factor, in one transaction (see `factor`).
     pub async fn factor_write(&self, write: FactorWrite) -> Result<FactorAnswer, StoreError> {
-        self.timed(&self.ops.write_factor, self.backend.factor_write(write))
+        self.written(&self.ops.write_factor, self.backend.factor_write(write))
             .await
     }
 
@@ -577,7 +599,7 @@ impl Store {
         &self,
         records: Vec<ImportRecord>,
     ) -> Result<Vec<Imported>, StoreError> {
-        self.timed(&self.ops.import_users, self.backend.import_users(records))
+        self.written(&self.ops.import_users, self.backend.import_users(records))
             .await
     }
 
@@ -611,6 +633,139 @@ impl Store {
     /// database could not be reached or did not answer in time.
     pub fn unavailable_events(&self) -> watch::Receiver<u64> {
         self.unavailable.subscribe()
+    }
+
+    /// A receiver whose value changes after each write this process committed
+    /// (which may have written events).
+    pub fn writes(&self) -> watch::Receiver<u64> {
+        self.written.subscribe()
+    }
+
+    /// Runs a write and, once it committed, wakes the event streams.
+    async fn written<T>(&self, metrics: &OperationMetrics, op: Op<'_, T>) -> Result<T, StoreError> {
+        let result = self.timed(metrics, op).await;
+        if result.is_ok() {
+            self.written.send_modify(|n| *n = n.wrapping_add(1));
+        }
+        result
+    }
+
+    /// The events after `after` up to `upto`, in position order, at most `limit`.
+    pub async fn events_after(
+        &self,
+        after: i64,
+        upto: i64,
+        limit: i64,
+    ) -> Result<Vec<Event>, StoreError> {
+        self.timed(
+            &self.ops.read_events,
+            self.backend.events_after(after, upto, limit),
+        )
+        .await
+    }
+
+    /// The highest event position retention deleted (0: none).
+    pub async fn events_pruned(&self) -> Result<i64, StoreError> {
+        self.timed(&self.ops.read_events, self.backend.events_pruned())
+            .await
+    }
+
+    /// How far an event reader may go now (see `events`).
+    pub async fn event_frontier(&self) -> Result<Frontier, StoreError> {
+        self.timed(&self.ops.read_events, self.backend.event_frontier())
+            .await
+    }
+
+    /// Whether every transaction in progress in a frontier's snapshot has ended.
+    pub async fn events_settled(&self, snapshot: &str) -> Result<bool, StoreError> {
+        self.timed(&self.ops.read_events, self.backend.events_settled(snapshot))
+            .await
+    }
+
+    /// Deletes up to `limit` events written before `before` or more than `keep`
+    /// below the newest, oldest first; how many.
+    pub async fn prune_events(
+        &self,
+        before: i64,
+        keep: i64,
+        limit: i64,
+    ) -> Result<u64, StoreError> {
+        self.timed(
+            &self.ops.prune_events,
+            self.backend.prune_events(before, keep, limit),
+        )
+        .await
+    }
+
+    /// The user whose reset `digest` is live at `now`.
+    pub async fn live_reset(&self, digest: &str, now: i64) -> Result<Option<String>, StoreError> {
+        self.timed(&self.ops.read_reset, self.backend.live_reset(digest, now))
+            .await
+    }
+
+    /// A password reset's write, in one transaction with its events.
+    pub async fn reset_write(&self, write: ResetWrite) -> Result<ResetAnswer, StoreError> {
+        self.written(&self.ops.write_reset, self.backend.reset_write(write))
+            .await
+    }
+
+    /// Takes (or renews) webhook `endpoint`'s lease for `owner` until `until`
+    /// (starting a new endpoint after `start`): the position delivered up to, or
+    /// `None` while another owner holds it. Not a change of any account: wakes no
+    /// stream.
+    pub async fn lease_webhook(
+        &self,
+        endpoint: &str,
+        owner: &str,
+        start: i64,
+        now: i64,
+        until: i64,
+    ) -> Result<Option<i64>, StoreError> {
+        let write = events::WebhookWrite::Lease {
+            endpoint: endpoint.to_owned(),
+            owner: owner.to_owned(),
+            start,
+            now,
+            until,
+        };
+        self.timed(&self.ops.webhook_state, self.backend.webhook_write(write))
+            .await
+    }
+
+    /// Records how far webhook `endpoint` got; `false` when `owner` lost its lease.
+    pub async fn record_webhook(
+        &self,
+        endpoint: &str,
+        owner: &str,
+        position: i64,
+        attempts: i64,
+        now: i64,
+        until: i64,
+    ) -> Result<bool, StoreError> {
+        let write = events::WebhookWrite::Record {
+            endpoint: endpoint.to_owned(),
+            owner: owner.to_owned(),
+            position,
+            attempts,
+            now,
+            until,
+        };
+        let kept = self
+            .timed(&self.ops.webhook_state, self.backend.webhook_write(write))
+            .await?;
+        Ok(kept.is_some())
+    }
+
+    /// Gives webhook `endpoint`'s lease back, so another replica (or the next
+    /// start) takes it at once.
+    pub async fn release_webhook(&self, endpoint: &str, owner: &str) -> Result<(), StoreError> {
+        let write = events::WebhookWrite::Release {
+            endpoint: endpoint.to_owned(),
+            owner: owner.to_owned(),
+        };
+        self.timed(&self.ops.webhook_state, self.backend.webhook_write(write))
+            .await
+            .map(|_| ())
     }
 
     /// Commits everything queued and closes the connections.

@@ -25,8 +25,9 @@ use super::{
     connection::{Connections, PostgresSettings, connect_postgres, migrate_postgres, within},
     db::{Conn, Conns, Statement},
     error::StoreError,
+    events::{self, registered},
     session::{NewSession, new_session_args, sql::INSERT_SESSION_LOCKING},
-    users::{self, NewUser, Rehash, User, insert_user},
+    users::{self, NewUser, Rehash, User, new_user_args},
     writes::{Answer, Write, apply_one},
 };
 use crate::{clock::Clock, credentials::Username, metrics::Metrics};
@@ -78,10 +79,13 @@ impl PostgresStore {
     }
 
     async fn insert(&self, user: NewUser) -> Result<(), StoreError> {
-        let inserted = self
-            .conns()
-            .execute(insert_user(&user, self.clock.millis()))
-            .await?;
+        // The user and its event in one statement (`events`).
+        let event = registered(&user);
+        let statement = Statement::new(events::sql::INSERT_USER_POSTGRES)
+            .bind_all(new_user_args(&user, self.clock.millis()))
+            .bind(event.kind)
+            .bind(event.data.to_string());
+        let inserted = self.conns().execute(statement).await?;
         if inserted == 1 {
             Ok(())
         } else {

@@ -23,6 +23,7 @@
 
 use super::{
     db::{Arg, Row, SqliteQuery},
+    events::{self, NewEvent},
     session::{NewSession, new_session_args, sql::INSERT_SESSION},
     users::{
         NewUser, User, new_user_args,
@@ -111,6 +112,7 @@ fn repeat(statement: &str, params: usize, n: usize) -> String {
 static SESSIONS: LazyLock<Repeated> = LazyLock::new(|| Repeated::new(INSERT_SESSION, 9));
 static USERS: LazyLock<Repeated> = LazyLock::new(|| Repeated::new(INSERT_USER, 6));
 static LOOKUPS: LazyLock<Repeated> = LazyLock::new(|| Repeated::new(FIND_USER, 1));
+static EVENTS: LazyLock<Repeated> = LazyLock::new(|| Repeated::new(events::sql::INSERT, 4));
 
 /// Runs `inserts` (each bound as the next statement's arguments by `bind`) in
 /// queries of `repeated`, and returns the rows each statement changed, in order.
@@ -168,6 +170,23 @@ pub(super) async fn insert_users(
 ) -> Result<Vec<bool>, sqlx::Error> {
     let changed = run(conn, &USERS, users, |q, u| bind(q, new_user_args(u, now))).await?;
     Ok(changed.into_iter().map(|n| n == 1).collect())
+}
+
+/// Writes `events` at `now`, in order (the outbox rows of a run of inserts).
+pub(super) async fn insert_events(
+    conn: &mut SqliteConnection,
+    events: &[NewEvent],
+    now: i64,
+) -> Result<(), sqlx::Error> {
+    let events: Vec<&NewEvent> = events.iter().collect();
+    run(conn, &EVENTS, &events, |q, e| {
+        q.bind(now)
+            .bind(e.user_id.clone())
+            .bind(e.kind)
+            .bind(e.data.to_string())
+    })
+    .await?;
+    Ok(())
 }
 
 /// The user named by each of `names` (`FIND_USER`), in order.

@@ -4,6 +4,7 @@
 use super::{
     db::Conn,
     error::StoreError,
+    events::{NewEvent, registered},
     sqlite_runs,
     writes::{Answer, Write, apply_one},
 };
@@ -43,6 +44,11 @@ pub(super) async fn apply(
                     _ => None,
                 });
                 let inserted = sqlite_runs::insert_users(conn, &users, now).await?;
+                let events: Vec<NewEvent> = (users.iter().zip(&inserted))
+                    .filter(|(_, inserted)| **inserted)
+                    .map(|(user, _)| registered(user))
+                    .collect();
+                sqlite_runs::insert_events(conn, &events, now).await?;
                 outcomes.extend(inserted.into_iter().map(|inserted| match inserted {
                     true => Ok(Answer::Done),
                     false => Err(StoreError::Duplicate),

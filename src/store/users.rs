@@ -1,7 +1,7 @@
 //! Users in the store: the rows, their statements, and the reads, written once for
 //! both backends.
 //!
-//! The writes are built here ([`insert_user`], [`new_user_args`], [`change_password`],
+//! The writes are built here ([`new_user_args`], [`change_password`],
 //! [`rehash`])
 //! and run by each backend its own way (SQLite's batching writer, a PostgreSQL pooled
 //! connection); the reads ([`find`], [`find_by_id`], [`max_hash_iterations`]) run on
@@ -55,11 +55,6 @@ pub(super) mod sql {
 /// The highest stored iteration count, as the rest of authd counts them.
 fn iterations_from_column(max: Option<i64>) -> u32 {
     max.map_or(0, |n| u32::try_from(n.max(0)).unwrap_or(u32::MAX))
-}
-
-/// Stores `user` at `now`, unless its username is taken (nothing changes then).
-pub(super) fn insert_user(user: &NewUser, now: i64) -> Statement<'_> {
-    Statement::new(sql::INSERT_USER).bind_all(new_user_args(user, now))
 }
 
 /// `user`'s values as the arguments of `INSERT_USER`, those of `$1` to `$6`.

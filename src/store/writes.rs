@@ -7,12 +7,15 @@ use super::{
     admin::{self, Change, Revoked},
     db::{Conn, Statement},
     error::StoreError,
+    events::{self, NewEvent, WebhookWrite, kind},
     factor::{self, FactorAnswer, FactorWrite},
     import::{self, ImportRecord, Imported},
     service::{self, ServiceAnswer, ServiceWrite},
+    reset::{self, ResetAnswer, ResetWrite},
     session::{self, EndReason, Ended, LoggedOut, NewSession, Purged, Refreshed, Rotation},
     users::{self, NewUser, Rehash},
 };
+use serde_json::json;
 
 /// A write: applied by SQLite's writer task in the batch it takes, by PostgreSQL in
 /// a transaction of its own.
@@ -82,6 +85,16 @@ pub(super) enum Write {
     Import(Vec<ImportRecord>),
     /// A change of service accounts (`service`).
     Service(ServiceWrite),
+    /// One pass of the events' retention (`events::prune`).
+    PruneEvents {
+        before: i64,
+        keep: i64,
+        limit: i64,
+    },
+    /// A password reset's request or completion (`reset`).
+    Reset(ResetWrite),
+    /// A webhook endpoint's delivery state (`events::webhook`).
+    Webhook(WebhookWrite),
 }
 
 /// What a write came to, for the caller to unwrap (each write has one kind).
@@ -101,6 +114,9 @@ pub(super) enum Answer {
     Factor(FactorAnswer),
     Imported(Vec<Imported>),
     Service(ServiceAnswer),
+    Reset(ResetAnswer),
+    /// A webhook write's position, or none.
+    Position(Option<i64>),
 }
 
 /// The value an [`Answer`] holds for one kind of write.
@@ -235,6 +251,24 @@ impl Answered for ServiceAnswer {
     }
 }
 
+impl Answered for Option<i64> {
+    fn from_answer(answer: Answer) -> Option<Self> {
+        match answer {
+            Answer::Position(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+impl Answered for ResetAnswer {
+    fn from_answer(answer: Answer) -> Option<Self> {
+        match answer {
+            Answer::Reset(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
 impl Answered for FactorAnswer {
     fn from_answer(answer: Answer) -> Option<Self> {
         match answer {
@@ -248,6 +282,167 @@ impl Answered for FactorAnswer {
 /// the time of a rehash. The inserts are not applied here: SQLite's writer sends
 /// runs of them (`sqlite_runs`), PostgreSQL runs its own forms alone.
 pub(super) async fn apply_one(
+    conn: &mut Conn<'_>,
+    write: &Write,
+    now: i64,
+) -> Result<Result<Answer, StoreError>, sqlx::Error> {
+    let answer = change(conn, write, now).await?;
+    if let Ok(answer) = &answer {
+        for event in events_of(write, answer) {
+            match event {
+                Outbox::User(event) => events::record(conn, &event, now).await?,
+                Outbox::OfSession { sessions, reason } => {
+                    let data = json!({ "reason": reason, "sessions": sessions });
+                    events::record_for_session(conn, &sessions[0], kind::SESSIONS_ENDED, data, now)
+                        .await?
+                }
+            }
+        }
+    }
+    Ok(answer)
+}
+
+/// An event a write's answer calls for.
+enum Outbox {
+    User(NewEvent),
+    /// Sessions of one user that ended, for their user (whom the answer does not
+    /// name: the first session's).
+    OfSession {
+        sessions: Vec<String>,
+        reason: &'static str,
+    },
+}
+
+/// The events of `write`, which came to `answer`: one for each change it made,
+/// none when it changed nothing (a refused, repeated or conditional write that
+/// lost). Inserts of users record theirs where they run (`sqlite_writes`,
+/// `postgres`).
+fn events_of(write: &Write, answer: &Answer) -> Vec<Outbox> {
+    let user = |event: Option<NewEvent>| event.map(Outbox::User);
+    let ended = |user_id: &str, reason: EndReason, ids: &[String]| {
+        user(NewEvent::sessions_ended(user_id, reason.label(), ids))
+    };
+    let reused = |session_id: &str| Outbox::OfSession {
+        sessions: vec![session_id.to_owned()],
+        reason: EndReason::Reuse.label(),
+    };
+    let events: Vec<Option<Outbox>> = match (write, answer) {
+        (
+            Write::Rotate(_),
+            Answer::Refreshed(Refreshed::Reused {
+                session_id,
+                ended_now: true,
+            }),
+        ) => vec![Some(reused(session_id))],
+        (Write::EndByDigest { .. }, Answer::LoggedOut(out)) => match out {
+            LoggedOut::Reused {
+                session_id,
+                ended_now: true,
+            } => vec![Some(reused(session_id))],
+            LoggedOut::Ended(Ended { ended_now, .. }) if !ended_now.is_empty() => {
+                vec![Some(Outbox::OfSession {
+                    sessions: ended_now.clone(),
+                    reason: EndReason::Logout.label(),
+                })]
+            }
+            _ => vec![],
+        },
+        (Write::EndById { user_id, .. }, Answer::Ended(Some(Ended { ended_now, .. }))) => {
+            vec![ended(user_id, EndReason::Logout, ended_now)]
+        }
+        (Write::ChangePassword { id, .. }, Answer::EndedIds(Some(ids))) => vec![
+            user(Some(NewEvent::new(
+                id,
+                kind::PASSWORD_CHANGED,
+                json!({ "sessions_ended": ids.len() }),
+            ))),
+            ended(id, EndReason::PasswordChange, ids),
+        ],
+        (Write::Disable { id, reason, .. }, Answer::Revoked(Change::Done(revoked))) => vec![
+            user(Some(NewEvent::new(
+                id,
+                kind::DISABLED,
+                json!({ "reason": reason }),
+            ))),
+            ended(id, EndReason::Disabled, &revoked.sessions),
+        ],
+        (Write::Enable { id, .. }, Answer::Enabled(Change::Done(()))) => {
+            vec![user(Some(NewEvent::new(id, kind::ENABLED, json!({}))))]
+        }
+        (Write::Delete { id, .. }, Answer::Revoked(Change::Done(revoked))) => {
+            vec![user(Some(NewEvent::new(
+                id,
+                kind::DELETED,
+                json!({ "sessions_ended": revoked.sessions.len() }),
+            )))]
+        }
+        (Write::EndSessionsOf { user_id, .. }, Answer::Ids(ids)) => {
+            vec![ended(user_id, EndReason::Admin, ids)]
+        }
+        (Write::SetPassword { user_id, .. }, Answer::EndedIds(Some(ids))) => vec![
+            user(Some(NewEvent::new(
+                user_id,
+                kind::PASSWORD_SET,
+                json!({ "sessions_ended": ids.len() }),
+            ))),
+            ended(user_id, EndReason::Admin, ids),
+        ],
+        (Write::Factor(w), Answer::Factor(a)) => vec![user(factor_event(w, a))],
+        (Write::Import(records), Answer::Imported(outcomes)) => records
+            .iter()
+            .zip(outcomes)
+            .filter(|(_, outcome)| **outcome == Imported::Created)
+            .map(|(r, _)| {
+                user(Some(NewEvent::new(
+                    &r.id,
+                    kind::REGISTERED,
+                    json!({
+                        "username": r.username.as_str(),
+                        "source": "import",
+                        "disabled": r.disabled.is_some(),
+                    }),
+                )))
+            })
+            .collect(),
+        (Write::Reset(w), Answer::Reset(a)) => reset::events(w, a).into_iter().map(user).collect(),
+        _ => vec![],
+    };
+    events.into_iter().flatten().collect()
+}
+
+/// The event of a second factor's write: added when confirmed, removed when turned
+/// off by its user or an administrator.
+fn factor_event(write: &FactorWrite, answer: &FactorAnswer) -> Option<NewEvent> {
+    use factor::{Proved, Purpose};
+    match (write, answer) {
+        (FactorWrite::Confirm { user_id, .. }, FactorAnswer::Wrote(true)) => Some(NewEvent::new(
+            user_id,
+            kind::SECOND_FACTOR_ADDED,
+            json!({ "factor": "totp" }),
+        )),
+        (
+            FactorWrite::Prove {
+                user_id,
+                purpose: Purpose::Disable,
+                ..
+            },
+            FactorAnswer::Proved(Proved::Accepted),
+        ) => Some(NewEvent::new(
+            user_id,
+            kind::SECOND_FACTOR_REMOVED,
+            json!({ "factor": "totp", "by": "user" }),
+        )),
+        (FactorWrite::Remove { user_id }, FactorAnswer::Wrote(true)) => Some(NewEvent::new(
+            user_id,
+            kind::SECOND_FACTOR_REMOVED,
+            json!({ "factor": "totp", "by": "admin" }),
+        )),
+        _ => None,
+    }
+}
+
+/// Applies the change of `write` itself (its events are `apply_one`'s).
+async fn change(
     conn: &mut Conn<'_>,
     write: &Write,
     now: i64,
@@ -345,5 +540,14 @@ pub(super) async fn apply_one(
         Write::Factor(w) => Ok(Answer::Factor(factor::factor_write(conn, w).await?)),
         Write::Import(records) => Ok(Answer::Imported(import::import(conn, records, now).await?)),
         Write::Service(w) => Ok(Answer::Service(service::service_write(conn, w).await?)),
+        Write::PruneEvents {
+            before,
+            keep,
+            limit,
+        } => Ok(Answer::Count(
+            events::prune(conn, *before, *keep, *limit).await?,
+        )),
+        Write::Reset(w) => Ok(Answer::Reset(reset::apply(conn, w, now).await?)),
+        Write::Webhook(w) => Ok(Answer::Position(events::webhook(conn, w).await?)),
     })
 }

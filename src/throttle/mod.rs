@@ -418,6 +418,39 @@ impl Throttle {
         }
     }
 
+    /// As [`Throttle::begin`], for RequestPasswordReset of `username` (known or
+    /// not): the same rule and settings, counts of their own (the `reset:` keys).
+    /// The caller counts every request as a failure, so the rule bounds requests
+    /// per client and per account alike.
+    pub async fn begin_reset(
+        self: &Arc<Self>,
+        username: &Username,
+        client: Option<IpAddr>,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Attempt>, Error> {
+        let keys = Keys::new("reset", &self.digest.of(username), client);
+        match self.begin_keyed(keys, deadline).await? {
+            Some(begun) => Ok(Some(begun.place().await?)),
+            None => Ok(None),
+        }
+    }
+
+    /// As [`Throttle::begin`], for CompletePasswordReset from `client`: wrong
+    /// tokens counted per client (the `reset-token:` keys, whose account is the
+    /// client too, so one client's guesses never slow another's reset).
+    pub async fn begin_reset_token(
+        self: &Arc<Self>,
+        client: Option<IpAddr>,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Attempt>, Error> {
+        let name = client.map_or_else(|| "unknown".to_owned(), |ip| ip.to_string());
+        let keys = Keys::new("reset-token", &self.digest.of_text(&name), client);
+        match self.begin_keyed(keys, deadline).await? {
+            Some(begun) => Ok(Some(begun.place().await?)),
+            None => Ok(None),
+        }
+    }
+
     async fn begin_keyed(
         self: &Arc<Self>,
         keys: Keys,

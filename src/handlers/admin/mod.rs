@@ -11,11 +11,13 @@
 //! # Layout
 //!
 //! - this file: the service, its credentials check and its rate limit.
+//! - `events`: WatchEvents, the account events as a stream.
 //! - `import`: ImportUsers, a stream of users with the hashes they have, written
 //!   in batches.
 //! - `keys`: the admin keys file and the constant-time check of a key.
 //! - `service`: the service accounts' calls (docs/service-accounts.md).
 
+mod events;
 mod import;
 mod keys;
 mod service;
@@ -107,6 +109,10 @@ pub struct AdminApi {
     metrics: AdminMetrics,
     /// The caps ImportUsers checks foreign hashes against.
     import_caps: crate::password::foreign::Caps,
+    /// The account events WatchEvents streams.
+    events: Option<Arc<crate::events::Events>>,
+    /// Ends the open streams when the port stops.
+    stop: tokio_util::sync::CancellationToken,
 }
 
 /// What a method needs of its caller's key.
@@ -135,7 +141,21 @@ impl AdminApi {
             audit,
             metrics,
             import_caps: crate::password::foreign::Caps::default(),
+            events: None,
+            stop: tokio_util::sync::CancellationToken::new(),
         }
+    }
+
+    /// The account events WatchEvents streams, whose streams end when `stop` is
+    /// cancelled.
+    pub fn with_events(
+        mut self,
+        events: Arc<crate::events::Events>,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> Self {
+        self.events = Some(events);
+        self.stop = stop;
+        self
     }
 
     /// The caps ImportUsers checks foreign hashes against (AUTHD_IMPORT_MAX_*).
@@ -588,6 +608,15 @@ impl admin_service_server::AdminService for AdminApi {
             ))
         })
         .await
+    }
+
+    type WatchEventsStream = events::EventStream;
+
+    async fn watch_events(
+        &self,
+        request: Request<crate::pb::admin::WatchEventsRequest>,
+    ) -> Result<Response<Self::WatchEventsStream>, Status> {
+        self.watch(request).await
     }
 
     type ImportUsersStream = import::ImportStream;
