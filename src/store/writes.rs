@@ -10,8 +10,8 @@ use super::{
     events::{self, NewEvent, WebhookWrite, kind},
     factor::{self, FactorAnswer, FactorWrite},
     import::{self, ImportRecord, Imported},
-    service::{self, ServiceAnswer, ServiceWrite},
     reset::{self, ResetAnswer, ResetWrite},
+    service::{self, ServiceAnswer, ServiceWrite},
     session::{self, EndReason, Ended, LoggedOut, NewSession, Purged, Refreshed, Rotation},
     users::{self, NewUser, Rehash},
 };

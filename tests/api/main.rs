@@ -54,5 +54,5 @@ mod totp_races;
 mod tracing;
 mod transport;
 mod upgrade;
-mod workload_identity;
 mod webhooks;
+mod workload_identity;
