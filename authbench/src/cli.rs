@@ -112,7 +112,7 @@ pub struct Args {
     pub users: usize,
 
     /// Weights of the mixed scenario: OPERATION=WEIGHT,… with operations health,
-    /// register, login, validate, refresh and check.
+    /// register, login, validate, refresh, check, grant and exchange.
     #[arg(long)]
     pub mix: Option<Mix>,
 
@@ -138,6 +138,18 @@ pub struct Args {
     /// command line); tokens from logins done first over gRPC at --target.
     #[arg(long, value_name = "URL")]
     pub introspect: Option<String>,
+
+    /// authd's admin port (http://HOST:PORT, AUTHD_ADMIN_LISTEN), where the grant,
+    /// exchange and validate-service scenarios first create their service accounts
+    /// (audience and scope authbench, one client secret each), with the admin key in
+    /// the environment variable AUTHBENCH_ADMIN_KEY (never on the command line).
+    #[arg(long, value_name = "URL")]
+    pub admin: Option<String>,
+
+    /// Service accounts created for grant, exchange and validate-service; requests
+    /// take them in turn.
+    #[arg(long, default_value_t = 8)]
+    pub accounts: usize,
 
     /// Threads of the client's runtime; 1 runs everything on one thread, the
     /// cheapest way to drive a server from a single core.
@@ -248,6 +260,9 @@ impl Args {
         plan.forward_auth = self.forward_auth.clone();
         plan.introspect = self.introspect.clone();
         plan.introspection_client = std::env::var("AUTHBENCH_INTROSPECTION_CLIENT").ok();
+        plan.admin = self.admin.clone();
+        plan.admin_key = std::env::var("AUTHBENCH_ADMIN_KEY").ok();
+        plan.accounts = self.accounts;
         plan.progress = progress;
         if plan.target.starts_with("https://") {
             plan.tls = Some(tls);
@@ -441,6 +456,13 @@ mod tests {
             (&["login", "--target", "http://x:1/api"][..], "path"),
             (&["login", "--threads", "0"][..], "--threads"),
             (&["dance"][..], "dance"),
+            (&["grant"][..], "--admin"),
+            (&["validate-service"][..], "--admin"),
+            (&["exchange", "--admin", "https://x:1"][..], "plaintext"),
+            (
+                &["grant", "--protocol", "json"][..],
+                "only the login, register and validate",
+            ),
             (&["login", "--protocol", "smtp"][..], "smtp"),
             (
                 &["validate", "--protocol", "http"][..],

@@ -202,6 +202,20 @@ impl Shared {
                         .await
                         .map(|r| *refresh_token = r.into_inner().refresh_token)
                 }
+                Operation::Grant => {
+                    let client = &fixtures.clients[pick % fixtures.clients.len()];
+                    auth.issue_service_token(request(client.grant(None), timeout, forwarded(pick)))
+                        .await
+                        .map(drop)
+                }
+                Operation::Exchange => {
+                    let user = pick % fixtures.tokens.len();
+                    let client = &fixtures.clients[pick % fixtures.clients.len()];
+                    let message = client.grant(Some(&fixtures.tokens[user]));
+                    auth.issue_service_token(request(message, timeout, forwarded(user)))
+                        .await
+                        .map(drop)
+                }
                 Operation::RateLimit => {
                     let message = self.rate_limit_request(pick);
                     let answer = rate_limit
