@@ -5,7 +5,9 @@
 # SQLite, with BENCH_ACCOUNTS service accounts (one client secret each, created
 # through the admin API before each run; requests take them in turn):
 #   - client-credential grants (IssueServiceToken with a client secret): successful
-#     grants per second and their p99;
+#     grants per second and their p99, over gRPC and on the token endpoint (POST
+#     /oauth2/token with HTTP Basic, a keep-alive HTTP/1.1 connection per request in
+#     flight);
 #   - token exchanges of users' access tokens for the accounts' audience: per second
 #     and p99;
 #   - ValidateToken of service tokens and of users' tokens, in turns (users' first,
@@ -44,9 +46,9 @@ ADMIN_PORT=$(free_port)
 start_pinned "$AUTHD" "sqlite://$WORK/authd.db" \
     AUTHD_ADMIN_LISTEN="127.0.0.1:$ADMIN_PORT" AUTHD_ADMIN_KEYS_FILE="$WORK/admin-keys"
 
-# measure SCENARIO: "QPS P99" of its successful answers.
+# measure SCENARIO [PROTOCOL]: "QPS P99" of its successful answers.
 measure() {
-    taskset -c 1 "$AUTHBENCH" "$1" --target "http://127.0.0.1:$PORT" \
+    taskset -c 1 "$AUTHBENCH" "$1" --protocol "${2:-grpc}" --target "http://127.0.0.1:$PORT" \
         --admin "http://127.0.0.1:$ADMIN_PORT" --accounts "$ACCOUNTS" --users "$USERS" \
         --concurrency "$CONCURRENCY" --duration "${DURATION}s" --warmup "${WARMUP}s" --json \
         | python3 -c 'import json,sys; r=json.load(sys.stdin); l=r["ok_latency_ms"]
@@ -54,9 +56,9 @@ print("%.0f %.2f" % (r["ok_qps"], l["p99"] if l else 0))'
 }
 
 results="$WORK/results"
-for scenario in grant exchange; do
-    echo "$scenario 1 $(measure "$scenario")" >>"$results"
-done
+echo "grant 1 $(measure grant)" >>"$results"
+echo "grant-json 1 $(measure grant json)" >>"$results"
+echo "exchange 1 $(measure exchange)" >>"$results"
 for round in $(seq "$ROUNDS"); do
     for scenario in validate validate-service; do
         echo "$scenario $round $(measure "$scenario")" >>"$results"
@@ -74,6 +76,7 @@ for line in open(path):
     p99[scenario].append(float(tail))
 names = {
     "grant": f"IssueServiceToken, client credentials ({accounts} accounts)",
+    "grant-json": f"POST /oauth2/token, client credentials ({accounts} accounts)",
     "exchange": f"IssueServiceToken, token exchange ({accounts} accounts)",
     "validate": "ValidateToken, users' tokens",
     "validate-service": "ValidateToken, service tokens",

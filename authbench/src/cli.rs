@@ -43,7 +43,8 @@ pub struct Args {
 
     /// The server's protocol: grpc (authd); json or grpc-web (authd's HTTP forms on
     /// its gRPC port, over HTTP/1.1: the Connect protocol's unary JSON, gRPC-Web; set
-    /// up over gRPC; login, register and validate); or http (the report's service,
+    /// up over gRPC; login, register and validate, and with json grant, as POST
+    /// /oauth2/token with HTTP Basic); or http (the report's service,
     /// bench/report-service; login and register). Over HTTP/1.1: closed loop only,
     /// plaintext; each request in flight has a keep-alive connection of its own
     /// (HTTP/1.1 carries one request at a time), opened after the setup (-c 5000
@@ -460,7 +461,11 @@ mod tests {
             (&["validate-service"][..], "--admin"),
             (&["exchange", "--admin", "https://x:1"][..], "plaintext"),
             (
-                &["grant", "--protocol", "json"][..],
+                &["exchange", "--protocol", "json"][..],
+                "only the login, register, validate and grant",
+            ),
+            (
+                &["grant", "--protocol", "grpc-web"][..],
                 "only the login, register and validate",
             ),
             (&["login", "--protocol", "smtp"][..], "smtp"),
@@ -483,7 +488,7 @@ mod tests {
             ),
             (
                 &["refresh", "--protocol", "json"][..],
-                "only the login, register and validate",
+                "only the login, register, validate and grant",
             ),
             (
                 &["validate", "--protocol", "grpc-web", "--rate", "5"][..],

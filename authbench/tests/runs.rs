@@ -353,6 +353,21 @@ async fn service_account_scenarios_account_for_every_request() {
         }
     }
 
+    // Grants on the token endpoint (--protocol json): client credentials with HTTP
+    // Basic, one keep-alive connection per request in flight.
+    let mut json = plan(
+        &app,
+        Scenario::Grant,
+        Load::Closed { concurrency: 4 },
+        Stop::Requests(40),
+    );
+    json.protocol = bench::Protocol::Json;
+    json.admin = Some(admin.clone());
+    json.admin_key = Some(KEY.into());
+    let report = bench::run(&json).await.expect("the run completes");
+    assert_accounted(&report, 40);
+    assert_eq!(report.codes.get(Code::Ok), 40, "{}", report.to_text());
+
     // A wrong admin key: the setup fails, before any load, and never shows the key.
     let mut plan = plan(
         &app,

@@ -310,6 +310,8 @@ impl Plan {
         let protocol = self.protocol;
         let runs = match protocol {
             Protocol::Http => matches!(self.scenario, Scenario::Login | Scenario::Register),
+            // Client credentials on the token endpoint, the JSON answer of RFC 6749.
+            Protocol::Json if self.scenario == Scenario::Grant => true,
             _ => matches!(
                 self.scenario,
                 Scenario::Login | Scenario::Register | Scenario::Validate
@@ -318,6 +320,7 @@ impl Plan {
         if !runs {
             let scenarios = match protocol {
                 Protocol::Http => "login and register",
+                Protocol::Json => "login, register, validate and grant",
                 _ => "login, register and validate",
             };
             return Err(format!(

@@ -60,9 +60,31 @@ pub(super) const AUDIENCE: &str = "authbench";
 pub(super) struct ServiceClient {
     pub(super) client_id: String,
     client_secret: String,
+    /// The same as HTTP Basic, for the token endpoint (marked sensitive).
+    basic: ::http::HeaderValue,
 }
 
 impl ServiceClient {
+    fn new(client_id: String, client_secret: String) -> anyhow::Result<Self> {
+        let basic = http::basic(&format!("{client_id}:{client_secret}"))?;
+        Ok(Self {
+            client_id,
+            client_secret,
+            basic,
+        })
+    }
+
+    /// The `authorization` header of its grants on `POST /oauth2/token`.
+    pub(super) fn basic(&self) -> &::http::HeaderValue {
+        &self.basic
+    }
+
+    /// The form of its client-credential grant on `POST /oauth2/token`, for
+    /// [`AUDIENCE`] (the credentials go in [`Self::basic`]).
+    pub(super) fn token_endpoint_form(&self) -> [(&'static str, &'static str); 2] {
+        [("grant_type", "client_credentials"), ("audience", AUDIENCE)]
+    }
+
     /// Its `IssueServiceToken` for [`AUDIENCE`]: a client-credential grant, or with
     /// `subject_token` an exchange of that token.
     pub(super) fn grant(&self, subject_token: Option<&str>) -> IssueServiceTokenRequest {
@@ -273,10 +295,7 @@ async fn create_service_accounts(
                 match admin.create_service_account(request).await {
                     Ok(response) => {
                         let client_secret = response.into_inner().client_secret;
-                        return Ok(ServiceClient {
-                            client_id,
-                            client_secret,
-                        });
+                        return ServiceClient::new(client_id, client_secret);
                     }
                     Err(status) if patience.wait_after(status.code()).await => {}
                     Err(status) => bail!(
