@@ -28,6 +28,13 @@ fn assert_accounted(report: &Report, sent: u64) {
     );
 }
 
+/// Every one of `sent` measured requests was answered OK.
+#[track_caller]
+fn assert_all_ok(report: &Report, sent: u64) {
+    assert_accounted(report, sent);
+    assert_eq!(report.codes.get(Code::Ok), sent, "{}", report.to_text());
+}
+
 #[tokio::test]
 async fn every_scenario_accounts_for_every_request() {
     let app = spawn_app().await;
@@ -337,13 +344,7 @@ async fn service_account_scenarios_account_for_every_request() {
         assert!(plan.check().unwrap_err().contains("AUTHBENCH_ADMIN_KEY"));
         plan.admin_key = Some(KEY.into());
         let report = bench::run(&plan).await.expect("the run completes");
-        assert_accounted(&report, 40);
-        assert_eq!(
-            report.codes.get(Code::Ok),
-            40,
-            "{scenario}: {}",
-            report.to_text()
-        );
+        assert_all_ok(&report, 40);
         if scenario == Scenario::Mixed {
             let ops: Vec<Operation> = report.operations.iter().map(|(op, _)| *op).collect();
             assert_eq!(
@@ -364,9 +365,7 @@ async fn service_account_scenarios_account_for_every_request() {
     json.protocol = bench::Protocol::Json;
     json.admin = Some(admin.clone());
     json.admin_key = Some(KEY.into());
-    let report = bench::run(&json).await.expect("the run completes");
-    assert_accounted(&report, 40);
-    assert_eq!(report.codes.get(Code::Ok), 40, "{}", report.to_text());
+    assert_all_ok(&bench::run(&json).await.expect("the run completes"), 40);
 
     // A wrong admin key: the setup fails, before any load, and never shows the key.
     let mut plan = plan(

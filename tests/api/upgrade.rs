@@ -629,16 +629,22 @@ fn assert_nothing_lost(tally: &Tally) {
     assert_eq!(tally.sessions_lost, 0, "{tally:?}");
 }
 
+/// The previous release's binary, a PostgreSQL database and the settings both
+/// versions share (Redis when configured) for `test`; `None` (the test is skipped)
+/// without the binary or PostgreSQL.
+async fn on_postgres(test: &str) -> Option<(PathBuf, TestDb, Shared)> {
+    let previous = previous_release(test)?;
+    let db = TestDb::new(Backend::Postgres, test).await?;
+    Some((previous, db, Shared::new(redis_url(test))))
+}
+
 #[tokio::test]
 async fn both_versions_serve_one_postgres_database_and_every_credential_crosses() {
-    let test = "both_versions_serve_one_postgres_database";
-    let Some(previous) = previous_release(test) else {
+    let Some((previous, db, shared)) =
+        on_postgres("both_versions_serve_one_postgres_database").await
+    else {
         return;
     };
-    let Some(db) = TestDb::new(Backend::Postgres, test).await else {
-        return;
-    };
-    let shared = Shared::new(redis_url(test));
     // N-1 first, on a fresh database: it creates the schema it knows.
     let old = Previous::start(&previous, &db, &shared).await;
     old.replica
@@ -709,13 +715,9 @@ async fn both_versions_serve_one_postgres_database_and_every_credential_crosses(
 #[tokio::test]
 async fn the_previous_release_serves_beside_service_accounts_on_postgres() {
     let test = "the_previous_release_serves_beside_service_accounts";
-    let Some(previous) = previous_release(test) else {
+    let Some((previous, db, shared)) = on_postgres(test).await else {
         return;
     };
-    let Some(db) = TestDb::new(Backend::Postgres, test).await else {
-        return;
-    };
-    let shared = Shared::new(redis_url(test));
     // N-1 first, on a fresh database; this release joins it and migrates the schema.
     let old = Previous::start(&previous, &db, &shared).await;
     let (mut app, new) = current(&db, &shared).await;
