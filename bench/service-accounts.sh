@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/service-accounts.sh: what service accounts cost (docs/service-accounts.md),
 # authd pinned to CPU 0 with one hash thread and its other settings the defaults
-# (the admin port on, for the accounts), authbench on CPU 1. On one server, on
+# (the admin port on, for the accounts; 1,000 PBKDF2 rounds, for the setup's logins
+# only), authbench on CPU 1. On one server, on
 # SQLite, with BENCH_ACCOUNTS service accounts (one client secret each, created
 # through the admin API before each run; requests take them in turn):
 #   - client-credential grants (IssueServiceToken with a client secret): successful
