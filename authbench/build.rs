@@ -4,7 +4,11 @@
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=../proto");
-    let fds = protox::compile(["auth/v1/auth.proto"], ["../proto"])?;
+    // The admin API too: the service-account scenarios create their accounts with it.
+    let fds = protox::compile(
+        ["auth/v1/auth.proto", "auth/admin/v1/admin.proto"],
+        ["../proto"],
+    )?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(false)

@@ -43,7 +43,8 @@ pub struct Args {
 
     /// The server's protocol: grpc (authd); json or grpc-web (authd's HTTP forms on
     /// its gRPC port, over HTTP/1.1: the Connect protocol's unary JSON, gRPC-Web; set
-    /// up over gRPC; login, register and validate); or http (the report's service,
+    /// up over gRPC; login, register and validate, and with json grant, as POST
+    /// /oauth2/token with HTTP Basic); or http (the report's service,
     /// bench/report-service; login and register). Over HTTP/1.1: closed loop only,
     /// plaintext; each request in flight has a keep-alive connection of its own
     /// (HTTP/1.1 carries one request at a time), opened after the setup (-c 5000
@@ -112,7 +113,7 @@ pub struct Args {
     pub users: usize,
 
     /// Weights of the mixed scenario: OPERATION=WEIGHT,… with operations health,
-    /// register, login, validate, refresh and check.
+    /// register, login, validate, refresh, check, grant and exchange.
     #[arg(long)]
     pub mix: Option<Mix>,
 
@@ -138,6 +139,18 @@ pub struct Args {
     /// command line); tokens from logins done first over gRPC at --target.
     #[arg(long, value_name = "URL")]
     pub introspect: Option<String>,
+
+    /// authd's admin port (http://HOST:PORT, AUTHD_ADMIN_LISTEN), where the grant,
+    /// exchange and validate-service scenarios first create their service accounts
+    /// (audience and scope authbench, one client secret each), with the admin key in
+    /// the environment variable AUTHBENCH_ADMIN_KEY (never on the command line).
+    #[arg(long, value_name = "URL")]
+    pub admin: Option<String>,
+
+    /// Service accounts created for grant, exchange and validate-service; requests
+    /// take them in turn.
+    #[arg(long, default_value_t = 8)]
+    pub accounts: usize,
 
     /// Threads of the client's runtime; 1 runs everything on one thread, the
     /// cheapest way to drive a server from a single core.
@@ -248,6 +261,9 @@ impl Args {
         plan.forward_auth = self.forward_auth.clone();
         plan.introspect = self.introspect.clone();
         plan.introspection_client = std::env::var("AUTHBENCH_INTROSPECTION_CLIENT").ok();
+        plan.admin = self.admin.clone();
+        plan.admin_key = std::env::var("AUTHBENCH_ADMIN_KEY").ok();
+        plan.accounts = self.accounts;
         plan.progress = progress;
         if plan.target.starts_with("https://") {
             plan.tls = Some(tls);
@@ -441,6 +457,17 @@ mod tests {
             (&["login", "--target", "http://x:1/api"][..], "path"),
             (&["login", "--threads", "0"][..], "--threads"),
             (&["dance"][..], "dance"),
+            (&["grant"][..], "--admin"),
+            (&["validate-service"][..], "--admin"),
+            (&["exchange", "--admin", "https://x:1"][..], "plaintext"),
+            (
+                &["exchange", "--protocol", "json"][..],
+                "only the login, register, validate and grant",
+            ),
+            (
+                &["grant", "--protocol", "grpc-web"][..],
+                "only the login, register and validate",
+            ),
             (&["login", "--protocol", "smtp"][..], "smtp"),
             (
                 &["validate", "--protocol", "http"][..],
@@ -461,7 +488,7 @@ mod tests {
             ),
             (
                 &["refresh", "--protocol", "json"][..],
-                "only the login, register and validate",
+                "only the login, register, validate and grant",
             ),
             (
                 &["validate", "--protocol", "grpc-web", "--rate", "5"][..],

@@ -1,7 +1,8 @@
 //! authbench: the load generator for authd.
 //!
 //! This package owns everything that *measures* authd from the outside, and speaks
-//! to it only through the gRPC client generated from authd's proto (and the standard
+//! to it only through the gRPC clients generated from authd's protos (the admin
+//! API's only to create service accounts before a run; and the standard
 //! health client, Envoy's rate limit client for the ratelimit scenario and its
 //! external authorization client for the check scenario, from the `envoy-types`
 //! crate); nothing in the server depends on it. It also loads the service
@@ -13,7 +14,7 @@
 //! - [`cli`]: the `authbench` command line, checked and turned into a [`Plan`].
 //! - [`protocol`]: gRPC (authd) or HTTP/1.1 JSON (the report's service).
 //! - [`scenario`]: the operations (health, register, login, validate, refresh,
-//!   ratelimit, check), the weighted mix that decides which one each request is,
+//!   ratelimit, check, grant, exchange), the weighted mix that decides which one each request is,
 //!   and the descriptors a ratelimit request asks.
 //! - [`schedule`]: the open-loop send schedule and the default connection count.
 //! - [`runner`]: connects, prepares users and tokens, drives the closed or open loop
@@ -51,4 +52,11 @@ pub use scenario::{Mix, Operation, Scenario};
 pub mod pb {
     #![allow(clippy::all, missing_docs)]
     tonic::include_proto!("auth.v1");
+}
+
+/// The admin client generated from `proto/auth/admin/v1/admin.proto`, for the
+/// service accounts the grant, exchange and validate-service scenarios create.
+pub mod admin_pb {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("auth.admin.v1");
 }

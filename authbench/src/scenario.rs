@@ -31,10 +31,17 @@ pub enum Operation {
     /// of a request bearing a token obtained during setup: what a proxy asks of
     /// authd for every request it passes on. No hashing, no database.
     Check,
+    /// `IssueServiceToken` with the client secret of a service account created
+    /// during setup (client credentials): one digest, one read and the grant's
+    /// audit event, no password hash.
+    Grant,
+    /// `IssueServiceToken` exchanging a user's token from setup for the bench
+    /// audience, as a service account created during setup (RFC 8693).
+    Exchange,
 }
 
 impl Operation {
-    pub const ALL: [Operation; 7] = [
+    pub const ALL: [Operation; 9] = [
         Operation::Health,
         Operation::Register,
         Operation::Login,
@@ -42,6 +49,8 @@ impl Operation {
         Operation::Refresh,
         Operation::RateLimit,
         Operation::Check,
+        Operation::Grant,
+        Operation::Exchange,
     ];
 
     /// A dense index, for per-operation arrays.
@@ -58,6 +67,8 @@ impl Operation {
             Operation::Refresh => "refresh",
             Operation::RateLimit => "ratelimit",
             Operation::Check => "check",
+            Operation::Grant => "grant",
+            Operation::Exchange => "exchange",
         }
     }
 
@@ -84,12 +95,22 @@ pub enum Scenario {
     Login,
     /// Token validations, with tokens from logins done first.
     Validate,
+    /// Token validations, with service tokens granted first to service accounts
+    /// created through the admin API (see --admin).
+    #[serde(rename = "validate-service")]
+    ValidateService,
     /// Refresh-token rotations, of sessions from logins done first.
     Refresh,
     /// Envoy's ShouldRateLimit decisions (see --descriptors).
     Ratelimit,
     /// Envoy's external authorization checks, with tokens from logins done first.
     Check,
+    /// Client-credential grants (IssueServiceToken) of service accounts created
+    /// first through the admin API (see --admin, --accounts).
+    Grant,
+    /// Token exchanges of users' tokens from logins done first, by service accounts
+    /// created first through the admin API (see --admin, --accounts).
+    Exchange,
     /// A weighted mix of the above (see --mix).
     Mixed,
 }
@@ -101,9 +122,12 @@ impl Scenario {
             Scenario::Register => "register",
             Scenario::Login => "login",
             Scenario::Validate => "validate",
+            Scenario::ValidateService => "validate-service",
             Scenario::Refresh => "refresh",
             Scenario::Ratelimit => "ratelimit",
             Scenario::Check => "check",
+            Scenario::Grant => "grant",
+            Scenario::Exchange => "exchange",
             Scenario::Mixed => "mixed",
         }
     }
@@ -114,10 +138,12 @@ impl Scenario {
             Scenario::Health => Mix::only(Operation::Health),
             Scenario::Register => Mix::only(Operation::Register),
             Scenario::Login => Mix::only(Operation::Login),
-            Scenario::Validate => Mix::only(Operation::Validate),
+            Scenario::Validate | Scenario::ValidateService => Mix::only(Operation::Validate),
             Scenario::Refresh => Mix::only(Operation::Refresh),
             Scenario::Ratelimit => Mix::only(Operation::RateLimit),
             Scenario::Check => Mix::only(Operation::Check),
+            Scenario::Grant => Mix::only(Operation::Grant),
+            Scenario::Exchange => Mix::only(Operation::Exchange),
             Scenario::Mixed => mixed.clone(),
         }
     }
@@ -150,6 +176,11 @@ impl Mix {
 
     pub fn weight(&self, op: Operation) -> u32 {
         self.weights[op.index()]
+    }
+
+    /// Whether any request of this mix needs service accounts (created in setup).
+    pub fn uses_service_accounts(&self) -> bool {
+        self.uses(Operation::Grant) || self.uses(Operation::Exchange)
     }
 
     /// Whether any request of this mix performs `op`.
@@ -201,7 +232,7 @@ impl FromStr for Mix {
             let op = Operation::from_name(name.trim()).ok_or_else(|| {
                 format!(
                     "unknown operation {:?} (expected health, register, login, validate, refresh, \
-                     ratelimit or check)",
+                     ratelimit, check, grant or exchange)",
                     name.trim()
                 )
             })?;

@@ -28,6 +28,13 @@ fn assert_accounted(report: &Report, sent: u64) {
     );
 }
 
+/// Every one of `sent` measured requests was answered OK.
+#[track_caller]
+fn assert_all_ok(report: &Report, sent: u64) {
+    assert_accounted(report, sent);
+    assert_eq!(report.codes.get(Code::Ok), sent, "{}", report.to_text());
+}
+
 #[tokio::test]
 async fn every_scenario_accounts_for_every_request() {
     let app = spawn_app().await;
@@ -301,6 +308,80 @@ async fn checks_as_introspections_account_for_every_request() {
     plan.introspection_client = Some(format!("bench:{SECRET}"));
     plan.forward_auth = Some(format!("http://{}", app.addr));
     assert!(plan.check().is_err());
+}
+
+#[tokio::test]
+async fn service_account_scenarios_account_for_every_request() {
+    use std::io::Write as _;
+    // An admin key, as the admin keys file holds it: the SHA-256 of the key.
+    const KEY: &str = "0123456789abcdef0123456789abcdef-admin";
+    let mut keys = tempfile::NamedTempFile::new().unwrap();
+    writeln!(keys, "bench admin {}", authd_digest_hex(KEY.as_bytes())).unwrap();
+    let path = keys.path().to_owned();
+    let app = spawn_app_with(|c| {
+        c.admin.admin_listen = "127.0.0.1:0".parse().unwrap();
+        c.admin.admin_keys_file = Some(path);
+    })
+    .await;
+    let admin = format!("http://{}", app.admin.expect("the admin port is on"));
+    for scenario in [
+        Scenario::Grant,
+        Scenario::Exchange,
+        Scenario::ValidateService,
+        Scenario::Mixed,
+    ] {
+        let mut plan = plan(
+            &app,
+            scenario,
+            Load::Closed { concurrency: 4 },
+            Stop::Requests(40),
+        );
+        plan.accounts = 3;
+        plan.mix = "grant=1,exchange=1,validate=1".parse().unwrap();
+        // Without the admin port or its key: refused before anything is sent.
+        assert!(plan.check().unwrap_err().contains("--admin"), "{scenario}");
+        plan.admin = Some(admin.clone());
+        assert!(plan.check().unwrap_err().contains("AUTHBENCH_ADMIN_KEY"));
+        plan.admin_key = Some(KEY.into());
+        let report = bench::run(&plan).await.expect("the run completes");
+        assert_all_ok(&report, 40);
+        if scenario == Scenario::Mixed {
+            let ops: Vec<Operation> = report.operations.iter().map(|(op, _)| *op).collect();
+            assert_eq!(
+                ops,
+                [Operation::Validate, Operation::Grant, Operation::Exchange]
+            );
+        }
+    }
+
+    // Grants on the token endpoint (--protocol json): client credentials with HTTP
+    // Basic, one keep-alive connection per request in flight.
+    let mut json = plan(
+        &app,
+        Scenario::Grant,
+        Load::Closed { concurrency: 4 },
+        Stop::Requests(40),
+    );
+    json.protocol = bench::Protocol::Json;
+    json.admin = Some(admin.clone());
+    json.admin_key = Some(KEY.into());
+    assert_all_ok(&bench::run(&json).await.expect("the run completes"), 40);
+
+    // A wrong admin key: the setup fails, before any load, and never shows the key.
+    let mut plan = plan(
+        &app,
+        Scenario::Grant,
+        Load::Closed { concurrency: 1 },
+        Stop::Requests(1),
+    );
+    plan.admin = Some(admin);
+    plan.admin_key = Some("a wrong admin key of thirty-two bytes".into());
+    let err = format!("{:#}", bench::run(&plan).await.unwrap_err());
+    assert!(
+        err.contains("Unauthenticated") || err.contains("UNAUTHENTICATED"),
+        "{err}"
+    );
+    assert!(!err.contains("wrong admin key"), "{err}");
 }
 
 /// The SHA-256 of `bytes` in hex, as authd's keys files hold a secret.

@@ -28,11 +28,14 @@ use authd::{
     config::DatabaseUrl,
     pb::{
         BeginTotpEnrollmentRequest, ChangePasswordRequest, CompleteLoginRequest,
-        ConfirmTotpEnrollmentRequest, LoginRequest, LoginResponse, LogoutRequest, RefreshRequest,
-        RegisterRequest, ValidateTokenRequest,
+        ConfirmTotpEnrollmentRequest, IssueServiceTokenRequest, LoginRequest, LoginResponse,
+        LogoutRequest, RefreshRequest, RegisterRequest, ValidateTokenRequest,
+        ValidateTokenResponse,
         admin::{
-            DisableUserRequest, EnableUserRequest, EndSessionsRequest, SetPasswordRequest,
-            UserSelector, admin_service_client::AdminServiceClient, user_selector::Selector,
+            CreateServiceAccountRequest, DisableServiceAccountRequest, DisableUserRequest,
+            EnableUserRequest, EndSessionsRequest, ServiceAccountSelector, SetPasswordRequest,
+            UserSelector, admin_service_client::AdminServiceClient,
+            service_account_selector::Selector as AccountSelector, user_selector::Selector,
         },
         auth_service_client::AuthServiceClient,
     },
@@ -272,6 +275,11 @@ impl Replica {
     }
 
     async fn validate(&self, token: &str) -> Result<String, Status> {
+        Ok(self.validate_all(token).await?.user_id)
+    }
+
+    /// ValidateToken's whole answer.
+    async fn validate_all(&self, token: &str) -> Result<ValidateTokenResponse, Status> {
         let request = ValidateTokenRequest {
             access_token: token.into(),
             ..Default::default()
@@ -281,8 +289,18 @@ impl Replica {
             .clone()
             .validate_token(request)
             .await?
-            .into_inner()
-            .user_id)
+            .into_inner())
+    }
+
+    /// A client-credential grant of `client_id` with `client_secret`.
+    async fn grant(&self, client_id: &str, client_secret: &str) -> Result<String, Status> {
+        let request = IssueServiceTokenRequest {
+            client_id: client_id.into(),
+            client_secret: client_secret.into(),
+            ..Default::default()
+        };
+        let answer = self.auth.clone().issue_service_token(request).await?;
+        Ok(answer.into_inner().access_token)
     }
 
     /// A refresh: the new access and refresh tokens.
@@ -611,16 +629,22 @@ fn assert_nothing_lost(tally: &Tally) {
     assert_eq!(tally.sessions_lost, 0, "{tally:?}");
 }
 
+/// The previous release's binary, a PostgreSQL database and the settings both
+/// versions share (Redis when configured) for `test`; `None` (the test is skipped)
+/// without the binary or PostgreSQL.
+async fn on_postgres(test: &str) -> Option<(PathBuf, TestDb, Shared)> {
+    let previous = previous_release(test)?;
+    let db = TestDb::new(Backend::Postgres, test).await?;
+    Some((previous, db, Shared::new(redis_url(test))))
+}
+
 #[tokio::test]
 async fn both_versions_serve_one_postgres_database_and_every_credential_crosses() {
-    let test = "both_versions_serve_one_postgres_database";
-    let Some(previous) = previous_release(test) else {
+    let Some((previous, db, shared)) =
+        on_postgres("both_versions_serve_one_postgres_database").await
+    else {
         return;
     };
-    let Some(db) = TestDb::new(Backend::Postgres, test).await else {
-        return;
-    };
-    let shared = Shared::new(redis_url(test));
     // N-1 first, on a fresh database: it creates the schema it knows.
     let old = Previous::start(&previous, &db, &shared).await;
     old.replica
@@ -679,6 +703,114 @@ async fn both_versions_serve_one_postgres_database_and_every_credential_crosses(
     }
     let tally = running.finish().await;
     assert_nothing_lost(&tally);
+    old.stop().await;
+}
+
+/// docs/upgrades.md, "Service accounts": N-1 beside this release on one PostgreSQL
+/// database whose schema this release migrated (service accounts' tables, level 3):
+/// N-1 restarted on it serves, accepts a service token this release issued as a
+/// token of user `service:NAME` with the account's id, refuses it once the account
+/// is disabled (the cutoff it already reads), and answers IssueServiceToken with
+/// UNIMPLEMENTED.
+#[tokio::test]
+async fn the_previous_release_serves_beside_service_accounts_on_postgres() {
+    let test = "the_previous_release_serves_beside_service_accounts";
+    let Some((previous, db, shared)) = on_postgres(test).await else {
+        return;
+    };
+    // N-1 first, on a fresh database; this release joins it and migrates the schema.
+    let old = Previous::start(&previous, &db, &shared).await;
+    let (mut app, new) = current(&db, &shared).await;
+    let created = new
+        .admin
+        .clone()
+        .create_service_account(admin_request(CreateServiceAccountRequest {
+            name: "orders".into(),
+            audiences: vec!["billing".into()],
+            scopes: vec!["read".into()],
+            with_secret: true,
+            ..Default::default()
+        }))
+        .await
+        .expect("this release creates a service account")
+        .into_inner();
+    let account_id = created.account.expect("the account").id;
+    let token = new.grant("orders", &created.client_secret).await.unwrap();
+
+    // The schema is at level 3 (the service accounts' tables), and 0.1.0 may run on it.
+    let migrate = |args: &[&str]| {
+        let DatabaseUrl::Postgres(url) = &db.url else {
+            unreachable!("a PostgreSQL database")
+        };
+        crate::helpers::authd_command()
+            .arg("migrate")
+            .args(args)
+            .env("AUTHD_DATABASE_URL", url.expose())
+            .output()
+            .unwrap()
+    };
+    let status = migrate(&["--status"]);
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(status.status.success(), "{status:?}");
+    assert!(text.contains("compatible migrations: level 3"), "{text}");
+    let rollback = migrate(&["--check-rollback", "0.1.0"]);
+    assert!(rollback.status.success(), "{rollback:?}");
+
+    // N-1 restarted on the migrated schema (a pod rescheduled mid-rollout) serves.
+    old.stop().await;
+    let old = Previous::start(&previous, &db, &shared).await;
+    old.replica
+        .register("after-upgrade", PASSWORD)
+        .await
+        .unwrap();
+    let session = old.replica.login("after-upgrade", PASSWORD).await.unwrap();
+    new.validate(&session.access_token).await.unwrap();
+
+    // The service token: a token of user service:orders, the account's id, on N-1.
+    let answer = old
+        .replica
+        .validate_all(&token)
+        .await
+        .expect("N-1 accepts it");
+    assert_eq!(answer.user_id, account_id);
+    assert_eq!(answer.username, "service:orders");
+    let answer = new.validate_all(&token).await.unwrap();
+    assert_eq!(
+        (answer.user_id.as_str(), answer.client_id.as_str()),
+        (account_id.as_str(), "orders")
+    );
+    assert!(answer.service);
+
+    // N-1 grants nothing.
+    let refused = old
+        .replica
+        .grant("orders", &created.client_secret)
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unimplemented, "{refused:?}");
+
+    // Disabled on this release: both refuse the token, N-1 within the revocation delay.
+    new.admin
+        .clone()
+        .disable_service_account(admin_request(DisableServiceAccountRequest {
+            account: Some(ServiceAccountSelector {
+                selector: Some(AccountSelector::Name("orders".into())),
+            }),
+            reason: "upgrade test".into(),
+        }))
+        .await
+        .unwrap();
+    let refused = new.validate(&token).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated);
+    crate::helpers::wait_for("N-1 refuses the disabled account's token", || async {
+        let answer = old.replica.validate(&token).await;
+        answer
+            .err()
+            .map(|status| assert_eq!(status.code(), Code::Unauthenticated))
+    })
+    .await;
+    app.begin_shutdown();
+    app.stop().await.unwrap();
     old.stop().await;
 }
 

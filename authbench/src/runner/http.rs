@@ -268,18 +268,18 @@ impl Connection {
         self.send(Method::GET, path, Bytes::new(), headers).await
     }
 
-    /// `POST path` with the form `token=token` as the introspection client whose
-    /// `authorization` header is `client` (RFC 7662), and `X-Forwarded-For:
-    /// forwarded` when given.
-    pub(super) async fn introspect(
+    /// `POST path` with the form `fields` as the client whose `authorization` header
+    /// is `client`: an introspection (RFC 7662, `token=…`) or a grant on the token
+    /// endpoint (RFC 6749), and `X-Forwarded-For: forwarded` when given.
+    pub(super) async fn post_form(
         &mut self,
         path: &'static str,
-        token: &str,
+        fields: &[(&str, &str)],
         client: &HeaderValue,
         forwarded: Option<&HeaderValue>,
     ) -> anyhow::Result<Answer> {
         let body: String = form_urlencoded::Serializer::new(String::new())
-            .append_pair("token", token)
+            .extend_pairs(fields)
             .finish();
         let headers = Headers {
             content_type: Some("application/x-www-form-urlencoded"),
@@ -431,10 +431,7 @@ pub(super) fn access_token(token: &str) -> Bytes {
 /// The `authorization` header of HTTP Basic for `CLIENT_ID:SECRET`.
 pub(super) fn basic(client: &str) -> anyhow::Result<HeaderValue> {
     use base64::Engine as _;
-    anyhow::ensure!(
-        client.contains(':'),
-        "the introspection client must be CLIENT_ID:SECRET"
-    );
+    anyhow::ensure!(client.contains(':'), "a client must be CLIENT_ID:SECRET");
     let encoded = base64::engine::general_purpose::STANDARD.encode(client);
     let mut value = HeaderValue::try_from(format!("Basic {encoded}"))?;
     value.set_sensitive(true);

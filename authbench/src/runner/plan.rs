@@ -85,6 +85,14 @@ pub struct Plan {
     pub introspect: Option<String>,
     /// The introspection client, `CLIENT_ID:SECRET` (sent with HTTP Basic).
     pub introspection_client: Option<String>,
+    /// authd's admin port (`http://host:port`), where setup creates the service
+    /// accounts of the grant, exchange and validate-service scenarios.
+    pub admin: Option<String>,
+    /// The admin key for it (sent as `authorization: Bearer`).
+    pub admin_key: Option<String>,
+    /// Service accounts created for those scenarios, each with one client secret;
+    /// requests take them in turn.
+    pub accounts: usize,
 }
 
 /// The client side of TLS: whom to trust, what to present, which name to expect.
@@ -164,7 +172,17 @@ impl Plan {
             forward_auth: None,
             introspect: None,
             introspection_client: None,
+            admin: None,
+            admin_key: None,
+            accounts: 8,
         }
+    }
+
+    /// Whether setup creates service accounts: for grants, exchanges, or the service
+    /// tokens of validate-service.
+    pub fn needs_service_accounts(&self) -> bool {
+        self.scenario == Scenario::ValidateService
+            || self.scenario.mix(&self.mix).uses_service_accounts()
     }
 
     /// Refuses plans that cannot run, with a reason naming the option.
@@ -211,6 +229,9 @@ impl Plan {
         if self.protocol.over_http1() {
             self.check_http()?;
         }
+        if self.needs_service_accounts() {
+            self.check_admin()?;
+        }
         if self.forward_auth.is_some() && self.introspect.is_some() {
             return Err("--forward-auth and --introspect: one way of checking at a time".into());
         }
@@ -225,6 +246,33 @@ impl Plan {
                             AUTHBENCH_INTROSPECTION_CLIENT"
                     .into());
             }
+        }
+        Ok(())
+    }
+
+    /// What the service-account scenarios need: the admin port and its key, and at
+    /// least one account.
+    fn check_admin(&self) -> Result<(), String> {
+        let scenario = self.scenario;
+        let Some(url) = &self.admin else {
+            return Err(format!(
+                "{scenario} creates service accounts first: --admin http://HOST:PORT (authd's \
+                 AUTHD_ADMIN_LISTEN) is needed"
+            ));
+        };
+        if !url.starts_with("http://") {
+            return Err(format!(
+                "--admin {url} must be http://HOST:PORT (the admin port in plaintext)"
+            ));
+        }
+        if self.admin_key.is_none() {
+            return Err(format!(
+                "{scenario} creates service accounts first: the admin key is needed in \
+                 AUTHBENCH_ADMIN_KEY"
+            ));
+        }
+        if self.accounts == 0 {
+            return Err("--accounts must be at least 1".into());
         }
         Ok(())
     }
@@ -262,6 +310,8 @@ impl Plan {
         let protocol = self.protocol;
         let runs = match protocol {
             Protocol::Http => matches!(self.scenario, Scenario::Login | Scenario::Register),
+            // Client credentials on the token endpoint, the JSON answer of RFC 6749.
+            Protocol::Json if self.scenario == Scenario::Grant => true,
             _ => matches!(
                 self.scenario,
                 Scenario::Login | Scenario::Register | Scenario::Validate
@@ -270,6 +320,7 @@ impl Plan {
         if !runs {
             let scenarios = match protocol {
                 Protocol::Http => "login and register",
+                Protocol::Json => "login, register, validate and grant",
                 _ => "login, register and validate",
             };
             return Err(format!(

@@ -115,6 +115,10 @@ impl Shared {
         match client {
             Client::Grpc(clients) => self.perform_grpc(op, pick, clients).await,
             Client::Http(connection) => match self.protocol {
+                // A grant in JSON is the token endpoint's (a form in, JSON out).
+                Protocol::Json if op == Operation::Grant => {
+                    self.perform_http(op, pick, connection).await
+                }
                 Protocol::Json => self.perform_form(Form::Connect, op, pick, connection).await,
                 Protocol::GrpcWeb => self.perform_form(Form::GrpcWeb, op, pick, connection).await,
                 _ => self.perform_http(op, pick, connection).await,
@@ -201,6 +205,20 @@ impl Shared {
                     auth.refresh(request(message, timeout, forwarded(user)))
                         .await
                         .map(|r| *refresh_token = r.into_inner().refresh_token)
+                }
+                Operation::Grant => {
+                    let client = &fixtures.clients[pick % fixtures.clients.len()];
+                    auth.issue_service_token(request(client.grant(None), timeout, forwarded(pick)))
+                        .await
+                        .map(drop)
+                }
+                Operation::Exchange => {
+                    let user = pick % fixtures.tokens.len();
+                    let client = &fixtures.clients[pick % fixtures.clients.len()];
+                    let message = client.grant(Some(&fixtures.tokens[user]));
+                    auth.issue_service_token(request(message, timeout, forwarded(user)))
+                        .await
+                        .map(drop)
                 }
                 Operation::RateLimit => {
                     let message = self.rate_limit_request(pick);
@@ -293,6 +311,8 @@ impl Shared {
                 pick % fixtures.tokens.len(),
             ),
             Operation::Check => ("/forward-auth", Bytes::new(), pick % fixtures.tokens.len()),
+            // --protocol json: the token endpoint, client credentials with HTTP Basic.
+            Operation::Grant => ("/oauth2/token", Bytes::new(), pick),
             _ => unreachable!("Plan::check refuses {op} over HTTP"),
         };
         let forwarded = fixtures.forwarded.http(k);
@@ -302,10 +322,16 @@ impl Shared {
                     let token = &fixtures.tokens[k];
                     match &self.introspection {
                         Some(client) => {
-                            (connection.introspect(path, token, client, forwarded)).await
+                            let fields = [("token", token.as_str())];
+                            (connection.post_form(path, &fields, client, forwarded)).await
                         }
                         None => connection.get_bearer(path, token, forwarded).await,
                     }
+                }
+                Operation::Grant => {
+                    let client = &fixtures.clients[k % fixtures.clients.len()];
+                    let fields = client.token_endpoint_form();
+                    (connection.post_form(path, &fields, client.basic(), forwarded)).await
                 }
                 _ => connection.post(path, body, forwarded).await,
             }

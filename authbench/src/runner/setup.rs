@@ -15,9 +15,13 @@ use super::{
     status::{describe_status, http_code},
 };
 use crate::{
-    pb::{LoginRequest, RegisterRequest, auth_service_client::AuthServiceClient},
+    admin_pb::{CreateServiceAccountRequest, admin_service_client::AdminServiceClient},
+    pb::{
+        IssueServiceTokenRequest, LoginRequest, RegisterRequest,
+        auth_service_client::AuthServiceClient,
+    },
     progress::Progress,
-    scenario::{Mix, Operation},
+    scenario::{Mix, Operation, Scenario},
 };
 use anyhow::{Context as _, bail};
 use bytes::Bytes;
@@ -29,7 +33,11 @@ use std::{
     time::{Duration, Instant},
 };
 use tokio::task::JoinSet;
-use tonic::{Code, Request, transport::Channel};
+use tonic::{
+    Code, Request,
+    metadata::{Ascii, MetadataValue},
+    transport::Channel,
+};
 
 /// How setup reaches the target.
 pub(super) enum Via<'a> {
@@ -42,6 +50,53 @@ pub(super) enum Via<'a> {
 /// The password of every user authbench creates: long enough for authd's rules, and
 /// the same for all, so a login request is built by cloning two short strings.
 pub(super) const PASSWORD: &str = "authbench-password-1";
+
+/// The audience (and scope) of the service accounts authbench creates, and of the
+/// tokens granted or exchanged for them.
+pub(super) const AUDIENCE: &str = "authbench";
+
+/// A service account created during setup: its name (`client_id`) and its client
+/// secret. The secret stays in memory, is sent only in requests, and never printed.
+pub(super) struct ServiceClient {
+    pub(super) client_id: String,
+    client_secret: String,
+    /// The same as HTTP Basic, for the token endpoint (marked sensitive).
+    basic: ::http::HeaderValue,
+}
+
+impl ServiceClient {
+    fn new(client_id: String, client_secret: String) -> anyhow::Result<Self> {
+        let basic = http::basic(&format!("{client_id}:{client_secret}"))?;
+        Ok(Self {
+            client_id,
+            client_secret,
+            basic,
+        })
+    }
+
+    /// The `authorization` header of its grants on `POST /oauth2/token`.
+    pub(super) fn basic(&self) -> &::http::HeaderValue {
+        &self.basic
+    }
+
+    /// The form of its client-credential grant on `POST /oauth2/token`, for
+    /// [`AUDIENCE`] (the credentials go in [`Self::basic`]).
+    pub(super) fn token_endpoint_form(&self) -> [(&'static str, &'static str); 2] {
+        [("grant_type", "client_credentials"), ("audience", AUDIENCE)]
+    }
+
+    /// Its `IssueServiceToken` for [`AUDIENCE`]: a client-credential grant, or with
+    /// `subject_token` an exchange of that token.
+    pub(super) fn grant(&self, subject_token: Option<&str>) -> IssueServiceTokenRequest {
+        IssueServiceTokenRequest {
+            client_id: self.client_id.clone(),
+            client_secret: self.client_secret.clone(),
+            audience: AUDIENCE.into(),
+            subject_token: subject_token.unwrap_or_default().into(),
+            ..Default::default()
+        }
+    }
+}
 
 /// Setup requests (registering the pool, logging in for tokens) in flight at once:
 /// enough to keep a server's hash threads busy without filling its queue.
@@ -58,8 +113,11 @@ pub(super) struct Fixtures {
     registered: AtomicU64,
     /// Users for logins (all with [`PASSWORD`]).
     pub(super) users: Vec<String>,
-    /// Tokens for validations.
+    /// Tokens for validations (validate-service: service tokens), checks and
+    /// exchanges.
     pub(super) tokens: Vec<String>,
+    /// The service accounts of grants and exchanges.
+    pub(super) clients: Vec<ServiceClient>,
     /// Envoy's Check request for each token, encoded ([`check::encoded_request`]),
     /// when the mix has checks.
     pub(super) checks: Vec<Bytes>,
@@ -103,8 +161,12 @@ pub(super) async fn prepare(
         ),
         None => Forwarded::default(),
     };
-    let needs_sessions =
-        mix.uses(Operation::Validate) || mix.uses(Operation::Refresh) || mix.uses(Operation::Check);
+    // validate-service validates service tokens, granted below, not users'.
+    let service_tokens = plan.scenario == Scenario::ValidateService;
+    let needs_sessions = (mix.uses(Operation::Validate) && !service_tokens)
+        || mix.uses(Operation::Refresh)
+        || mix.uses(Operation::Check)
+        || mix.uses(Operation::Exchange);
     let needs_users = mix.uses(Operation::Login) || needs_sessions;
     let users: Vec<String> = if needs_users {
         (0..plan.users).map(|i| format!("{run_id}-u{i}")).collect()
@@ -153,7 +215,19 @@ pub(super) async fn prepare(
         });
         sessions = run_bounded(jobs).await?;
     }
-    let (tokens, refresh_tokens): (Vec<String>, Vec<String>) = sessions.into_iter().unzip();
+    let (mut tokens, refresh_tokens): (Vec<String>, Vec<String>) = sessions.into_iter().unzip();
+
+    let clients = if plan.needs_service_accounts() {
+        create_service_accounts(plan, &run_id, progress).await?
+    } else {
+        Vec::new()
+    };
+    if service_tokens {
+        let Via::Grpc(channels) = via else {
+            bail!("service tokens for validations are granted only over gRPC");
+        };
+        tokens = grant_service_tokens(channels, &clients, plan.users, &forwarded, progress).await?;
+    }
 
     let checks = if mix.uses(Operation::Check) {
         tokens
@@ -168,6 +242,7 @@ pub(super) async fn prepare(
         registered: AtomicU64::new(0),
         users,
         tokens,
+        clients,
         checks,
         refresh_tokens: refresh_tokens
             .into_iter()
@@ -175,6 +250,96 @@ pub(super) async fn prepare(
             .collect(),
         forwarded,
     })
+}
+
+/// Creates `plan.accounts` service accounts through the admin API, each allowed
+/// [`AUDIENCE`] and with one client secret.
+async fn create_service_accounts(
+    plan: &Plan,
+    run_id: &str,
+    progress: &Progress,
+) -> anyhow::Result<Vec<ServiceClient>> {
+    let (Some(url), Some(key)) = (&plan.admin, &plan.admin_key) else {
+        bail!(
+            "service accounts are created through the admin API: --admin and AUTHBENCH_ADMIN_KEY"
+        );
+    };
+    progress.phase(format!("creating {} service accounts", plan.accounts));
+    let channel = Channel::from_shared(url.clone())
+        .with_context(|| format!("--admin {url}"))?
+        .connect_timeout(plan.connect_timeout)
+        .connect()
+        .await
+        .with_context(|| format!("connecting to the admin port {url}"))?;
+    let mut authorization: MetadataValue<Ascii> = format!("Bearer {key}")
+        .parse()
+        .map_err(|_| anyhow::anyhow!("AUTHBENCH_ADMIN_KEY is not a valid header value"))?;
+    authorization.set_sensitive(true);
+    let jobs = (0..plan.accounts).map(|i| {
+        let mut admin = AdminServiceClient::new(channel.clone());
+        let authorization = authorization.clone();
+        let client_id = format!("{run_id}-s{i}");
+        async move {
+            let mut patience = Patience::new();
+            loop {
+                let mut request = Request::new(CreateServiceAccountRequest {
+                    name: client_id.clone(),
+                    audiences: vec![AUDIENCE.into()],
+                    scopes: vec![AUDIENCE.into()],
+                    with_secret: true,
+                    ..Default::default()
+                });
+                request
+                    .metadata_mut()
+                    .insert("authorization", authorization.clone());
+                match admin.create_service_account(request).await {
+                    Ok(response) => {
+                        let client_secret = response.into_inner().client_secret;
+                        return ServiceClient::new(client_id, client_secret);
+                    }
+                    Err(status) if patience.wait_after(status.code()).await => {}
+                    Err(status) => bail!(
+                        "creating the service account {client_id}: {}",
+                        describe_status(&status)
+                    ),
+                }
+            }
+        }
+    });
+    run_bounded(jobs).await
+}
+
+/// Grants `count` service tokens, the accounts taking turns, for validate-service.
+async fn grant_service_tokens(
+    channels: &[Channel],
+    clients: &[ServiceClient],
+    count: usize,
+    forwarded: &Forwarded,
+    progress: &Progress,
+) -> anyhow::Result<Vec<String>> {
+    progress.phase(format!("granting {count} service tokens"));
+    let jobs = (0..count).map(|i| {
+        let mut auth = AuthServiceClient::new(channels[i % channels.len()].clone());
+        let client = &clients[i % clients.len()];
+        let (client_id, message) = (client.client_id.clone(), client.grant(None));
+        let forwarded = forwarded.grpc(i).cloned();
+        async move {
+            let mut patience = Patience::new();
+            loop {
+                let mut request = Request::new(message.clone());
+                stamp(&mut request, forwarded.as_ref());
+                match auth.issue_service_token(request).await {
+                    Ok(response) => return Ok(response.into_inner().access_token),
+                    Err(status) if patience.wait_after(status.code()).await => {}
+                    Err(status) => bail!(
+                        "preparing service tokens: granting one to {client_id}: {}",
+                        describe_status(&status)
+                    ),
+                }
+            }
+        }
+    });
+    run_bounded(jobs).await
 }
 
 async fn register_over_grpc(

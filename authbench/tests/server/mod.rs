@@ -13,6 +13,9 @@ pub struct TestApp {
     // Read by runs.rs only; the other test binaries share this module.
     #[allow(dead_code)]
     pub forward_auth: Option<std::net::SocketAddr>,
+    /// The admin port, when the test turned it on.
+    #[allow(dead_code)]
+    pub admin: Option<std::net::SocketAddr>,
     _dir: tempfile::TempDir,
     _stop: oneshot::Sender<()>,
     _task: JoinHandle<anyhow::Result<()>>,
@@ -40,6 +43,7 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Config)) -> TestApp {
     let app = Application::build(config).await.expect("authd builds");
     let addr = app.local_addr();
     let forward_auth = app.handle().forward_auth_addr();
+    let admin = app.handle().admin_addr();
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(app.run_until_stopped(async {
         let _ = stopped.await;
@@ -47,6 +51,7 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Config)) -> TestApp {
     TestApp {
         addr,
         forward_auth,
+        admin,
         _dir: dir,
         _stop: stop,
         _task: task,
