@@ -48,9 +48,16 @@ pub mod kind {
     /// that delivers it to the user.
     pub const RESET_REQUESTED: &str = "user.password_reset_requested";
     pub const RESET_COMPLETED: &str = "user.password_reset_completed";
+    /// Service accounts' changes (docs/service-accounts.md); the event's `user_id`
+    /// is the account's id.
+    pub const SERVICE_CREATED: &str = "service_account.created";
+    pub const SERVICE_DISABLED: &str = "service_account.disabled";
+    pub const SERVICE_DELETED: &str = "service_account.deleted";
+    pub const SERVICE_CREDENTIAL_ADDED: &str = "service_account.credential_added";
+    pub const SERVICE_CREDENTIAL_REMOVED: &str = "service_account.credential_removed";
 
     /// Every kind, in the order docs/events.md lists them.
-    pub const ALL: [&str; 11] = [
+    pub const ALL: [&str; 16] = [
         REGISTERED,
         PASSWORD_CHANGED,
         PASSWORD_SET,
@@ -62,6 +69,11 @@ pub mod kind {
         SECOND_FACTOR_REMOVED,
         RESET_REQUESTED,
         RESET_COMPLETED,
+        SERVICE_CREATED,
+        SERVICE_DISABLED,
+        SERVICE_DELETED,
+        SERVICE_CREDENTIAL_ADDED,
+        SERVICE_CREDENTIAL_REMOVED,
     ];
 }
 

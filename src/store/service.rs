@@ -20,7 +20,9 @@ use super::{
     admin::Change,
     db::{Conn, Conns, Row, Statement},
     error::StoreError,
+    events::{NewEvent, kind},
 };
+use serde_json::json;
 
 pub(super) mod sql {
     pub const CREDENTIALS_OF: &str = "SELECT id, kind, secret_digest, identity, issuer, \
@@ -435,4 +437,58 @@ pub(super) async fn service_write(
             })
         }
     })
+}
+
+/// The event of a service account's write that changed something (docs/events.md):
+/// its account's id as the event's user, and what changed, never a secret's digest
+/// nor a credential's identity (only its id and kind).
+pub(super) fn event(write: &ServiceWrite, answer: &ServiceAnswer) -> Option<NewEvent> {
+    let credential = |c: &ServiceCredential| json!({ "id": c.id, "kind": c.kind.label() });
+    match (write, answer) {
+        (ServiceWrite::Create { account }, ServiceAnswer::Created(true)) => Some(NewEvent::new(
+            &account.id,
+            kind::SERVICE_CREATED,
+            json!({
+                "name": account.name,
+                "audiences": account.audiences,
+                "scopes": account.scopes,
+                "credentials": account.credentials.iter().map(credential).collect::<Vec<_>>(),
+            }),
+        )),
+        (ServiceWrite::Disable { id, reason, .. }, ServiceAnswer::Changed(Change::Done(()))) => {
+            Some(NewEvent::new(
+                id,
+                kind::SERVICE_DISABLED,
+                json!({ "reason": reason }),
+            ))
+        }
+        (ServiceWrite::Delete { id, .. }, ServiceAnswer::Changed(Change::Done(()))) => {
+            Some(NewEvent::new(id, kind::SERVICE_DELETED, json!({})))
+        }
+        (
+            ServiceWrite::AddCredential {
+                account_id,
+                credential: added,
+                ..
+            },
+            ServiceAnswer::Added(Added::Done),
+        ) => Some(NewEvent::new(
+            account_id,
+            kind::SERVICE_CREDENTIAL_ADDED,
+            json!({ "credential": credential(added) }),
+        )),
+        (
+            ServiceWrite::RemoveCredential {
+                account_id,
+                credential_id,
+                ..
+            },
+            ServiceAnswer::Changed(Change::Done(())),
+        ) => Some(NewEvent::new(
+            account_id,
+            kind::SERVICE_CREDENTIAL_REMOVED,
+            json!({ "credential": { "id": credential_id } }),
+        )),
+        _ => None,
+    }
 }

@@ -405,6 +405,7 @@ fn events_of(write: &Write, answer: &Answer) -> Vec<Outbox> {
             })
             .collect(),
         (Write::Reset(w), Answer::Reset(a)) => reset::events(w, a).into_iter().map(user).collect(),
+        (Write::Service(w), Answer::Service(a)) => vec![user(service::event(w, a))],
         _ => vec![],
     };
     events.into_iter().flatten().collect()

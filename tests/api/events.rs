@@ -13,10 +13,13 @@ use authd::{
     pb::{
         ChangePasswordRequest, LogoutRequest, RefreshRequest,
         admin::{
-            AccountEvent, DeleteUserRequest, DisableUserRequest, EnableUserRequest,
-            EndSessionsRequest, RemoveSecondFactorsRequest, SetPasswordRequest, UserSelector,
-            WatchEventsRequest, admin_service_client::AdminServiceClient, user_selector::Selector,
-            watch_events_request::Start,
+            AccountEvent, AddServiceCredentialRequest, ClientSecret, CreateServiceAccountRequest,
+            DeleteServiceAccountRequest, DeleteUserRequest, DisableServiceAccountRequest,
+            DisableUserRequest, EnableUserRequest, EndSessionsRequest, RemoveSecondFactorsRequest,
+            RemoveServiceCredentialRequest, ServiceAccountSelector, SetPasswordRequest,
+            UserSelector, WatchEventsRequest, add_service_credential_request,
+            admin_service_client::AdminServiceClient, service_account_selector,
+            user_selector::Selector, watch_events_request::Start,
         },
     },
 };
@@ -31,6 +34,7 @@ crate::backend_tests!(
     a_subscriber_resumed_after_its_last_position_misses_nothing,
     retention_deletes_old_events_and_an_older_position_is_out_of_range,
     a_slow_subscriber_falls_behind_without_holding_registrations,
+    service_account_changes_write_their_events_and_no_secret,
 );
 
 pub(crate) fn with_key<T>(message: T, key: &str) -> Request<T> {
@@ -608,5 +612,109 @@ async fn watchers_are_bounded_and_need_a_key() {
     })
     .await;
     watch(&mut admin.client, Start::Now, 0).await.unwrap();
+    admin.app.stop().await.unwrap();
+}
+
+/// Creating, changing and deleting a service account writes one event each, its
+/// account's id as the user; a refused change (a name taken, a disable repeated)
+/// none; no event holds a client secret or its digest.
+async fn service_account_changes_write_their_events_and_no_secret(db: TestDb) {
+    let mut admin = admin_app(&db, |_| {}).await;
+    let mut stream = watch(&mut admin.client, Start::AfterPosition, 0)
+        .await
+        .unwrap();
+    let client = &mut admin.client;
+    let create = |name: &str| CreateServiceAccountRequest {
+        name: name.into(),
+        audiences: vec!["billing".into()],
+        scopes: vec!["read".into()],
+        with_secret: true,
+        ..Default::default()
+    };
+    let created = (client.create_service_account(with_key(create("orders"), ADMIN_KEY)))
+        .await
+        .unwrap()
+        .into_inner();
+    expect_code(
+        client
+            .create_service_account(with_key(create("Orders"), ADMIN_KEY))
+            .await,
+        Code::AlreadyExists,
+    );
+    let account = created.account.unwrap();
+    let selector = || {
+        Some(ServiceAccountSelector {
+            selector: Some(service_account_selector::Selector::Id(account.id.clone())),
+        })
+    };
+    let added = client
+        .add_service_credential(with_key(
+            AddServiceCredentialRequest {
+                account: selector(),
+                kind: Some(add_service_credential_request::Kind::Secret(
+                    ClientSecret::default(),
+                )),
+            },
+            ADMIN_KEY,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = account.credentials[0].id.clone();
+    client
+        .remove_service_credential(with_key(
+            RemoveServiceCredentialRequest {
+                account: selector(),
+                credential_id: first.clone(),
+            },
+            ADMIN_KEY,
+        ))
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        let disable = DisableServiceAccountRequest {
+            account: selector(),
+            reason: "retired".into(),
+        };
+        client
+            .disable_service_account(with_key(disable, ADMIN_KEY))
+            .await
+            .unwrap();
+    }
+    let delete = DeleteServiceAccountRequest {
+        account: selector(),
+    };
+    client
+        .delete_service_account(with_key(delete, ADMIN_KEY))
+        .await
+        .unwrap();
+
+    let events = until(&mut stream, "service_account.deleted").await;
+    let kinds: Vec<&str> = events.iter().map(|e| e.r#type.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "service_account.created",
+            "service_account.credential_added",
+            "service_account.credential_removed",
+            "service_account.disabled",
+            "service_account.deleted",
+        ]
+    );
+    assert!(events.iter().all(|e| e.user_id == account.id), "{events:?}");
+    assert_eq!(data(&events[0])["name"], "orders");
+    assert_eq!(data(&events[0])["audiences"][0], "billing");
+    assert_eq!(data(&events[0])["credentials"][0]["id"], first.as_str());
+    assert_eq!(data(&events[0])["credentials"][0]["kind"], "secret");
+    let second = added.credential.unwrap().id;
+    assert_eq!(data(&events[1])["credential"]["id"], second.as_str());
+    assert_eq!(data(&events[2])["credential"]["id"], first.as_str());
+    assert_eq!(data(&events[3])["reason"], "retired");
+    for event in &events {
+        for secret in [&created.client_secret, &added.client_secret] {
+            assert!(!event.data_json.contains(secret.as_str()), "{event:?}");
+        }
+        assert!(!event.data_json.contains("digest"), "{event:?}");
+    }
     admin.app.stop().await.unwrap();
 }
