@@ -57,14 +57,16 @@ print("%.0f %.2f" % (r["ok_qps"], l["p99"] if l else 0))'
 }
 
 results="$WORK/results"
-echo "grant 1 $(measure grant)" >>"$results"
-echo "grant-json 1 $(measure grant json)" >>"$results"
-echo "exchange 1 $(measure exchange)" >>"$results"
-for round in $(seq "$ROUNDS"); do
-    for scenario in validate validate-service; do
-        echo "$scenario $round $(measure "$scenario")" >>"$results"
+{
+    echo "grant 1 $(measure grant)"
+    echo "grant-json 1 $(measure grant json)"
+    echo "exchange 1 $(measure exchange)"
+    for round in $(seq "$ROUNDS"); do
+        for scenario in validate validate-service; do
+            echo "$scenario $round $(measure "$scenario")"
+        done
     done
-done
+} >"$results"
 
 python3 - "$results" "$CONCURRENCY" "$ACCOUNTS" <<'PY'
 import statistics, sys
