@@ -177,7 +177,9 @@ fn hash_bench_measures_and_prints_the_plan_that_hash_kernels_reads_back() {
     );
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let plan = report["plan"].as_str().unwrap().to_owned();
-    assert!(plan.starts_with("1: "), "{plan}");
+    // It covers every count from one: its first range is "1: " or, when one kernel
+    // wins for several counts (as measured, on a loaded machine too), "1-N: ".
+    assert!(plan.starts_with("1: ") || plan.starts_with("1-"), "{plan}");
     let kernels = report["kernels"].as_array().unwrap();
     assert!(!kernels.is_empty());
     for k in kernels {
