@@ -3,7 +3,7 @@
 //! as its target) and counted as the user calls are. A client secret leaves only
 //! in the answer of the call that made it.
 
-use super::{AdminApi, DEFAULT_PAGE, MAX_PAGE, MAX_REASON_CHARS, Needs, invalid, timestamp};
+use super::{AdminApi, MAX_REASON_CHARS, Needs, invalid, page::Keyset, timestamp};
 use crate::{
     accounts::{
         MAX_AUDIENCES, MAX_CREDENTIALS, MAX_SCOPES, NewCredential, parse_identity, parse_items,
@@ -21,7 +21,6 @@ use crate::{
     },
     store::{self, CredentialKind, ServiceKey},
 };
-use base64::Engine as _;
 use tonic::{Request, Response, Status};
 
 /// The account a selector names, checked.
@@ -79,22 +78,11 @@ fn account(a: store::ServiceAccount) -> ServiceAccount {
     }
 }
 
-fn page_token(name: &str) -> String {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("s:{name}"))
-}
-
-fn after_token(token: &str) -> Result<String, Error> {
-    if token.is_empty() {
-        return Ok(String::new());
-    }
-    let bad = || invalid("page_token", "not a page token of ListServiceAccounts");
-    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(token)
-        .map_err(|_| bad())?;
-    let text = String::from_utf8(bytes).map_err(|_| bad())?;
-    let name = text.strip_prefix("s:").ok_or_else(bad)?;
-    parse_name(name, "page_token").map_err(|_| bad())
-}
+/// ListServiceAccounts' pages, by name.
+const ACCOUNTS: Keyset = Keyset {
+    tag: "s",
+    rpc: "ListServiceAccounts",
+};
 
 /// The error of a call on `key`, with the account id when the key is one.
 fn on(key: &ServiceKey) -> impl Fn(Error) -> (Error, Option<String>) + '_ {
@@ -185,25 +173,17 @@ impl AdminApi {
             Needs::Read,
             request,
             |r| async move {
-                let limit = match r.page_size {
-                    0 => DEFAULT_PAGE,
-                    n if n <= MAX_PAGE => n,
-                    _ => {
-                        let why = format!("must be at most {MAX_PAGE}");
-                        return Err((invalid("page_size", why), None));
-                    }
-                };
-                let after = after_token(&r.page_token).map_err(|e| (e, None))?;
-                let mut page = (self.accounts)
+                let limit = Keyset::limit(r.page_size).map_err(|e| (e, None))?;
+                let after = ACCOUNTS.after(&r.page_token, |name| {
+                    parse_name(name, "page_token").is_ok_and(|parsed| parsed == name)
+                });
+                let after = after.map_err(|e| (e, None))?;
+                // One more than the page: whether there is a next one.
+                let page = (self.accounts)
                     .service_accounts_page(&after, i64::from(limit) + 1)
                     .await
                     .map_err(|e| (e, None))?;
-                let more = page.len() > limit as usize;
-                page.truncate(limit as usize);
-                let next_page_token = match (more, page.last()) {
-                    (true, Some(last)) => page_token(&last.name),
-                    _ => String::new(),
-                };
+                let (page, next_page_token) = ACCOUNTS.page(page, limit, |a| &a.name);
                 Ok((
                     ListServiceAccountsResponse {
                         accounts: page.into_iter().map(account).collect(),
