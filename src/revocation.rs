@@ -122,6 +122,18 @@ impl Revocations {
         key(session_id).is_some_and(|k| inner.ended.contains_key(&k))
     }
 
+    /// Whether any of `ids` (users', service accounts' or credentials' ids) has a
+    /// cutoff at or after `since` (Unix milliseconds), or the floor is: what was
+    /// read of them at `since` may be out of date.
+    pub fn cut_since(&self, ids: &[&str], since: i64) -> bool {
+        let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        if inner.floor != 0 && inner.floor >= since {
+            return true;
+        }
+        ids.iter()
+            .any(|id| inner.cutoffs.get(*id).is_some_and(|&at| at >= since))
+    }
+
     /// Records that every token of a session of `user_id` started at or before
     /// `cutoff_at` (Unix milliseconds) is refused; `now` is the current time, so a
     /// cutoff already past its keep is not added. A later cutoff replaces an
@@ -307,6 +319,22 @@ mod tests {
         r.forget_expired(now + 17 * MINUTE);
         assert!(!r.is_revoked(&before, "alice", iat));
         assert_eq!(r.len(), 0);
+    }
+
+    #[test]
+    fn cut_since_tells_what_a_read_may_have_missed() {
+        let r = set(2);
+        let now = 100 * MINUTE;
+        r.cut_off("svc", now, now);
+        assert!(r.cut_since(&["svc"], now - 1), "a cutoff after the read");
+        assert!(r.cut_since(&["other", "svc"], now), "a cutoff at the read");
+        assert!(!r.cut_since(&["svc"], now + 1), "a read after the cutoff");
+        assert!(!r.cut_since(&["other"], now - 1), "only the ids asked for");
+        // At the bound, the evicted cutoff is the floor: every earlier read is stale.
+        r.cut_off("b", now + 1000, now);
+        r.cut_off("c", now + 2000, now);
+        assert!(r.cut_since(&["other"], now), "the floor");
+        assert!(!r.cut_since(&["other"], now + 1));
     }
 
     #[test]

@@ -35,6 +35,7 @@ mod admin;
 mod recovery;
 mod second_factor;
 mod service;
+mod service_cache;
 mod upkeep;
 
 pub use admin::{Changed, MAX_SESSIONS, new_user_id};
@@ -167,6 +168,8 @@ pub struct Accounts {
     service_metrics: crate::metrics::ServiceMetrics,
     /// External JWT issuers (none unless configured).
     issuers: Option<Arc<crate::issuers::Issuers>>,
+    /// The service accounts grants read lately.
+    service_cache: service_cache::ServiceCache,
     /// How long a password reset token lives.
     reset_ttl: Duration,
 }
@@ -288,6 +291,7 @@ impl Accounts {
             services: ServiceSettings::default(),
             service_metrics: metrics.service.clone(),
             issuers: None,
+            service_cache: service_cache::ServiceCache::default(),
             reset_ttl: Duration::from_secs(30 * 60),
         }
     }

@@ -11,7 +11,9 @@
 //!   throttled per client id (and client) like a login, and a token issued: `sub`
 //!   the account's id, `client_id` its name, the audiences and scopes asked for if
 //!   the account may have them, no refresh token. Its `iat` is when the account was
-//!   read, so a disable or a credential removed after that refuses it.
+//!   read, so a disable or a credential removed after that refuses it. The account
+//!   comes from the replica's copy (`service_cache`) while no cutoff of it or of the
+//!   credential may have changed it, else from the database.
 //! - **Token exchange** (RFC 8693): a user's token for one audience the account may
 //!   have, `sub` the user, `act` the account (and the actors before it, at most
 //!   [`ServiceSettings::max_actors`]), the user's session kept, so the user's
@@ -21,7 +23,7 @@
 //!   replica's poller reads them as it reads users' cutoffs, within
 //!   `AUTHD_REVOCATION_DELAY`.
 
-use super::{Accounts, uuid_v7};
+use super::{Accounts, service_cache::Lookup, uuid_v7};
 use crate::issuers::{Issuers, Refusal};
 use crate::{
     audit::Caller,
@@ -29,7 +31,7 @@ use crate::{
     metrics::GrantOutcome,
     store::{
         Added, Change, CredentialKind, ServiceAccount, ServiceAnswer, ServiceCredential,
-        ServiceKey, ServiceWrite,
+        ServiceKey, ServiceWrite, StoreError,
     },
     token::{Actor, IssuedToken, ServiceGrant, VerifiedToken},
 };
@@ -452,6 +454,58 @@ impl Accounts {
         (self.audit).service_grant(caller, name, outcome.label(), service_id, user_id);
     }
 
+    /// The account `lookup` finds, the id of its credential that `proves` accepts,
+    /// and when it was read (Unix milliseconds): the replica's copy
+    /// (`service_cache`) while nothing may have changed it since, else the
+    /// database's, read after that moment was taken, so that a change committed
+    /// after it refuses what is issued from it.
+    async fn proved(
+        &self,
+        lookup: Lookup,
+        proves: impl Fn(&CredentialKind) -> bool,
+    ) -> Result<Option<(Arc<ServiceAccount>, String, u64)>, StoreError> {
+        let credential = |account: &ServiceAccount| {
+            (account.credentials.iter())
+                .find(|c| proves(&c.kind))
+                .map(|c| c.id.clone())
+        };
+        let now = self.clock.unix_ms();
+        if let Some((account, read_at)) = self.service_cache.get(&lookup, now)
+            && let Some(credential) = credential(&account)
+            && !(self.revocations).cut_since(
+                &[&account.id, &credential],
+                i64::try_from(read_at).unwrap_or(i64::MAX),
+            )
+        {
+            self.service_metrics.read(true);
+            return Ok(Some((account, credential, read_at)));
+        }
+        self.service_metrics.read(false);
+        let read_at = self.clock.unix_ms();
+        let account = match &lookup {
+            Lookup::Name(name) => {
+                (self.store)
+                    .service_account(&ServiceKey::Name(name.clone()))
+                    .await?
+            }
+            Lookup::Identity { issuer, subject } => {
+                (self.store)
+                    .service_account_by_identity(issuer.as_deref(), subject)
+                    .await?
+            }
+        };
+        let Some(account) = account.map(Arc::new) else {
+            self.service_cache.forget(&lookup);
+            return Ok(None);
+        };
+        if account.disabled.is_none() {
+            (self.service_cache).put(lookup, account.clone(), read_at, now);
+        } else {
+            self.service_cache.forget(&lookup);
+        }
+        Ok(credential(&account).map(|c| (account, c, read_at)))
+    }
+
     /// The account `proof` proves, with the credential it proved, and when it was
     /// read (Unix seconds); throttled per client id and client, counted.
     async fn authenticate_client(
@@ -460,7 +514,7 @@ impl Accounts {
         caller: &Caller,
         deadline: Option<Instant>,
         grant: usize,
-    ) -> Result<(ServiceAccount, String, u64), Error> {
+    ) -> Result<(Arc<ServiceAccount>, String, u64), Error> {
         let count = |outcome| self.settle(grant, outcome, caller, None, None);
         let throttle_key = match proof {
             ClientProof::Secret { client_id, .. } => client_id.to_ascii_lowercase(),
@@ -483,34 +537,19 @@ impl Accounts {
                 return Err(e);
             }
         };
-        // Before the read: a change committed after it refuses what this issues.
-        let verified_at = self.clock.unix_secs();
         let found = match proof {
             ClientProof::Secret { client_id, secret } => {
-                let name = client_id.to_ascii_lowercase();
-                let account = match parse_name(&name, "client_id") {
-                    Ok(name) => self.store.service_account(&ServiceKey::Name(name)).await,
-                    Err(_) => Ok(None),
-                };
-                let account = match account {
-                    Ok(account) => account,
-                    Err(e) => {
-                        count(GrantOutcome::Error);
-                        return Err(e.into());
+                match parse_name(&client_id.to_ascii_lowercase(), "client_id") {
+                    Ok(name) => {
+                        let digest = secret_digest(secret);
+                        self.proved(Lookup::Name(name), |kind| {
+                            matches!(kind, CredentialKind::Secret { digest: stored }
+                                if bool::from(stored.as_bytes().ct_eq(digest.as_bytes())))
+                        })
+                        .await
                     }
-                };
-                let digest = secret_digest(secret);
-                account.and_then(|account| {
-                    let credential = account.credentials.iter().find_map(|c| match &c.kind {
-                        CredentialKind::Secret { digest: stored }
-                            if bool::from(stored.as_bytes().ct_eq(digest.as_bytes())) =>
-                        {
-                            Some(c.id.clone())
-                        }
-                        _ => None,
-                    })?;
-                    Some((account, credential))
-                })
+                    Err(_) => Ok(None),
+                }
             }
             ClientProof::Assertion { jwt } => {
                 let verified = match &self.issuers {
@@ -519,28 +558,15 @@ impl Accounts {
                 };
                 match verified {
                     Ok((issuer, subject)) => {
-                        match (self.store)
-                            .service_account_by_identity(Some(&issuer), &subject)
-                            .await
-                        {
-                            Ok(account) => account.and_then(|account| {
-                                let credential =
-                                    account.credentials.iter().find_map(|c| match &c.kind {
-                                        CredentialKind::Jwt {
-                                            issuer: bound,
-                                            subject: sub,
-                                        } if *bound == issuer && *sub == subject => {
-                                            Some(c.id.clone())
-                                        }
-                                        _ => None,
-                                    })?;
-                                Some((account, credential))
-                            }),
-                            Err(e) => {
-                                count(GrantOutcome::Error);
-                                return Err(e.into());
-                            }
-                        }
+                        let lookup = Lookup::Identity {
+                            issuer: Some(issuer.clone()),
+                            subject: subject.clone(),
+                        };
+                        self.proved(lookup, |kind| {
+                            matches!(kind, CredentialKind::Jwt { issuer: bound, subject: sub }
+                                if *bound == issuer && *sub == subject)
+                        })
+                        .await
                     }
                     Err(Refusal::Unreachable) => {
                         count(GrantOutcome::Error);
@@ -550,35 +576,34 @@ impl Accounts {
                     }
                     Err(why) => {
                         tracing::debug!(reason = ?why, "an external token was refused");
-                        None
+                        Ok(None)
                     }
                 }
             }
             ClientProof::Certificate { identity } => {
-                match self.store.service_account_by_identity(None, identity).await {
-                    Ok(account) => account.and_then(|account| {
-                        let credential =
-                            account.credentials.iter().find_map(|c| match &c.kind {
-                                CredentialKind::Mtls { identity: bound } if bound == identity => {
-                                    Some(c.id.clone())
-                                }
-                                _ => None,
-                            })?;
-                        Some((account, credential))
-                    }),
-                    Err(e) => {
-                        count(GrantOutcome::Error);
-                        return Err(e.into());
-                    }
-                }
+                let lookup = Lookup::Identity {
+                    issuer: None,
+                    subject: identity.clone(),
+                };
+                self.proved(lookup, |kind| {
+                    matches!(kind, CredentialKind::Mtls { identity: bound } if bound == identity)
+                })
+                .await
+            }
+        };
+        let found = match found {
+            Ok(found) => found,
+            Err(e) => {
+                count(GrantOutcome::Error);
+                return Err(e.into());
             }
         };
         match found {
-            Some((account, credential)) if account.disabled.is_none() => {
+            Some((account, credential, read_at)) if account.disabled.is_none() => {
                 if let Some(attempt) = attempt {
                     attempt.succeeded().await;
                 }
-                Ok((account, credential, verified_at))
+                Ok((account, credential, read_at / 1000))
             }
             _ => {
                 if let Some(attempt) = attempt {

@@ -36,6 +36,8 @@ pub(crate) struct ServiceMetrics {
     grants: [[IntCounter; GRANT_OUTCOMES.len()]; GRANTS.len()],
     /// Fetches of external issuers' keys, by outcome (ok, error).
     pub issuer_fetches: IntCounterVec,
+    /// Grants' reads of their account: from the replica's copy, from the database.
+    reads: [IntCounter; 2],
 }
 
 impl ServiceMetrics {
@@ -54,7 +56,21 @@ impl ServiceMetrics {
                  (ok, error).",
                 &["outcome"],
             ),
+            reads: {
+                let family = f.counter_vec(
+                    "authd_service_account_reads_total",
+                    "Service accounts read by grants, by source: cache (the replica's copy, \
+                     read less than 10 s before and changed by no cutoff since) or database.",
+                    &["source"],
+                );
+                ["cache", "database"].map(|s| family.with_label_values(&[s]))
+            },
         }
+    }
+
+    /// Counts a grant's read of its account, from the cache or not.
+    pub fn read(&self, cached: bool) {
+        self.reads[usize::from(!cached)].inc();
     }
 
     /// Counts one grant of `grant` (an index of [`GRANTS`]) answered `outcome`.

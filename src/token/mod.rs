@@ -254,8 +254,10 @@ impl Tokens {
     /// when the credential was checked against the store, so a change made after
     /// that check (a disable, a credential removed) refuses it.
     pub fn issue_service(&self, grant: &ServiceGrant<'_>) -> anyhow::Result<IssuedToken> {
+        // Issued when the account was read (a change after that refuses it), living
+        // its whole lifetime from now.
         let now = grant.verified_at;
-        let exp = now.saturating_add(grant.ttl.as_secs().max(1));
+        let exp = (self.clock.unix_secs().max(now)).saturating_add(grant.ttl.as_secs().max(1));
         let expires_at = unix_time(exp)
             .ok_or_else(|| anyhow::anyhow!("a service token's lifetime ends past year 9999"))?;
         let claims = Claims {

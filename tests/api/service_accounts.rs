@@ -7,11 +7,13 @@
 //! refuse the account's tokens (across two replicas on PostgreSQL); an exchanged
 //! token names the service in `act`, its depth is bounded, and the user's logout
 //! ends it; concurrent grants with one wrong secret refuse that one only, and the
-//! throttle counts it.
+//! throttle counts it; a replica's copy of an account follows changes made on
+//! another.
 
 use crate::admin::{ADMIN_KEY, Admin, admin_app};
 use crate::extauthz::check;
 use crate::helpers::{Backend, TestDb, connect_from, expect_code, http_get, metric, spawn_app_on};
+use authd::ManualClock;
 use authd::pb::{
     IssueServiceTokenRequest, IssueServiceTokenResponse, LogoutRequest,
     admin::{
@@ -29,6 +31,7 @@ use serde_json::Value;
 use std::{
     collections::HashMap,
     net::{Ipv4Addr, SocketAddr},
+    sync::Arc,
     time::Duration,
 };
 use tonic::{Code, Request, Status, transport::Channel};
@@ -876,4 +879,86 @@ async fn disable_and_delete_reach_every_replica() {
         .await
         .unwrap();
     b.until_refused(&stock_token.access_token).await;
+}
+
+/// PostgreSQL: a replica's copy of an account (grants read the database once, then
+/// use it) follows the changes made on another: a secret added there proves the
+/// account here at once; a secret removed there proves nothing here once this
+/// replica has read its cutoff; a disable there refuses grants here likewise.
+#[tokio::test]
+async fn a_replicas_copy_of_an_account_follows_changes_made_on_another() {
+    let Some(db) = TestDb::new(Backend::Postgres, "service_cache_replicas").await else {
+        return;
+    };
+    let delay = Duration::from_millis(200);
+    // The copy's age is the clock's: standing still, it never runs out here.
+    let clock = Arc::new(ManualClock::new());
+    let on = |c: &mut authd::config::Config| {
+        c.tokens.revocation_delay = delay;
+        c.clock = Some(clock.clone());
+    };
+    let mut a = admin_app(&db, on).await;
+    let b = spawn_app_on(&db, on).await;
+    let made = create(&mut a, "orders", &[], &[]).await;
+    let (first, first_id) = (
+        made.client_secret,
+        made.account.unwrap().credentials[0].id.clone(),
+    );
+    let reads = |source: &str| {
+        let series = format!(r#"authd_service_account_reads_total{{source="{source}"}}"#);
+        metric(&b.handle.render_metrics(), &series).unwrap_or(0.0)
+    };
+    let mut on_b = b.client.clone();
+    let mut old = None;
+    for _ in 0..5 {
+        old = Some(grant(&mut on_b, "orders", &first, "", &[]).await.unwrap());
+    }
+    assert_eq!((reads("database"), reads("cache")), (1.0, 4.0));
+
+    // A secret added on A: B's copy does not know it, so B reads the account again.
+    let second = a
+        .client
+        .add_service_credential(with_key(AddServiceCredentialRequest {
+            account: by_name("orders"),
+            kind: Some(add_service_credential_request::Kind::Secret(
+                ClientSecret {},
+            )),
+        }))
+        .await
+        .unwrap()
+        .into_inner()
+        .client_secret;
+    grant(&mut on_b, "orders", &second, "", &[]).await.unwrap();
+    grant(&mut on_b, "orders", &first, "", &[]).await.unwrap();
+    assert_eq!((reads("database"), reads("cache")), (2.0, 5.0));
+
+    // The first removed on A: once B refuses its token, B's copy no longer proves
+    // the account with it.
+    a.client
+        .remove_service_credential(with_key(RemoveServiceCredentialRequest {
+            account: by_name("orders"),
+            credential_id: first_id,
+        }))
+        .await
+        .unwrap();
+    b.until_refused(&old.unwrap().access_token).await;
+    expect_code(
+        grant(&mut on_b, "orders", &first, "", &[]).await,
+        Code::Unauthenticated,
+    );
+    let kept = grant(&mut on_b, "orders", &second, "", &[]).await.unwrap();
+
+    // Disabled on A: once B refuses the account's tokens, B grants none.
+    a.client
+        .disable_service_account(with_key(DisableServiceAccountRequest {
+            account: by_name("orders"),
+            reason: "test".into(),
+        }))
+        .await
+        .unwrap();
+    b.until_refused(&kept.access_token).await;
+    expect_code(
+        grant(&mut on_b, "orders", &second, "", &[]).await,
+        Code::Unauthenticated,
+    );
 }
