@@ -30,6 +30,8 @@
 //!   turning the factor off, recovery codes.
 //! - `service`: service accounts (what an administrator does to them), their
 //!   client credentials and token exchange grants.
+//! - `service_cache`: the service accounts grants read lately, used while no cutoff
+//!   may have changed them.
 
 mod admin;
 mod recovery;
