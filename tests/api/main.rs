@@ -55,4 +55,5 @@ mod tracing;
 mod transport;
 mod upgrade;
 mod webhooks;
+mod webhooks_tls;
 mod workload_identity;
