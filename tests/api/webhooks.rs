@@ -304,7 +304,17 @@ async fn deliveries_are_signed_in_order_and_retried_after_failures(db: TestDb) {
                 .unwrap(),
         );
     }
-    wait_until("five deliveries", || failing.delivered().len() == 5).await;
+    // The endpoint keeps a request before authd counts its answer: both awaited.
+    let delivered_count = || {
+        metric(
+            &app.handle.render_metrics(),
+            "authd_webhook_deliveries_total{outcome=\"delivered\"}",
+        )
+    };
+    wait_until("five deliveries, counted", || {
+        failing.delivered().len() == 5 && delivered_count() >= Some(5.0)
+    })
+    .await;
     let received = failing.received();
     // The first event failed twice, and was retried before anything else was sent.
     assert_eq!(received.len(), 7);
