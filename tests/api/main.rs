@@ -34,6 +34,7 @@ mod overload;
 mod ratelimit;
 mod readme;
 mod recovery;
+mod recovery_doc;
 mod redis_servers;
 mod reflection;
 mod register;
