@@ -25,7 +25,6 @@ use prometheus::IntCounterVec;
 use serde::Deserialize;
 use std::{
     collections::HashMap,
-    path::PathBuf,
     sync::{Arc, RwLock},
     time::{Duration, Instant},
 };
@@ -45,9 +44,9 @@ pub const MAX_TOKEN_BYTES: usize = 8 * 1024;
 pub struct IssuerSettings {
     /// Each issuer's URL and the audience its tokens must name.
     pub issuers: Vec<(String, String)>,
-    /// PEM bundle of the CAs an `https` issuer's certificate must chain to
-    /// (default: the Mozilla roots).
-    pub ca: Option<PathBuf>,
+    /// The CAs an `https` issuer's certificate must chain to (default: the Mozilla
+    /// roots).
+    pub ca: Option<tokio_rustls::rustls::RootCertStore>,
     /// The least time between two fetches of one issuer's keys.
     pub min_refresh: Duration,
     /// Leeway on `exp` and `nbf`.
@@ -406,32 +405,13 @@ where
     Ok(body)
 }
 
-fn tls_config(ca: Option<&PathBuf>) -> anyhow::Result<tokio_rustls::rustls::ClientConfig> {
-    use tokio_rustls::rustls::{
-        ClientConfig, RootCertStore,
-        pki_types::{CertificateDer, pem::PemObject as _},
-    };
-    let mut roots = RootCertStore::empty();
-    match ca {
-        Some(path) => {
-            let pem = std::fs::read(path).map_err(|e| {
-                anyhow::anyhow!(
-                    "--jwt-issuer-ca {}: cannot read the file: {e}",
-                    path.display()
-                )
-            })?;
-            for cert in CertificateDer::pem_slice_iter(&pem) {
-                let cert = cert.map_err(|e| {
-                    anyhow::anyhow!(
-                        "--jwt-issuer-ca {}: not PEM certificates: {e}",
-                        path.display()
-                    )
-                })?;
-                roots.add(cert)?;
-            }
-        }
-        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
-    }
+fn tls_config(
+    ca: Option<&tokio_rustls::rustls::RootCertStore>,
+) -> anyhow::Result<tokio_rustls::rustls::ClientConfig> {
+    use tokio_rustls::rustls::{ClientConfig, RootCertStore};
+    let roots = ca.cloned().unwrap_or_else(|| RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    });
     let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
     Ok(ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?

@@ -127,7 +127,7 @@ impl Core {
             .with_second_factor(config.second_factor.settings())
             .with_services(config.tokens.services())
             .with_issuers(Arc::new(crate::issuers::Issuers::new(
-                &config.oidc.issuers(config.tokens.token_clock_skew),
+                &config.oidc.issuers(config.tokens.token_clock_skew)?,
                 clock.clone(),
                 metrics.service.issuer_fetches.clone(),
             )?))

@@ -3,10 +3,10 @@
 //! password reset token lives (docs/recovery.md).
 //!
 //! [`EventsConfig::settings`] and [`EventsConfig::webhooks`] build what the events
-//! component takes. The webhook secret is never printed: `--help` hides its value,
+//! component takes; the latter reads the webhook CA bundle, if any. The webhook secret is never printed: `--help` hides its value,
 //! errors name the option, and `Debug` shows `***`.
 
-use super::parse::{positive_duration, read_secret_file};
+use super::parse::{positive_duration, read_ca_bundle, read_secret_file};
 use crate::{
     events::{
         EventSettings,
@@ -94,9 +94,15 @@ pub struct EventsConfig {
           value_parser = positive_duration, global = true, display_order = 139)]
     pub webhook_retry_max: Duration,
 
+    /// PEM bundle of the CAs an https webhook endpoint's certificate must chain to,
+    /// instead of the Mozilla roots (e.g. an internal CA); read at start [default: the
+    /// Mozilla roots].
+    #[arg(long, env = "AUTHD_WEBHOOK_CA", global = true, display_order = 140)]
+    pub webhook_ca: Option<PathBuf>,
+
     /// How long a password reset token (RequestPasswordReset) stays valid, at most 24h.
     #[arg(long, env = "AUTHD_PASSWORD_RESET_TTL", default_value = "30m",
-          value_parser = reset_ttl, global = true, display_order = 140)]
+          value_parser = reset_ttl, global = true, display_order = 141)]
     pub password_reset_ttl: Duration,
 }
 
@@ -121,8 +127,12 @@ impl EventsConfig {
     }
 
     /// The webhooks' settings; `None` without endpoints. Endpoints without a secret
-    /// stop the start.
+    /// stop the start, and so does a CA bundle that cannot be read or holds no
+    /// certificate (whether endpoints are configured or not).
     pub(crate) fn webhooks(&self) -> anyhow::Result<Option<WebhookSettings>> {
+        let ca = (self.webhook_ca.as_deref())
+            .map(|path| read_ca_bundle("--webhook-ca (AUTHD_WEBHOOK_CA)", path))
+            .transpose()?;
         if self.webhooks.is_empty() {
             return Ok(None);
         }
@@ -141,6 +151,7 @@ impl EventsConfig {
         Ok(Some(WebhookSettings {
             endpoints: self.webhooks.clone(),
             secret,
+            ca,
             timeout: self.webhook_timeout,
             retry_max: self.webhook_retry_max,
             poll: self.events_poll,

@@ -3,6 +3,7 @@
 //!
 //! [`OidcConfig::settings`] reads the introspection keys file; an allow-list of
 //! certificate identities without mutual TLS is refused at start.
+//! [`OidcConfig::issuers`] reads the external issuers' CA bundle.
 
 use crate::oidc::{IntrospectionClients, OidcSettings, parse_issuer};
 use clap::Args;
@@ -80,17 +81,27 @@ fn jwt_issuer(text: &str) -> Result<(String, String), String> {
 }
 
 impl OidcConfig {
-    /// The external issuers and how their keys are fetched.
+    /// The external issuers and how their keys are fetched. The CA bundle is read
+    /// when an https issuer needs it: a file that cannot be read or holds no
+    /// certificate stops the start.
     pub(crate) fn issuers(
         &self,
         clock_skew: std::time::Duration,
-    ) -> crate::issuers::IssuerSettings {
-        crate::issuers::IssuerSettings {
+    ) -> anyhow::Result<crate::issuers::IssuerSettings> {
+        let https = (self.jwt_issuers.iter()).any(|(url, _)| url.starts_with("https://"));
+        let ca = match &self.jwt_issuer_ca {
+            Some(path) if https => Some(super::parse::read_ca_bundle(
+                "--jwt-issuer-ca (AUTHD_JWT_ISSUER_CA)",
+                path,
+            )?),
+            _ => None,
+        };
+        Ok(crate::issuers::IssuerSettings {
             issuers: self.jwt_issuers.clone(),
-            ca: self.jwt_issuer_ca.clone(),
+            ca,
             min_refresh: self.jwt_issuer_refresh,
             clock_skew,
-        }
+        })
     }
 
     /// The endpoints' settings, with the introspection keys read.

@@ -17,6 +17,10 @@
 //! replica delivers to an endpoint at a time, the others wait for the lease to
 //! lapse ([`LEASE`]) and take over where it got.
 //!
+//! An https endpoint's certificate must chain to the Mozilla roots, or to the CAs of
+//! `AUTHD_WEBHOOK_CA` when set, and name the URL's host (or IP address); a refused
+//! handshake is a failed attempt like any other, retried.
+//!
 //! Headers: `webhook-id`, `webhook-timestamp` (Unix seconds of the attempt) and
 //! `webhook-signature`: `v1,` and the base64 of HMAC-SHA256 under the secret of
 //! `id.timestamp.body`. The secret is never logged.
@@ -161,6 +165,9 @@ impl FromStr for Endpoint {
 pub struct WebhookSettings {
     pub endpoints: Vec<Endpoint>,
     pub secret: WebhookSecret,
+    /// The CAs an https endpoint's certificate must chain to; `None`: the Mozilla
+    /// roots.
+    pub ca: Option<RootCertStore>,
     /// How long one attempt may take.
     pub timeout: Duration,
     /// The longest wait between retries.
@@ -187,9 +194,9 @@ impl Webhooks {
         settings: WebhookSettings,
         metrics: EventMetrics,
     ) -> Self {
-        let roots = RootCertStore {
+        let roots = settings.ca.clone().unwrap_or_else(|| RootCertStore {
             roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-        };
+        });
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let config = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()

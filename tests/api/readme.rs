@@ -41,37 +41,58 @@ const FILES: [&str; 2] = ["README.md", "docs/api.md"];
 const MARKER: &str = "<!-- run by tests/api/readme.rs -->";
 
 /// One command of a transcript and what it printed.
-#[derive(Debug)]
-struct Step {
-    command: String,
+#[derive(Debug, Clone)]
+pub(crate) struct Step {
+    pub(crate) command: String,
     output: Vec<String>,
 }
 
-/// The transcripts of every marked block of `readme`, in order.
-fn transcripts(readme: &str) -> Vec<Vec<Step>> {
+/// A code block of a markdown file.
+pub(crate) struct Block<'a> {
+    /// What follows the opening fence (` ```console `: `console`).
+    pub(crate) info: &'a str,
+    /// Its lines, without the indentation of its fence (a block in a list item).
+    pub(crate) lines: Vec<&'a str>,
+}
+
+/// Every code block of `text` that follows a line `marker`, in order.
+pub(crate) fn marked_blocks<'a>(text: &'a str, marker: &str) -> Vec<Block<'a>> {
     let mut blocks = Vec::new();
-    let mut lines = readme.lines();
+    let mut lines = text.lines();
     while let Some(line) = lines.next() {
-        if line.trim() != MARKER {
+        if line.trim() != marker {
             continue;
         }
         let fence = lines.next().unwrap_or_default();
+        let info = fence.trim_start();
         assert!(
-            fence.starts_with("```"),
-            "{MARKER} must be followed by a code block, not {fence:?}"
+            info.starts_with("```"),
+            "{marker} must be followed by a code block, not {fence:?}"
         );
+        let indent = &fence[..fence.len() - info.len()];
         let block: Vec<&str> = lines
             .by_ref()
-            .take_while(|l| !l.starts_with("```"))
+            .take_while(|l| !l.trim_start().starts_with("```"))
+            .map(|l| l.strip_prefix(indent).unwrap_or(l.trim_start()))
             .collect();
-        blocks.push(steps(&block));
+        blocks.push(Block {
+            info: info.trim_start_matches('`').trim(),
+            lines: block,
+        });
     }
     blocks
 }
 
+/// The transcripts of every marked block of `readme`, in order.
+fn transcripts(readme: &str) -> Vec<Vec<Step>> {
+    (marked_blocks(readme, MARKER).iter())
+        .map(|block| steps(&block.lines))
+        .collect()
+}
+
 /// The commands of one transcript, each with the lines it printed (trailing blank
 /// lines dropped).
-fn steps(block: &[&str]) -> Vec<Step> {
+pub(crate) fn steps(block: &[&str]) -> Vec<Step> {
     let mut steps: Vec<Step> = Vec::new();
     let mut lines = block.iter();
     while let Some(line) = lines.next() {
@@ -134,7 +155,7 @@ fn words(command: &str) -> Vec<String> {
 }
 
 /// Whether `line` matches `pattern`, in which each `…` stands for any text.
-fn line_matches(pattern: &str, line: &str) -> bool {
+pub(crate) fn line_matches(pattern: &str, line: &str) -> bool {
     let parts: Vec<&str> = pattern.split('…').collect();
     if parts.len() == 1 {
         return pattern == line;
@@ -170,11 +191,12 @@ fn lines_match(pattern: &[String], lines: &[&str]) -> bool {
 /// What the answers printed so far showed: each value the transcript shows with the
 /// value it stood for, and every string of the answers.
 #[derive(Default)]
-struct Seen {
+pub(crate) struct Seen {
     bound: HashMap<String, String>,
     /// `<a name>` placeholders and the value each stood for last.
     named: HashMap<String, String>,
-    strings: Vec<String>,
+    /// Every string of the answers (a value a request may abbreviate).
+    pub(crate) strings: Vec<String>,
     /// The TOTP secret an answer gave last (base32).
     secret: Option<String>,
     /// The server's clock.
@@ -188,7 +210,7 @@ fn is_placeholder(shown: &str) -> bool {
 
 /// Whether `text` has the form `form` gives, character by character: `9` a digit,
 /// `f` a hexadecimal digit, anything else itself.
-fn has_form(text: &str, form: &str) -> bool {
+pub(crate) fn has_form(text: &str, form: &str) -> bool {
     text.len() == form.len()
         && text.chars().zip(form.chars()).all(|(c, f)| match f {
             '9' => c.is_ascii_digit(),
@@ -197,10 +219,10 @@ fn has_form(text: &str, form: &str) -> bool {
         })
 }
 
-const UUID: &str = "ffffffff-ffff-ffff-ffff-ffffffffffff";
+pub(crate) const UUID: &str = "ffffffff-ffff-ffff-ffff-ffffffffffff";
 
 /// Whether `text` is a time in RFC 3339, in UTC, with or without fractions of a second.
-fn is_time(text: &str) -> bool {
+pub(crate) fn is_time(text: &str) -> bool {
     (text.get(..19)).is_some_and(|start| has_form(start, "9999-99-99T99:99:99"))
         && text.ends_with('Z')
 }
@@ -309,9 +331,9 @@ impl Seen {
 }
 
 /// The server the transcripts run against.
-struct Ports {
-    grpc: SocketAddr,
-    health: SocketAddr,
+pub(crate) struct Ports {
+    pub(crate) grpc: SocketAddr,
+    pub(crate) health: SocketAddr,
 }
 
 impl Ports {
@@ -324,7 +346,7 @@ impl Ports {
 }
 
 /// Runs one step of a transcript and checks what it printed.
-fn run(step: &Step, grpcurl: &Path, dir: &Path, ports: &Ports, seen: &mut Seen) {
+pub(crate) fn run(step: &Step, grpcurl: &Path, dir: &Path, ports: &Ports, seen: &mut Seen) {
     let words = words(&step.command);
     let (program, args) = words.split_first().expect("a command");
     let mut command = match program.as_str() {

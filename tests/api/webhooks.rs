@@ -1,9 +1,13 @@
 //! Webhooks through the real server, to loopback endpoints this test serves, on
 //! both backends: deliveries signed the Standard Webhooks way (verified here and
 //! by the reference Python package), in order, retried after failures; a hanging
-//! endpoint delays no other; a restart mid-retry loses nothing.
+//! endpoint delays no other; a restart mid-retry loses nothing. (Endpoints over TLS:
+//! `webhooks_tls.rs`.)
 
-use crate::helpers::{TestDb, metric, spawn_app_on, wait_until};
+use crate::{
+    helpers::{TestDb, metric, spawn_app_on, wait_until},
+    tls::Pair,
+};
 use base64::{Engine as _, engine::general_purpose::STANDARD};
 use bytes::Bytes;
 use hmac::{Hmac, KeyInit as _, Mac as _};
@@ -19,7 +23,11 @@ use std::{
     },
     time::Duration,
 };
-use tokio::net::TcpListener;
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    net::TcpListener,
+};
+use tokio_rustls::{TlsAcceptor, rustls::ServerConfig};
 
 crate::backend_tests!(
     deliveries_are_signed_in_order_and_retried_after_failures,
@@ -29,56 +37,98 @@ crate::backend_tests!(
 
 const SECRET_BYTES: [u8; 32] = *b"a webhook secret of 32 bytes!!!!";
 
-fn secret() -> String {
+pub(crate) fn secret() -> String {
     format!("whsec_{}", STANDARD.encode(SECRET_BYTES))
 }
 
 /// One request an endpoint received.
 #[derive(Debug, Clone)]
-struct Received {
+pub(crate) struct Received {
     id: String,
     timestamp: String,
     signature: String,
-    body: String,
+    pub(crate) body: String,
     /// The answer it got: 2xx or not.
     accepted: bool,
 }
 
 /// A loopback webhook endpoint: answers 500 to its first `failures` requests (or
-/// never, while `hang`), 204 to the others, and keeps every request.
+/// never, while `hang`), 204 to the others, and keeps every request. Started with a
+/// certificate, it speaks HTTPS, presents the certificate last given
+/// ([`Endpoint::present`]) and counts the handshakes that did not complete.
 #[derive(Clone)]
-struct Endpoint {
+pub(crate) struct Endpoint {
     addr: SocketAddr,
     received: Arc<Mutex<Vec<Received>>>,
     failures: Arc<AtomicUsize>,
     hang: Arc<AtomicBool>,
+    tls: Option<Arc<Mutex<Arc<ServerConfig>>>>,
+    refused: Arc<AtomicUsize>,
 }
 
 impl Endpoint {
-    async fn start(failures: usize) -> Self {
+    pub(crate) async fn start(failures: usize) -> Self {
+        Self::serve(failures, None).await
+    }
+
+    /// An HTTPS endpoint presenting `pair`.
+    pub(crate) async fn start_tls(failures: usize, pair: &Pair) -> Self {
+        Self::serve(failures, Some(server_config(pair))).await
+    }
+
+    async fn serve(failures: usize, tls: Option<Arc<ServerConfig>>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let endpoint = Endpoint {
             addr: listener.local_addr().unwrap(),
             received: Arc::default(),
             failures: Arc::new(AtomicUsize::new(failures)),
             hang: Arc::default(),
+            tls: tls.map(|config| Arc::new(Mutex::new(config))),
+            refused: Arc::default(),
         };
         let this = endpoint.clone();
         tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
                 let this = this.clone();
                 tokio::spawn(async move {
-                    let service = service_fn(move |request: Request<Incoming>| {
-                        let this = this.clone();
-                        async move { Ok::<_, hyper::Error>(this.answer(request).await) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(tcp), service)
-                        .await;
+                    let tls = (this.tls.as_ref()).map(|config| config.lock().unwrap().clone());
+                    match tls {
+                        None => this.http(tcp).await,
+                        Some(config) => match TlsAcceptor::from(config).accept(tcp).await {
+                            Ok(tls) => this.http(tls).await,
+                            // The client refused the certificate (an alert), or
+                            // hung up before the handshake's end.
+                            Err(_) => {
+                                this.refused.fetch_add(1, Ordering::SeqCst);
+                            }
+                        },
+                    }
                 });
             }
         });
         endpoint
+    }
+
+    /// Serves HTTP/1.1 on one connection.
+    async fn http(self, io: impl AsyncRead + AsyncWrite + Unpin + Send + 'static) {
+        let service = service_fn(move |request: Request<Incoming>| {
+            let this = self.clone();
+            async move { Ok::<_, hyper::Error>(this.answer(request).await) }
+        });
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(io), service)
+            .await;
+    }
+
+    /// Presents `pair` from the next connection on (an HTTPS endpoint).
+    pub(crate) fn present(&self, pair: &Pair) {
+        let tls = self.tls.as_ref().expect("an HTTPS endpoint");
+        *tls.lock().unwrap() = server_config(pair);
+    }
+
+    /// The handshakes that did not complete.
+    pub(crate) fn refused(&self) -> usize {
+        self.refused.load(Ordering::SeqCst)
     }
 
     async fn answer(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
@@ -115,33 +165,51 @@ impl Endpoint {
             .unwrap()
     }
 
-    fn url(&self) -> String {
-        format!("http://{}/hook", self.addr)
+    pub(crate) fn url(&self) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}/hook", self.addr)
     }
 
-    fn received(&self) -> Vec<Received> {
+    pub(crate) fn received(&self) -> Vec<Received> {
         self.received.lock().unwrap().clone()
     }
 
-    fn delivered(&self) -> Vec<Received> {
+    pub(crate) fn delivered(&self) -> Vec<Received> {
         self.received().into_iter().filter(|r| r.accepted).collect()
     }
 }
 
-fn verify(r: &Received) {
+/// The server side of an HTTPS endpoint presenting `pair`.
+fn server_config(pair: &Pair) -> Arc<ServerConfig> {
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
+    let chain = CertificateDer::pem_slice_iter(pair.cert.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_slice(pair.key.as_bytes()).unwrap();
+    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+    let config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    Arc::new(config)
+}
+
+pub(crate) fn verify(r: &Received) {
     let mut mac = <Hmac<Sha256>>::new_from_slice(&SECRET_BYTES).unwrap();
     mac.update(format!("{}.{}.{}", r.id, r.timestamp, r.body).as_bytes());
     let expected = format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()));
     assert_eq!(r.signature, expected, "{r:?}");
 }
 
-fn position(r: &Received) -> u64 {
+pub(crate) fn position(r: &Received) -> u64 {
     let body: serde_json::Value = serde_json::from_str(&r.body).unwrap();
     assert_eq!(r.id, format!("evt_{}", body["position"]));
     body["position"].as_u64().unwrap()
 }
 
-fn webhooks(endpoints: Vec<String>) -> impl FnOnce(&mut authd::config::Config) {
+pub(crate) fn webhooks(endpoints: Vec<String>) -> impl FnOnce(&mut authd::config::Config) {
     move |c| {
         c.events.webhooks = endpoints.iter().map(|e| e.parse().unwrap()).collect();
         c.events.webhook_secret = Some(secret().parse().unwrap());
@@ -175,10 +243,12 @@ for d in deliveries:
 print(len(deliveries))
 "#;
 
-fn verify_in_python(delivered: &[Received]) {
+/// Verifies `delivered` with the reference library; `test` names the caller when
+/// there is no Python with it.
+pub(crate) fn verify_in_python(test: &str, delivered: &[Received]) {
     let Some(python) = python_with_standardwebhooks() else {
         crate::helpers::skipped(
-            "deliveries_are_signed_in_order_and_retried_after_failures (Python part)",
+            &format!("{test} (Python part)"),
             "no Python with standardwebhooks (AUTHD_TEST_PYTHON)",
         );
         return;
@@ -234,7 +304,17 @@ async fn deliveries_are_signed_in_order_and_retried_after_failures(db: TestDb) {
                 .unwrap(),
         );
     }
-    wait_until("five deliveries", || failing.delivered().len() == 5).await;
+    // The endpoint keeps a request before authd counts its answer: both awaited.
+    let delivered_count = || {
+        metric(
+            &app.handle.render_metrics(),
+            "authd_webhook_deliveries_total{outcome=\"delivered\"}",
+        )
+    };
+    wait_until("five deliveries, counted", || {
+        failing.delivered().len() == 5 && delivered_count() >= Some(5.0)
+    })
+    .await;
     let received = failing.received();
     // The first event failed twice, and was retried before anything else was sent.
     assert_eq!(received.len(), 7);
@@ -266,7 +346,10 @@ async fn deliveries_are_signed_in_order_and_retried_after_failures(db: TestDb) {
     // Stopped first: a run without the Python package ends the test here, with no
     // server left running.
     app.stop().await.unwrap();
-    verify_in_python(&delivered);
+    verify_in_python(
+        "deliveries_are_signed_in_order_and_retried_after_failures",
+        &delivered,
+    );
 }
 
 async fn a_restart_in_the_middle_of_retries_loses_nothing(db: TestDb) {

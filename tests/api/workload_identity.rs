@@ -6,7 +6,8 @@
 //! service-account tokens. A bound token gets a service token (over HTTP and gRPC)
 //! that ValidateToken and Check accept; the wrong issuer, audience, signature,
 //! expiry or subject are refused; the keys are fetched once and again only for a
-//! new key id, at most once per refresh period.
+//! new key id, at most once per refresh period. A CA bundle for https issuers that
+//! holds no certificate stops the start.
 
 use crate::admin::{ADMIN_KEY, Admin, admin_app};
 use crate::helpers::{TestDb, expect_code, metric};
@@ -341,5 +342,29 @@ async fn a_kubernetes_service_account_token_proves_its_account(db: TestDb) {
         metric(&metrics, r#"authd_jwt_issuer_fetches_total{outcome="ok"}"#),
         Some(2.0),
         "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn an_issuer_ca_that_holds_no_certificate_stops_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ca.crt");
+    std::fs::write(&path, KeyPair::generate().unwrap().serialize_pem()).unwrap();
+    let db = TestDb::new(crate::helpers::Backend::Sqlite, "")
+        .await
+        .unwrap();
+    let mut config = crate::helpers::test_config(db.url.clone());
+    config.oidc.jwt_issuers = vec![("https://k8s.example".into(), AUDIENCE.into())];
+    config.oidc.jwt_issuer_ca = Some(path.clone());
+    let err = match authd::app::Application::build(config).await {
+        Ok(_) => panic!("the start went on"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert_eq!(
+        err,
+        format!(
+            "--jwt-issuer-ca (AUTHD_JWT_ISSUER_CA) {}: no PEM certificate in the file",
+            path.display()
+        )
     );
 }
