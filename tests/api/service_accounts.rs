@@ -35,6 +35,7 @@ use std::{
     time::Duration,
 };
 use tonic::{Code, Request, Status, transport::Channel};
+use tonic_types::StatusExt as _;
 
 crate::backend_tests!(
     each_grant_gives_a_token_that_validate_check_and_forward_auth_accept,
@@ -770,6 +771,19 @@ async fn concurrent_grants_with_one_wrong_secret_refuse_that_one_only(db: TestDb
         Code::ResourceExhausted,
     );
     assert!(throttled.metadata().get("retry-after").is_some());
+    // It names what was counted (failed authentications, never logins), as it
+    // would for a client id that names no account.
+    assert_eq!(
+        throttled.message(),
+        "too many failed authentications for this service account; retry later"
+    );
+    assert!(throttled.get_details_retry_info().is_some());
+    let quota = throttled.get_details_quota_failure().expect("QuotaFailure");
+    assert_eq!(quota.violations[0].subject, "login-throttle:client");
+    assert_eq!(
+        quota.violations[0].description,
+        "failed authentications for this service account from this client"
+    );
     let mut good = good.clone();
     grant(&mut good, "orders", &secret, "", &[]).await.unwrap();
     let metrics = admin.app.handle.render_metrics();
