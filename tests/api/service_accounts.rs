@@ -45,6 +45,7 @@ crate::backend_tests!(
     token_exchange_acts_for_the_user_within_its_bounds,
     concurrent_grants_with_one_wrong_secret_refuse_that_one_only,
     a_disable_wins_against_grants_in_flight,
+    checks_metadata_names_a_service_as_its_headers_do,
 );
 
 const PASSWORD: &str = "a fine password";
@@ -182,6 +183,39 @@ async fn check_headers(admin: &Admin, token: &str) -> HashMap<String, String> {
         .filter_map(|h| h.header.as_ref())
         .map(|h| (h.key.clone(), h.value.clone()))
         .collect()
+}
+
+/// The headers an allowed Check sets for `token`, and its dynamic metadata as JSON.
+async fn check_answer(admin: &Admin, token: &str) -> (HashMap<String, String>, Value) {
+    use envoy_types::pb::google::protobuf::{self as pb, value::Kind};
+    fn json_of(value: &pb::Value) -> Value {
+        match value.kind.as_ref() {
+            Some(Kind::StringValue(text)) => Value::from(text.as_str()),
+            Some(Kind::NumberValue(n)) => Value::from(*n),
+            Some(Kind::ListValue(list)) => list.values.iter().map(json_of).collect(),
+            other => panic!("an unexpected metadata value: {other:?}"),
+        }
+    }
+    let authorization = format!("Bearer {token}");
+    let answer = check(&admin.app, &[("authorization", &authorization)], &[])
+        .await
+        .unwrap();
+    let Some(HttpResponse::OkResponse(ok)) = &answer.http_response else {
+        panic!("not allowed: {answer:?}");
+    };
+    let headers = ok
+        .headers
+        .iter()
+        .filter_map(|h| h.header.as_ref())
+        .map(|h| (h.key.clone(), h.value.clone()))
+        .collect();
+    let metadata = answer
+        .dynamic_metadata
+        .expect("the claims as dynamic metadata");
+    let metadata = (metadata.fields.iter())
+        .map(|(name, value)| (name.clone(), json_of(value)))
+        .collect();
+    (headers, metadata)
 }
 
 /// The status and the `x-authd-*` headers forward-auth answers for `token`.
@@ -975,4 +1009,66 @@ async fn a_replicas_copy_of_an_account_follows_changes_made_on_another() {
         grant(&mut on_b, "orders", &second, "", &[]).await,
         Code::Unauthenticated,
     );
+}
+
+/// Envoy's dynamic metadata names what the identity headers name: a service's token
+/// its account (`client_id`, `service_id`) and neither a user nor a sign-in method
+/// (`amr`); an exchanged token the user, how they signed in, and the service acting.
+async fn checks_metadata_names_a_service_as_its_headers_do(db: TestDb) {
+    let mut admin = app(&db).await;
+    let made = create(&mut admin, "orders", &["billing"], &["read"]).await;
+    let account = made.account.unwrap();
+    let mut client = admin.app.client.clone();
+    let token = grant(&mut client, "orders", &made.client_secret, "", &[])
+        .await
+        .unwrap()
+        .access_token;
+    let (headers, metadata) = check_answer(&admin, &token).await;
+    let mut names: Vec<&str> = headers.keys().map(String::as_str).collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        [
+            "x-authd-audience",
+            "x-authd-client-id",
+            "x-authd-scope",
+            "x-authd-service-id"
+        ]
+    );
+    let fields = metadata.as_object().unwrap();
+    let mut names: Vec<&str> = fields.keys().map(String::as_str).collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        ["audience", "client_id", "expires_at", "service_id"],
+        "{metadata}"
+    );
+    assert_eq!(metadata["client_id"], "orders");
+    assert_eq!(metadata["service_id"], account.id.as_str());
+    assert_eq!(metadata["audience"], serde_json::json!(["billing"]));
+    assert!(metadata["expires_at"].as_f64().unwrap() > 0.0);
+
+    // A user's token exchanged by a service: the user's claims, `amr` among them,
+    // and the service acting, as the headers have them.
+    let front = create(&mut admin, "front", &["orders"], &[]).await;
+    let user_id = admin.app.register("ada", PASSWORD).await.unwrap();
+    let login = admin.app.login("ada", PASSWORD).await.unwrap();
+    let exchanged = exchange(
+        &mut client,
+        "front",
+        &front.client_secret,
+        &login.access_token,
+        "orders",
+    )
+    .await
+    .unwrap()
+    .access_token;
+    let (headers, metadata) = check_answer(&admin, &exchanged).await;
+    assert_eq!(headers["x-authd-amr"], "pwd");
+    assert_eq!(metadata["amr"], serde_json::json!(["pwd"]), "{metadata}");
+    assert_eq!(metadata["user_id"], user_id.as_str());
+    assert_eq!(metadata["username"], "ada");
+    assert_eq!(metadata["session_id"], login.session_id.as_str());
+    assert_eq!(metadata["client_id"], "front");
+    assert!(metadata.get("service_id").is_none(), "{metadata}");
 }
