@@ -23,19 +23,19 @@ use tonic::{
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
 /// A certificate authority of the test's own.
-struct Ca {
+pub(crate) struct Ca {
     issuer: CertifiedIssuer<'static, KeyPair>,
 }
 
 /// A certificate and its key, PEM.
 #[derive(Clone)]
-struct Pair {
-    cert: String,
-    key: String,
+pub(crate) struct Pair {
+    pub(crate) cert: String,
+    pub(crate) key: String,
 }
 
 impl Ca {
-    fn new(name: &str) -> Self {
+    pub(crate) fn new(name: &str) -> Self {
         let mut params = CertificateParams::default();
         params.distinguished_name.push(DnType::CommonName, name);
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -48,12 +48,12 @@ impl Ca {
         Self { issuer }
     }
 
-    fn pem(&self) -> String {
+    pub(crate) fn pem(&self) -> String {
         self.issuer.pem()
     }
 
     /// A server certificate for `localhost`, expiring at the start of `year`.
-    fn server(&self, year: i32) -> Pair {
+    pub(crate) fn server(&self, year: i32) -> Pair {
         let mut params = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
         params
             .subject_alt_names
