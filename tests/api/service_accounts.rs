@@ -12,7 +12,10 @@
 
 use crate::admin::{ADMIN_KEY, Admin, admin_app};
 use crate::extauthz::check;
-use crate::helpers::{Backend, TestDb, connect_from, expect_code, http_get, metric, spawn_app_on};
+use crate::helpers::{
+    Backend, TestDb, connect_from, expect_code, http_get, metric, redis_url, spawn_app_on,
+    unique_name,
+};
 use authd::ManualClock;
 use authd::pb::{
     IssueServiceTokenRequest, IssueServiceTokenResponse, LogoutRequest,
@@ -46,6 +49,7 @@ crate::backend_tests!(
     concurrent_grants_with_one_wrong_secret_refuse_that_one_only,
     a_disable_wins_against_grants_in_flight,
     checks_metadata_names_a_service_as_its_headers_do,
+    a_client_id_rule_refuses_the_service_over_it_and_serves_the_others,
 );
 
 const PASSWORD: &str = "a fine password";
@@ -1071,4 +1075,120 @@ async fn checks_metadata_names_a_service_as_its_headers_do(db: TestDb) {
     assert_eq!(metadata["session_id"], login.session_id.as_str());
     assert_eq!(metadata["client_id"], "front");
     assert!(metadata.get("service_id").is_none(), "{metadata}");
+}
+
+/// A rule keyed on the client id a grant names (`*:client-id`): one service's grants
+/// over gRPC and HTTP count in one log, and once it is over its limit its grants are
+/// refused before any check (RESOURCE_EXHAUSTED with RetryInfo and QuotaFailure;
+/// 429 over HTTP), whatever the letter case of the name, while another service is
+/// still served. On PostgreSQL the counts are in Redis when one is configured, in
+/// process otherwise (and on SQLite).
+async fn a_client_id_rule_refuses_the_service_over_it_and_serves_the_others(db: TestDb) {
+    let redis = match db.url {
+        authd::config::DatabaseUrl::Postgres(_) => redis_url("client_id_rule"),
+        authd::config::DatabaseUrl::Sqlite(_) => None,
+    };
+    let mut admin = admin_app(&db, |c| {
+        c.limits.rate_limits = Some("*:client-id=3/1h,*:peer=1000/1h".parse().unwrap());
+        if let Some(url) = &redis {
+            c.limits.redis_url = Some(url.parse().unwrap());
+            c.limits.rate_limit_prefix = unique_name("sa_client_id");
+            c.limits.redis_timeout = Duration::from_secs(10);
+        }
+    })
+    .await;
+    let backend = admin.app.handle.rate_limit_stats().backend;
+    let expected = match redis {
+        Some(_) => authd::RateLimitBackend::Redis,
+        None => authd::RateLimitBackend::Local,
+    };
+    assert_eq!(backend, expected);
+    let orders = create(&mut admin, "orders", &[], &[]).await.client_secret;
+    let stock = create(&mut admin, "stock", &[], &[]).await.client_secret;
+    let mut client = admin.app.client.clone();
+    let request = |id: &str, secret: &str| IssueServiceTokenRequest {
+        client_id: id.into(),
+        client_secret: secret.into(),
+        ..Default::default()
+    };
+
+    // Three grants of orders: two over gRPC, told what is left, one over HTTP.
+    for remaining in ["2", "1"] {
+        let answer = client
+            .issue_service_token(request("orders", &orders))
+            .await
+            .unwrap();
+        let metadata = answer.metadata();
+        assert_eq!(metadata.get("ratelimit-limit").unwrap(), "3");
+        assert_eq!(metadata.get("ratelimit-remaining").unwrap(), remaining);
+    }
+    let addr = admin.app.addr;
+    let (status, _, body) = post_form(
+        addr,
+        "/oauth2/token",
+        &basic("orders", &orders),
+        "grant_type=client_credentials",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+
+    // The fourth is refused, however it names orders, over gRPC and HTTP, with the
+    // right secret or a wrong one.
+    for (id, secret) in [
+        ("orders", orders.as_str()),
+        ("ORDERS", orders.as_str()),
+        ("orders", "authd_sa_wrong"),
+    ] {
+        let refused = expect_code(
+            client.issue_service_token(request(id, secret)).await,
+            Code::ResourceExhausted,
+        );
+        assert_eq!(refused.message(), "rate limit exceeded: *:client-id=3/1h");
+        let delay = refused
+            .get_details_retry_info()
+            .and_then(|r| r.retry_delay)
+            .expect("RetryInfo");
+        assert!(delay > Duration::ZERO && delay <= Duration::from_secs(3600));
+        let quota = refused.get_details_quota_failure().expect("QuotaFailure");
+        assert_eq!(quota.violations.len(), 1);
+        assert_eq!(quota.violations[0].subject, "*:client-id=3/1h");
+        assert_eq!(
+            quota.violations[0].description,
+            "at most 3 requests per 1h per client id"
+        );
+        assert!(refused.metadata().get("retry-after").is_some());
+    }
+    let form = format!("grant_type=client_credentials&client_id=Orders&client_secret={orders}");
+    let (status, head, body) = post_form(addr, "/oauth2/token", "", &form).await;
+    assert_eq!((status, body["error"].as_str()), (429, Some("slow_down")));
+    assert!(
+        head.to_ascii_lowercase().contains("retry-after: "),
+        "{head}"
+    );
+
+    // Another service is still served, over both.
+    client
+        .issue_service_token(request("stock", &stock))
+        .await
+        .unwrap();
+    let (status, _, body) = post_form(
+        addr,
+        "/oauth2/token",
+        &basic("stock", &stock),
+        "grant_type=client_credentials",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+
+    // The refused grants never reached a credential check: five grants, all issued.
+    let metrics = admin.app.handle.render_metrics();
+    let series = |outcome: &str| {
+        format!(r#"authd_service_grants_total{{grant="client_credentials",outcome="{outcome}"}}"#)
+    };
+    assert_eq!(metric(&metrics, &series("ok")), Some(5.0), "{metrics}");
+    assert_eq!(
+        metric(&metrics, &series("invalid_client")).unwrap_or(0.0),
+        0.0
+    );
+    assert_eq!(admin.app.handle.rate_limit_stats().refused, 4);
 }
