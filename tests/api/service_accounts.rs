@@ -50,6 +50,7 @@ crate::backend_tests!(
     a_disable_wins_against_grants_in_flight,
     checks_metadata_names_a_service_as_its_headers_do,
     a_client_id_rule_refuses_the_service_over_it_and_serves_the_others,
+    each_grant_is_audited_without_a_secret_or_a_token,
 );
 
 const PASSWORD: &str = "a fine password";
@@ -1191,4 +1192,158 @@ async fn a_client_id_rule_refuses_the_service_over_it_and_serves_the_others(db: 
         0.0
     );
     assert_eq!(admin.app.handle.rate_limit_stats().refused, 4);
+}
+
+/// The audit trail of grants as the binary writes it (JSON lines, target
+/// `authd::audit`): each grant's `service_grant` event names the grant, its outcome
+/// and the account (and the user of an exchange); no line of the log holds a client
+/// secret, a wrong one, or a token (issued, exchanged or presented).
+async fn each_grant_is_audited_without_a_secret_or_a_token(db: TestDb) {
+    use crate::helpers::{TEST_KEY, TEST_KID, key_spec};
+    use authd::{config::DatabaseUrl, pb::admin::admin_service_client::AdminServiceClient};
+    let dir = tempfile::tempdir().unwrap();
+    let keys = crate::admin::keys_file();
+    let database = match &db.url {
+        DatabaseUrl::Sqlite(path) => format!("sqlite://{}", path.display()),
+        DatabaseUrl::Postgres(url) => url.expose().to_owned(),
+    };
+    let running = crate::cli::spawn_authd(
+        dir.path(),
+        &[
+            ("AUTHD_DATABASE_URL", database),
+            ("AUTHD_TOKEN_KEYS", key_spec(TEST_KID, TEST_KEY)),
+            ("AUTHD_ADMIN_LISTEN", "127.0.0.1:0".into()),
+            ("AUTHD_ADMIN_KEYS_FILE", keys.path().display().to_string()),
+        ],
+    );
+    let admin_addr = running.admin_addr.clone().expect("the admin port is on");
+    let admin = AdminServiceClient::connect(format!("http://{admin_addr}"))
+        .await
+        .unwrap();
+    let made = |name: &str, audience: &str| {
+        let request = CreateServiceAccountRequest {
+            name: name.into(),
+            audiences: vec![audience.into()],
+            with_secret: true,
+            ..Default::default()
+        };
+        let mut admin = admin.clone();
+        async move {
+            let made = admin
+                .create_service_account(with_key(request))
+                .await
+                .unwrap()
+                .into_inner();
+            (made.account.unwrap().id, made.client_secret)
+        }
+    };
+    let (orders_id, orders) = made("orders", "billing").await;
+    let (front_id, front) = made("front", "orders").await;
+    let (mut client, user_token) = running.signed_in("ada", PASSWORD).await;
+    let user_id = (client.validate_token(authd::pb::ValidateTokenRequest {
+        access_token: user_token.clone(),
+        ..Default::default()
+    }))
+    .await
+    .unwrap()
+    .into_inner()
+    .user_id;
+
+    // Issued over gRPC and HTTP; a wrong secret; an audience it may not have; an
+    // exchange of the user's token.
+    let wrong = "authd_sa_not-the-secret-0123456789";
+    let issued = grant(&mut client, "orders", &orders, "", &[])
+        .await
+        .unwrap()
+        .access_token;
+    expect_code(
+        grant(&mut client, "orders", wrong, "", &[]).await,
+        Code::Unauthenticated,
+    );
+    expect_code(
+        grant(&mut client, "orders", &orders, "stock", &[]).await,
+        Code::PermissionDenied,
+    );
+    let addr: SocketAddr = running.addr.parse().unwrap();
+    let (status, _, body) = post_form(
+        addr,
+        "/oauth2/token",
+        &basic("orders", &orders),
+        "grant_type=client_credentials",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let over_http = body["access_token"].as_str().unwrap().to_owned();
+    let exchanged = exchange(&mut client, "front", &front, &user_token, "orders")
+        .await
+        .unwrap()
+        .access_token;
+
+    let (status, log) = running.terminate().await;
+    assert!(status.success());
+    let events: Vec<Value> = (log.iter())
+        .map(|line| serde_json::from_str::<Value>(line).unwrap())
+        .filter(|e| e["target"] == "authd::audit" && e["event"] == "service_grant")
+        .collect();
+    let named = |e: &Value, field: &str| e.get(field).and_then(Value::as_str).map(str::to_owned);
+    let seen: Vec<(String, String, Option<String>, Option<String>)> = (events.iter())
+        .map(|e| {
+            (
+                named(e, "grant").unwrap(),
+                named(e, "outcome").unwrap(),
+                named(e, "service_id"),
+                named(e, "user_id"),
+            )
+        })
+        .collect();
+    let line = |grant: &str, outcome: &str, service: Option<&str>, user: Option<&str>| {
+        (
+            grant.to_owned(),
+            outcome.to_owned(),
+            service.map(str::to_owned),
+            user.map(str::to_owned),
+        )
+    };
+    let orders_id = Some(orders_id.as_str());
+    assert_eq!(
+        seen,
+        [
+            line("client_credentials", "ok", orders_id, None),
+            // The account is not named before a credential proves it.
+            line("client_credentials", "invalid_client", None, None),
+            line("client_credentials", "not_allowed", orders_id, None),
+            line("client_credentials", "ok", orders_id, None),
+            line(
+                "token_exchange",
+                "ok",
+                Some(front_id.as_str()),
+                Some(user_id.as_str())
+            ),
+        ],
+        "{events:#?}"
+    );
+    for (i, e) in events.iter().enumerate() {
+        assert_eq!(e["message"], "service account grant", "{e}");
+        assert_eq!(e["peer"], "127.0.0.1", "{e}");
+        // The gRPC calls' request ids (the token endpoint's requests carry none).
+        if i != 3 {
+            assert!(
+                e["request_id"].as_str().is_some_and(|id| !id.is_empty()),
+                "{e}"
+            );
+        }
+    }
+    let all = log.join("\n");
+    for secret in [
+        orders.as_str(),
+        front.as_str(),
+        wrong,
+        issued.as_str(),
+        over_http.as_str(),
+        exchanged.as_str(),
+        user_token.as_str(),
+        crate::admin::ADMIN_KEY,
+    ] {
+        assert!(!all.contains(secret), "{secret} was logged:\n{all}");
+    }
 }
