@@ -148,14 +148,6 @@ impl ThrottleScope {
         }
     }
 
-    /// The `QuotaFailure` description a client is shown.
-    fn description(self) -> &'static str {
-        match self {
-            ThrottleScope::Client => "failed logins for this account from this client",
-            ThrottleScope::Account => "failed logins for this account",
-        }
-    }
-
     /// The `QuotaFailure` subject of a refusal of second-factor codes.
     pub fn code_subject(self) -> &'static str {
         match self {
@@ -168,6 +160,64 @@ impl ThrottleScope {
         match self {
             ThrottleScope::Client => "wrong second-factor codes for this account from this client",
             ThrottleScope::Account => "wrong second-factor codes for this account",
+        }
+    }
+}
+
+/// What the login throttle counted when it refused an attempt: the refusal's
+/// message and `QuotaFailure` description name it (its subject stays the login
+/// throttle's, `login-throttle:…`, which clients may match on). Every kind is
+/// counted alike for names that exist and names that do not, so naming it tells
+/// nothing about which accounts exist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counted {
+    /// Failed logins of a username (Login).
+    Logins,
+    /// Failed authentications of a service account: a wrong secret, a certificate
+    /// or an external token that proves no account (the grants).
+    ClientAuthentications,
+    /// Password reset requests for a username, each counted (RequestPasswordReset).
+    ResetRequests,
+    /// Wrong reset tokens from one client (CompletePasswordReset).
+    ResetTokens,
+}
+
+impl Counted {
+    /// The message of the refusal.
+    fn message(self) -> &'static str {
+        match self {
+            Counted::Logins => "too many failed logins for this account; retry later",
+            Counted::ClientAuthentications => {
+                "too many failed authentications for this service account; retry later"
+            }
+            Counted::ResetRequests => {
+                "too many password reset requests for this account; retry later"
+            }
+            Counted::ResetTokens => "too many wrong reset tokens from this client; retry later",
+        }
+    }
+
+    /// The `QuotaFailure` description of the count of `scope` that refused.
+    fn description(self, scope: ThrottleScope) -> &'static str {
+        match (self, scope) {
+            (Counted::Logins, ThrottleScope::Client) => {
+                "failed logins for this account from this client"
+            }
+            (Counted::Logins, ThrottleScope::Account) => "failed logins for this account",
+            (Counted::ClientAuthentications, ThrottleScope::Client) => {
+                "failed authentications for this service account from this client"
+            }
+            (Counted::ClientAuthentications, ThrottleScope::Account) => {
+                "failed authentications for this service account"
+            }
+            (Counted::ResetRequests, ThrottleScope::Client) => {
+                "password reset requests for this account from this client"
+            }
+            (Counted::ResetRequests, ThrottleScope::Account) => {
+                "password reset requests for this account"
+            }
+            // The count's account is the client itself.
+            (Counted::ResetTokens, _) => "wrong reset tokens from this client",
         }
     }
 }
@@ -205,11 +255,13 @@ pub enum Error {
         retry_after: Duration,
     },
     /// The login throttle refused the attempt (too many failed logins for this
-    /// username); the same for every username, known or not.
-    #[error("too many failed logins for this account; retry later")]
+    /// username, or what else `counted` says it counted); the same for every name,
+    /// known or not.
+    #[error("{}", .counted.message())]
     Throttled {
         scope: ThrottleScope,
         retry_after: Duration,
+        counted: Counted,
     },
     /// Wrong second-factor codes for this account are over the throttle's limit:
     /// codes are refused before they are checked.
@@ -378,11 +430,12 @@ impl Error {
             Error::Throttled {
                 scope,
                 retry_after: wait,
+                counted,
             } => throttled(
                 self.to_string(),
                 *wait,
                 scope.subject(),
-                scope.description(),
+                counted.description(*scope),
             ),
             Error::CodesThrottled {
                 scope,
@@ -546,6 +599,47 @@ mod tests {
         // Not a refusal with a hint: nothing to hold.
         assert_eq!(retry_hint(&Error::InvalidCredentials.to_status()), None);
         assert_eq!(retry_hint(&Error::DeadlineExceeded.to_status()), None);
+    }
+
+    #[test]
+    fn a_throttle_refusal_names_what_was_counted_and_keeps_its_subject() {
+        for (counted, message, description) in [
+            (
+                Counted::Logins,
+                "too many failed logins for this account; retry later",
+                "failed logins for this account",
+            ),
+            (
+                Counted::ClientAuthentications,
+                "too many failed authentications for this service account; retry later",
+                "failed authentications for this service account",
+            ),
+            (
+                Counted::ResetRequests,
+                "too many password reset requests for this account; retry later",
+                "password reset requests for this account",
+            ),
+            (
+                Counted::ResetTokens,
+                "too many wrong reset tokens from this client; retry later",
+                "wrong reset tokens from this client",
+            ),
+        ] {
+            let status = Error::Throttled {
+                scope: ThrottleScope::Account,
+                retry_after: Duration::from_millis(2500),
+                counted,
+            }
+            .to_status();
+            assert_eq!(status.code(), Code::ResourceExhausted);
+            assert_eq!(status.message(), message);
+            assert_eq!(retry_hint(&status), Some(Duration::from_millis(2500)));
+            assert_eq!(status.metadata().get("retry-after").unwrap(), "3");
+            let quota = status.get_details_quota_failure().unwrap();
+            assert_eq!(quota.violations.len(), 1);
+            assert_eq!(quota.violations[0].subject, "login-throttle:account");
+            assert_eq!(quota.violations[0].description, description);
+        }
     }
 
     #[test]

@@ -458,7 +458,10 @@ impl Accounts {
 
     /// Counts and audits a refusal of the login throttle; any error passes.
     fn refused(&self, e: Error, caller: &Caller, username: &Username) -> Error {
-        if let Error::Throttled { scope, retry_after } = &e {
+        if let Error::Throttled {
+            scope, retry_after, ..
+        } = &e
+        {
             self.throttle.count_login(LoginOutcome::Throttled);
             (self.audit).login_throttled(caller, username, scope.label(), *retry_after);
         }

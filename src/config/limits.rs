@@ -41,7 +41,8 @@ pub struct LimitsConfig {
     pub redis_url_file: Option<PathBuf>,
 
     /// Rate-limit rules, METHOD:KEY=LIMIT/WINDOW,… where METHOD is an RPC name or *, and
-    /// KEY is peer, global, client-cert (the mutual-TLS identity) or header:NAME; e.g.
+    /// KEY is peer, global, client-cert (the mutual-TLS identity), client-id (the
+    /// client id a service account's grant names) or header:NAME; e.g.
     /// Login:peer=20/1s,*:global=2000/1s
     /// [default: none; only --register-limit applies].
     #[arg(long, env = "AUTHD_RATE_LIMITS", global = true, display_order = 52)]

@@ -583,8 +583,19 @@ impl AuthService for AuthApi {
         let (deadline, request_id) = (deadline(&request), request_id(&request));
         let caller = self.caller(&request);
         let identity = rpc::client_identity(request.extensions()).map(|i| i.as_str().to_owned());
+        // A rate-limit rule counts the client id this request names: decided here,
+        // where the body is read, before anything else (`ratelimit::Deferred`).
+        let deferred = (request.extensions())
+            .get::<crate::ratelimit::Deferred>()
+            .cloned();
         let req = request.into_inner();
         let work = async {
+            if let Some(deferred) = &deferred {
+                // The client id of a secret; a client assertion's is in the token.
+                let named = (req.client_assertion.is_empty() && !req.client_id.is_empty())
+                    .then_some(req.client_id.as_str());
+                deferred.decide(named).await?;
+            }
             let proof = if req.client_assertion.is_empty() {
                 client_proof(&req.client_id, &req.client_secret, identity)?
             } else if req.client_secret.is_empty()

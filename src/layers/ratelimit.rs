@@ -6,14 +6,16 @@
 //! response headers.
 //!
 //! It owns reading the request (method from the path, client address, headers) and
-//! writing the response metadata. It must never queue a request (tower's own
+//! writing the response metadata. A grant whose rules count the client id in its
+//! body is decided by its handler instead (`ratelimit::Deferred`, put in the
+//! request's extensions here); the answer's metadata is still written here. It must never queue a request (tower's own
 //! `RateLimit` waits for a slot; this refuses), and never limit health or
 //! reflection: probes and tooling must answer however busy the service is.
 
 use crate::{
     error::whole_seconds,
     middleware::{BoxFuture, Middleware, MiddlewareLayer, Request, Response},
-    ratelimit::{Quota, RateLimiter},
+    ratelimit::{Deferred, Quota, RateLimiter},
     rpc::{self, Rpc},
 };
 use http::HeaderValue;
@@ -42,6 +44,18 @@ impl Middleware for RateLimiter {
         let method = path.rsplit('/').next().unwrap_or_default();
         let client = rpc::client_ip(req.extensions());
         let identity = rpc::client_identity(req.extensions());
+        if self.defers(method) {
+            let deferred = Deferred::new(self.clone(), method, req.headers(), client, identity);
+            let mut req = req;
+            req.extensions_mut().insert(deferred.clone());
+            return Box::pin(async move {
+                let mut response = inner.call(req).await?;
+                if let Some(quota) = deferred.quota() {
+                    add_quota_headers(response.headers_mut(), quota);
+                }
+                Ok(response)
+            });
+        }
         let checks = self.plan(method, req.headers(), client, identity);
         if checks.is_empty() {
             return Box::pin(inner.call(req));

@@ -67,19 +67,21 @@ pub(super) async fn read(
     Ok(form)
 }
 
-/// Counts the request against the rate-limit rules of `method`; the answer that
-/// refuses it (429 with `Retry-After`, or 503 when the limiter cannot decide and
-/// fails closed).
+/// Counts the request against the rate-limit rules of `method`, as a grant naming
+/// `client_id` when it is one; the answer that refuses it (429 with `Retry-After`,
+/// or 503 when the limiter cannot decide and fails closed).
 pub(super) async fn rate_limit(
     limiter: &RateLimiter,
     method: &str,
     parts: &Parts,
+    client_id: Option<&str>,
 ) -> Result<(), Response> {
-    let planned = limiter.plan(
+    let planned = limiter.plan_grant(
         method,
         &parts.headers,
         rpc::client_ip(&parts.extensions),
         rpc::client_identity(&parts.extensions),
+        client_id,
     );
     if planned.is_empty() {
         return Ok(());

@@ -25,7 +25,8 @@ pub(super) async fn introspect(
 ) -> Response {
     let (parts, body) = request.into_parts();
     let metrics = &endpoints.metrics;
-    if let Err(refused) = form::rate_limit(&endpoints.rate_limiter, INTROSPECT, &parts).await {
+    if let Err(refused) = form::rate_limit(&endpoints.rate_limiter, INTROSPECT, &parts, None).await
+    {
         return refused;
     }
     let Some(client) = (endpoints.settings.clients).authenticate(&parts.headers, &parts.extensions)

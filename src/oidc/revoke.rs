@@ -22,7 +22,7 @@ pub(super) async fn revoke(
     request: Request<Body>,
 ) -> Response {
     let (parts, body) = request.into_parts();
-    if let Err(refused) = form::rate_limit(&endpoints.rate_limiter, REVOKE, &parts).await {
+    if let Err(refused) = form::rate_limit(&endpoints.rate_limiter, REVOKE, &parts, None).await {
         return refused;
     }
     let form = match form::read(&parts, body, endpoints.receive_timeout).await {

@@ -96,15 +96,43 @@ fn refused(e: Error) -> Response {
     }
 }
 
+/// The client id a grant's request names, for a rule that counts it: HTTP Basic's
+/// user, else the form's `client_id`; none beside a client assertion, whose
+/// subject is in the token (and unknown before it is verified).
+fn named_client_id(parts: &axum::http::request::Parts, form: &form::Form) -> Option<String> {
+    if form.contains_key("client_assertion") {
+        return None;
+    }
+    let header = (parts.headers.get(header::AUTHORIZATION)).and_then(|v| v.to_str().ok());
+    match header.and_then(basic) {
+        Some((client_id, _)) => Some(client_id),
+        None => form.get("client_id").cloned(),
+    }
+}
+
 pub(super) async fn token(
     State(endpoints): State<Arc<Endpoints>>,
     request: Request<Body>,
 ) -> Response {
     let (parts, body) = request.into_parts();
-    if let Err(refused) = form::rate_limit(&endpoints.rate_limiter, TOKEN, &parts).await {
+    let limiter = &endpoints.rate_limiter;
+    // A rule that counts the client id waits for the form, which may name it; then
+    // every rule is decided at once, as before the form otherwise.
+    let deferred = limiter.defers(TOKEN);
+    if !deferred && let Err(refused) = form::rate_limit(limiter, TOKEN, &parts, None).await {
         return refused;
     }
-    let mut form = match form::read(&parts, body, endpoints.receive_timeout).await {
+    let form = form::read(&parts, body, endpoints.receive_timeout).await;
+    if deferred {
+        let named = form
+            .as_ref()
+            .ok()
+            .and_then(|form| named_client_id(&parts, form));
+        if let Err(refused) = form::rate_limit(limiter, TOKEN, &parts, named.as_deref()).await {
+            return refused;
+        }
+    }
+    let mut form = match form {
         Ok(form) => form,
         Err(refused) => return refused,
     };

@@ -1,6 +1,6 @@
 //! The keys a request is counted under: one per matching rule, built from the rule
-//! and the request (the client's address, a header's value, or nothing for
-//! `global`). Keys come from what clients send, so their size and shape are
+//! and the request (the client's address, a header's value, the certificate's
+//! identity, the client id a grant names, or nothing for `global`). Keys come from what clients send, so their size and shape are
 //! bounded here: odd or long header values are hashed.
 //!
 //! The subject is the key's Redis Cluster hash tag (`{10.0.0.7}`), so every rule of
@@ -33,7 +33,8 @@ impl Keys {
 
     /// The checks a request must pass: one per matching rule that yields a key.
     /// Empty when no rule applies (the request is not counted at all). `client` is
-    /// the request's (`rpc::client_ip`), which a `peer` rule counts.
+    /// the request's (`rpc::client_ip`), which a `peer` rule counts; `client_id` the
+    /// client id a grant names, which a `client-id` rule counts.
     pub(crate) fn plan(
         &self,
         rules: &RateLimits,
@@ -41,6 +42,7 @@ impl Keys {
         headers: &http::HeaderMap,
         client: Option<IpAddr>,
         identity: Option<&ClientIdentity>,
+        client_id: Option<&str>,
     ) -> Vec<Check> {
         let mut checks = Vec::new();
         for (index, rule) in rules.rules().iter().enumerate() {
@@ -72,6 +74,11 @@ impl Keys {
                 KeyKind::ClientCert => match identity {
                     Some(identity) => key.push_str(&identity_key(identity.as_str())),
                     // No certificate: the rule does not apply (pair it with a peer rule).
+                    None => continue,
+                },
+                KeyKind::ClientId => match client_id {
+                    Some(client_id) => key.push_str(&client_id_key(client_id)),
+                    // Not a grant, or one by certificate or assertion: not counted.
                     None => continue,
                 },
             }
@@ -112,6 +119,28 @@ fn identity_key(identity: &str) -> String {
     }
 }
 
+/// Client ids longer than this (a service account's name is at most 64
+/// characters), or with other characters than a name's, are hashed into the key.
+const MAX_RAW_CLIENT_ID_KEY: usize = 64;
+
+/// The key part for the client id a grant names, lowercased as account names are
+/// compared: the id itself when it could be an account's name (`[a-z0-9._-]`, at
+/// most 64 characters), otherwise `#` and a hash of it (`#` is in no name, so the
+/// two never collide).
+fn client_id_key(client_id: &str) -> String {
+    let client_id = client_id.to_ascii_lowercase();
+    let plain = client_id
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b'-'));
+    if plain && !client_id.is_empty() && client_id.len() <= MAX_RAW_CLIENT_ID_KEY {
+        client_id
+    } else {
+        use sha2::Digest as _;
+        let digest = sha2::Sha256::digest(client_id.as_bytes());
+        format!("#sha256:{}", hex::encode(&digest[..16]))
+    }
+}
+
 /// The key part for a header value: the value itself when short and plain,
 /// otherwise a hash of it (which cannot collide with a plain value: those have no `:`).
 fn header_key(value: &[u8]) -> String {
@@ -144,7 +173,14 @@ mod tests {
             );
         }
         planner
-            .plan(&rules, method, &map, Some(client.parse().unwrap()), None)
+            .plan(
+                &rules,
+                method,
+                &map,
+                Some(client.parse().unwrap()),
+                None,
+                None,
+            )
             .into_iter()
             .map(|c| c.key)
             .collect()
@@ -177,8 +213,14 @@ mod tests {
             "p:Register:peer:1000:{2001:db8::1}"
         );
         let rules: RateLimits = l.parse().unwrap();
-        let no_client =
-            Keys::new(&rules, "p").plan(&rules, "Register", &http::HeaderMap::new(), None, None);
+        let no_client = Keys::new(&rules, "p").plan(
+            &rules,
+            "Register",
+            &http::HeaderMap::new(),
+            None,
+            None,
+            None,
+        );
         assert_eq!(no_client[1].key, "p:Register:peer:1000:{unknown}");
         // Odd or long header values are hashed: fixed size, no separators.
         let odd = keys(l, "Login", &[("x-client-id", "a:b c")], "10.0.0.7");
@@ -207,6 +249,7 @@ mod tests {
                     &http::HeaderMap::new(),
                     None,
                     identity.as_ref(),
+                    None,
                 )
                 .into_iter()
                 .map(|c| c.key)
@@ -228,6 +271,54 @@ mod tests {
         assert_eq!(
             plan(Some(&long))[0].len(),
             "p:*:client-cert:1000:{#sha256:".len() + 33
+        );
+    }
+
+    #[test]
+    fn client_id_keys_count_each_grants_client_id_and_skip_everything_else() {
+        let rules: RateLimits = "*:client-id=5/1s,IssueServiceToken:client-id=9/1m"
+            .parse()
+            .unwrap();
+        let planner = Keys::new(&rules, "p");
+        let plan = |method: &str, client_id: Option<&str>| -> Vec<String> {
+            planner
+                .plan(
+                    &rules,
+                    method,
+                    &http::HeaderMap::new(),
+                    None,
+                    None,
+                    client_id,
+                )
+                .into_iter()
+                .map(|c| c.key)
+                .collect()
+        };
+        assert_eq!(
+            plan("IssueServiceToken", Some("orders")),
+            [
+                "p:*:client-id:1000:{orders}",
+                "p:IssueServiceToken:client-id:60000:{orders}"
+            ]
+        );
+        assert_eq!(
+            plan("Token", Some("Orders")),
+            ["p:*:client-id:1000:{orders}"]
+        );
+        // No client id named (a certificate, a client assertion, another method).
+        assert!(plan("IssueServiceToken", None).is_empty());
+        assert!(plan("Login", None).is_empty());
+        // What no account could be named is hashed, case folded first.
+        let odd = plan("Token", Some("Orders:x"));
+        assert!(
+            odd[0].starts_with("p:*:client-id:1000:{#sha256:"),
+            "{odd:?}"
+        );
+        assert_eq!(odd, plan("Token", Some("orders:X")));
+        let long = "a".repeat(65);
+        assert_eq!(
+            plan("Token", Some(&long))[0].len(),
+            "p:*:client-id:1000:{#sha256:".len() + 33
         );
     }
 }

@@ -8,7 +8,10 @@
 //! logs comes from a `crate::clock::Clock`, so their window logic is tested with one
 //! the test controls; Redis keeps its own (`TIME`).
 
-use super::{Check, FailureMode, Outcome, Quota, RateLimits, Settings, keys::Keys, local, redis};
+use super::{
+    Check, FailureMode, KeyKind, Outcome, Quota, RateLimits, Settings, keys::Keys, local, redis,
+    rules::GRANT_METHODS,
+};
 use crate::{
     clock::{Clock, SystemClock},
     error::{Error, QuotaViolation},
@@ -325,9 +328,31 @@ impl RateLimiter {
         client: Option<IpAddr>,
         identity: Option<&crate::rpc::ClientIdentity>,
     ) -> Planned {
+        self.plan_grant(method, headers, client, identity, None)
+    }
+
+    /// As [`plan`](Self::plan), for a grant that names `client_id` (which a
+    /// `client-id` rule counts).
+    pub(crate) fn plan_grant(
+        &self,
+        method: &str,
+        headers: &http::HeaderMap,
+        client: Option<IpAddr>,
+        identity: Option<&crate::rpc::ClientIdentity>,
+        client_id: Option<&str>,
+    ) -> Planned {
         let set = self.set.load_full();
-        let checks = set.keys.plan(&set.rules, method, headers, client, identity);
+        let checks = (set.keys).plan(&set.rules, method, headers, client, identity, client_id);
         Planned { set, checks }
+    }
+
+    /// Whether a request of `method` is decided by its handler rather than before
+    /// it (`super::deferred`): it is a grant, and a rule in force counts the client
+    /// id it names.
+    pub(crate) fn defers(&self, method: &str) -> bool {
+        GRANT_METHODS.contains(&method)
+            && (self.set.load().rules.rules().iter())
+                .any(|rule| rule.key == KeyKind::ClientId && rule.matches(method))
     }
 
     /// authd's own RPC rules in force now.

@@ -6,6 +6,8 @@
 //! One job per file:
 //! - `rules`: the rule syntax, parsed once at the edge;
 //! - `keys`: which rules match a request, and the key each counts it under;
+//! - `deferred`: the decision a grant's handler takes once it has read the client id
+//!   a `client-id` rule counts;
 //! - `limiter`: the [`RateLimiter`] (Redis tier, local fallback, prober, stats);
 //! - `redis`: the Lua script that decides for all matching rules in one round trip;
 //! - `local`: the in-process sliding-window log, the same rules per replica;
@@ -15,6 +17,7 @@
 //! - `service`: `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` on the
 //!   same limiter: descriptors decided all or nothing, shadow mode, the answer.
 
+mod deferred;
 mod descriptors;
 mod keys;
 mod limiter;
@@ -26,6 +29,7 @@ mod service;
 
 use std::time::Duration;
 
+pub(crate) use deferred::Deferred;
 pub use limiter::{Backend, RateLimitStats, RateLimiter};
 pub(crate) use reload::LiveRules;
 pub use rules::{KeyKind, RateLimits, RegisterLimit};

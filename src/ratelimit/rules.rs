@@ -26,7 +26,17 @@ pub enum KeyKind {
     /// requests without one (plaintext, or TLS without a client CA) are not counted
     /// by the rule.
     ClientCert,
+    /// The client id a service account's grant names (`client-id`): the
+    /// `client_id` of IssueServiceToken, or of `POST /oauth2/token` (HTTP Basic or
+    /// the form), as it was sent: counted before the secret is checked, as the
+    /// throttle counts it. Only the grants name one ([`GRANT_METHODS`]); a grant by
+    /// certificate or client assertion names none and is not counted by the rule.
+    ClientId,
 }
+
+/// The methods whose requests name a service account's client id: the grants, over
+/// gRPC and over HTTP. A `client-id` rule may name only these (or `*`).
+pub(crate) const GRANT_METHODS: [&str; 2] = ["IssueServiceToken", "Token"];
 
 /// One rule: at most `limit` requests of `method` per `window` for each key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +72,7 @@ impl Rule {
             KeyKind::Global => " in total".to_owned(),
             KeyKind::Header(name) => format!(" per {name} value"),
             KeyKind::ClientCert => " per client certificate".to_owned(),
+            KeyKind::ClientId => " per client id".to_owned(),
         };
         format!(
             "at most {} {what} per {}{per}",
@@ -80,6 +91,7 @@ impl Rule {
             KeyKind::Global => format!("{method}:global:{window_ms}"),
             KeyKind::Header(name) => format!("{method}:header:{name}:{window_ms}"),
             KeyKind::ClientCert => format!("{method}:client-cert:{window_ms}"),
+            KeyKind::ClientId => format!("{method}:client-id:{window_ms}"),
         }
     }
 }
@@ -95,6 +107,7 @@ impl fmt::Display for Rule {
             KeyKind::Global => write!(f, "{method}:global={}/{window}", self.limit),
             KeyKind::Header(name) => write!(f, "{method}:header:{name}={}/{window}", self.limit),
             KeyKind::ClientCert => write!(f, "{method}:client-cert={}/{window}", self.limit),
+            KeyKind::ClientId => write!(f, "{method}:client-id={}/{window}", self.limit),
         }
     }
 }
@@ -130,6 +143,15 @@ impl FromStr for Rule {
             "peer" => KeyKind::Peer,
             "global" => KeyKind::Global,
             "client-cert" => KeyKind::ClientCert,
+            "client-id" => match method {
+                Some(m) if !GRANT_METHODS.contains(&m) => {
+                    return Err(format!(
+                        "client-id counts the grants only: {}, {} or *, not {m}",
+                        GRANT_METHODS[0], GRANT_METHODS[1]
+                    ));
+                }
+                _ => KeyKind::ClientId,
+            },
             _ => match key.strip_prefix("header:") {
                 Some("") => {
                     return Err("header: needs a header name, e.g. header:x-client-id".into());
@@ -140,7 +162,8 @@ impl FromStr for Rule {
                 ),
                 None => {
                     return Err(format!(
-                        "unknown key {key:?} (expected peer, global, client-cert or header:NAME)"
+                        "unknown key {key:?} (expected peer, global, client-cert, client-id or \
+                         header:NAME)"
                     ));
                 }
             },
@@ -327,6 +350,12 @@ mod tests {
             ("*:header:X-Client-Id=100/1m", "*:header:x-client-id=100/1m"),
             ("ValidateToken:peer=1000/1h", "ValidateToken:peer=1000/1h"),
             ("*:client-cert=1000/1s", "*:client-cert=1000/1s"),
+            (
+                "IssueServiceToken:client-id=10/1m",
+                "IssueServiceToken:client-id=10/1m",
+            ),
+            ("token:client-id=10/1s", "Token:client-id=10/1s"),
+            ("*:client-id=100/1s", "*:client-id=100/1s"),
             ("Register:global=10/1m 30s", "Register:global=10/1m30s"),
             ("refresh:peer=10/1s", "Refresh:peer=10/1s"),
             ("Logout:global=100/1s", "Logout:global=100/1s"),
@@ -362,7 +391,11 @@ mod tests {
             ("peer=20/1s", "expected METHOD:KEY=LIMIT/WINDOW"),
             (
                 "Login:ip=20/1s",
-                r#"unknown key "ip" (expected peer, global, client-cert or header:NAME)"#,
+                r#"unknown key "ip" (expected peer, global, client-cert, client-id or header:NAME)"#,
+            ),
+            (
+                "Login:client-id=5/1s",
+                "client-id counts the grants only: IssueServiceToken, Token or *, not Login",
             ),
             ("Login:header:=20/1s", "needs a header name"),
             ("Login:header:bad header=20/1s", "not a valid header name"),

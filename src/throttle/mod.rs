@@ -100,6 +100,8 @@ impl Settings {
     }
 }
 
+/// What a refusal says was counted (defined with the error that carries it).
+pub use crate::error::Counted;
 /// Which count refused an attempt (defined with the error that carries it).
 pub use crate::error::ThrottleScope as Scope;
 pub use digest::UsernameDigest;
@@ -159,6 +161,8 @@ impl Begun {
 pub struct Waiting {
     throttle: Arc<Throttle>,
     keys: Keys,
+    /// What these keys count, for the refusal's words.
+    counted: Counted,
     id: String,
     give_up: Instant,
     deadline: Option<Instant>,
@@ -197,6 +201,7 @@ impl Waiting {
                 Err(Error::Throttled {
                     scope,
                     retry_after: wait,
+                    counted: self.counted,
                 })
             }
             Decision::Wait(scope) => Ok(Asked::Wait(self, scope)),
@@ -229,6 +234,7 @@ impl Waiting {
                 return Err(Error::Throttled {
                     scope,
                     retry_after: throttle.settings.delay,
+                    counted: self.counted,
                 });
             }
             let _ = tokio::time::timeout(pause.min(self.give_up - now), settled).await;
@@ -379,7 +385,7 @@ impl Throttle {
         deadline: Option<Instant>,
     ) -> Result<Option<Begun>, Error> {
         let keys = Keys::new("login", &self.digest.of(username), client);
-        self.begin_keyed(keys, deadline).await
+        self.begin_keyed(keys, Counted::Logins, deadline).await
     }
 
     /// As [`Throttle::begin`], for a second-factor code of the user `user_id`: the
@@ -393,10 +399,12 @@ impl Throttle {
     ) -> Result<Option<Attempt>, Error> {
         let keys = Keys::new("otp", &self.digest.of_text(user_id), client);
         let as_codes = |e| match e {
-            Error::Throttled { scope, retry_after } => Error::CodesThrottled { scope, retry_after },
+            Error::Throttled {
+                scope, retry_after, ..
+            } => Error::CodesThrottled { scope, retry_after },
             e => e,
         };
-        match self.begin_keyed(keys, deadline).await.map_err(as_codes)? {
+        match (self.begin_keyed(keys, Counted::Logins, deadline).await).map_err(as_codes)? {
             Some(begun) => Ok(Some(begun.place().await.map_err(as_codes)?)),
             None => Ok(None),
         }
@@ -412,7 +420,7 @@ impl Throttle {
         deadline: Option<Instant>,
     ) -> Result<Option<Attempt>, Error> {
         let keys = Keys::new("svc", &self.digest.of_text(client_id), client);
-        match self.begin_keyed(keys, deadline).await? {
+        match (self.begin_keyed(keys, Counted::ClientAuthentications, deadline)).await? {
             Some(begun) => Ok(Some(begun.place().await?)),
             None => Ok(None),
         }
@@ -429,7 +437,7 @@ impl Throttle {
         deadline: Option<Instant>,
     ) -> Result<Option<Attempt>, Error> {
         let keys = Keys::new("reset", &self.digest.of(username), client);
-        match self.begin_keyed(keys, deadline).await? {
+        match (self.begin_keyed(keys, Counted::ResetRequests, deadline)).await? {
             Some(begun) => Ok(Some(begun.place().await?)),
             None => Ok(None),
         }
@@ -445,7 +453,7 @@ impl Throttle {
     ) -> Result<Option<Attempt>, Error> {
         let name = client.map_or_else(|| "unknown".to_owned(), |ip| ip.to_string());
         let keys = Keys::new("reset-token", &self.digest.of_text(&name), client);
-        match self.begin_keyed(keys, deadline).await? {
+        match (self.begin_keyed(keys, Counted::ResetTokens, deadline)).await? {
             Some(begun) => Ok(Some(begun.place().await?)),
             None => Ok(None),
         }
@@ -454,6 +462,7 @@ impl Throttle {
     async fn begin_keyed(
         self: &Arc<Self>,
         keys: Keys,
+        counted: Counted,
         deadline: Option<Instant>,
     ) -> Result<Option<Begun>, Error> {
         if !self.settings.enabled() {
@@ -470,6 +479,7 @@ impl Throttle {
         let waiting = Waiting {
             throttle: self.clone(),
             keys,
+            counted,
             id,
             give_up,
             deadline,
@@ -637,7 +647,9 @@ mod tests {
                 Ok(())
             }
             Ok(None) => Ok(()),
-            Err(Error::Throttled { scope, retry_after }) => Err((scope, retry_after)),
+            Err(Error::Throttled {
+                scope, retry_after, ..
+            }) => Err((scope, retry_after)),
             Err(e) => panic!("{e}"),
         }
     }

@@ -155,6 +155,8 @@ pub(crate) struct Running {
     pub(crate) addr: String,
     /// Where its metrics endpoint answers.
     pub(crate) metrics_addr: String,
+    /// Where its admin port answers, when it is on (`AUTHD_ADMIN_LISTEN`).
+    pub(crate) admin_addr: Option<String>,
 }
 
 /// The standard error of a start that was refused (exit status 1), and its last line.
@@ -268,7 +270,7 @@ pub(crate) fn spawn_authd_command(
         }
     });
     let mut log = Vec::new();
-    let (addr, metrics_addr) = loop {
+    let (addr, metrics_addr, admin_addr) = loop {
         let line = lines
             .recv_timeout(Duration::from_secs(30))
             .expect("authd logs that it is serving");
@@ -276,7 +278,8 @@ pub(crate) fn spawn_authd_command(
         log.push(line);
         if event["message"] == "authd is serving" {
             let field = |name: &str| event[name].as_str().unwrap().to_owned();
-            break (field("listen"), field("metrics"));
+            let admin = Some(field("admin")).filter(|a| a != "off");
+            break (field("listen"), field("metrics"), admin);
         }
     };
     Running {
@@ -285,6 +288,7 @@ pub(crate) fn spawn_authd_command(
         log,
         addr,
         metrics_addr,
+        admin_addr,
     }
 }
 

@@ -235,6 +235,11 @@ async fn an_unknown_username_is_answered_alike_at_the_same_cost(db: TestDb) {
         }
         let refused = expect_code(request(client, name).await, Code::ResourceExhausted);
         assert!(refused.metadata().get("retry-after").is_some());
+        // What was counted, in the same words for a name that has no account.
+        assert_eq!(
+            refused.message(),
+            "too many password reset requests for this account; retry later"
+        );
     }
     admin.app.stop().await.unwrap();
 }

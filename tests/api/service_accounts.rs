@@ -12,7 +12,10 @@
 
 use crate::admin::{ADMIN_KEY, Admin, admin_app};
 use crate::extauthz::check;
-use crate::helpers::{Backend, TestDb, connect_from, expect_code, http_get, metric, spawn_app_on};
+use crate::helpers::{
+    Backend, TestDb, connect_from, expect_code, http_get, metric, redis_url, spawn_app_on,
+    unique_name,
+};
 use authd::ManualClock;
 use authd::pb::{
     IssueServiceTokenRequest, IssueServiceTokenResponse, LogoutRequest,
@@ -35,6 +38,7 @@ use std::{
     time::Duration,
 };
 use tonic::{Code, Request, Status, transport::Channel};
+use tonic_types::StatusExt as _;
 
 crate::backend_tests!(
     each_grant_gives_a_token_that_validate_check_and_forward_auth_accept,
@@ -44,6 +48,9 @@ crate::backend_tests!(
     token_exchange_acts_for_the_user_within_its_bounds,
     concurrent_grants_with_one_wrong_secret_refuse_that_one_only,
     a_disable_wins_against_grants_in_flight,
+    checks_metadata_names_a_service_as_its_headers_do,
+    a_client_id_rule_refuses_the_service_over_it_and_serves_the_others,
+    each_grant_is_audited_without_a_secret_or_a_token,
 );
 
 const PASSWORD: &str = "a fine password";
@@ -181,6 +188,39 @@ async fn check_headers(admin: &Admin, token: &str) -> HashMap<String, String> {
         .filter_map(|h| h.header.as_ref())
         .map(|h| (h.key.clone(), h.value.clone()))
         .collect()
+}
+
+/// The headers an allowed Check sets for `token`, and its dynamic metadata as JSON.
+async fn check_answer(admin: &Admin, token: &str) -> (HashMap<String, String>, Value) {
+    use envoy_types::pb::google::protobuf::{self as pb, value::Kind};
+    fn json_of(value: &pb::Value) -> Value {
+        match value.kind.as_ref() {
+            Some(Kind::StringValue(text)) => Value::from(text.as_str()),
+            Some(Kind::NumberValue(n)) => Value::from(*n),
+            Some(Kind::ListValue(list)) => list.values.iter().map(json_of).collect(),
+            other => panic!("an unexpected metadata value: {other:?}"),
+        }
+    }
+    let authorization = format!("Bearer {token}");
+    let answer = check(&admin.app, &[("authorization", &authorization)], &[])
+        .await
+        .unwrap();
+    let Some(HttpResponse::OkResponse(ok)) = &answer.http_response else {
+        panic!("not allowed: {answer:?}");
+    };
+    let headers = ok
+        .headers
+        .iter()
+        .filter_map(|h| h.header.as_ref())
+        .map(|h| (h.key.clone(), h.value.clone()))
+        .collect();
+    let metadata = answer
+        .dynamic_metadata
+        .expect("the claims as dynamic metadata");
+    let metadata = (metadata.fields.iter())
+        .map(|(name, value)| (name.clone(), json_of(value)))
+        .collect();
+    (headers, metadata)
 }
 
 /// The status and the `x-authd-*` headers forward-auth answers for `token`.
@@ -770,6 +810,19 @@ async fn concurrent_grants_with_one_wrong_secret_refuse_that_one_only(db: TestDb
         Code::ResourceExhausted,
     );
     assert!(throttled.metadata().get("retry-after").is_some());
+    // It names what was counted (failed authentications, never logins), as it
+    // would for a client id that names no account.
+    assert_eq!(
+        throttled.message(),
+        "too many failed authentications for this service account; retry later"
+    );
+    assert!(throttled.get_details_retry_info().is_some());
+    let quota = throttled.get_details_quota_failure().expect("QuotaFailure");
+    assert_eq!(quota.violations[0].subject, "login-throttle:client");
+    assert_eq!(
+        quota.violations[0].description,
+        "failed authentications for this service account from this client"
+    );
     let mut good = good.clone();
     grant(&mut good, "orders", &secret, "", &[]).await.unwrap();
     let metrics = admin.app.handle.render_metrics();
@@ -961,4 +1014,336 @@ async fn a_replicas_copy_of_an_account_follows_changes_made_on_another() {
         grant(&mut on_b, "orders", &second, "", &[]).await,
         Code::Unauthenticated,
     );
+}
+
+/// Envoy's dynamic metadata names what the identity headers name: a service's token
+/// its account (`client_id`, `service_id`) and neither a user nor a sign-in method
+/// (`amr`); an exchanged token the user, how they signed in, and the service acting.
+async fn checks_metadata_names_a_service_as_its_headers_do(db: TestDb) {
+    let mut admin = app(&db).await;
+    let made = create(&mut admin, "orders", &["billing"], &["read"]).await;
+    let account = made.account.unwrap();
+    let mut client = admin.app.client.clone();
+    let token = grant(&mut client, "orders", &made.client_secret, "", &[])
+        .await
+        .unwrap()
+        .access_token;
+    let (headers, metadata) = check_answer(&admin, &token).await;
+    let mut names: Vec<&str> = headers.keys().map(String::as_str).collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        [
+            "x-authd-audience",
+            "x-authd-client-id",
+            "x-authd-scope",
+            "x-authd-service-id"
+        ]
+    );
+    let fields = metadata.as_object().unwrap();
+    let mut names: Vec<&str> = fields.keys().map(String::as_str).collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        ["audience", "client_id", "expires_at", "service_id"],
+        "{metadata}"
+    );
+    assert_eq!(metadata["client_id"], "orders");
+    assert_eq!(metadata["service_id"], account.id.as_str());
+    assert_eq!(metadata["audience"], serde_json::json!(["billing"]));
+    assert!(metadata["expires_at"].as_f64().unwrap() > 0.0);
+
+    // A user's token exchanged by a service: the user's claims, `amr` among them,
+    // and the service acting, as the headers have them.
+    let front = create(&mut admin, "front", &["orders"], &[]).await;
+    let user_id = admin.app.register("ada", PASSWORD).await.unwrap();
+    let login = admin.app.login("ada", PASSWORD).await.unwrap();
+    let exchanged = exchange(
+        &mut client,
+        "front",
+        &front.client_secret,
+        &login.access_token,
+        "orders",
+    )
+    .await
+    .unwrap()
+    .access_token;
+    let (headers, metadata) = check_answer(&admin, &exchanged).await;
+    assert_eq!(headers["x-authd-amr"], "pwd");
+    assert_eq!(metadata["amr"], serde_json::json!(["pwd"]), "{metadata}");
+    assert_eq!(metadata["user_id"], user_id.as_str());
+    assert_eq!(metadata["username"], "ada");
+    assert_eq!(metadata["session_id"], login.session_id.as_str());
+    assert_eq!(metadata["client_id"], "front");
+    assert!(metadata.get("service_id").is_none(), "{metadata}");
+}
+
+/// A rule keyed on the client id a grant names (`*:client-id`): one service's grants
+/// over gRPC and HTTP count in one log, and once it is over its limit its grants are
+/// refused before any check (RESOURCE_EXHAUSTED with RetryInfo and QuotaFailure;
+/// 429 over HTTP), whatever the letter case of the name, while another service is
+/// still served. On PostgreSQL the counts are in Redis when one is configured, in
+/// process otherwise (and on SQLite).
+async fn a_client_id_rule_refuses_the_service_over_it_and_serves_the_others(db: TestDb) {
+    let redis = match db.url {
+        authd::config::DatabaseUrl::Postgres(_) => redis_url("client_id_rule"),
+        authd::config::DatabaseUrl::Sqlite(_) => None,
+    };
+    let mut admin = admin_app(&db, |c| {
+        c.limits.rate_limits = Some("*:client-id=3/1h,*:peer=1000/1h".parse().unwrap());
+        if let Some(url) = &redis {
+            c.limits.redis_url = Some(url.parse().unwrap());
+            c.limits.rate_limit_prefix = unique_name("sa_client_id");
+            c.limits.redis_timeout = Duration::from_secs(10);
+        }
+    })
+    .await;
+    let backend = admin.app.handle.rate_limit_stats().backend;
+    let expected = match redis {
+        Some(_) => authd::RateLimitBackend::Redis,
+        None => authd::RateLimitBackend::Local,
+    };
+    assert_eq!(backend, expected);
+    let orders = create(&mut admin, "orders", &[], &[]).await.client_secret;
+    let stock = create(&mut admin, "stock", &[], &[]).await.client_secret;
+    let mut client = admin.app.client.clone();
+    let request = |id: &str, secret: &str| IssueServiceTokenRequest {
+        client_id: id.into(),
+        client_secret: secret.into(),
+        ..Default::default()
+    };
+
+    // Three grants of orders: two over gRPC, told what is left, one over HTTP.
+    for remaining in ["2", "1"] {
+        let answer = client
+            .issue_service_token(request("orders", &orders))
+            .await
+            .unwrap();
+        let metadata = answer.metadata();
+        assert_eq!(metadata.get("ratelimit-limit").unwrap(), "3");
+        assert_eq!(metadata.get("ratelimit-remaining").unwrap(), remaining);
+    }
+    let addr = admin.app.addr;
+    let (status, _, body) = post_form(
+        addr,
+        "/oauth2/token",
+        &basic("orders", &orders),
+        "grant_type=client_credentials",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+
+    // The fourth is refused, however it names orders, over gRPC and HTTP, with the
+    // right secret or a wrong one.
+    for (id, secret) in [
+        ("orders", orders.as_str()),
+        ("ORDERS", orders.as_str()),
+        ("orders", "authd_sa_wrong"),
+    ] {
+        let refused = expect_code(
+            client.issue_service_token(request(id, secret)).await,
+            Code::ResourceExhausted,
+        );
+        assert_eq!(refused.message(), "rate limit exceeded: *:client-id=3/1h");
+        let delay = refused
+            .get_details_retry_info()
+            .and_then(|r| r.retry_delay)
+            .expect("RetryInfo");
+        assert!(delay > Duration::ZERO && delay <= Duration::from_secs(3600));
+        let quota = refused.get_details_quota_failure().expect("QuotaFailure");
+        assert_eq!(quota.violations.len(), 1);
+        assert_eq!(quota.violations[0].subject, "*:client-id=3/1h");
+        assert_eq!(
+            quota.violations[0].description,
+            "at most 3 requests per 1h per client id"
+        );
+        assert!(refused.metadata().get("retry-after").is_some());
+    }
+    let form = format!("grant_type=client_credentials&client_id=Orders&client_secret={orders}");
+    let (status, head, body) = post_form(addr, "/oauth2/token", "", &form).await;
+    assert_eq!((status, body["error"].as_str()), (429, Some("slow_down")));
+    assert!(
+        head.to_ascii_lowercase().contains("retry-after: "),
+        "{head}"
+    );
+
+    // Another service is still served, over both.
+    client
+        .issue_service_token(request("stock", &stock))
+        .await
+        .unwrap();
+    let (status, _, body) = post_form(
+        addr,
+        "/oauth2/token",
+        &basic("stock", &stock),
+        "grant_type=client_credentials",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+
+    // The refused grants never reached a credential check: five grants, all issued.
+    let metrics = admin.app.handle.render_metrics();
+    let series = |outcome: &str| {
+        format!(r#"authd_service_grants_total{{grant="client_credentials",outcome="{outcome}"}}"#)
+    };
+    assert_eq!(metric(&metrics, &series("ok")), Some(5.0), "{metrics}");
+    assert_eq!(
+        metric(&metrics, &series("invalid_client")).unwrap_or(0.0),
+        0.0
+    );
+    assert_eq!(admin.app.handle.rate_limit_stats().refused, 4);
+}
+
+/// The audit trail of grants as the binary writes it (JSON lines, target
+/// `authd::audit`): each grant's `service_grant` event names the grant, its outcome
+/// and the account (and the user of an exchange); no line of the log holds a client
+/// secret, a wrong one, or a token (issued, exchanged or presented).
+async fn each_grant_is_audited_without_a_secret_or_a_token(db: TestDb) {
+    use crate::helpers::{TEST_KEY, TEST_KID, key_spec};
+    use authd::{config::DatabaseUrl, pb::admin::admin_service_client::AdminServiceClient};
+    let dir = tempfile::tempdir().unwrap();
+    let keys = crate::admin::keys_file();
+    let database = match &db.url {
+        DatabaseUrl::Sqlite(path) => format!("sqlite://{}", path.display()),
+        DatabaseUrl::Postgres(url) => url.expose().to_owned(),
+    };
+    let running = crate::cli::spawn_authd(
+        dir.path(),
+        &[
+            ("AUTHD_DATABASE_URL", database),
+            ("AUTHD_TOKEN_KEYS", key_spec(TEST_KID, TEST_KEY)),
+            ("AUTHD_ADMIN_LISTEN", "127.0.0.1:0".into()),
+            ("AUTHD_ADMIN_KEYS_FILE", keys.path().display().to_string()),
+        ],
+    );
+    let admin_addr = running.admin_addr.clone().expect("the admin port is on");
+    let admin = AdminServiceClient::connect(format!("http://{admin_addr}"))
+        .await
+        .unwrap();
+    let made = |name: &str, audience: &str| {
+        let request = CreateServiceAccountRequest {
+            name: name.into(),
+            audiences: vec![audience.into()],
+            with_secret: true,
+            ..Default::default()
+        };
+        let mut admin = admin.clone();
+        async move {
+            let made = admin
+                .create_service_account(with_key(request))
+                .await
+                .unwrap()
+                .into_inner();
+            (made.account.unwrap().id, made.client_secret)
+        }
+    };
+    let (orders_id, orders) = made("orders", "billing").await;
+    let (front_id, front) = made("front", "orders").await;
+    let (mut client, user_token) = running.signed_in("ada", PASSWORD).await;
+    let user_id = (client.validate_token(authd::pb::ValidateTokenRequest {
+        access_token: user_token.clone(),
+        ..Default::default()
+    }))
+    .await
+    .unwrap()
+    .into_inner()
+    .user_id;
+
+    // Issued over gRPC and HTTP; a wrong secret; an audience it may not have; an
+    // exchange of the user's token.
+    let wrong = "authd_sa_not-the-secret-0123456789";
+    let issued = grant(&mut client, "orders", &orders, "", &[])
+        .await
+        .unwrap()
+        .access_token;
+    expect_code(
+        grant(&mut client, "orders", wrong, "", &[]).await,
+        Code::Unauthenticated,
+    );
+    expect_code(
+        grant(&mut client, "orders", &orders, "stock", &[]).await,
+        Code::PermissionDenied,
+    );
+    let addr: SocketAddr = running.addr.parse().unwrap();
+    let (status, _, body) = post_form(
+        addr,
+        "/oauth2/token",
+        &basic("orders", &orders),
+        "grant_type=client_credentials",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let over_http = body["access_token"].as_str().unwrap().to_owned();
+    let exchanged = exchange(&mut client, "front", &front, &user_token, "orders")
+        .await
+        .unwrap()
+        .access_token;
+
+    let (status, log) = running.terminate().await;
+    assert!(status.success());
+    let events: Vec<Value> = (log.iter())
+        .map(|line| serde_json::from_str::<Value>(line).unwrap())
+        .filter(|e| e["target"] == "authd::audit" && e["event"] == "service_grant")
+        .collect();
+    let named = |e: &Value, field: &str| e.get(field).and_then(Value::as_str).map(str::to_owned);
+    let seen: Vec<(String, String, Option<String>, Option<String>)> = (events.iter())
+        .map(|e| {
+            (
+                named(e, "grant").unwrap(),
+                named(e, "outcome").unwrap(),
+                named(e, "service_id"),
+                named(e, "user_id"),
+            )
+        })
+        .collect();
+    let line = |grant: &str, outcome: &str, service: Option<&str>, user: Option<&str>| {
+        (
+            grant.to_owned(),
+            outcome.to_owned(),
+            service.map(str::to_owned),
+            user.map(str::to_owned),
+        )
+    };
+    let orders_id = Some(orders_id.as_str());
+    assert_eq!(
+        seen,
+        [
+            line("client_credentials", "ok", orders_id, None),
+            // The account is not named before a credential proves it.
+            line("client_credentials", "invalid_client", None, None),
+            line("client_credentials", "not_allowed", orders_id, None),
+            line("client_credentials", "ok", orders_id, None),
+            line(
+                "token_exchange",
+                "ok",
+                Some(front_id.as_str()),
+                Some(user_id.as_str())
+            ),
+        ],
+        "{events:#?}"
+    );
+    for (i, e) in events.iter().enumerate() {
+        assert_eq!(e["message"], "service account grant", "{e}");
+        assert_eq!(e["peer"], "127.0.0.1", "{e}");
+        // The gRPC calls' request ids (the token endpoint's requests carry none).
+        if i != 3 {
+            assert!(
+                e["request_id"].as_str().is_some_and(|id| !id.is_empty()),
+                "{e}"
+            );
+        }
+    }
+    let all = log.join("\n");
+    for secret in [
+        orders.as_str(),
+        front.as_str(),
+        wrong,
+        issued.as_str(),
+        over_http.as_str(),
+        exchanged.as_str(),
+        user_token.as_str(),
+        crate::admin::ADMIN_KEY,
+    ] {
+        assert!(!all.contains(secret), "{secret} was logged:\n{all}");
+    }
 }

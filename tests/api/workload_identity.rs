@@ -6,11 +6,16 @@
 //! service-account tokens. A bound token gets a service token (over HTTP and gRPC)
 //! that ValidateToken and Check accept; the wrong issuer, audience, signature,
 //! expiry or subject are refused; the keys are fetched once and again only for a
-//! new key id, at most once per refresh period. A CA bundle for https issuers that
-//! holds no certificate stops the start.
+//! new key id, at most once per refresh period. RS256 keys (what an API server
+//! signs with by default) and ES256 keys verify their tokens, each only under its
+//! own algorithm; an issuer served over https is trusted through
+//! `AUTHD_JWT_ISSUER_CA` only, and grants answer UNAVAILABLE while its certificate
+//! chains to no CA authd trusts. A CA bundle for https issuers that holds no
+//! certificate stops the start.
 
 use crate::admin::{ADMIN_KEY, Admin, admin_app};
 use crate::helpers::{TestDb, expect_code, metric};
+use crate::tls::{Ca, Pair};
 use authd::pb::{
     IssueServiceTokenRequest,
     admin::{CreateServiceAccountRequest, JwtBinding},
@@ -21,51 +26,112 @@ use rcgen::KeyPair;
 use serde_json::{Value, json};
 use std::{
     net::SocketAddr,
+    path::PathBuf,
     sync::{Arc, Mutex},
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
+use tokio_rustls::rustls;
 use tonic::{Code, Request};
 
-crate::backend_tests!(a_kubernetes_service_account_token_proves_its_account);
+crate::backend_tests!(
+    a_kubernetes_service_account_token_proves_its_account,
+    rs256_and_es256_keys_each_verify_their_own_tokens,
+    an_https_issuer_is_trusted_through_its_ca_only,
+);
 
 const AUDIENCE: &str = "https://authd.example";
 const SUBJECT: &str = "system:serviceaccount:shop:orders";
 
+/// The private half of a signing key.
+enum Private {
+    /// P-256, for ES256.
+    Ec(KeyPair),
+    /// RSA 2048, for RS256: what a Kubernetes API server signs with by default.
+    Rsa(rsa::RsaPrivateKey),
+}
+
 /// A signing key of the test's issuer, with its id.
 struct SigningKey {
     kid: String,
-    pair: KeyPair,
+    private: Private,
 }
 
 impl SigningKey {
+    /// A P-256 key (ES256).
     fn new(kid: &str) -> Self {
         Self {
             kid: kid.into(),
-            pair: KeyPair::generate().unwrap(),
+            private: Private::Ec(KeyPair::generate().unwrap()),
         }
     }
 
-    /// Its public JWK, as a Kubernetes API server lists an ES256 key.
+    /// An RSA key (RS256).
+    fn rsa(kid: &str) -> Self {
+        let key = rsa::RsaPrivateKey::new(&mut rsa::rand_core::OsRng, 2048).unwrap();
+        Self {
+            kid: kid.into(),
+            private: Private::Rsa(key),
+        }
+    }
+
+    /// The algorithm its JWK names.
+    fn algorithm(&self) -> Algorithm {
+        match self.private {
+            Private::Ec(_) => Algorithm::ES256,
+            Private::Rsa(_) => Algorithm::RS256,
+        }
+    }
+
+    /// Its public JWK, as a Kubernetes API server lists its keys.
     fn jwk(&self) -> Value {
-        let raw = self.pair.public_key_raw();
-        assert_eq!(raw[0], 4, "an uncompressed P-256 point");
-        json!({
-            "use": "sig",
-            "kty": "EC",
-            "kid": self.kid,
-            "crv": "P-256",
-            "alg": "ES256",
-            "x": URL_SAFE_NO_PAD.encode(&raw[1..33]),
-            "y": URL_SAFE_NO_PAD.encode(&raw[33..65]),
-        })
+        match &self.private {
+            Private::Ec(pair) => {
+                let raw = pair.public_key_raw();
+                assert_eq!(raw[0], 4, "an uncompressed P-256 point");
+                json!({
+                    "use": "sig",
+                    "kty": "EC",
+                    "kid": self.kid,
+                    "crv": "P-256",
+                    "alg": "ES256",
+                    "x": URL_SAFE_NO_PAD.encode(&raw[1..33]),
+                    "y": URL_SAFE_NO_PAD.encode(&raw[33..65]),
+                })
+            }
+            Private::Rsa(key) => {
+                use rsa::traits::PublicKeyParts as _;
+                json!({
+                    "use": "sig",
+                    "kty": "RSA",
+                    "kid": self.kid,
+                    "alg": "RS256",
+                    "n": URL_SAFE_NO_PAD.encode(key.n().to_bytes_be()),
+                    "e": URL_SAFE_NO_PAD.encode(key.e().to_bytes_be()),
+                })
+            }
+        }
+    }
+
+    fn encoding_key(&self) -> EncodingKey {
+        match &self.private {
+            Private::Ec(pair) => EncodingKey::from_ec_der(&pair.serialize_der()),
+            Private::Rsa(key) => {
+                use rsa::pkcs1::EncodeRsaPrivateKey as _;
+                EncodingKey::from_rsa_der(key.to_pkcs1_der().unwrap().as_bytes())
+            }
+        }
+    }
+
+    /// A token with `claims`, signed with this key by `algorithm` under `kid`.
+    fn sign_with(&self, algorithm: Algorithm, kid: &str, claims: &Value) -> String {
+        let mut header = Header::new(algorithm);
+        header.kid = Some(kid.into());
+        jsonwebtoken::encode(&header, claims, &self.encoding_key()).unwrap()
     }
 
     /// A token with `claims`, signed with this key under `kid`.
     fn sign_as(&self, kid: &str, claims: &Value) -> String {
-        let mut header = Header::new(Algorithm::ES256);
-        header.kid = Some(kid.into());
-        let key = EncodingKey::from_ec_der(&self.pair.serialize_der());
-        jsonwebtoken::encode(&header, claims, &key).unwrap()
+        self.sign_with(self.algorithm(), kid, claims)
     }
 
     fn sign(&self, claims: &Value) -> String {
@@ -107,14 +173,39 @@ struct Issuer {
     requests: Arc<Mutex<Vec<String>>>,
 }
 
+/// The issuer over plain http.
 async fn issuer() -> Issuer {
+    issuer_on(None).await
+}
+
+/// A server's TLS configuration, with the certificate (and its key) of `pair`.
+fn server_tls(pair: &Pair) -> Arc<rustls::ServerConfig> {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
+    let chain = CertificateDer::pem_slice_iter(pair.cert.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_slice(pair.key.as_bytes()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    Arc::new(config)
+}
+
+/// The issuer over https with `tls` when given (its URL `https://127.0.0.1:PORT`,
+/// as an API server is reached by address), else over plain http.
+async fn issuer_on(tls: Option<Arc<rustls::ServerConfig>>) -> Issuer {
     use axum::{Router, extract::State, http::Uri, routing::get};
     fn json_answer(value: Value) -> ([(&'static str, &'static str); 1], String) {
         ([("content-type", "application/json")], value.to_string())
     }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr: SocketAddr = listener.local_addr().unwrap();
-    let url = format!("http://{addr}");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let url = format!("{scheme}://{addr}");
     let jwks = Arc::new(Mutex::new(json!({"keys": []})));
     let requests = Arc::new(Mutex::new(Vec::new()));
     #[derive(Clone)]
@@ -133,12 +224,16 @@ async fn issuer() -> Issuer {
             "/.well-known/openid-configuration",
             get(|State(s): State<Shared>, uri: Uri| async move {
                 s.requests.lock().unwrap().push(uri.path().to_owned());
+                let jwks = s.jwks.lock().unwrap().clone();
+                let algorithms: Vec<Value> = (jwks["keys"].as_array().unwrap().iter())
+                    .map(|key| key["alg"].clone())
+                    .collect();
                 json_answer(json!({
                     "issuer": s.url,
                     "jwks_uri": format!("{}/openid/v1/jwks", s.url),
                     "response_types_supported": ["id_token"],
                     "subject_types_supported": ["public"],
-                    "id_token_signing_alg_values_supported": ["ES256"],
+                    "id_token_signing_alg_values_supported": algorithms,
                 }))
             }),
         )
@@ -150,7 +245,30 @@ async fn issuer() -> Issuer {
             }),
         )
         .with_state(shared);
-    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    match tls {
+        None => {
+            tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+        }
+        Some(tls) => {
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+            tokio::spawn(async move {
+                while let Ok((tcp, _)) = listener.accept().await {
+                    let (acceptor, router) = (acceptor.clone(), router.clone());
+                    tokio::spawn(async move {
+                        // A client that does not trust the certificate ends here.
+                        let Ok(stream) = acceptor.accept(tcp).await else {
+                            return;
+                        };
+                        let io = hyper_util::rt::TokioIo::new(stream);
+                        let service = hyper_util::service::TowerToHyperService::new(router);
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(io, service)
+                            .await;
+                    });
+                }
+            });
+        }
+    }
     Issuer {
         url,
         jwks,
@@ -168,6 +286,42 @@ impl Issuer {
         let requests = self.requests.lock().unwrap();
         requests.iter().filter(|p| *p == "/openid/v1/jwks").count()
     }
+
+    /// Requests it answered, of either document.
+    fn requests(&self) -> usize {
+        self.requests.lock().unwrap().len()
+    }
+}
+
+/// An app that trusts `issuer`'s tokens (its keys fetched at most once an hour),
+/// and the issuer's certificate when it chains to the CAs of `ca`.
+async fn app_for(db: &TestDb, issuer: &Issuer, ca: Option<PathBuf>) -> Admin {
+    let url = issuer.url.clone();
+    admin_app(db, |c| {
+        c.oidc.jwt_issuers = vec![(url, AUDIENCE.into())];
+        c.oidc.jwt_issuer_ca = ca;
+        c.oidc.jwt_issuer_refresh = Duration::from_secs(3600);
+    })
+    .await
+}
+
+/// The account `orders`, bound to `SUBJECT` of `issuer`; its id.
+async fn bind_orders(admin: &mut Admin, issuer: &Issuer) -> String {
+    let created = admin
+        .client
+        .create_service_account(with_key(CreateServiceAccountRequest {
+            name: "orders".into(),
+            audiences: vec!["billing".into()],
+            jwt_bindings: vec![JwtBinding {
+                issuer: issuer.url.clone(),
+                subject: SUBJECT.into(),
+            }],
+            ..Default::default()
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    created.account.unwrap().id
 }
 
 fn with_key<T>(message: T) -> Request<T> {
@@ -366,5 +520,142 @@ async fn an_issuer_ca_that_holds_no_certificate_stops_the_start() {
             "--jwt-issuer-ca (AUTHD_JWT_ISSUER_CA) {}: no PEM certificate in the file",
             path.display()
         )
+    );
+}
+
+/// RS256 is what a Kubernetes API server signs projected tokens with by default;
+/// ES256 keys sit beside RSA ones in one JWKS. Each key verifies its own tokens
+/// under the algorithm it names, and no other: a token naming an RSA key's id with
+/// ES256, PS256, RS512 or HS256 (its public modulus as the HMAC secret) is refused.
+async fn rs256_and_es256_keys_each_verify_their_own_tokens(db: TestDb) {
+    let issuer = issuer().await;
+    let rsa = SigningKey::rsa("rsa-1");
+    let ec = SigningKey::new("ec-1");
+    issuer.publish(&[&rsa, &ec]);
+    let mut admin = app_for(&db, &issuer, None).await;
+    let account = bind_orders(&mut admin, &issuer).await;
+    let claims = projected(&issuer.url, AUDIENCE, SUBJECT, now() + 3600);
+
+    // RS256, over gRPC and HTTP.
+    let token = grant_grpc(&admin, &rsa.sign(&claims)).await.unwrap();
+    let valid = admin.app.validate(&token).await.unwrap();
+    assert!(valid.service);
+    assert_eq!(
+        (valid.client_id.as_str(), valid.user_id.as_str()),
+        ("orders", account.as_str())
+    );
+    let (status, body) = grant_http(admin.app.addr, &rsa.sign(&claims)).await;
+    assert_eq!(status, 200, "{body}");
+    admin
+        .app
+        .validate(body["access_token"].as_str().unwrap())
+        .await
+        .unwrap();
+    // ES256 beside it.
+    let token = grant_grpc(&admin, &ec.sign(&claims)).await.unwrap();
+    assert!(admin.app.validate(&token).await.unwrap().service);
+
+    // The key fixes the algorithm, never the token.
+    let modulus = {
+        use rsa::traits::PublicKeyParts as _;
+        let Private::Rsa(key) = &rsa.private else {
+            unreachable!()
+        };
+        URL_SAFE_NO_PAD.encode(key.n().to_bytes_be())
+    };
+    let mut hmac = Header::new(Algorithm::HS256);
+    hmac.kid = Some("rsa-1".into());
+    let refused = [
+        // The EC key's signature under the RSA key's id.
+        ec.sign_as("rsa-1", &claims),
+        // The RSA key under other RSA algorithms.
+        rsa.sign_with(Algorithm::PS256, "rsa-1", &claims),
+        rsa.sign_with(Algorithm::RS512, "rsa-1", &claims),
+        // The RSA key's published modulus as an HMAC secret.
+        jsonwebtoken::encode(
+            &hmac,
+            &claims,
+            &EncodingKey::from_secret(modulus.as_bytes()),
+        )
+        .unwrap(),
+        // Another RSA key under the same id.
+        SigningKey::rsa("rsa-1").sign(&claims),
+    ];
+    for (i, assertion) in refused.iter().enumerate() {
+        let status = expect_code(grant_grpc(&admin, assertion).await, Code::Unauthenticated);
+        assert_eq!(status.message(), "invalid client credentials", "{i}");
+    }
+    // Every key came with the one fetch.
+    assert_eq!(issuer.jwks_fetches(), 1);
+}
+
+/// An API server serves its discovery document and JWKS over https, with a
+/// certificate of the cluster's own CA: authd fetches them trusting the CAs of
+/// `AUTHD_JWT_ISSUER_CA`. Without it (the Mozilla roots) or with another CA, the
+/// handshake fails, no document is read, and a grant with the issuer's token
+/// answers UNAVAILABLE (over HTTP 503), so the service retries.
+async fn an_https_issuer_is_trusted_through_its_ca_only(db: TestDb) {
+    let cluster = Ca::new("kubernetes");
+    let issuer = issuer_on(Some(server_tls(&cluster.server(2040)))).await;
+    assert!(
+        issuer.url.starts_with("https://127.0.0.1:"),
+        "{}",
+        issuer.url
+    );
+    let key = SigningKey::rsa("k1");
+    issuer.publish(&[&key]);
+    let files = tempfile::tempdir().unwrap();
+    let trusted = files.path().join("ca.crt");
+    std::fs::write(&trusted, cluster.pem()).unwrap();
+    let other = files.path().join("other-ca.crt");
+    std::fs::write(&other, Ca::new("another cluster").pem()).unwrap();
+    let assertion = key.sign(&projected(&issuer.url, AUDIENCE, SUBJECT, now() + 3600));
+
+    let mut admin = app_for(&db, &issuer, Some(trusted)).await;
+    let account = bind_orders(&mut admin, &issuer).await;
+    let token = grant_grpc(&admin, &assertion).await.unwrap();
+    let valid = admin.app.validate(&token).await.unwrap();
+    assert_eq!(
+        (valid.client_id.as_str(), valid.user_id.as_str()),
+        ("orders", account.as_str())
+    );
+    let (status, body) = grant_http(admin.app.addr, &assertion).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(issuer.jwks_fetches(), 1);
+    let series =
+        |outcome: &str| format!(r#"authd_jwt_issuer_fetches_total{{outcome="{outcome}"}}"#);
+    let metrics = admin.app.handle.render_metrics();
+    assert_eq!(metric(&metrics, &series("ok")), Some(1.0), "{metrics}");
+
+    let answered = issuer.requests();
+    for ca in [None, Some(other)] {
+        let shown = format!("{ca:?}");
+        let refusing = app_for(&db, &issuer, ca).await;
+        let status = expect_code(grant_grpc(&refusing, &assertion).await, Code::Unavailable);
+        assert_eq!(
+            status.message(),
+            "service unavailable: the external issuer's keys cannot be fetched",
+            "{shown}"
+        );
+        let (status, body) = grant_http(refusing.app.addr, &assertion).await;
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (503, Some("temporarily_unavailable")),
+            "{shown}"
+        );
+        // The one fetch failed at the handshake: nothing was read, and the next
+        // grant did not ask again within the refresh period.
+        let metrics = refusing.app.handle.render_metrics();
+        assert_eq!(
+            metric(&metrics, &series("error")),
+            Some(1.0),
+            "{shown}: {metrics}"
+        );
+        assert_eq!(metric(&metrics, &series("ok")), None, "{shown}");
+    }
+    assert_eq!(
+        issuer.requests(),
+        answered,
+        "no request past a refused handshake"
     );
 }

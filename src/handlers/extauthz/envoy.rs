@@ -180,9 +180,11 @@ impl AuthorizationApi {
 }
 
 /// The token's claims, for Envoy's `dynamic_metadata` (under the ext_authz
-/// filter's namespace): `user_id`, `username`, `session_id`, `amr`, `audience`,
-/// `expires_at` (Unix seconds). `values` are the token's identity header values
-/// (`identity_values`), shared rather than copied where they are the same.
+/// filter's namespace): `client_id` and `service_id` of a service, `user_id`,
+/// `username`, `session_id` and `amr` of a user, `audience`, `expires_at` (Unix
+/// seconds). `values` are the token's identity header values (`identity_values`),
+/// shared rather than copied where they are the same: a field is set exactly when
+/// its header is, so a service's token names no user and no sign-in method.
 fn claims(token: VerifiedToken, values: &[Option<Bytes>; IDENTITY_HEADERS]) -> Struct {
     let text = |value: Bytes| Kind::String(value);
     let list = |items: Vec<String>| {
@@ -203,7 +205,7 @@ fn claims(token: VerifiedToken, values: &[Option<Bytes>; IDENTITY_HEADERS]) -> S
         user_id,
         username,
         session_id,
-        _,
+        amr,
         _,
         client_id,
         service_id,
@@ -225,7 +227,11 @@ fn claims(token: VerifiedToken, values: &[Option<Bytes>; IDENTITY_HEADERS]) -> S
     if let Some(session_id) = session_id {
         fields.push(Field::new("session_id", text(session_id.clone())));
     }
-    fields.push(Field::new("amr", list(token.amr)));
+    // As its header: a user's sign-in methods, never a service's (whose token has
+    // no `amr`, read as `pwd` for users' tokens issued before it existed).
+    if amr.is_some() {
+        fields.push(Field::new("amr", list(token.amr)));
+    }
     fields.push(Field::new("audience", list(token.audience)));
     fields.push(Field::new("expires_at", Kind::Number(expires_at)));
     Struct { fields }
