@@ -17,7 +17,8 @@
 # Usage: bench/service-accounts.sh
 # Environment: BENCH_CONCURRENCY [100], BENCH_DURATION [10], BENCH_WARMUP [3],
 #   BENCH_ROUNDS [2], BENCH_ACCOUNTS [8], BENCH_USERS [100] (the users whose tokens
-#   are exchanged or validated, and the service tokens validated).
+#   are exchanged or validated, and the service tokens validated), BENCH_LOG [info,
+#   authd's default: an audit event per grant; warn leaves them out].
 # Prints a Markdown table on stdout. The admin key is passed to authbench in its
 # environment (AUTHBENCH_ADMIN_KEY), never on a command line.
 set -euo pipefail
@@ -44,8 +45,11 @@ export AUTHBENCH_ADMIN_KEY
     "$(printf '%s' "$AUTHBENCH_ADMIN_KEY" | sha256sum | cut -d' ' -f1)" >"$WORK/admin-keys")
 ADMIN_PORT=$(free_port)
 
+# authd's own log level (info): each grant writes its audit event, as it does for
+# users of the defaults.
 start_pinned "$AUTHD" "sqlite://$WORK/authd.db" \
-    AUTHD_ADMIN_LISTEN="127.0.0.1:$ADMIN_PORT" AUTHD_ADMIN_KEYS_FILE="$WORK/admin-keys"
+    AUTHD_ADMIN_LISTEN="127.0.0.1:$ADMIN_PORT" AUTHD_ADMIN_KEYS_FILE="$WORK/admin-keys" \
+    AUTHD_LOG="${BENCH_LOG:-info}"
 
 # measure SCENARIO [PROTOCOL]: "QPS P99" of its successful answers.
 measure() {
