@@ -267,7 +267,28 @@ pub(crate) const AUTH_SERVICE: &str = AUTH;
 #[derive(Debug, Clone)]
 pub struct RequestId(pub(crate) HeaderValue);
 
+/// The metadata key of the request id, in requests and responses.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+/// Longer ids sent by a client are replaced: an id is for finding lines in logs.
+const MAX_REQUEST_ID_LEN: usize = 128;
+
 impl RequestId {
+    /// The id of a request with `headers`: its client's (`x-request-id`) when it is
+    /// a sane one, else a new UUIDv7.
+    pub fn of(headers: &http::HeaderMap) -> Self {
+        if let Some(value) = headers.get(REQUEST_ID_HEADER) {
+            let bytes = value.as_bytes();
+            if (1..=MAX_REQUEST_ID_LEN).contains(&bytes.len())
+                && bytes.iter().all(|b| b.is_ascii_graphic())
+            {
+                return Self(value.clone());
+            }
+        }
+        let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
+        let id = uuid::Uuid::now_v7().hyphenated().encode_lower(&mut buf);
+        Self(HeaderValue::from_str(id).expect("a UUID is a valid header value"))
+    }
+
     pub fn as_str(&self) -> &str {
         // Only ever built from visible ASCII (checked, or a UUID).
         self.0.to_str().unwrap_or_default()

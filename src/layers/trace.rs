@@ -30,7 +30,9 @@ use crate::{
     metrics::{CODE_NAMES, Metrics},
     middleware::{BoxFuture, Middleware, MiddlewareLayer, Request, Response},
     otel::{self, Traces},
-    rpc::{self, AuthzDecision, ClientIdentity, Protocol, RequestId, Rpc, UserId},
+    rpc::{
+        self, AuthzDecision, ClientIdentity, Protocol, REQUEST_ID_HEADER, RequestId, Rpc, UserId,
+    },
 };
 use http::HeaderValue;
 use opentelemetry::{
@@ -47,10 +49,6 @@ use std::{
 use tonic::transport::server::TcpConnectInfo;
 use tower::Service;
 
-/// The metadata key of the request id, in requests and responses.
-pub const REQUEST_ID_HEADER: &str = "x-request-id";
-/// Longer ids sent by a client are replaced: an id is for finding lines in logs.
-const MAX_REQUEST_ID_LEN: usize = 128;
 /// Unknown paths are logged with at most this much of the path.
 const MAX_LOGGED_PATH: usize = 128;
 
@@ -86,7 +84,7 @@ impl Middleware for Trace {
         let rpc = Rpc::of_path(path);
         let protocol = Protocol::of(req.extensions());
         let unknown_path = (rpc == Rpc::Unknown).then(|| truncated(path).to_owned());
-        let request_id = request_id(req.headers());
+        let request_id = RequestId::of(req.headers()).0;
         let peer = req
             .extensions()
             .get::<TcpConnectInfo>()
@@ -291,21 +289,6 @@ impl Drop for Pending {
     fn drop(&mut self) {
         self.finish(CODE_CANCELLED, None);
     }
-}
-
-/// The client's id when it is a sane one, else a new UUIDv7.
-fn request_id(headers: &http::HeaderMap) -> HeaderValue {
-    if let Some(value) = headers.get(REQUEST_ID_HEADER) {
-        let bytes = value.as_bytes();
-        if (1..=MAX_REQUEST_ID_LEN).contains(&bytes.len())
-            && bytes.iter().all(|b| b.is_ascii_graphic())
-        {
-            return value.clone();
-        }
-    }
-    let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
-    let id = uuid::Uuid::now_v7().hyphenated().encode_lower(&mut buf);
-    HeaderValue::from_str(id).expect("a UUID is a valid header value")
 }
 
 /// Marks the response headers whose values differ from one response to the next

@@ -93,4 +93,20 @@ pub(crate) fn router(endpoints: Endpoints) -> axum::Router {
         .fallback(form::not_found)
         .with_state(endpoints)
         .merge(crate::token::jwks_router(key_ring))
+        .layer(axum::middleware::from_fn(with_request_id))
+}
+
+/// Gives every request an id, as RPCs have one (its client's `x-request-id` when it
+/// is a sane one, else a new one): in its extensions for the audit trail, and in the
+/// answer's `x-request-id`.
+async fn with_request_id(
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let id = crate::rpc::RequestId::of(request.headers());
+    let header = id.0.clone();
+    request.extensions_mut().insert(id);
+    let mut response = next.run(request).await;
+    (response.headers_mut()).insert(crate::rpc::REQUEST_ID_HEADER, header);
+    response
 }

@@ -1265,14 +1265,22 @@ async fn each_grant_is_audited_without_a_secret_or_a_token(db: TestDb) {
         Code::PermissionDenied,
     );
     let addr: SocketAddr = running.addr.parse().unwrap();
-    let (status, _, body) = post_form(
+    let (status, head, body) = post_form(
         addr,
         "/oauth2/token",
-        &basic("orders", &orders),
+        &format!(
+            "{}X-Request-Id: grant-over-http\r\n",
+            basic("orders", &orders)
+        ),
         "grant_type=client_credentials",
     )
     .await;
     assert_eq!(status, 200, "{body}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("\r\nx-request-id: grant-over-http\r\n"),
+        "{head}"
+    );
     let over_http = body["access_token"].as_str().unwrap().to_owned();
     let exchanged = exchange(&mut client, "front", &front, &user_token, "orders")
         .await
@@ -1325,8 +1333,10 @@ async fn each_grant_is_audited_without_a_secret_or_a_token(db: TestDb) {
     for (i, e) in events.iter().enumerate() {
         assert_eq!(e["message"], "service account grant", "{e}");
         assert_eq!(e["peer"], "127.0.0.1", "{e}");
-        // The gRPC calls' request ids (the token endpoint's requests carry none).
-        if i != 3 {
+        // Every call's request id, the token endpoint's the one its client sent.
+        if i == 3 {
+            assert_eq!(e["request_id"], "grant-over-http", "{e}");
+        } else {
             assert!(
                 e["request_id"].as_str().is_some_and(|id| !id.is_empty()),
                 "{e}"
