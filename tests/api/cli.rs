@@ -147,8 +147,19 @@ async fn migrate_creates_the_schema_and_exits() {
 }
 
 /// A running `authd` binary with its stderr lines.
+/// A server process, killed when dropped: a test that fails before it stops its
+/// server leaves none running.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 pub(crate) struct Running {
-    child: std::process::Child,
+    child: KillOnDrop,
     lines: mpsc::Receiver<String>,
     /// Lines read so far.
     log: Vec<String>,
@@ -251,19 +262,21 @@ pub(crate) fn spawn_authd_command(
             format!("sqlite://{}", dir.join("s.db").display()),
         );
     }
-    let mut child = command
-        .env("AUTHD_LISTEN", "127.0.0.1:0")
-        .env("AUTHD_METRICS_LISTEN", "127.0.0.1:0")
-        .env("AUTHD_HEALTH_LISTEN", "127.0.0.1:0")
-        .env("AUTHD_PBKDF2_ITERATIONS", "1000")
-        .env("AUTHD_LOG_FORMAT", "json")
-        .envs(envs.iter().map(|(k, v)| (k, v)))
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = KillOnDrop(
+        command
+            .env("AUTHD_LISTEN", "127.0.0.1:0")
+            .env("AUTHD_METRICS_LISTEN", "127.0.0.1:0")
+            .env("AUTHD_HEALTH_LISTEN", "127.0.0.1:0")
+            .env("AUTHD_PBKDF2_ITERATIONS", "1000")
+            .env("AUTHD_LOG_FORMAT", "json")
+            .envs(envs.iter().map(|(k, v)| (k, v)))
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let (lines_tx, lines) = mpsc::channel::<String>();
-    let stderr = child.stderr.take().unwrap();
+    let stderr = child.0.stderr.take().unwrap();
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             let _ = lines_tx.send(line);
@@ -333,12 +346,12 @@ impl Running {
     /// Sends SIGTERM and waits for the exit; returns the whole log.
     pub(crate) async fn terminate(mut self) -> (std::process::ExitStatus, Vec<String>) {
         let killed = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
+            .args(["-TERM", &self.child.0.id().to_string()])
             .status()
             .unwrap();
         assert!(killed.success());
         let mut child = self.child;
-        let status = tokio::task::spawn_blocking(move || child.wait())
+        let status = tokio::task::spawn_blocking(move || child.0.wait())
             .await
             .unwrap()
             .unwrap();
@@ -441,7 +454,7 @@ async fn the_runtime_threads_run_below_probes_above_hashing_and_as_a_batch_if_as
         let running = spawn_authd(dir.path(), &envs);
         // A registration and a login: the runtime has hashed and used the database.
         running.signed_in("nadia", "a fine password").await;
-        let threads = threads_of(running.child.id());
+        let threads = threads_of(running.child.0.id());
         let of = |prefix: &str| -> Vec<(i64, u32)> {
             let found: Vec<_> = threads
                 .iter()
