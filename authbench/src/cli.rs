@@ -18,7 +18,9 @@ use std::{path::PathBuf, time::Duration};
 /// of them to an authd server, and reports throughput, latency percentiles (from an
 /// HdrHistogram) and the count of every gRPC status code and client-side error.
 /// With --protocol http it loads an HTTP/1.1 JSON service instead (the report's
-/// service that authd replaces, bench/report-service), reported the same way.
+/// service that authd replaces, bench/report-service), reported the same way. The
+/// events scenario subscribes instead: it counts the account events WatchEvents
+/// streams to one subscriber, from the first one written.
 ///
 /// Closed loop (--concurrency): that many requests are always in flight. Open loop
 /// (--rate): requests go out on a fixed schedule whatever the answers, and latency
@@ -75,7 +77,8 @@ pub struct Args {
     #[arg(long)]
     pub tls_server_name: Option<String>,
 
-    /// Closed loop: keep this many requests in flight [default: 50].
+    /// Closed loop: keep this many requests in flight [default: 50; events: its one
+    /// subscriber].
     #[arg(short, long, conflicts_with = "rate")]
     pub concurrency: Option<usize>,
 
@@ -91,7 +94,7 @@ pub struct Args {
 
     /// Stop after this many measured requests (after the warm-up). In a closed loop each
     /// client's first measured request is one of them: -c N -n N sends N requests at
-    /// once, one per client, and no more.
+    /// once, one per client, and no more. events: after this many events received.
     #[arg(short = 'n', long, conflicts_with = "duration")]
     pub requests: Option<u64>,
 
@@ -104,7 +107,9 @@ pub struct Args {
     pub warmup: Duration,
 
     /// Per-request deadline, sent to the server as the gRPC timeout (over http the
-    /// client gives up at it and closes that connection).
+    /// client gives up at it and closes that connection). events: the longest wait
+    /// for the next event; the run ends there, recorded as a timeout (the backlog was
+    /// shorter than -n asked).
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
 
@@ -142,8 +147,9 @@ pub struct Args {
 
     /// authd's admin port (http://HOST:PORT, AUTHD_ADMIN_LISTEN), where the grant,
     /// exchange and validate-service scenarios first create their service accounts
-    /// (audience and scope authbench, one client secret each), with the admin key in
-    /// the environment variable AUTHBENCH_ADMIN_KEY (never on the command line).
+    /// (audience and scope authbench, one client secret each), and where events
+    /// watches the account events (a read key is enough), with the admin key in the
+    /// environment variable AUTHBENCH_ADMIN_KEY (never on the command line).
     #[arg(long, value_name = "URL")]
     pub admin: Option<String>,
 
@@ -214,10 +220,15 @@ impl Args {
             server_name: self.tls_server_name.clone(),
         };
         let target = normalize_target(&self.target, tls.is_set())?;
+        // The events scenario has one subscriber.
+        let default_concurrency = match self.scenario {
+            Scenario::Events => 1,
+            _ => DEFAULT_CONCURRENCY,
+        };
         let load = match (self.rate, self.concurrency) {
             (Some(rate), _) => Load::Open { rate },
             (None, concurrency) => Load::Closed {
-                concurrency: concurrency.unwrap_or(DEFAULT_CONCURRENCY),
+                concurrency: concurrency.unwrap_or(default_concurrency),
             },
         };
         let stop = match (self.requests, self.duration) {
@@ -458,6 +469,16 @@ mod tests {
             (&["login", "--threads", "0"][..], "--threads"),
             (&["dance"][..], "dance"),
             (&["grant"][..], "--admin"),
+            (&["events"][..], "--admin"),
+            (
+                &["events", "-c", "2", "--admin", "http://x:1"][..],
+                "one subscriber",
+            ),
+            (
+                &["events", "--rate", "5", "--admin", "http://x:1"][..],
+                "one subscriber",
+            ),
+            (&["events", "--protocol", "json"][..], "not events"),
             (&["validate-service"][..], "--admin"),
             (&["exchange", "--admin", "https://x:1"][..], "plaintext"),
             (
@@ -502,6 +523,16 @@ mod tests {
             let err = parse(args).unwrap_err();
             assert!(err.contains(why), "{args:?}: {err}");
         }
+    }
+
+    #[test]
+    fn events_has_one_subscriber_by_default() {
+        // Refused only for the key the environment lacks (AUTHBENCH_ADMIN_KEY): the
+        // load, one subscriber, is not what is refused.
+        let err = parse(&["events", "--admin", "http://127.0.0.1:9", "-n", "1000"]).unwrap_err();
+        assert!(err.contains("AUTHBENCH_ADMIN_KEY"), "{err}");
+        let err = parse(&["events", "--admin", "http://127.0.0.1:9", "-c", "1"]).unwrap_err();
+        assert!(err.contains("AUTHBENCH_ADMIN_KEY"), "{err}");
     }
 
     #[test]

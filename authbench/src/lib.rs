@@ -2,10 +2,10 @@
 //!
 //! This package owns everything that *measures* authd from the outside, and speaks
 //! to it only through the gRPC clients generated from authd's protos (the admin
-//! API's only to create service accounts before a run; and the standard
-//! health client, Envoy's rate limit client for the ratelimit scenario and its
-//! external authorization client for the check scenario, from the `envoy-types`
-//! crate); nothing in the server depends on it. It also loads the service
+//! API's only to create service accounts before a run and to watch the account
+//! events; and the standard health client, Envoy's rate limit client for the
+//! ratelimit scenario and its external authorization client for the check
+//! scenario, from the `envoy-types` crate); nothing in the server depends on it. It also loads the service
 //! authd replaces, the report's FastAPI one kept in `bench/report-service/` as the
 //! benchmark's comparator, over HTTP/1.1 with JSON (`--protocol http`), and reports
 //! it in the same shape. It is a library (not only a binary) so that its tests drive
@@ -14,11 +14,12 @@
 //! - [`cli`]: the `authbench` command line, checked and turned into a [`Plan`].
 //! - [`protocol`]: gRPC (authd) or HTTP/1.1 JSON (the report's service).
 //! - [`scenario`]: the operations (health, register, login, validate, refresh,
-//!   ratelimit, check, grant, exchange), the weighted mix that decides which one each request is,
-//!   and the descriptors a ratelimit request asks.
+//!   ratelimit, check, grant, exchange; and the events the events scenario
+//!   receives), the weighted mix that decides which one each request is, and the
+//!   descriptors a ratelimit request asks.
 //! - [`schedule`]: the open-loop send schedule and the default connection count.
 //! - [`runner`]: connects, prepares users and tokens, drives the closed or open loop
-//!   and records every outcome.
+//!   (or, for events, watches the admin port's stream) and records every outcome.
 //! - [`report`]: the histogram-backed [`Recorder`](report::Recorder), the arithmetic
 //!   (QPS, percentiles, success rate) and the table / JSON renderings.
 //!

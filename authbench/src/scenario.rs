@@ -38,10 +38,14 @@ pub enum Operation {
     /// `IssueServiceToken` exchanging a user's token from setup for the bench
     /// audience, as a service account created during setup (RFC 8693).
     Exchange,
+    /// One account event received by the events scenario's subscriber (WatchEvents
+    /// on the admin port). Not a request: it is counted as one, its latency the
+    /// wait since the event before it, and it is never part of a mix.
+    Event,
 }
 
 impl Operation {
-    pub const ALL: [Operation; 9] = [
+    pub const ALL: [Operation; 10] = [
         Operation::Health,
         Operation::Register,
         Operation::Login,
@@ -51,6 +55,7 @@ impl Operation {
         Operation::Check,
         Operation::Grant,
         Operation::Exchange,
+        Operation::Event,
     ];
 
     /// A dense index, for per-operation arrays.
@@ -69,11 +74,15 @@ impl Operation {
             Operation::Check => "check",
             Operation::Grant => "grant",
             Operation::Exchange => "exchange",
+            Operation::Event => "event",
         }
     }
 
+    /// The operation a mix names: a request (an event is streamed, never asked for).
     fn from_name(name: &str) -> Option<Self> {
-        Operation::ALL.into_iter().find(|op| op.name() == name)
+        (Operation::ALL.into_iter())
+            .filter(|op| *op != Operation::Event)
+            .find(|op| op.name() == name)
     }
 }
 
@@ -111,6 +120,11 @@ pub enum Scenario {
     /// Token exchanges of users' tokens from logins done first, by service accounts
     /// created first through the admin API (see --admin, --accounts).
     Exchange,
+    /// The account events already written, streamed to one subscriber: WatchEvents
+    /// on the admin port (see --admin) from the first event, each event counted as
+    /// a request (-n: how many to receive), its latency the wait since the one
+    /// before it.
+    Events,
     /// A weighted mix of the above (see --mix).
     Mixed,
 }
@@ -128,6 +142,7 @@ impl Scenario {
             Scenario::Check => "check",
             Scenario::Grant => "grant",
             Scenario::Exchange => "exchange",
+            Scenario::Events => "events",
             Scenario::Mixed => "mixed",
         }
     }
@@ -144,7 +159,17 @@ impl Scenario {
             Scenario::Check => Mix::only(Operation::Check),
             Scenario::Grant => Mix::only(Operation::Grant),
             Scenario::Exchange => Mix::only(Operation::Exchange),
+            Scenario::Events => Mix::only(Operation::Event),
             Scenario::Mixed => mixed.clone(),
+        }
+    }
+
+    /// What the scenario counts, and its rate's unit: requests, or for events the
+    /// events received.
+    pub fn counts(self) -> (&'static str, &'static str) {
+        match self {
+            Scenario::Events => ("events", "events/s"),
+            _ => ("requests", "req/s"),
         }
     }
 }
@@ -299,6 +324,7 @@ mod tests {
             ("login=0", "at least one positive"),
             ("login", "OPERATION=WEIGHT"),
             ("logout=1", "unknown operation"),
+            ("event=1", "unknown operation"),
             ("login=1,login=2", "twice"),
             ("login=-1", "whole number"),
             ("login=x", "whole number"),
@@ -341,6 +367,9 @@ mod tests {
         let mixed: Mix = Mix::DEFAULT.parse().unwrap();
         assert_eq!(Scenario::Login.mix(&mixed).wheel(), [Operation::Login]);
         assert_eq!(Scenario::Health.mix(&mixed).wheel(), [Operation::Health]);
+        assert_eq!(Scenario::Events.mix(&mixed).wheel(), [Operation::Event]);
+        assert_eq!(Scenario::Events.counts(), ("events", "events/s"));
+        assert_eq!(Scenario::Login.counts(), ("requests", "req/s"));
         assert_eq!(Scenario::Mixed.mix(&mixed), mixed);
     }
 }

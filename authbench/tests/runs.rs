@@ -384,6 +384,68 @@ async fn service_account_scenarios_account_for_every_request() {
     assert!(!err.contains("wrong admin key"), "{err}");
 }
 
+#[tokio::test]
+async fn the_events_scenario_counts_each_event_of_the_backlog_once() {
+    use std::io::Write as _;
+    // A read key is enough for WatchEvents.
+    const KEY: &str = "0123456789abcdef0123456789abcdef-events";
+    let mut keys = tempfile::NamedTempFile::new().unwrap();
+    writeln!(keys, "bench read {}", authd_digest_hex(KEY.as_bytes())).unwrap();
+    let path = keys.path().to_owned();
+    let app = spawn_app_with(|c| {
+        c.admin.admin_listen = "127.0.0.1:0".parse().unwrap();
+        c.admin.admin_keys_file = Some(path);
+    })
+    .await;
+    let admin = format!("http://{}", app.admin.expect("the admin port is on"));
+    // The backlog: 30 registrations, an event each.
+    let register = plan(
+        &app,
+        Scenario::Register,
+        Load::Closed { concurrency: 4 },
+        Stop::Requests(30),
+    );
+    assert_all_ok(&bench::run(&register).await.expect("the run completes"), 30);
+
+    let watch = |stop| {
+        let mut plan = plan(
+            &app,
+            Scenario::Events,
+            Load::Closed { concurrency: 1 },
+            stop,
+        );
+        plan.admin = Some(admin.clone());
+        plan.admin_key = Some(KEY.into());
+        plan
+    };
+    let report = bench::run(&watch(Stop::Requests(30)))
+        .await
+        .expect("the run completes");
+    assert_all_ok(&report, 30);
+    assert_eq!(report.scenario, Scenario::Events);
+    assert!(
+        report.to_text().contains("30 events"),
+        "{}",
+        report.to_text()
+    );
+
+    // Asked for more than there are: the 30 are counted, then the wait for the
+    // next ends the run as a timeout, not a hang.
+    let mut more = watch(Stop::Requests(40));
+    more.timeout = Duration::from_millis(300);
+    let report = bench::run(&more).await.expect("the run completes");
+    assert_accounted(&report, 31);
+    assert_eq!(report.codes.get(Code::Ok), 30, "{}", report.to_text());
+    assert_eq!(report.client_errors.timeout, 1, "{}", report.to_text());
+
+    // A wrong key: refused before anything is counted, and never shown.
+    let mut wrong = watch(Stop::Requests(1));
+    wrong.admin_key = Some("a wrong admin key of thirty-two bytes".into());
+    let err = format!("{:#}", bench::run(&wrong).await.unwrap_err());
+    assert!(err.contains("UNAUTHENTICATED"), "{err}");
+    assert!(!err.contains("wrong admin key"), "{err}");
+}
+
 /// The SHA-256 of `bytes` in hex, as authd's keys files hold a secret.
 fn authd_digest_hex(bytes: &[u8]) -> String {
     use sha2::Digest as _;

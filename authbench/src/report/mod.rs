@@ -439,9 +439,11 @@ impl Report {
                 if n == 1 { "" } else { "es" }
             );
         }
+        // Requests, or the events of the events scenario.
+        let (counted, per) = self.scenario.counts();
         let _ = writeln!(
             out,
-            "measured:    {} requests in {:.2} s (after a {} warm-up of {} requests)",
+            "measured:    {} {counted} in {:.2} s (after a {} warm-up of {} {counted})",
             self.requests,
             self.elapsed_s,
             humantime::format_duration(Duration::from_secs_f64(self.warmup_s)),
@@ -449,16 +451,21 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "throughput:  {:.1} req/s ({:.1} req/s successful)",
+            "throughput:  {:.1} {per} ({:.1} {per} successful)",
             self.qps, self.ok_qps
         );
         let _ = writeln!(out, "success:     {}", percent(self.success_rate));
         out.push('\n');
 
+        // An event's "latency" is the wait since the event before it.
+        let heading = match self.scenario {
+            Scenario::Events => "wait (ms)",
+            _ => "latency (ms)",
+        };
         let _ = writeln!(
             out,
-            "{:<18} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
-            "latency (ms)", "avg", "min", "p50", "p90", "p99", "p99.9", "max"
+            "{heading:<18} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "avg", "min", "p50", "p90", "p99", "p99.9", "max"
         );
         let mut row = |name: &str, latency: &Option<Latency>| {
             let _ = match latency {
@@ -482,6 +489,12 @@ impl Report {
                 out,
                 "(sent late: how long after its due time the client started each request; \
                  part of the latencies above)"
+            );
+        }
+        if self.scenario == Scenario::Events {
+            let _ = writeln!(
+                out,
+                "(wait: from the event before, or for the first from the subscription)"
             );
         }
         out.push('\n');
@@ -508,7 +521,7 @@ impl Report {
             }
         }
         if self.requests == 0 {
-            let _ = writeln!(out, "(no requests measured)");
+            let _ = writeln!(out, "(no {counted} measured)");
         }
         if let Some(e) = &self.first_client_error {
             let _ = writeln!(out, "first client error: {e}");

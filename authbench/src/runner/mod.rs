@@ -17,6 +17,9 @@
 //!    request sent after it is recorded exactly once, with its status code or
 //!    client-side error.
 //!
+//! The events scenario has no load: after step 1 it subscribes to the admin port's
+//! WatchEvents and counts what the stream brings (`events`).
+//!
 //! The client must never be the bottleneck (in the suite it has a single core): the
 //! channels are built once and shared, requests are plain structs, operations come
 //! from a precomputed wheel, and the only per-request synchronization is a handful of
@@ -26,6 +29,8 @@
 //! - `plan`: the [`Plan`] (what a run is asked to do) and its check;
 //! - `check`: Envoy's Check as the load sends it, prepared once and read lean;
 //! - `connect`: the connections, and the wait until the target is SERVING;
+//! - `events`: the events scenario, one subscriber of the admin port's
+//!   WatchEvents instead of a loop of requests;
 //! - `forwarded`: the end users' addresses of `--forwarded-for`, each header value
 //!   built once;
 //! - `http`: HTTP/1.1 connections, and the wait until `GET /health` answers;
@@ -42,6 +47,7 @@
 
 mod check;
 mod connect;
+mod events;
 mod forwarded;
 mod http;
 mod loops;
@@ -64,6 +70,7 @@ use super::{
     progress::{Counters, Goal, Progress},
     protocol::Protocol,
     report::{LoadInfo, Recorder, Report, RunInfo},
+    scenario::Scenario,
 };
 use anyhow::anyhow;
 use std::{
@@ -81,6 +88,14 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
     let mut progress = Progress::new(plan.progress);
 
     progress.phase(format!("connecting to {}", plan.target));
+    if plan.scenario == Scenario::Events {
+        // No load: the target is checked, then the admin port's stream watched.
+        let channels = connect(plan).await?;
+        wait_until_serving(plan, &channels[0]).await?;
+        let report = events::watch(plan, &mut progress).await?;
+        progress.finish();
+        return Ok(report);
+    }
     // gRPC: the shared connections; HTTP/1.1: a connection per worker, opened after
     // the setup.
     let (grpc, fixtures, http_connections) = match plan.protocol {

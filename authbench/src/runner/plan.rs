@@ -230,7 +230,10 @@ impl Plan {
             self.check_http()?;
         }
         if self.needs_service_accounts() {
-            self.check_admin()?;
+            self.check_admin(&format!("{} creates service accounts first", self.scenario))?;
+        }
+        if self.scenario == Scenario::Events {
+            self.check_events()?;
         }
         if self.forward_auth.is_some() && self.introspect.is_some() {
             return Err("--forward-auth and --introspect: one way of checking at a time".into());
@@ -250,14 +253,12 @@ impl Plan {
         Ok(())
     }
 
-    /// What the service-account scenarios need: the admin port and its key, and at
-    /// least one account.
-    fn check_admin(&self) -> Result<(), String> {
-        let scenario = self.scenario;
+    /// What the scenarios of the admin port need (`why` they do): the port and its
+    /// key, and for service accounts at least one.
+    fn check_admin(&self, why: &str) -> Result<(), String> {
         let Some(url) = &self.admin else {
             return Err(format!(
-                "{scenario} creates service accounts first: --admin http://HOST:PORT (authd's \
-                 AUTHD_ADMIN_LISTEN) is needed"
+                "{why}: --admin http://HOST:PORT (authd's AUTHD_ADMIN_LISTEN) is needed"
             ));
         };
         if !url.starts_with("http://") {
@@ -267,14 +268,25 @@ impl Plan {
         }
         if self.admin_key.is_none() {
             return Err(format!(
-                "{scenario} creates service accounts first: the admin key is needed in \
-                 AUTHBENCH_ADMIN_KEY"
+                "{why}: the admin key is needed in AUTHBENCH_ADMIN_KEY"
             ));
         }
-        if self.accounts == 0 {
+        if self.accounts == 0 && self.needs_service_accounts() {
             return Err("--accounts must be at least 1".into());
         }
         Ok(())
+    }
+
+    /// What the events scenario runs: one subscriber, on the admin port.
+    fn check_events(&self) -> Result<(), String> {
+        if self.load != (Load::Closed { concurrency: 1 }) {
+            return Err(
+                "events has one subscriber: --concurrency 1 (its default), not more and not \
+                 --rate"
+                    .into(),
+            );
+        }
+        self.check_admin("events watches the account events on the admin port")
     }
 
     /// Where the check scenario's HTTP/1.1 requests go: the forward-auth port or the
@@ -394,6 +406,33 @@ mod tests {
         for (n, fine) in [(0, false), (1, true), (131_072, true), (131_073, false)] {
             forwarded.forwarded_for = Some(n);
             assert_eq!(forwarded.check().is_ok(), fine, "--forwarded-for {n}");
+        }
+    }
+
+    #[test]
+    fn events_run_one_subscriber_on_the_admin_port_with_its_key() {
+        let mut plan = Plan::new(
+            "http://127.0.0.1:1",
+            Scenario::Events,
+            Load::Closed { concurrency: 1 },
+            Stop::Requests(1000),
+        );
+        assert!(plan.check().unwrap_err().contains("--admin"));
+        plan.admin = Some("https://127.0.0.1:2".into());
+        assert!(plan.check().unwrap_err().contains("plaintext"));
+        plan.admin = Some("http://127.0.0.1:2".into());
+        assert!(plan.check().unwrap_err().contains("AUTHBENCH_ADMIN_KEY"));
+        plan.admin_key = Some("key".into());
+        // No service account is created: --accounts does not matter.
+        plan.accounts = 0;
+        assert_eq!(plan.check(), Ok(()));
+        for load in [Load::Closed { concurrency: 2 }, Load::Open { rate: 10.0 }] {
+            let mut more = plan.clone();
+            more.load = load;
+            assert!(
+                more.check().unwrap_err().contains("one subscriber"),
+                "{load:?}"
+            );
         }
     }
 

@@ -232,6 +232,9 @@ impl Shared {
                         Ok(())
                     }
                 }
+                Operation::Event => {
+                    unreachable!("the events scenario streams; it sends no requests")
+                }
             }
         };
         let mut retry_after = None;

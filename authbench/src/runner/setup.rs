@@ -265,16 +265,8 @@ async fn create_service_accounts(
         );
     };
     progress.phase(format!("creating {} service accounts", plan.accounts));
-    let channel = Channel::from_shared(url.clone())
-        .with_context(|| format!("--admin {url}"))?
-        .connect_timeout(plan.connect_timeout)
-        .connect()
-        .await
-        .with_context(|| format!("connecting to the admin port {url}"))?;
-    let mut authorization: MetadataValue<Ascii> = format!("Bearer {key}")
-        .parse()
-        .map_err(|_| anyhow::anyhow!("AUTHBENCH_ADMIN_KEY is not a valid header value"))?;
-    authorization.set_sensitive(true);
+    let channel = admin_channel(plan, url).await?;
+    let authorization = admin_authorization(key)?;
     let jobs = (0..plan.accounts).map(|i| {
         let mut admin = AdminServiceClient::new(channel.clone());
         let authorization = authorization.clone();
@@ -307,6 +299,26 @@ async fn create_service_accounts(
         }
     });
     run_bounded(jobs).await
+}
+
+/// A connection to the admin port at `url` (`--admin`).
+pub(super) async fn admin_channel(plan: &Plan, url: &str) -> anyhow::Result<Channel> {
+    Channel::from_shared(url.to_owned())
+        .with_context(|| format!("--admin {url}"))?
+        .connect_timeout(plan.connect_timeout)
+        .connect()
+        .await
+        .with_context(|| format!("connecting to the admin port {url}"))
+}
+
+/// The `authorization` metadata of the admin key (`AUTHBENCH_ADMIN_KEY`), marked
+/// sensitive; an error never shows the key.
+pub(super) fn admin_authorization(key: &str) -> anyhow::Result<MetadataValue<Ascii>> {
+    let mut authorization: MetadataValue<Ascii> = format!("Bearer {key}")
+        .parse()
+        .map_err(|_| anyhow::anyhow!("AUTHBENCH_ADMIN_KEY is not a valid header value"))?;
+    authorization.set_sensitive(true);
+    Ok(authorization)
 }
 
 /// Grants `count` service tokens, the accounts taking turns, for validate-service.
