@@ -101,11 +101,16 @@ sep='?'; [[ "$postgres_url" == *\?* ]] && sep='&'
 database_url="$postgres_url${sep}options[search_path]=$schema"
 echo "PostgreSQL schema $schema, Redis key prefix $prefix"
 
-# Three consecutive free ports.
+# Three consecutive free ports, below the kernel's ephemeral range: a port in it may
+# be taken between the check and the bind as the local port of an outgoing
+# connection (the first replicas' own connections to PostgreSQL and Redis), and no
+# check sees those; below it, only a listener holds a port.
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+read -r ephemeral _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || ephemeral=32768
+(( ephemeral > 10100 )) || fail "the ephemeral port range starts at $ephemeral: give --base-port"
 if [[ -z "$base_port" ]]; then
     for _ in $(seq 1 50); do
-        candidate=$(( 20000 + RANDOM % 30000 ))
+        candidate=$(( 10000 + RANDOM % (ephemeral - 10003) ))
         if port_free "$candidate" && port_free $((candidate + 1)) && port_free $((candidate + 2)); then
             base_port=$candidate
             break
