@@ -409,39 +409,22 @@ async fn wrong_credentials_audiences_and_scopes_are_refused(db: TestDb) {
             .contains("www-authenticate: basic"),
         "{head}"
     );
-    let (status, _, body) = post_form(
-        addr,
-        "/oauth2/token",
-        &basic("orders", &secret),
-        "grant_type=client_credentials&scope=write",
-    )
-    .await;
-    assert_eq!(
-        (status, body["error"].as_str()),
-        (400, Some("invalid_scope"))
-    );
-    let (status, _, body) = post_form(
-        addr,
-        "/oauth2/token",
-        &basic("orders", &secret),
-        "grant_type=client_credentials&audience=stock",
-    )
-    .await;
-    assert_eq!(
-        (status, body["error"].as_str()),
-        (400, Some("invalid_target"))
-    );
-    let (status, _, body) = post_form(
-        addr,
-        "/oauth2/token",
-        &basic("orders", &secret),
-        "grant_type=password",
-    )
-    .await;
-    assert_eq!(
-        (status, body["error"].as_str()),
-        (400, Some("unsupported_grant_type"))
-    );
+    for (form, error) in [
+        ("grant_type=client_credentials&scope=write", "invalid_scope"),
+        (
+            "grant_type=client_credentials&audience=stock",
+            "invalid_target",
+        ),
+        ("grant_type=password", "unsupported_grant_type"),
+    ] {
+        let (status, _, body) =
+            post_form(addr, "/oauth2/token", &basic("orders", &secret), form).await;
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (400, Some(error)),
+            "{form}"
+        );
+    }
     // No credential at all.
     let (status, _, _) =
         post_form(addr, "/oauth2/token", "", "grant_type=client_credentials").await;
