@@ -34,6 +34,29 @@ pub(crate) struct Pair {
     pub(crate) key: String,
 }
 
+impl Pair {
+    /// A TLS server's configuration presenting this certificate, for the HTTPS
+    /// servers the tests run (webhook endpoints, token issuers).
+    pub(crate) fn server_config(&self) -> std::sync::Arc<tokio_rustls::rustls::ServerConfig> {
+        use tokio_rustls::rustls::{
+            ServerConfig,
+            crypto::ring::default_provider,
+            pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _},
+        };
+        let chain = CertificateDer::pem_slice_iter(self.cert.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = PrivateKeyDer::from_pem_slice(self.key.as_bytes()).unwrap();
+        let config = ServerConfig::builder_with_provider(std::sync::Arc::new(default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .unwrap();
+        std::sync::Arc::new(config)
+    }
+}
+
 impl Ca {
     pub(crate) fn new(name: &str) -> Self {
         let mut params = CertificateParams::default();

@@ -73,7 +73,7 @@ impl Endpoint {
 
     /// An HTTPS endpoint presenting `pair`.
     pub(crate) async fn start_tls(failures: usize, pair: &Pair) -> Self {
-        Self::serve(failures, Some(server_config(pair))).await
+        Self::serve(failures, Some(pair.server_config())).await
     }
 
     async fn serve(failures: usize, tls: Option<Arc<ServerConfig>>) -> Self {
@@ -123,7 +123,7 @@ impl Endpoint {
     /// Presents `pair` from the next connection on (an HTTPS endpoint).
     pub(crate) fn present(&self, pair: &Pair) {
         let tls = self.tls.as_ref().expect("an HTTPS endpoint");
-        *tls.lock().unwrap() = server_config(pair);
+        *tls.lock().unwrap() = pair.server_config();
     }
 
     /// The handshakes that did not complete.
@@ -177,23 +177,6 @@ impl Endpoint {
     pub(crate) fn delivered(&self) -> Vec<Received> {
         self.received().into_iter().filter(|r| r.accepted).collect()
     }
-}
-
-/// The server side of an HTTPS endpoint presenting `pair`.
-fn server_config(pair: &Pair) -> Arc<ServerConfig> {
-    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
-    let chain = CertificateDer::pem_slice_iter(pair.cert.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
-        .unwrap();
-    let key = PrivateKeyDer::from_pem_slice(pair.key.as_bytes()).unwrap();
-    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
-    let config = ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(chain, key)
-        .unwrap();
-    Arc::new(config)
 }
 
 pub(crate) fn verify(r: &Received) {

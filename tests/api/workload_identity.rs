@@ -15,7 +15,7 @@
 
 use crate::admin::{ADMIN_KEY, Admin, admin_app};
 use crate::helpers::{TestDb, expect_code, metric};
-use crate::tls::{Ca, Pair};
+use crate::tls::Ca;
 use authd::pb::{
     IssueServiceTokenRequest,
     admin::{CreateServiceAccountRequest, JwtBinding},
@@ -176,23 +176,6 @@ struct Issuer {
 /// The issuer over plain http.
 async fn issuer() -> Issuer {
     issuer_on(None).await
-}
-
-/// A server's TLS configuration, with the certificate (and its key) of `pair`.
-fn server_tls(pair: &Pair) -> Arc<rustls::ServerConfig> {
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
-    let chain = CertificateDer::pem_slice_iter(pair.cert.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
-        .unwrap();
-    let key = PrivateKeyDer::from_pem_slice(pair.key.as_bytes()).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(chain, key)
-        .unwrap();
-    Arc::new(config)
 }
 
 /// The issuer over https with `tls` when given (its URL `https://127.0.0.1:PORT`,
@@ -380,21 +363,7 @@ async fn a_kubernetes_service_account_token_proves_its_account(db: TestDb) {
     })
     .await;
     let mut admin = admin;
-    let created = admin
-        .client
-        .create_service_account(with_key(CreateServiceAccountRequest {
-            name: "orders".into(),
-            audiences: vec!["billing".into()],
-            jwt_bindings: vec![JwtBinding {
-                issuer: issuer.url.clone(),
-                subject: SUBJECT.into(),
-            }],
-            ..Default::default()
-        }))
-        .await
-        .unwrap()
-        .into_inner();
-    let account = created.account.unwrap();
+    let account = bind_orders(&mut admin, &issuer).await;
     let later = now() + 3600;
     let good = key.sign(&projected(&issuer.url, AUDIENCE, SUBJECT, later));
 
@@ -404,7 +373,7 @@ async fn a_kubernetes_service_account_token_proves_its_account(db: TestDb) {
     assert!(valid.service);
     assert_eq!(
         (valid.client_id.as_str(), valid.user_id.as_str()),
-        ("orders", account.id.as_str())
+        ("orders", account.as_str())
     );
     let (status, body) = grant_http(admin.app.addr, &good).await;
     assert_eq!(status, 200, "{body}");
@@ -596,7 +565,7 @@ async fn rs256_and_es256_keys_each_verify_their_own_tokens(db: TestDb) {
 /// answers UNAVAILABLE (over HTTP 503), so the service retries.
 async fn an_https_issuer_is_trusted_through_its_ca_only(db: TestDb) {
     let cluster = Ca::new("kubernetes");
-    let issuer = issuer_on(Some(server_tls(&cluster.server(2040)))).await;
+    let issuer = issuer_on(Some(cluster.server(2040).server_config())).await;
     assert!(
         issuer.url.starts_with("https://127.0.0.1:"),
         "{}",
