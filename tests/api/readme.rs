@@ -219,6 +219,20 @@ pub(crate) fn has_form(text: &str, form: &str) -> bool {
         })
 }
 
+/// Whether `actual` is what a document shows as `shown`: the same text, or a line
+/// whose `…` stand for any text, or a UUID or a time where it shows one.
+pub(crate) fn shown_matches(shown: &str, actual: &str) -> bool {
+    if shown.contains('…') {
+        line_matches(shown, actual)
+    } else if has_form(shown, UUID) {
+        has_form(actual, UUID)
+    } else if is_time(shown) {
+        is_time(actual)
+    } else {
+        shown == actual
+    }
+}
+
 pub(crate) const UUID: &str = "ffffffff-ffff-ffff-ffff-ffffffffffff";
 
 /// Whether `text` is a time in RFC 3339, in UTC, with or without fractions of a second.
@@ -260,14 +274,8 @@ impl Seen {
                 let same_form = if is_placeholder(shown) {
                     self.named.insert(shown.clone(), actual.clone());
                     !actual.is_empty()
-                } else if shown.contains('…') {
-                    line_matches(shown, actual)
-                } else if has_form(shown, UUID) {
-                    has_form(actual, UUID)
-                } else if is_time(shown) {
-                    is_time(actual)
                 } else {
-                    shown == actual
+                    shown_matches(shown, actual)
                 };
                 assert!(
                     same_form,
