@@ -312,18 +312,9 @@ async fn checks_as_introspections_account_for_every_request() {
 
 #[tokio::test]
 async fn service_account_scenarios_account_for_every_request() {
-    use std::io::Write as _;
-    // An admin key, as the admin keys file holds it: the SHA-256 of the key.
+    // An admin key (the keys file holds its SHA-256).
     const KEY: &str = "0123456789abcdef0123456789abcdef-admin";
-    let mut keys = tempfile::NamedTempFile::new().unwrap();
-    writeln!(keys, "bench admin {}", authd_digest_hex(KEY.as_bytes())).unwrap();
-    let path = keys.path().to_owned();
-    let app = spawn_app_with(|c| {
-        c.admin.admin_listen = "127.0.0.1:0".parse().unwrap();
-        c.admin.admin_keys_file = Some(path);
-    })
-    .await;
-    let admin = format!("http://{}", app.admin.expect("the admin port is on"));
+    let (app, admin, _keys) = with_admin_key("admin", KEY).await;
     for scenario in [
         Scenario::Grant,
         Scenario::Exchange,
@@ -386,18 +377,9 @@ async fn service_account_scenarios_account_for_every_request() {
 
 #[tokio::test]
 async fn the_events_scenario_counts_each_event_of_the_backlog_once() {
-    use std::io::Write as _;
     // A read key is enough for WatchEvents.
     const KEY: &str = "0123456789abcdef0123456789abcdef-events";
-    let mut keys = tempfile::NamedTempFile::new().unwrap();
-    writeln!(keys, "bench read {}", authd_digest_hex(KEY.as_bytes())).unwrap();
-    let path = keys.path().to_owned();
-    let app = spawn_app_with(|c| {
-        c.admin.admin_listen = "127.0.0.1:0".parse().unwrap();
-        c.admin.admin_keys_file = Some(path);
-    })
-    .await;
-    let admin = format!("http://{}", app.admin.expect("the admin port is on"));
+    let (app, admin, _keys) = with_admin_key("read", KEY).await;
     // The backlog: 30 registrations, an event each.
     let register = plan(
         &app,
@@ -444,6 +426,22 @@ async fn the_events_scenario_counts_each_event_of_the_backlog_once() {
     let err = format!("{:#}", bench::run(&wrong).await.unwrap_err());
     assert!(err.contains("UNAUTHENTICATED"), "{err}");
     assert!(!err.contains("wrong admin key"), "{err}");
+}
+
+/// A server with its admin port on and one admin key, `key` of `role` (`admin`,
+/// `read`); the admin port's URL, and the keys file, which lives as long as it is kept.
+async fn with_admin_key(role: &str, key: &str) -> (TestApp, String, tempfile::NamedTempFile) {
+    use std::io::Write as _;
+    let mut keys = tempfile::NamedTempFile::new().unwrap();
+    writeln!(keys, "bench {role} {}", authd_digest_hex(key.as_bytes())).unwrap();
+    let path = keys.path().to_owned();
+    let app = spawn_app_with(|c| {
+        c.admin.admin_listen = "127.0.0.1:0".parse().unwrap();
+        c.admin.admin_keys_file = Some(path);
+    })
+    .await;
+    let admin = format!("http://{}", app.admin.expect("the admin port is on"));
+    (app, admin, keys)
 }
 
 /// The SHA-256 of `bytes` in hex, as authd's keys files hold a secret.
