@@ -9,11 +9,17 @@
 //! sent, and refusals are answered at a budgeted pace:
 //! - each refusal takes the next answer slot of a schedule that gives
 //!   `AUTHD_REFUSAL_RATE` slots a second, and is answered at its slot or at the end
-//!   of its hint, whichever is later, rounded up to a 20 ms grid (a crowd's answers
-//!   go out together, in one wake-up of the runtime);
+//!   of its hint, whichever is later, rounded up to a 20 ms grid;
 //! - never later than `AUTHD_REFUSAL_HOLD` after it was refused, nor than four
 //!   fifths of the time left to the client's deadline; a call with no deadline at
 //!   most [`UNTIMED_HOLD`], since its client may keep a timer the server cannot see.
+//!   That longest hold is rounded down to the same grid, and a refusal it leaves no
+//!   step of the grid to wait is answered at once.
+//!
+//! Every held answer is thus sent on a step of the grid, and a crowd's answers go
+//! out together: one wake-up of the runtime, one write per connection for all the
+//! answers it carries, rather than one each. A crowd refused for its deadlines
+//! (each held to four fifths of its own time left) is answered that way too.
 //!
 //! A client that re-asks at once is then answered no faster than the budget, so
 //! the refusals it can cost the server are bounded, whatever its concurrency: it is
@@ -133,9 +139,10 @@ impl Pushback {
         self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Counts a refusal of `client` held, unless either bound is reached, and says
-    /// until when: its answer slot or `hinted`, whichever is later, at the latest
-    /// `latest` (which is at most the longest hold from `now`).
+    /// Counts a refusal of `client` held, unless either bound is reached or `latest`
+    /// leaves no step of the grid to wait for, and says until when: its answer slot
+    /// or `hinted`, whichever is later, at the latest `latest` (which is at most the
+    /// longest hold from `now`), on the grid.
     fn hold(
         self: &Arc<Self>,
         client: IpAddr,
@@ -144,7 +151,8 @@ impl Pushback {
         latest: Instant,
     ) -> Option<(HeldRefusal, Instant)> {
         let mut held = self.lock();
-        if held.total >= self.settings.max_held {
+        let latest = grid_floor(held.origin, latest);
+        if held.total >= self.settings.max_held || latest <= now {
             return None;
         }
         let mine = held.clients.entry(client).or_insert(0);
@@ -161,13 +169,13 @@ impl Pushback {
         // The schedule runs at most one longest hold ahead: past it, answers are due
         // at the longest hold anyway, and a burst must not delay the answers after it.
         held.next_slot = (slot + spacing).min(now + self.settings.max_hold);
-        let due = on_grid(held.origin, slot.max(hinted));
+        let due = on_grid(held.origin, slot.max(hinted)).min(latest);
         self.metrics.held.inc();
         let held = HeldRefusal {
             pushback: self.clone(),
             client,
         };
-        Some((held, due.min(latest)))
+        Some((held, due))
     }
 }
 
@@ -177,6 +185,12 @@ fn on_grid(origin: Instant, at: Instant) -> Instant {
         .saturating_duration_since(origin)
         .as_nanos()
         .div_ceil(TICK.as_nanos());
+    origin + TICK * u32::try_from(ticks).unwrap_or(u32::MAX)
+}
+
+/// `at`, rounded down to the grid of [`TICK`]s from `origin` (at the earliest `origin`).
+fn grid_floor(origin: Instant, at: Instant) -> Instant {
+    let ticks = at.saturating_duration_since(origin).as_nanos() / TICK.as_nanos();
     origin + TICK * u32::try_from(ticks).unwrap_or(u32::MAX)
 }
 
@@ -379,6 +393,56 @@ mod tests {
         let response = svc.oneshot(from("10.0.0.1", None)).await.unwrap();
         assert_eq!(start.elapsed(), Duration::from_millis(60));
         assert_eq!(hint_of(&response), Some(Duration::ZERO));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn refusals_held_to_their_deadlines_are_answered_together_on_the_grid() {
+        let metrics = Metrics::new();
+        let state = Pushback::new(
+            settings(Duration::from_secs(10), 100, 100),
+            metrics.overload.clone(),
+        );
+        let svc = layer(state.clone()).layer(refusing(overloaded));
+        // Refused 7 ms past a step of the grid, their longest holds end 244, 252 and
+        // 260 ms later (four fifths of 305, 315 and 325 ms): at 251, 259 and 267 ms
+        // on the grid, rounded down to 240, 240 and 260.
+        tokio::time::advance(Duration::from_millis(7)).await;
+        // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
+        let start = Instant::now();
+        let calls: Vec<_> = ["305m", "315m", "325m"]
+            .into_iter()
+            .map(|timeout| {
+                let call = svc.clone().oneshot(from("10.0.0.1", Some(timeout)));
+                tokio::spawn(async move {
+                    let response = call.await.unwrap();
+                    (start.elapsed(), hint_of(&response).unwrap())
+                })
+            })
+            .collect();
+        let mut answered = Vec::new();
+        for call in calls {
+            answered.push(call.await.unwrap());
+        }
+        let ms = |ms| Duration::from_millis(ms);
+        assert_eq!(
+            answered,
+            [
+                (ms(233), ms(3000 - 233)),
+                (ms(233), ms(3000 - 233)),
+                (ms(253), ms(3000 - 253)),
+            ]
+        );
+        assert_eq!(metrics.overload.held_total.get(), 3);
+        // A deadline that leaves no step of the grid to wait for: answered at once,
+        // with its hint whole (refused at 260 ms on the grid, four fifths of 15 ms
+        // end at 272, before the next step).
+        // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
+        let start = Instant::now();
+        let response = svc.oneshot(from("10.0.0.1", Some("15m"))).await.unwrap();
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert_eq!(hint_of(&response), Some(Duration::from_secs(3)));
+        assert_eq!(metrics.overload.at_once.get(), 1);
+        assert_eq!(state.held(), 0);
     }
 
     #[tokio::test(start_paused = true)]
