@@ -352,6 +352,35 @@ mod tests {
         error::retry_hint(response.extensions().get::<tonic::Status>()?)
     }
 
+    /// Calls from one client at once, one per deadline, and the time each was
+    /// answered after and the retry hint it was answered with, in the calls' order.
+    async fn answers<S>(
+        svc: &S,
+        timeouts: impl IntoIterator<Item = &'static str>,
+    ) -> Vec<(Duration, Duration)>
+    where
+        S: Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
+        S::Future: Send,
+    {
+        // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
+        let start = Instant::now();
+        let calls: Vec<_> = timeouts
+            .into_iter()
+            .map(|timeout| {
+                let call = svc.clone().oneshot(from("10.0.0.1", Some(timeout)));
+                tokio::spawn(async move {
+                    let response = call.await.unwrap();
+                    (start.elapsed(), hint_of(&response).unwrap())
+                })
+            })
+            .collect();
+        let mut answered = Vec::new();
+        for call in calls {
+            answered.push(call.await.unwrap());
+        }
+        answered
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_refusal_is_held_for_its_hint_at_most_the_hold_and_says_what_is_left() {
         let metrics = Metrics::new();
@@ -407,22 +436,7 @@ mod tests {
         // 260 ms later (four fifths of 305, 315 and 325 ms): at 251, 259 and 267 ms
         // on the grid, rounded down to 240, 240 and 260.
         tokio::time::advance(Duration::from_millis(7)).await;
-        // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
-        let start = Instant::now();
-        let calls: Vec<_> = ["305m", "315m", "325m"]
-            .into_iter()
-            .map(|timeout| {
-                let call = svc.clone().oneshot(from("10.0.0.1", Some(timeout)));
-                tokio::spawn(async move {
-                    let response = call.await.unwrap();
-                    (start.elapsed(), hint_of(&response).unwrap())
-                })
-            })
-            .collect();
-        let mut answered = Vec::new();
-        for call in calls {
-            answered.push(call.await.unwrap());
-        }
+        let answered = answers(&svc, ["305m", "315m", "325m"]).await;
         let ms = |ms| Duration::from_millis(ms);
         assert_eq!(
             answered,
@@ -482,21 +496,7 @@ mod tests {
         // Forty refusals at once: slots at 0, 100, 200, … ms; each waits for its slot
         // or its 150 ms hint, whichever is later, on the 20 ms grid, and none more
         // than 2 s (the calls' deadline, 10 s away, allows that).
-        // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
-        let start = Instant::now();
-        let calls: Vec<_> = (0..40)
-            .map(|_| {
-                let call = svc.clone().oneshot(from("10.0.0.1", Some("10S")));
-                tokio::spawn(async move {
-                    let response = call.await.unwrap();
-                    (start.elapsed(), hint_of(&response).unwrap())
-                })
-            })
-            .collect();
-        let mut answered = Vec::new();
-        for call in calls {
-            answered.push(call.await.unwrap());
-        }
+        let mut answered = answers(&svc, ["10S"; 40]).await;
         answered.sort();
         let at: Vec<u64> = answered.iter().map(|(t, _)| t.as_millis() as u64).collect();
         assert_eq!(&at[..3], [160, 160, 200]);
