@@ -52,8 +52,10 @@ refused() {
 # measure BINARY NAME: one row of the table.
 measure() {
     METRICS_PORT=$(free_port)
+    # authd's default log level, not start_pinned's: a refusal's line, when it has
+    # one, is part of what it costs.
     start_pinned "$1" "sqlite://$WORK/$2.db" AUTHD_TRUSTED_CALLERS=127.0.0.1 \
-        AUTHD_METRICS_LISTEN="127.0.0.1:$METRICS_PORT"
+        AUTHD_METRICS_LISTEN="127.0.0.1:$METRICS_PORT" AUTHD_LOG=info
     taskset -c 1 "$AUTHBENCH" login --target "http://127.0.0.1:$PORT" --users 64 \
         --concurrency "$CONCURRENCY" --timeout "$DEADLINE" --forwarded-for 131072 \
         --duration "${DURATION}s" --warmup "${WARMUP}s" --json >"$WORK/$2.json" &

@@ -165,10 +165,12 @@ start_server() {
     # Every other setting is authd's default. A baseline BINARY runs with the settings
     # its own suite ran it with (it knows no trusted callers), so its rows are the
     # rates it published.
+    # Its log level is the default too: one line per request, refusals within the
+    # default budget (AUTHD_LOG_REFUSALS), each server's lines in a log of its own.
     local revision_env=(AUTHD_TRUSTED_CALLERS=127.0.0.1)
     if [[ $binary != "$AUTHD" ]]; then
         revision_env=(AUTHD_HASH_QUEUE=300 AUTHD_MAX_IN_FLIGHT_PER_CLIENT=4096
-            AUTHD_REGISTER_LIMIT=off)
+            AUTHD_REGISTER_LIMIT=off AUTHD_LOG=warn)
     fi
     env AUTHD_LISTEN="127.0.0.1:$PORT" \
         AUTHD_DATABASE_URL="${DATABASE_URL:-sqlite://$WORK/authd.db}" \
@@ -178,8 +180,7 @@ start_server() {
         AUTHD_TOKEN_KEYS="$TOKEN_KEY" \
         AUTHD_METRICS_LISTEN= \
         AUTHD_HEALTH_LISTEN="127.0.0.1:$HEALTH_PORT" \
-        AUTHD_LOG=warn \
-        taskset -c "$cpus" "$binary" >>"$WORK/server.log" 2>&1 &
+        taskset -c "$cpus" "$binary" >"$WORK/server.log" 2>&1 &
     SERVER_PID=$!
     if ! "$AUTHBENCH" health --target "$TARGET" --requests 1 --concurrency 1 \
         --wait 30s --json >/dev/null; then

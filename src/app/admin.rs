@@ -79,7 +79,11 @@ impl AdminPort {
             .add_service(reflection().build_v1alpha()?)
             .add_service(api.server());
         let service = tower::ServiceBuilder::new()
-            .layer(trace::layer(core.metrics.clone(), core.traces.clone()))
+            .layer(trace::layer(
+                core.metrics.clone(),
+                core.traces.clone(),
+                core.refusal_log.clone(),
+            ))
             .service(routes);
         // gRPC-Web and the admin API's JSON form, translated to gRPC in front of the
         // same layers and credentials.

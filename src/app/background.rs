@@ -1,4 +1,4 @@
-//! The background tasks: the session upkeep, the account events' retention and
+//! The background tasks: the session upkeep, the summaries of refusals not logged, the account events' retention and
 //! webhook delivery, and the files re-read while serving
 //! (TLS certificates, the token key file, the rate limit rules file). A task is
 //! added here, registered with the supervisor under the stage it stops with.
@@ -13,6 +13,9 @@ pub(super) fn start(core: &Core, config: &Config, tasks: &mut Supervisor) {
     // Revocations from every replica, and the purge of old sessions.
     let upkeep = (core.accounts.clone()).upkeep(config.tokens.revocation_delay / 2);
     tasks.spawn_until_stopped(Stage::Serving, "session upkeep", upkeep);
+    // The summaries of refusals not logged one by one, the last one as it stops.
+    let refusal_log = core.refusal_log.clone();
+    tasks.spawn(Stage::Serving, "refusal log", |stop| refusal_log.run(stop));
     // The account events' retention, and webhook delivery.
     let events = core.events.clone();
     tasks.spawn(Stage::Serving, "event retention", |stop| {

@@ -11,7 +11,7 @@ use crate::{
     config::Config,
     events::{Events, webhooks::Webhooks},
     handlers::extauthz::Authorizer,
-    layers::{admission::Admission, pushback::Pushback},
+    layers::{admission::Admission, pushback::Pushback, refusal_log::RefusalLog},
     metrics::Metrics,
     otel::Traces,
     ratelimit::{self, RateLimiter},
@@ -34,6 +34,8 @@ pub(super) struct Core {
     pub metrics: Arc<Metrics>,
     /// This application's traces (none without OTEL_EXPORTER_OTLP_ENDPOINT).
     pub traces: Option<Arc<Traces>>,
+    /// The budget of refusal lines a second that every port's trace layer shares.
+    pub refusal_log: Arc<RefusalLog>,
     pub tls: Option<Arc<ServerTls>>,
     pub blocklist: Arc<Blocklist>,
     pub accounts: Arc<Accounts>,
@@ -193,6 +195,7 @@ impl Core {
             rate_limit_rules,
             admission,
             pushback,
+            refusal_log: Arc::new(RefusalLog::new(config.telemetry.log_refusals)),
             authorizer,
             limits,
             events,

@@ -85,7 +85,11 @@ impl GrpcPort {
         };
         let service = tower::ServiceBuilder::new()
             // Outermost: every request, refused or not, gets an id, a log line and metrics.
-            .layer(trace::layer(core.metrics.clone(), core.traces.clone()))
+            .layer(trace::layer(
+                core.metrics.clone(),
+                core.traces.clone(),
+                core.refusal_log.clone(),
+            ))
             // A refusal with a retry hint, from any layer below, is held before its answer.
             .layer(pushback::layer(core.pushback.clone()))
             // Mutual TLS: an identity not allowed for the method costs nothing further.

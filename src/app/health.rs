@@ -98,7 +98,12 @@ impl HealthPort {
                 request.map(tonic::body::Body::new)
             })
             .service(
-                trace::layer(core.metrics.clone(), core.traces.clone()).layer(readiness.service()),
+                trace::layer(
+                    core.metrics.clone(),
+                    core.traces.clone(),
+                    core.refusal_log.clone(),
+                )
+                .layer(readiness.service()),
             );
         let (socket, limits) = (self.socket, Limits::auxiliary(&core.limits));
         let (callers, metrics) = (core.callers.clone(), core.metrics.listener("health"));

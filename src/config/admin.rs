@@ -21,14 +21,14 @@ pub struct AdminConfig {
         env = "AUTHD_ADMIN_LISTEN",
         default_value = "off",
         global = true,
-        display_order = 77
+        display_order = 78
     )]
     pub admin_listen: MetricsListen,
 
     /// File of admin keys, one `NAME ROLE SHA256-HEX` a line (role admin or read; the
     /// SHA-256 of the key, never the key itself); AUTHD_ADMIN_LISTEN needs it or
     /// AUTHD_ADMIN_ALLOW.
-    #[arg(long, env = "AUTHD_ADMIN_KEYS_FILE", global = true, display_order = 78)]
+    #[arg(long, env = "AUTHD_ADMIN_KEYS_FILE", global = true, display_order = 79)]
     pub admin_keys_file: Option<PathBuf>,
 
     /// Client certificate identities allowed on the admin port under mutual TLS
@@ -41,7 +41,7 @@ pub struct AdminConfig {
         value_delimiter = ',',
         value_parser = admin_identity,
         global = true,
-        display_order = 80
+        display_order = 81
     )]
     pub admin_allow: Vec<(Role, String)>,
 
@@ -49,7 +49,7 @@ pub struct AdminConfig {
     /// RESOURCE_EXHAUSTED with a retry hint.
     #[arg(long, env = "AUTHD_ADMIN_RATE", default_value_t = 20,
           value_parser = clap::value_parser!(u32).range(1..=100_000), global = true,
-          display_order = 79)]
+          display_order = 80)]
     pub admin_rate: u32,
 }
 

@@ -21,7 +21,7 @@ pub struct AuthzConfig {
         env = "AUTHD_FORWARD_AUTH_LISTEN",
         default_value = "off",
         global = true,
-        display_order = 85
+        display_order = 86
     )]
     pub forward_auth_listen: MetricsListen,
 
@@ -29,7 +29,7 @@ pub struct AuthzConfig {
     /// (PREFIX user-id, username, session-id, amr, audience); Envoy's Check also
     /// removes every other header of this prefix the client sent.
     #[arg(long, env = "AUTHD_AUTHZ_HEADER_PREFIX", default_value = "x-authd-",
-          value_parser = header_prefix, global = true, display_order = 86)]
+          value_parser = header_prefix, global = true, display_order = 87)]
     pub authz_header_prefix: String,
 
     /// Whether an allowed request goes on to the upstream without its
@@ -40,13 +40,13 @@ pub struct AuthzConfig {
         value_enum,
         default_value = "off",
         global = true,
-        display_order = 87
+        display_order = 88
     )]
     pub authz_strip_authorization: Switch,
 
     /// The realm of the `WWW-Authenticate: Bearer` challenge of a refused request.
     #[arg(long, env = "AUTHD_AUTHZ_REALM", default_value = "authd",
-          value_parser = realm, global = true, display_order = 88)]
+          value_parser = realm, global = true, display_order = 89)]
     pub authz_realm: String,
 }
 

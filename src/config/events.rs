@@ -26,32 +26,32 @@ pub struct EventsConfig {
     /// How long account events are kept for WatchEvents and webhooks; older ones are
     /// deleted in the background (a subscriber asking for them gets OUT_OF_RANGE).
     #[arg(long, env = "AUTHD_EVENTS_RETENTION", default_value = "7d",
-          value_parser = positive_duration, global = true, display_order = 130)]
+          value_parser = positive_duration, global = true, display_order = 131)]
     pub events_retention: Duration,
 
     /// The most account events kept: beyond it the oldest are deleted, whatever
     /// their age (a bound on the outbox's size).
     #[arg(long, env = "AUTHD_EVENTS_MAX", default_value_t = 10_000_000,
           value_parser = clap::value_parser!(u64).range(1..), global = true,
-          display_order = 131)]
+          display_order = 132)]
     pub events_max: u64,
 
     /// How often retention runs.
     #[arg(long, env = "AUTHD_EVENTS_PRUNE_INTERVAL", default_value = "1m",
-          value_parser = positive_duration, global = true, display_order = 132)]
+          value_parser = positive_duration, global = true, display_order = 133)]
     pub events_prune_interval: Duration,
 
     /// How often a WatchEvents stream (and webhook delivery) with nothing to send looks
     /// for events other replicas wrote; this replica's own wake it at once.
     #[arg(long, env = "AUTHD_EVENTS_POLL", default_value = "500ms",
-          value_parser = positive_duration, global = true, display_order = 133)]
+          value_parser = positive_duration, global = true, display_order = 134)]
     pub events_poll: Duration,
 
     /// The most WatchEvents streams open at once; more are refused with
     /// RESOURCE_EXHAUSTED.
     #[arg(long, env = "AUTHD_EVENTS_MAX_WATCHERS", default_value_t = 64,
           value_parser = clap::value_parser!(u32).range(1..=10_000), global = true,
-          display_order = 134)]
+          display_order = 135)]
     pub events_max_watchers: u32,
 
     /// Webhook endpoints, comma-separated: `URL` for every event type, or
@@ -62,7 +62,7 @@ pub struct EventsConfig {
         env = "AUTHD_WEBHOOKS",
         value_delimiter = ',',
         global = true,
-        display_order = 135
+        display_order = 136
     )]
     pub webhooks: Vec<Endpoint>,
 
@@ -70,7 +70,7 @@ pub struct EventsConfig {
     /// bytes; required with AUTHD_WEBHOOKS.
     #[arg(long, env = "AUTHD_WEBHOOK_SECRET", hide_env_values = true,
           conflicts_with = "webhook_secret_file", value_parser = secret::parser::<WebhookSecret>(),
-          global = true, display_order = 136)]
+          global = true, display_order = 137)]
     pub webhook_secret: Option<WebhookSecret>,
 
     /// File holding the webhook signing secret, instead of --webhook-secret: keeps it
@@ -79,30 +79,30 @@ pub struct EventsConfig {
         long,
         env = "AUTHD_WEBHOOK_SECRET_FILE",
         global = true,
-        display_order = 137
+        display_order = 138
     )]
     pub webhook_secret_file: Option<PathBuf>,
 
     /// How long one webhook delivery may take (connecting, sending, the answer).
     #[arg(long, env = "AUTHD_WEBHOOK_TIMEOUT", default_value = "10s",
-          value_parser = positive_duration, global = true, display_order = 138)]
+          value_parser = positive_duration, global = true, display_order = 139)]
     pub webhook_timeout: Duration,
 
     /// The longest wait between retries of a failing webhook endpoint (the wait
     /// doubles from 1s, with jitter, up to this).
     #[arg(long, env = "AUTHD_WEBHOOK_RETRY_MAX", default_value = "5m",
-          value_parser = positive_duration, global = true, display_order = 139)]
+          value_parser = positive_duration, global = true, display_order = 140)]
     pub webhook_retry_max: Duration,
 
     /// PEM bundle of the CAs an https webhook endpoint's certificate must chain to,
     /// instead of the Mozilla roots (e.g. an internal CA); read at start [default: the
     /// Mozilla roots].
-    #[arg(long, env = "AUTHD_WEBHOOK_CA", global = true, display_order = 140)]
+    #[arg(long, env = "AUTHD_WEBHOOK_CA", global = true, display_order = 141)]
     pub webhook_ca: Option<PathBuf>,
 
     /// How long a password reset token (RequestPasswordReset) stays valid, at most 24h.
     #[arg(long, env = "AUTHD_PASSWORD_RESET_TTL", default_value = "30m",
-          value_parser = reset_ttl, global = true, display_order = 141)]
+          value_parser = reset_ttl, global = true, display_order = 142)]
     pub password_reset_ttl: Duration,
 }
 

@@ -16,7 +16,7 @@ pub struct ImportConfig {
     /// doubles the time of a login.
     #[arg(long, env = "AUTHD_IMPORT_MAX_BCRYPT_COST", default_value_t = Caps::default().bcrypt_cost,
           value_parser = clap::value_parser!(u32).range(4..=31), global = true,
-          display_order = 103)]
+          display_order = 104)]
     pub import_max_bcrypt_cost: u32,
 
     /// Highest scrypt N·r an imported hash may have (its memory is 128·N·r bytes; the
@@ -24,28 +24,28 @@ pub struct ImportConfig {
     #[arg(long, env = "AUTHD_IMPORT_MAX_SCRYPT_MEMORY",
           default_value_t = Caps::default().scrypt_memory,
           value_parser = clap::value_parser!(u64).range(1..), global = true,
-          display_order = 104)]
+          display_order = 105)]
     pub import_max_scrypt_memory: u64,
 
     /// Highest scrypt p (parallelism; its time grows with p) an imported hash may have.
     #[arg(long, env = "AUTHD_IMPORT_MAX_SCRYPT_PARALLELISM",
           default_value_t = Caps::default().scrypt_parallelism,
           value_parser = clap::value_parser!(u32).range(1..), global = true,
-          display_order = 105)]
+          display_order = 106)]
     pub import_max_scrypt_parallelism: u32,
 
     /// Highest Argon2 memory, in KiB, an imported hash may have (the default is 128 MiB).
     #[arg(long, env = "AUTHD_IMPORT_MAX_ARGON2_MEMORY_KIB",
           default_value_t = Caps::default().argon2_memory_kib,
           value_parser = clap::value_parser!(u32).range(8..), global = true,
-          display_order = 106)]
+          display_order = 107)]
     pub import_max_argon2_memory_kib: u32,
 
     /// Highest Argon2 time cost (passes over its memory) an imported hash may have.
     #[arg(long, env = "AUTHD_IMPORT_MAX_ARGON2_TIME",
           default_value_t = Caps::default().argon2_time,
           value_parser = clap::value_parser!(u32).range(1..), global = true,
-          display_order = 107)]
+          display_order = 108)]
     pub import_max_argon2_time: u32,
 
     /// Highest Argon2 parallelism (lanes, computed one after another) an imported hash
@@ -53,7 +53,7 @@ pub struct ImportConfig {
     #[arg(long, env = "AUTHD_IMPORT_MAX_ARGON2_LANES",
           default_value_t = Caps::default().argon2_lanes,
           value_parser = clap::value_parser!(u32).range(1..), global = true,
-          display_order = 108)]
+          display_order = 109)]
     pub import_max_argon2_lanes: u32,
 
     /// Highest PBKDF2 iteration count an imported hash may have (times the blocks of
@@ -61,7 +61,7 @@ pub struct ImportConfig {
     #[arg(long, env = "AUTHD_IMPORT_MAX_PBKDF2_ITERATIONS",
           default_value_t = Caps::default().pbkdf2_iterations,
           value_parser = clap::value_parser!(u32).range(1..), global = true,
-          display_order = 109)]
+          display_order = 110)]
     pub import_max_pbkdf2_iterations: u32,
 }
 

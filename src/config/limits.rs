@@ -108,7 +108,7 @@ pub struct LimitsConfig {
     #[arg(long, env = "AUTHD_TRUST_FORWARDED_FOR", default_value_t = false,
           num_args = 0..=1, require_equals = true, default_missing_value = "true",
           action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new(),
-          global = true, display_order = 96)]
+          global = true, display_order = 97)]
     pub trust_forwarded_for: bool,
 
     /// Most keys the in-process rate limiter tracks; beyond it, requests with keys not
@@ -171,14 +171,14 @@ pub struct LimitsConfig {
         long,
         env = "AUTHD_RATE_LIMIT_RULES_FILE",
         global = true,
-        display_order = 91
+        display_order = 92
     )]
     pub rate_limit_rules_file: Option<PathBuf>,
 
     /// How often --rate-limit-rules-file is re-read; a new content that parses is in
     /// force at once, one that does not is refused and the rules in force stay.
     #[arg(long, env = "AUTHD_RATE_LIMIT_RULES_RELOAD", default_value = "10s",
-          value_parser = positive_duration, global = true, display_order = 92)]
+          value_parser = positive_duration, global = true, display_order = 93)]
     pub rate_limit_rules_reload: Duration,
 
     /// Every rule of --rate-limit-rules-file in shadow mode: decided and counted as if
@@ -187,7 +187,7 @@ pub struct LimitsConfig {
     #[arg(long, env = "AUTHD_RATE_LIMIT_SHADOW", default_value_t = false,
           num_args = 0..=1, require_equals = true, default_missing_value = "true",
           action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new(),
-          global = true, display_order = 93)]
+          global = true, display_order = 94)]
     pub rate_limit_shadow: bool,
 }
 

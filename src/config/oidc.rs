@@ -18,7 +18,7 @@ pub struct OidcConfig {
     /// without it). Set it only once every replica runs a release that knows it
     /// (docs/upgrades.md) [default: none; tokens' `iss` is "authd"].
     #[arg(long, env = "AUTHD_ISSUER", value_parser = parse_issuer, global = true,
-          display_order = 120)]
+          display_order = 121)]
     pub issuer: Option<String>,
 
     /// File of the clients allowed to introspect tokens (POST /oauth2/introspect with
@@ -29,7 +29,7 @@ pub struct OidcConfig {
         long,
         env = "AUTHD_INTROSPECTION_KEYS_FILE",
         global = true,
-        display_order = 121
+        display_order = 122
     )]
     pub introspection_keys_file: Option<PathBuf>,
 
@@ -41,7 +41,7 @@ pub struct OidcConfig {
         env = "AUTHD_INTROSPECTION_ALLOW",
         value_delimiter = ',',
         global = true,
-        display_order = 122
+        display_order = 123
     )]
     pub introspection_allow: Vec<String>,
 
@@ -51,18 +51,18 @@ pub struct OidcConfig {
     /// audience of its projected tokens. The keys come from the issuer's discovery
     /// document [default: none].
     #[arg(long, env = "AUTHD_JWT_ISSUERS", value_delimiter = ',',
-          value_parser = jwt_issuer, global = true, display_order = 125)]
+          value_parser = jwt_issuer, global = true, display_order = 126)]
     pub jwt_issuers: Vec<(String, String)>,
 
     /// PEM bundle of the CAs an https external issuer's certificate must chain to
     /// (in Kubernetes, the service account's ca.crt) [default: the Mozilla roots].
-    #[arg(long, env = "AUTHD_JWT_ISSUER_CA", global = true, display_order = 126)]
+    #[arg(long, env = "AUTHD_JWT_ISSUER_CA", global = true, display_order = 127)]
     pub jwt_issuer_ca: Option<PathBuf>,
 
     /// The least time between two fetches of one issuer's keys: a token naming a key
     /// not held fetches them again, at most this often.
     #[arg(long, env = "AUTHD_JWT_ISSUER_REFRESH", default_value = "30s",
-          value_parser = super::parse::positive_duration, global = true, display_order = 127)]
+          value_parser = super::parse::positive_duration, global = true, display_order = 128)]
     pub jwt_issuer_refresh: std::time::Duration,
 }
 

@@ -46,7 +46,7 @@ pub struct OverloadConfig {
     /// requests of its kind are answered at and the requests ahead of it); otherwise
     /// RESOURCE_EXHAUSTED at once, with the predicted wait as its retry hint.
     #[arg(long, env = "AUTHD_MAX_WAIT", default_value = "5s",
-          value_parser = positive_up_to_an_hour, global = true, display_order = 97)]
+          value_parser = positive_up_to_an_hour, global = true, display_order = 98)]
     pub max_wait: Duration,
 
     /// Longest a refused request is held before its answer: a RESOURCE_EXHAUSTED answer

@@ -67,7 +67,7 @@ pub struct PasswordConfig {
     /// hash-bench` prints it ("1: sha-ni x1, 2-13: sha-ni x2, 14-32: avx512 x32"), so
     /// that a fleet runs the plan measured once on its machine type.
     #[arg(long, env = "AUTHD_HASH_KERNELS", default_value = "builtin",
-          value_parser = parse_hash_kernels, global = true, display_order = 94)]
+          value_parser = parse_hash_kernels, global = true, display_order = 95)]
     pub hash_kernels: HashKernels,
 
     /// Nice value of the hashing threads (0 to 19): above 0, the threads that answer
@@ -110,7 +110,7 @@ pub struct PasswordConfig {
         default_value = "pbkdf2-sha256",
         value_enum,
         global = true,
-        display_order = 98
+        display_order = 99
     )]
     pub password_hash: HashAlgorithm,
 
@@ -118,13 +118,13 @@ pub struct PasswordConfig {
     /// 19456, 19 MiB).
     #[arg(long, env = "AUTHD_ARGON2_MEMORY", default_value_t = 19_456,
           value_parser = clap::value_parser!(u32).range(8..=4_194_304), global = true,
-          display_order = 99)]
+          display_order = 100)]
     pub argon2_memory: u32,
 
     /// Argon2id passes over its memory (1 to 100; OWASP: 2).
     #[arg(long, env = "AUTHD_ARGON2_TIME", default_value_t = 2,
           value_parser = clap::value_parser!(u32).range(1..=100), global = true,
-          display_order = 100)]
+          display_order = 101)]
     pub argon2_time: u32,
 
     /// Argon2id lanes (1 to 64; OWASP: 1). They change the hash, not its speed: authd
@@ -132,7 +132,7 @@ pub struct PasswordConfig {
     /// parallelism).
     #[arg(long, env = "AUTHD_ARGON2_PARALLELISM", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=64), global = true,
-          display_order = 101)]
+          display_order = 102)]
     pub argon2_parallelism: u32,
 
     /// The memory Argon2 hashing may hold at once, in MiB (1 to 1048576): a hash waits
@@ -141,7 +141,7 @@ pub struct PasswordConfig {
     /// fails.
     #[arg(long, env = "AUTHD_ARGON2_MEMORY_BUDGET", default_value_t = 256,
           value_parser = clap::value_parser!(u32).range(1..=1_048_576), global = true,
-          display_order = 102)]
+          display_order = 103)]
     pub argon2_memory_budget: u32,
 }
 

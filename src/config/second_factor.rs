@@ -26,25 +26,25 @@ pub struct SecondFactorConfig {
     /// ever stored in the clear, and users with a factor still need it to sign in].
     #[arg(long, env = "AUTHD_DATA_KEYS", hide_env_values = true,
           conflicts_with = "data_keys_file", value_parser = secret::parser::<DataKeys>(),
-          global = true, display_order = 81)]
+          global = true, display_order = 82)]
     pub data_keys: Option<DataKeys>,
 
     /// File holding the data keys in the AUTHD_DATA_KEYS format, commas or one per line
     /// (blank lines and # comments ignored), instead of --data-keys: keeps them out of
     /// `ps` and the environment. Read at start.
-    #[arg(long, env = "AUTHD_DATA_KEYS_FILE", global = true, display_order = 82)]
+    #[arg(long, env = "AUTHD_DATA_KEYS_FILE", global = true, display_order = 83)]
     pub data_keys_file: Option<PathBuf>,
 
     /// The issuer an authenticator app shows beside the username (the otpauth URI's
     /// issuer and label prefix); no colon.
     #[arg(long, env = "AUTHD_TOTP_ISSUER", default_value = "authd",
-          value_parser = issuer, global = true, display_order = 83)]
+          value_parser = issuer, global = true, display_order = 84)]
     pub totp_issuer: String,
 
     /// How long the challenge of a Login that asks for the second factor stays valid
     /// for CompleteLogin, at most 5m.
     #[arg(long, env = "AUTHD_LOGIN_CHALLENGE_TTL", default_value = "5m",
-          value_parser = challenge_ttl, global = true, display_order = 84)]
+          value_parser = challenge_ttl, global = true, display_order = 85)]
     pub login_challenge_ttl: Duration,
 }
 

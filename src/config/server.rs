@@ -97,7 +97,7 @@ pub struct ServerConfig {
     /// a scheduler tick (1 to 10 ms) while the hashing threads are busy. Probes are
     /// not affected.
     #[arg(long, env = "AUTHD_RUNTIME_THREAD_POLICY", value_enum, default_value_t = Policy::Normal,
-          global = true, display_order = 95)]
+          global = true, display_order = 96)]
     pub runtime_thread_policy: Policy,
 
     /// How often health checks the database.
@@ -109,7 +109,7 @@ pub struct ServerConfig {
     /// may call the gRPC and admin ports with gRPC-Web or JSON (CORS), with credentials;
     /// empty allows none and sends no CORS headers.
     #[arg(long, env = "AUTHD_CORS_ORIGINS", default_value = "", value_parser = cors_origins,
-          global = true, display_order = 110)]
+          global = true, display_order = 111)]
     pub cors_origins: CorsOrigins,
 
     /// On SIGTERM/SIGINT, how long requests in flight may take to finish.

@@ -39,11 +39,19 @@ pub struct TelemetryConfig {
     )]
     pub log_format: LogFormat,
 
+    /// Refusals (RESOURCE_EXHAUSTED) logged one by one each second; past it they
+    /// are counted, and one line a second says how many were left out, by method. 0
+    /// logs only those lines. Every other request is logged; metrics count them all.
+    #[arg(long, env = "AUTHD_LOG_REFUSALS", default_value = "100",
+          value_parser = clap::value_parser!(u32).range(0..=1_000_000), global = true,
+          display_order = 72)]
+    pub log_refusals: u32,
+
     /// Where to send traces: an OpenTelemetry collector's OTLP/gRPC address (e.g.
     /// http://otel-collector:4317). Unset: no traces. The standard OpenTelemetry
     /// variable, so collectors and operators find it where they expect.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_parser = otlp_endpoint, global = true,
-          display_order = 72)]
+          display_order = 73)]
     pub otlp_endpoint: Option<String>,
 
     /// The service.name of the traces.
@@ -52,7 +60,7 @@ pub struct TelemetryConfig {
         env = "OTEL_SERVICE_NAME",
         default_value = "authd",
         global = true,
-        display_order = 73
+        display_order = 74
     )]
     pub otel_service_name: String,
 
@@ -64,20 +72,20 @@ pub struct TelemetryConfig {
         default_value = "parentbased_always_on",
         value_enum,
         global = true,
-        display_order = 74
+        display_order = 75
     )]
     pub otel_traces_sampler: SamplerKind,
 
     /// The fraction of traces the traceidratio samplers record, 0 to 1.
     #[arg(long, env = "OTEL_TRACES_SAMPLER_ARG", default_value = "1.0",
-          value_parser = sampler_ratio, global = true, display_order = 75)]
+          value_parser = sampler_ratio, global = true, display_order = 76)]
     pub otel_traces_sampler_arg: f64,
 
     /// Ended spans waiting for export at most; beyond, spans are dropped and counted
     /// (authd_trace_spans_dropped_total), never waited for.
     #[arg(long, env = "AUTHD_TRACE_QUEUE", default_value = "2048",
           value_parser = clap::value_parser!(u32).range(1..=1_000_000), global = true,
-          display_order = 76)]
+          display_order = 77)]
     pub trace_queue: u32,
 }
 

@@ -81,7 +81,7 @@ pub struct TokenConfig {
     /// exchange; docs/service-accounts.md); never longer than --token-ttl (how long
     /// every replica keeps a revocation), a longer value is cut to it.
     #[arg(long, env = "AUTHD_SERVICE_TOKEN_TTL", default_value = "5m",
-          value_parser = token_ttl, global = true, display_order = 123)]
+          value_parser = token_ttl, global = true, display_order = 124)]
     pub service_token_ttl: Duration,
 
     /// The most service accounts an exchanged token may name in its act claim: 1
@@ -89,7 +89,7 @@ pub struct TokenConfig {
     /// that one again, and so on (1 to 8).
     #[arg(long, env = "AUTHD_TOKEN_EXCHANGE_MAX_DEPTH", default_value = "2",
           value_parser = clap::value_parser!(u8).range(1..=8), global = true,
-          display_order = 124)]
+          display_order = 125)]
     pub token_exchange_max_depth: u8,
 
     /// Key of the keyed digest (HMAC-SHA256) that names an account in the login

@@ -3,6 +3,7 @@
 //! never queues.
 //!
 //! - `trace`: request id, one log event and the request metrics per request;
+//!   `refusal_log` (not a layer) is its budget of refusal lines a second;
 //! - `pushback`: refusals with a retry hint held on a timer before their answer;
 //! - `access`: the mutual-TLS allow-list, identity per method (PERMISSION_DENIED);
 //! - `ratelimit`: the rate limits of `AUTHD_RATE_LIMITS`, refused at once with
@@ -23,4 +24,5 @@ pub(crate) mod admission;
 pub(crate) mod pace;
 pub(crate) mod pushback;
 pub(crate) mod ratelimit;
+pub(crate) mod refusal_log;
 pub(crate) mod trace;

@@ -22,10 +22,13 @@
 //!   or the connection closed) ends as CANCELLED.
 //!
 //! It sits outside the rate limit and admission layers, so their refusals are
-//! counted and logged too. It must stay cheap: the label handles are resolved once
+//! counted and logged too: the refusals (RESOURCE_EXHAUSTED) within the budget of
+//! [`RefusalLog`], the rest summarised once a second. Every line's target is
+//! `authd::trace`, whatever the module's path, as the docs name it for filters. It must stay cheap: the label handles are resolved once
 //! (see `metrics::GrpcMetrics`), and nothing here allocates for a request that
 //! comes with its own id.
 
+use super::refusal_log::RefusalLog;
 use crate::{
     metrics::{CODE_NAMES, Metrics},
     middleware::{BoxFuture, Middleware, MiddlewareLayer, Request, Response},
@@ -55,16 +58,27 @@ const MAX_LOGGED_PATH: usize = 128;
 const CODE_OK: usize = 0;
 const CODE_CANCELLED: usize = 1;
 const CODE_UNKNOWN: usize = 2;
+const CODE_RESOURCE_EXHAUSTED: usize = 8;
 
 /// The outermost layer's policy: id, count, time and log every request.
 pub struct Trace {
     metrics: Arc<Metrics>,
     traces: Option<Arc<Traces>>,
+    refusals: Arc<RefusalLog>,
 }
 
-/// The trace layer; with `traces`, every request also gets a server span.
-pub(crate) fn layer(metrics: Arc<Metrics>, traces: Option<Arc<Traces>>) -> MiddlewareLayer<Trace> {
-    MiddlewareLayer::new(Arc::new(Trace { metrics, traces }))
+/// The trace layer; with `traces`, every request also gets a server span. Its
+/// refusals' lines count against `refusals`, which every port shares.
+pub(crate) fn layer(
+    metrics: Arc<Metrics>,
+    traces: Option<Arc<Traces>>,
+    refusals: Arc<RefusalLog>,
+) -> MiddlewareLayer<Trace> {
+    MiddlewareLayer::new(Arc::new(Trace {
+        metrics,
+        traces,
+        refusals,
+    }))
 }
 
 impl Middleware for Trace {
@@ -103,15 +117,8 @@ impl Middleware for Trace {
             Some(cx) => otel::trace_id(cx).or_else(|| otel::caller_trace_id(req.headers())),
             None => otel::caller_trace_id(req.headers()),
         };
-        let mut pending = Pending::start(
-            self.metrics.clone(),
-            rpc,
-            request_id,
-            peer,
-            client,
-            unknown_path,
-            started,
-        );
+        let mut pending =
+            Pending::start(&self, rpc, request_id, peer, client, unknown_path, started);
         pending.trace_id = trace_id;
         pending.forwarded_for = forwarded_for;
         pending.protocol = protocol;
@@ -175,6 +182,7 @@ impl<F: Future> Future for InContext<F> {
 /// unfinished (the response future was dropped) records it as CANCELLED.
 struct Pending {
     metrics: Arc<Metrics>,
+    refusals: Arc<RefusalLog>,
     rpc: Rpc,
     /// The protocol it arrived in (gRPC, or translated from gRPC-Web or JSON).
     protocol: Protocol,
@@ -197,7 +205,7 @@ struct Pending {
 
 impl Pending {
     fn start(
-        metrics: Arc<Metrics>,
+        trace: &Trace,
         rpc: Rpc,
         request_id: HeaderValue,
         peer: Option<SocketAddr>,
@@ -205,9 +213,10 @@ impl Pending {
         unknown_path: Option<String>,
         started: Instant,
     ) -> Self {
-        metrics.grpc.in_flight.inc();
+        trace.metrics.grpc.in_flight.inc();
         Self {
-            metrics,
+            metrics: trace.metrics.clone(),
+            refusals: trace.refusals.clone(),
             rpc,
             protocol: Protocol::Grpc,
             request_id,
@@ -235,6 +244,14 @@ impl Pending {
         if let Some(cx) = self.span.take() {
             otel::end_server_span(&cx, code, CODE_NAMES[code]);
         }
+        // tokio's time: the budget's windows, driven by tests (start_paused).
+        let now = tokio::time::Instant::now();
+        if code == CODE_RESOURCE_EXHAUSTED
+            && !self.rpc.is_exempt()
+            && !self.refusals.admits(self.rpc, now)
+        {
+            return;
+        }
 
         let rpc = self.rpc;
         let protocol = self.protocol.label();
@@ -251,6 +268,7 @@ impl Pending {
         let reason = self.decision.map(|d| d.reason);
         if rpc.is_exempt() {
             tracing::debug!(
+                target: "authd::trace",
                 request_id,
                 service = rpc.service(),
                 method = rpc.method(),
@@ -265,6 +283,7 @@ impl Pending {
             );
         } else {
             tracing::info!(
+                target: "authd::trace",
                 request_id,
                 service = rpc.service(),
                 method = rpc.method(),
@@ -333,9 +352,9 @@ fn truncated(path: &str) -> &str {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
-    use std::convert::Infallible;
+    use std::{convert::Infallible, time::Duration};
     use tower::{Layer as _, ServiceExt as _};
 
     fn service(
@@ -354,7 +373,11 @@ mod tests {
             }
             Ok::<_, Infallible>(response)
         });
-        layer(metrics, None).layer(inner)
+        layer(metrics, None, budget(100)).layer(inner)
+    }
+
+    fn budget(per_second: u32) -> Arc<RefusalLog> {
+        Arc::new(RefusalLog::new(per_second))
     }
 
     fn request(path: &str, id: Option<&str>) -> Request {
@@ -367,7 +390,31 @@ mod tests {
 
     /// A writer into a shared buffer, for the log lines of one test.
     #[derive(Clone, Default)]
-    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+    pub(crate) struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl Captured {
+        /// What was logged so far.
+        pub(crate) fn text(&self) -> String {
+            String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+        }
+    }
+
+    /// The log lines of this thread, as text without colours, until the guard drops.
+    pub(crate) fn capture_logs() -> (Captured, tracing::subscriber::DefaultGuard) {
+        // tracing caches, process-wide, whether each call site is wanted, and while at
+        // most one subscriber exists it asks only the thread that reaches the site
+        // first: a test on another thread, with none, would mark the request line
+        // unwanted for this one too. With a global subscriber beside this test's own,
+        // every thread's answer counts both.
+        let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry());
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        (captured, tracing::subscriber::set_default(subscriber))
+    }
 
     impl std::io::Write for Captured {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -381,19 +428,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_request_line_names_an_authorization_decision() {
-        // tracing caches, process-wide, whether each call site is wanted, and while at
-        // most one subscriber exists it asks only the thread that reaches the site
-        // first: a test on another thread, with none, would mark the request line
-        // unwanted for this one too. With a global subscriber beside this test's own,
-        // every thread's answer counts both.
-        let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry());
-        let captured = Captured::default();
-        let writer = captured.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .finish();
-        let _guard = tracing::subscriber::set_default(subscriber);
+        let (captured, _guard) = capture_logs();
         let inner = tower::service_fn(|_req: Request| async {
             let mut response = Response::new(tonic::body::Body::empty());
             response.extensions_mut().insert(AuthzDecision {
@@ -402,11 +437,11 @@ mod tests {
             });
             Ok::<_, Infallible>(response)
         });
-        let svc = layer(Arc::new(Metrics::new()), None).layer(inner);
+        let svc = layer(Arc::new(Metrics::new()), None, budget(100)).layer(inner);
         let path = "/envoy.service.auth.v3.Authorization/Check";
         let response = svc.oneshot(request(path, None)).await.unwrap();
         assert!(response.extensions().get::<AuthzDecision>().is_none());
-        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        let text = captured.text();
         assert!(text.contains(r#"method="Check""#), "{text}");
         assert!(text.contains(r#"decision="deny""#), "{text}");
         assert!(text.contains(r#"reason="revoked""#), "{text}");
@@ -414,15 +449,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_request_line_names_a_forwarded_client_that_is_not_the_peer() {
-        // As above: a global subscriber beside this test's own.
-        let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry());
-        let captured = Captured::default();
-        let writer = captured.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .finish();
-        let _guard = tracing::subscriber::set_default(subscriber);
+        let (captured, _guard) = capture_logs();
         let svc = service(Arc::new(Metrics::new()), None);
         for (id, client) in [("named", "203.0.113.9"), ("itself", "10.0.0.1")] {
             let mut req = request("/auth.v1.AuthService/Login", Some(id));
@@ -434,7 +461,7 @@ mod tests {
                 .insert(rpc::Client(client.parse().unwrap()));
             svc.clone().oneshot(req).await.unwrap();
         }
-        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        let text = captured.text();
         let line = |id: &str| {
             (text.lines())
                 .find(|l| l.contains(&format!("request_id=\"{id}\"")))
@@ -446,6 +473,52 @@ mod tests {
             "{text}"
         );
         assert!(!line("itself").contains("forwarded_for"), "{text}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn refusals_past_the_budget_are_counted_but_not_logged_one_by_one() {
+        let (captured, _guard) = capture_logs();
+        let metrics = Arc::new(Metrics::new());
+        let refusals = budget(2);
+        let answering = |code: &'static str| {
+            let inner = tower::service_fn(move |_req: Request| async move {
+                let mut response = Response::new(tonic::body::Body::empty());
+                (response.headers_mut()).insert("grpc-status", HeaderValue::from_static(code));
+                Ok::<_, Infallible>(response)
+            });
+            layer(metrics.clone(), None, refusals.clone()).layer(inner)
+        };
+        for (code, n) in [("8", 5), ("16", 3), ("8", 1)] {
+            for _ in 0..n {
+                let req = request("/auth.v1.AuthService/Login", None);
+                answering(code).oneshot(req).await.unwrap();
+            }
+        }
+        let lines = |text: &str, code: &str| {
+            (text.lines())
+                .filter(|l| l.contains(" authd::trace: request ") && l.contains(code))
+                .count()
+        };
+        let text = captured.text();
+        // Two refusals of six logged; every other answer logged.
+        assert_eq!(lines(&text, r#"code="RESOURCE_EXHAUSTED""#), 2, "{text}");
+        assert_eq!(lines(&text, r#"code="UNAUTHENTICATED""#), 3, "{text}");
+        let counted = metrics.render();
+        assert!(counted.contains(
+            r#"authd_grpc_requests_total{code="RESOURCE_EXHAUSTED",method="Login",protocol="grpc",service="auth.v1.AuthService"} 6"#
+        ), "{counted}");
+        // The next second logs what the last one left out.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        answering("8")
+            .oneshot(request("/auth.v1.AuthService/Login", None))
+            .await
+            .unwrap();
+        let text = captured.text();
+        assert!(
+            text.contains(r#"refusals not logged one by one unlogged=4 methods="Login 4""#),
+            "{text}"
+        );
+        assert_eq!(lines(&text, r#"code="RESOURCE_EXHAUSTED""#), 3, "{text}");
     }
 
     #[tokio::test]
@@ -507,7 +580,7 @@ mod tests {
         let inner = tower::service_fn(|_req: Request| async {
             std::future::pending::<Result<Response, Infallible>>().await
         });
-        let mut svc = layer(metrics.clone(), None).layer(inner);
+        let mut svc = layer(metrics.clone(), None, budget(100)).layer(inner);
         let future = svc.call(request("/auth.v1.AuthService/Register", None));
         assert!(metrics.render().contains("authd_grpc_requests_in_flight 1"));
         drop(future);

@@ -558,3 +558,75 @@ async fn a_login_is_logged_once_with_its_user_and_no_secret() {
         assert!(!all.contains(secret), "a secret was logged:\n{all}");
     }
 }
+
+#[tokio::test]
+async fn refusals_past_the_log_budget_are_summarised_and_none_goes_uncounted() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = spawn_authd(
+        dir.path(),
+        &[
+            ("AUTHD_REGISTER_LIMIT", "2/1m".into()),
+            ("AUTHD_REFUSAL_HOLD", "0s".into()),
+            ("AUTHD_LOG_REFUSALS", "3".into()),
+        ],
+    );
+    let client = running.client().await;
+    // Forty registrations at once, on one connection: two within the limit.
+    let calls = (0..40).map(|i| {
+        let mut client = client.clone();
+        async move { register(&mut client, &format!("crowd-{i}"), "correct horse").await }
+    });
+    let results = futures::future::join_all(calls).await;
+    let refused = results
+        .iter()
+        .filter(|r| matches!(r, Err(s) if s.code() == Code::ResourceExhausted))
+        .count();
+    assert_eq!((results.len() - refused, refused), (2, 38));
+    let mut client = client.clone();
+    expect_code(
+        login(&mut client, "crowd-nobody", "wrong").await,
+        Code::Unauthenticated,
+    );
+
+    let m = scrape(running.metrics_addr.parse().unwrap()).await;
+    let labels = [
+        AUTH,
+        ("method", "Register"),
+        ("code", "RESOURCE_EXHAUSTED"),
+        GRPC,
+    ];
+    assert_eq!(m.value("authd_grpc_requests_total", &labels), 38.0);
+    let (status, log) = running.terminate().await;
+    assert!(status.success());
+    let events: Vec<serde_json::Value> = log
+        .iter()
+        .map(|l| serde_json::from_str(l).expect("JSON lines"))
+        .collect();
+    let lines = |code: &str| {
+        (events.iter())
+            .filter(|e| e["message"] == "request" && e["code"] == code)
+            .count()
+    };
+    // The budget's refusals one by one, every other answer one by one, and the rest
+    // in the summaries, the last one written as the server stopped.
+    let logged = lines("RESOURCE_EXHAUSTED");
+    let summaries: Vec<_> = (events.iter())
+        .filter(|e| e["message"] == "refusals not logged one by one")
+        .collect();
+    let unlogged: u64 = summaries
+        .iter()
+        .map(|e| e["unlogged"].as_u64().unwrap())
+        .sum();
+    assert!(logged >= 3, "{log:?}");
+    assert!(unlogged > 0, "{log:?}");
+    assert_eq!(logged as u64 + unlogged, 38, "{log:?}");
+    for summary in &summaries {
+        assert_eq!(summary["target"], "authd::trace", "{summary}");
+        assert_eq!(summary["code"], "RESOURCE_EXHAUSTED", "{summary}");
+        let n = summary["unlogged"].as_u64().unwrap();
+        assert_eq!(summary["methods"], format!("Register {n}"), "{summary}");
+    }
+    assert_eq!((lines("OK"), lines("UNAUTHENTICATED")), (2, 1));
+    let request_line = events.iter().find(|e| e["message"] == "request").unwrap();
+    assert_eq!(request_line["target"], "authd::trace", "{request_line}");
+}
