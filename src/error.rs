@@ -482,6 +482,85 @@ impl Error {
     }
 }
 
+/// A refusal for load or by a rate limit, answered by a layer below pushback and left
+/// unencoded in its response's extensions: pushback, the layer above every layer that
+/// makes one, holds it and encodes it once, with what is left of its hint (see
+/// `layers::pushback`). Encoding a status is about a tenth of what refusing costs, and
+/// a refusal held and answered with a shorter hint would otherwise be encoded twice.
+#[derive(Debug, Clone)]
+pub(crate) enum Unsent {
+    /// [`Error::Overloaded`].
+    Overloaded {
+        what: &'static str,
+        retry_after: Duration,
+    },
+    /// [`Error::RateLimited`].
+    RateLimited {
+        violations: Vec<QuotaViolation>,
+        limit: u32,
+        retry_after: Duration,
+    },
+}
+
+impl Unsent {
+    /// Its retry hint.
+    pub(crate) fn hint(&self) -> Duration {
+        match self {
+            Unsent::Overloaded { retry_after, .. } | Unsent::RateLimited { retry_after, .. } => {
+                *retry_after
+            }
+        }
+    }
+
+    /// The response to send, its hint replaced by `wait` when given, with `headers`
+    /// (what the layers between added to the unsent response, e.g. the rate limit's
+    /// quota fields) after the status's own.
+    pub(crate) fn encode(
+        self,
+        wait: Option<Duration>,
+        headers: http::HeaderMap,
+    ) -> http::Response<tonic::body::Body> {
+        let wait = wait.unwrap_or(self.hint());
+        let err = match self {
+            Unsent::Overloaded { what, .. } => Error::Overloaded {
+                what,
+                retry_after: wait,
+            },
+            Unsent::RateLimited {
+                violations, limit, ..
+            } => Error::RateLimited {
+                violations,
+                limit,
+                retry_after: wait,
+            },
+        };
+        let mut response = err.to_status().into_http();
+        response.headers_mut().extend(headers);
+        response
+    }
+}
+
+/// The answer of a layer below pushback (admission, the rate limit): a refusal with a
+/// retry hint left [`Unsent`], for pushback to encode; any other error encoded.
+pub(crate) fn layer_answer(err: Error) -> http::Response<tonic::body::Body> {
+    let unsent = match err {
+        Error::Overloaded { what, retry_after } => Unsent::Overloaded { what, retry_after },
+        Error::RateLimited {
+            violations,
+            limit,
+            retry_after,
+        } => Unsent::RateLimited {
+            violations,
+            limit,
+            retry_after,
+        },
+        other => return other.to_status().into_http(),
+    };
+    let mut response = http::Response::new(tonic::body::Body::empty());
+    response.extensions_mut().insert(unsent);
+    response
+}
+
 /// The retry hint of a refusal for load or for a limit (RESOURCE_EXHAUSTED with a
 /// RetryInfo detail), if `status` is one.
 pub(crate) fn retry_hint(status: &Status) -> Option<Duration> {

@@ -157,6 +157,15 @@ pub(crate) mod testing {
         request
     }
 
+    /// `response` as sent when nothing holds it: a layer's unsent refusal encoded with
+    /// its hint, as pushback does when it answers at once.
+    pub(crate) fn sent(mut response: Response) -> Response {
+        match response.extensions_mut().remove::<crate::error::Unsent>() {
+            Some(unsent) => unsent.encode(None, response.into_parts().0.headers),
+            None => response,
+        }
+    }
+
     /// The `grpc-status` of a response, if it has one.
     pub(crate) fn grpc_status(response: &Response) -> Option<&str> {
         response

@@ -40,7 +40,7 @@
 
 use super::pace::Pace;
 use crate::{
-    error::Error,
+    error::{self, Error},
     metrics::OverloadMetrics,
     middleware::{BoxFuture, Middleware, MiddlewareLayer, Request, Response},
     rpc::{self, Deadline, Rpc},
@@ -367,7 +367,7 @@ impl Middleware for Admission {
             _ => self.settings.max_body_bytes,
         };
         let refuse = |err: Error| -> BoxFuture<Result<Response, S::Error>> {
-            let response = err.to_status().into_http();
+            let response = error::layer_answer(err);
             Box::pin(async move { Ok(response) })
         };
         if self.draining.load(Ordering::SeqCst) {
@@ -398,7 +398,7 @@ impl Middleware for Admission {
         let receive_by = deadline.min(arrived + self.settings.receive_timeout);
         Box::pin(async move {
             let mut share = share;
-            let answer = |err: Error| Ok(err.to_status().into_http());
+            let answer = |err: Error| Ok(error::layer_answer(err));
             let (mut parts, body) = req.into_parts();
             let limited = Limited::new(body, max_body_bytes);
             let body = match tokio::time::timeout_at(receive_by, limited.collect()).await {
@@ -466,7 +466,7 @@ pub(crate) mod tests {
     use crate::metrics::OverloadMetrics;
     use crate::middleware::{
         MiddlewareService,
-        testing::{Counting, SERVED, counting_service, grpc_status, served},
+        testing::{Counting, SERVED, counting_service, grpc_status, sent, served},
     };
     use bytes::Bytes;
     use std::{convert::Infallible, sync::atomic::AtomicUsize};
@@ -603,7 +603,7 @@ pub(crate) mod tests {
             .oneshot(request("/auth.v1.AuthService/Login", None))
             .await
             .unwrap();
-        assert_eq!(grpc_status(&refused), Some("8")); // RESOURCE_EXHAUSTED
+        assert_eq!(grpc_status(&sent(refused)), Some("8")); // RESOURCE_EXHAUSTED
         // Another client gets its share at once.
         let other = |n: u8| {
             let mut other = request("/auth.v1.AuthService/Login", None);
@@ -735,8 +735,10 @@ pub(crate) mod tests {
         // take half a second, well within the room of a client alone (3/4 of 10 s).
         let held = hold(&state, &svc, 1, 50, "10S").await;
         let ask = |n: u8, timeout: &str| {
-            svc.clone()
-                .oneshot(call_from(n, LOGIN, Some(timeout), false))
+            let call = svc
+                .clone()
+                .oneshot(call_from(n, LOGIN, Some(timeout), false));
+            async move { call.await.map(sent) }
         };
 
         // One more from client 1 would take 0.51 s; with 400 ms to its deadline it
@@ -812,7 +814,7 @@ pub(crate) mod tests {
         // answered within the longest wait: refused at once.
         let held = hold(&state, &svc, 1, 50, "10S").await;
         let refused = svc.clone().oneshot(call_from(2, LOGIN, None, false));
-        let refused = refused.await.unwrap();
+        let refused = sent(refused.await.unwrap());
         assert_eq!(grpc_status(&refused), Some("8"));
         assert!(hint(&refused) >= Duration::from_millis(510));
         assert_eq!(metrics.admission_deadline.get(), 1);

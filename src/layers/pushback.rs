@@ -27,6 +27,10 @@
 //! of the hint once held, so a client that honours it waits no longer in all than
 //! it was told, unless the budget is spent.
 //!
+//! A refusal made by a layer below (admission, the rate limit) arrives unsent
+//! (`error::Unsent`) and is encoded here, once, with what is left of its hint; a
+//! handler's (the login throttle's) arrives encoded, and is encoded again when held.
+//!
 //! A held answer costs a timer and the stream it is the answer of, nothing else: it
 //! holds no in-flight place, no hash slot, no client share. Held answers are
 //! bounded per client (`AUTHD_REFUSAL_HOLD_MAX_PER_CLIENT`) and in all
@@ -238,7 +242,7 @@ impl Middleware for Pushback {
             // for a refusal, what refusing it cost.
             let mut busy = Duration::ZERO;
             let mut answer = pin!(inner.call(req));
-            let response = std::future::poll_fn(|cx| {
+            let mut response = std::future::poll_fn(|cx| {
                 // Real time: the work a refusal cost, a metric.
                 let start = std::time::Instant::now();
                 let poll = answer.as_mut().poll(cx);
@@ -246,12 +250,23 @@ impl Middleware for Pushback {
                 poll
             })
             .await?;
-            let Some(hint) = response
-                .extensions()
-                .get::<tonic::Status>()
-                .and_then(error::retry_hint)
-            else {
+            // A layer's refusal comes unsent, to be encoded once, here; a handler's
+            // comes encoded, its status beside.
+            let unsent = response.extensions_mut().remove::<error::Unsent>();
+            let hint = match &unsent {
+                Some(unsent) => Some(unsent.hint()),
+                None => (response.extensions().get::<tonic::Status>()).and_then(error::retry_hint),
+            };
+            let Some(hint) = hint else {
                 return Ok(response);
+            };
+            // The answer, with `left` of its hint (None: as it was made).
+            let answer = |response: Response, left: Option<Duration>| match unsent {
+                Some(unsent) => unsent.encode(left, response.into_parts().0.headers),
+                None => match (left, response.extensions().get::<tonic::Status>()) {
+                    (Some(left), Some(status)) => error::with_retry_hint(status, left).into_http(),
+                    _ => response,
+                },
             };
             self.metrics.refusal_seconds.inc_by(busy.as_secs_f64());
             // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
@@ -267,12 +282,12 @@ impl Middleware for Pushback {
             let mut released = self.released.subscribe();
             if latest <= refused || *released.borrow() {
                 self.metrics.at_once.inc();
-                return Ok(response);
+                return Ok(answer(response, None));
             }
             let hinted = refused.checked_add(hint).unwrap_or(latest);
             let Some((held, until)) = self.hold(client, refused, hinted, latest) else {
                 self.metrics.at_once.inc();
-                return Ok(response);
+                return Ok(answer(response, None));
             };
             self.metrics.held_total.inc();
             tokio::select! {
@@ -280,11 +295,8 @@ impl Middleware for Pushback {
                 _ = released.changed() => {}
             }
             drop(held);
-            let Some(status) = response.extensions().get::<tonic::Status>() else {
-                return Ok(response);
-            };
             let left = hint.saturating_sub(refused.elapsed());
-            Ok(error::with_retry_hint(status, left).into_http())
+            Ok(answer(response, Some(left)))
         })
     }
 }
@@ -298,6 +310,7 @@ mod tests {
         middleware::testing::{grpc_status, served},
     };
     use std::{convert::Infallible, task::Poll};
+    use tonic_types::StatusExt as _;
     use tower::{Layer as _, ServiceExt as _};
 
     fn settings(max_hold: Duration, max_held: u32, per_client: u32) -> PushbackSettings {
@@ -422,6 +435,53 @@ mod tests {
         let response = svc.oneshot(from("10.0.0.1", None)).await.unwrap();
         assert_eq!(start.elapsed(), Duration::from_millis(60));
         assert_eq!(hint_of(&response), Some(Duration::ZERO));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_layers_unsent_refusal_is_encoded_once_with_what_is_left_and_what_was_added() {
+        let metrics = Metrics::new();
+        let state = Pushback::new(
+            settings(Duration::from_secs(1), 10, 10),
+            metrics.overload.clone(),
+        );
+        // A rate limit's refusal left unsent, and a header a layer between added.
+        let below = tower::service_fn(|_req: Request| async {
+            let mut response = error::layer_answer(Error::RateLimited {
+                violations: vec![error::QuotaViolation {
+                    subject: "client:10.0.0.1".into(),
+                    description: "Login: 5 per 1m".into(),
+                }],
+                limit: 5,
+                retry_after: Duration::from_secs(3),
+            });
+            assert!(response.headers().get("grpc-status").is_none());
+            (response.headers_mut()).insert("x-between", http::HeaderValue::from_static("kept"));
+            Ok::<_, Infallible>(response)
+        });
+        let svc = layer(state.clone()).layer(below);
+        // Held a second, answered with the two seconds left, encoded once.
+        // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
+        let start = Instant::now();
+        let response = svc.clone().oneshot(from("10.0.0.1", None)).await.unwrap();
+        assert_eq!(start.elapsed(), Duration::from_secs(1));
+        assert_eq!(grpc_status(&response), Some("8"));
+        assert_eq!(hint_of(&response), Some(Duration::from_secs(2)));
+        let headers = response.headers();
+        assert_eq!(headers["retry-after"], "2");
+        assert_eq!(headers["ratelimit-limit"], "5");
+        assert_eq!(headers["ratelimit-reset"], "2");
+        assert_eq!(headers["x-between"], "kept");
+        assert_eq!(headers.get_all("grpc-status").iter().count(), 1);
+        assert!(response.extensions().get::<error::Unsent>().is_none());
+        let status = response.extensions().get::<tonic::Status>().unwrap();
+        let quota = status.get_details_quota_failure().unwrap();
+        assert_eq!(quota.violations[0].subject, "client:10.0.0.1");
+        // Past the bound on held refusals it is answered at once, encoded with its hint.
+        let zero = Pushback::new(settings(Duration::ZERO, 10, 10), metrics.overload.clone());
+        let svc = layer(zero).layer(below);
+        let response = svc.oneshot(from("10.0.0.1", None)).await.unwrap();
+        assert_eq!(hint_of(&response), Some(Duration::from_secs(3)));
+        assert_eq!(response.headers()["x-between"], "kept");
     }
 
     #[tokio::test(start_paused = true)]

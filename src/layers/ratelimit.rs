@@ -13,7 +13,7 @@
 //! reflection: probes and tooling must answer however busy the service is.
 
 use crate::{
-    error::whole_seconds,
+    error::{self, whole_seconds},
     middleware::{BoxFuture, Middleware, MiddlewareLayer, Request, Response},
     ratelimit::{Deferred, Quota, RateLimiter},
     rpc::{self, Rpc},
@@ -69,7 +69,7 @@ impl Middleware for RateLimiter {
                 }
                 Err(err) => {
                     tracing::debug!(error = %err, "request refused by the rate limiter");
-                    Ok(err.to_status().into_http())
+                    Ok(error::layer_answer(err))
                 }
             }
         })
@@ -91,7 +91,7 @@ fn add_quota_headers(headers: &mut http::HeaderMap, quota: Quota) {
 mod tests {
     use super::*;
     use crate::{
-        middleware::testing::{Counting, counting_service, request, served},
+        middleware::testing::{Counting, counting_service, request, sent, served},
         ratelimit::{FailureMode, Settings},
     };
     use std::{
@@ -146,6 +146,7 @@ mod tests {
             .oneshot(request("/auth.v1.AuthService/Login"))
             .await
             .unwrap();
+        let refused = sent(refused);
         assert_eq!(header(&refused, "grpc-status"), Some("8")); // RESOURCE_EXHAUSTED
         assert_eq!(header(&refused, "ratelimit-remaining"), Some("0"));
         assert_eq!(header(&refused, "retry-after"), Some("60"));
@@ -180,7 +181,7 @@ mod tests {
             }
         }
         // An unknown path is counted by `*` rules like any other method.
-        let unknown = svc.oneshot(request("/some.Other/Thing")).await.unwrap();
+        let unknown = sent(svc.oneshot(request("/some.Other/Thing")).await.unwrap());
         assert_eq!(header(&unknown, "grpc-status"), Some("8"));
         assert_eq!(calls.load(Ordering::SeqCst), 13);
     }
