@@ -10,8 +10,9 @@
 //! - each refusal takes the next answer slot of a schedule that gives
 //!   `AUTHD_REFUSAL_RATE` slots a second, and is answered at its slot or at the end
 //!   of its hint, whichever is later, rounded up to a 20 ms grid;
-//! - never later than `AUTHD_REFUSAL_HOLD` after it was refused, nor than four
-//!   fifths of the time left to the client's deadline; a call with no deadline at
+//! - never later than `AUTHD_REFUSAL_HOLD` after it was refused, nor than an
+//!   admitted request would be answered (a twentieth of its time before its
+//!   deadline, at most 20 ms: `rpc::answer_margin`); a call with no deadline at
 //!   most [`UNTIMED_HOLD`], since its client may keep a timer the server cannot see.
 //!   That longest hold is rounded down to the same grid, and a refusal it leaves no
 //!   step of the grid to wait is answered at once.
@@ -19,7 +20,12 @@
 //! Every held answer is thus sent on a step of the grid, and a crowd's answers go
 //! out together: one wake-up of the runtime, one write per connection for all the
 //! answers it carries, rather than one each. A crowd refused for its deadlines
-//! (each held to four fifths of its own time left) is answered that way too.
+//! (each held until its own deadline is near) is answered that way too.
+//!
+//! Held that long, a client that re-asks at once costs one refusal per deadline,
+//! less the margin. Held any shorter, it costs one a fraction of its deadline sooner:
+//! 1 s deadlines and 5,000 in flight on one core (bench/seed-table.sh) kept about 0.7
+//! of the uncongested rate held half the time left, about 0.8 held four fifths of it.
 //!
 //! A client that re-asks at once is then answered no faster than the budget, so
 //! the refusals it can cost the server are bounded, whatever its concurrency: it is
@@ -54,16 +60,6 @@ use std::{
 };
 use tokio::{sync::watch, time::Instant};
 use tower::Service;
-
-/// A held refusal is answered before this share of the time left to the client's
-/// deadline has passed (numerator, denominator). The rest is the client's margin: its
-/// timer started before ours, a crowd's answers are released together and take
-/// their turns on the runtime, and a client that times out by itself sees no status
-/// and no hint. Held any shorter, a client that re-asks at once costs a refusal a
-/// fraction of its deadline sooner: 1 s deadlines and 5,000 in flight on one core
-/// (bench/seed-table.sh) kept about 0.7 of the uncongested rate held half the time
-/// left, about 0.8 held four fifths of it.
-const DEADLINE_SHARE: (u32, u32) = (4, 5);
 
 /// The longest a refusal of a call with no deadline (no `grpc-timeout`) is held. Its
 /// client may still keep a timer of its own that the server cannot see (tonic's
@@ -235,7 +231,9 @@ impl Middleware for Pushback {
         }
         // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let arrived = Instant::now();
-        let deadline = rpc::grpc_timeout(req.headers()).and_then(|t| arrived.checked_add(t));
+        // Answered by when an admitted request would be: a little before its deadline.
+        let answer_by = rpc::grpc_timeout(req.headers())
+            .and_then(|t| arrived.checked_add(t - rpc::answer_margin(t)));
         let client = rpc::request_client(&req);
         Box::pin(async move {
             // The time the layers below spend on the request, polled on this runtime:
@@ -271,11 +269,8 @@ impl Middleware for Pushback {
             self.metrics.refusal_seconds.inc_by(busy.as_secs_f64());
             // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
             let refused = Instant::now();
-            let longest = match deadline {
-                Some(deadline) => {
-                    let left = deadline.saturating_duration_since(refused);
-                    left * DEADLINE_SHARE.0 / DEADLINE_SHARE.1
-                }
+            let longest = match answer_by {
+                Some(answer_by) => answer_by.saturating_duration_since(refused),
                 None => UNTIMED_HOLD,
             };
             let latest = refused + self.settings.max_hold.min(longest);
@@ -409,7 +404,8 @@ mod tests {
         assert_eq!(grpc_status(&response), Some("8"));
         assert_eq!(hint_of(&response), Some(Duration::from_secs(2)));
         assert_eq!(response.headers().get("retry-after").unwrap(), "2");
-        // Never past four fifths of the time left to the client's deadline.
+        // Never past the time an admitted call would be answered by: 15 ms (a
+        // twentieth) before its deadline, 1.285 s, on the grid 1.28 s.
         // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let start = Instant::now();
         let response = svc
@@ -417,15 +413,15 @@ mod tests {
             .oneshot(from("10.0.0.1", Some("300m")))
             .await
             .unwrap();
-        assert_eq!(start.elapsed(), Duration::from_millis(240));
-        assert_eq!(hint_of(&response), Some(Duration::from_millis(2760)));
+        assert_eq!(start.elapsed(), Duration::from_millis(280));
+        assert_eq!(hint_of(&response), Some(Duration::from_millis(2720)));
         assert_eq!(metrics.overload.held_total.get(), 2);
         assert_eq!(metrics.overload.at_once.get(), 0);
         assert_eq!(state.held(), 0);
         assert_eq!(metrics.overload.held.get(), 0);
         // A refusal with a hint shorter than the hold waits only its hint, rounded up
-        // to the grid of answers (here refused 1.24 s from the start, its hint ends at
-        // 1.29 s, answered at 1.3 s).
+        // to the grid of answers (here refused 1.28 s from the start, its hint ends at
+        // 1.33 s, answered at 1.34 s).
         let svc = layer(state.clone()).layer(refusing(|| Error::Overloaded {
             what: "full",
             retry_after: Duration::from_millis(50),
@@ -492,24 +488,25 @@ mod tests {
             metrics.overload.clone(),
         );
         let svc = layer(state.clone()).layer(refusing(overloaded));
-        // Refused 7 ms past a step of the grid, their longest holds end 244, 252 and
-        // 260 ms later (four fifths of 305, 315 and 325 ms): at 251, 259 and 267 ms
-        // on the grid, rounded down to 240, 240 and 260.
+        // Refused 7 ms past a step of the grid, their longest holds end 290, 300 and
+        // 308.75 ms later (a twentieth of 305, 315 and 325 ms, at most 20 ms, before
+        // their deadlines): at 297, 307 and 315.75 ms, rounded down to the grid: 280,
+        // 300 and 300.
         tokio::time::advance(Duration::from_millis(7)).await;
         let answered = answers(&svc, ["305m", "315m", "325m"]).await;
         let ms = |ms| Duration::from_millis(ms);
         assert_eq!(
             answered,
             [
-                (ms(233), ms(3000 - 233)),
-                (ms(233), ms(3000 - 233)),
-                (ms(253), ms(3000 - 253)),
+                (ms(273), ms(3000 - 273)),
+                (ms(293), ms(3000 - 293)),
+                (ms(293), ms(3000 - 293)),
             ]
         );
         assert_eq!(metrics.overload.held_total.get(), 3);
         // A deadline that leaves no step of the grid to wait for: answered at once,
-        // with its hint whole (refused at 260 ms on the grid, four fifths of 15 ms
-        // end at 272, before the next step).
+        // with its hint whole (refused at 300 ms on the grid, 15 ms less 0.75 ends at
+        // 314.25, before the next step).
         // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let start = Instant::now();
         let response = svc.oneshot(from("10.0.0.1", Some("15m"))).await.unwrap();
@@ -535,11 +532,11 @@ mod tests {
         let response = svc.clone().oneshot(from("10.0.0.1", None)).await.unwrap();
         assert_eq!(start.elapsed(), UNTIMED_HOLD);
         assert_eq!(hint_of(&response), Some(Duration::from_secs(29)));
-        // With a deadline, the hold may be longer: four fifths of the time left.
+        // With a deadline, the hold may be longer: until 20 ms before it.
         // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let start = Instant::now();
         svc.oneshot(from("10.0.0.1", Some("10S"))).await.unwrap();
-        assert_eq!(start.elapsed(), Duration::from_secs(8));
+        assert_eq!(start.elapsed(), Duration::from_millis(9980));
         assert_eq!(metrics.overload.held_total.get(), 2);
     }
 
