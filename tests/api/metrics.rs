@@ -485,6 +485,17 @@ async fn only_get_metrics_is_served_and_an_empty_address_turns_it_off() {
     app.stop().await.unwrap();
 }
 
+/// Stops `running`, which must exit cleanly, and returns its log: each line's JSON
+/// event, and the lines.
+async fn stopped(running: crate::cli::Running) -> (Vec<serde_json::Value>, Vec<String>) {
+    let (status, log) = running.terminate().await;
+    assert!(status.success());
+    let events = (log.iter())
+        .map(|l| serde_json::from_str(l).expect("JSON lines"))
+        .collect();
+    (events, log)
+}
+
 #[tokio::test]
 async fn a_login_is_logged_once_with_its_user_and_no_secret() {
     let dir = tempfile::tempdir().unwrap();
@@ -520,12 +531,7 @@ async fn a_login_is_logged_once_with_its_user_and_no_secret() {
     }
     assert_eq!(m.value("authd_tokens_issued_total", &[]), 1.0);
 
-    let (status, log) = running.terminate().await;
-    assert!(status.success());
-    let events: Vec<serde_json::Value> = log
-        .iter()
-        .map(|l| serde_json::from_str(l).expect("JSON lines"))
-        .collect();
+    let (events, log) = stopped(running).await;
     let logins: Vec<_> = events
         .iter()
         .filter(|e| e["message"] == "request" && e["method"] == "Login")
@@ -596,12 +602,7 @@ async fn refusals_past_the_log_budget_are_summarised_and_none_goes_uncounted() {
         GRPC,
     ];
     assert_eq!(m.value("authd_grpc_requests_total", &labels), 38.0);
-    let (status, log) = running.terminate().await;
-    assert!(status.success());
-    let events: Vec<serde_json::Value> = log
-        .iter()
-        .map(|l| serde_json::from_str(l).expect("JSON lines"))
-        .collect();
+    let (events, log) = stopped(running).await;
     let lines = |code: &str| {
         (events.iter())
             .filter(|e| e["message"] == "request" && e["code"] == code)
