@@ -617,8 +617,9 @@ fn trusted_network(entry: &str) -> Option<ipnet::IpNet> {
     Some(net)
 }
 
-/// How long before its deadline a request of `timeout` is answered, whether admitted
-/// or refused: a twentieth of its time, at most 20 ms. The client's own timer started
+/// How long before its deadline an admitted request of `timeout` is answered at the
+/// latest: a twentieth of its time, at most 20 ms (a held refusal, sooner: see
+/// `layers::pushback`). The client's own timer started
 /// before the server's (the request had to travel), and a client that times out by
 /// itself reports a bare CANCELLED or DEADLINE_EXCEEDED, with no status and no hint.
 pub(crate) fn answer_margin(timeout: Duration) -> Duration {

@@ -53,8 +53,7 @@ pub struct OverloadConfig {
     /// with a retry hint (not answerable before its deadline, in-flight caps, rate
     /// limits, login throttle)
     /// is sent at its hint or its slot of --refusal-rate, whichever is later, at most
-    /// this long after and no later than an admitted request would be answered (a
-    /// twentieth of its time before its deadline, at most 20ms; a call with no
+    /// this long after and before nine tenths of the client's time (a call with no
     /// deadline at most 1s), and its RetryInfo says what is left of the hint;
     /// 0s answers refusals at once (at most 1m).
     #[arg(long, env = "AUTHD_REFUSAL_HOLD", default_value = "10s",

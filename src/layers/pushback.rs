@@ -10,22 +10,19 @@
 //! - each refusal takes the next answer slot of a schedule that gives
 //!   `AUTHD_REFUSAL_RATE` slots a second, and is answered at its slot or at the end
 //!   of its hint, whichever is later, rounded up to a 20 ms grid;
-//! - never later than `AUTHD_REFUSAL_HOLD` after it was refused, nor than an
-//!   admitted request would be answered (a twentieth of its time before its
-//!   deadline, at most 20 ms: `rpc::answer_margin`); a call with no deadline at
-//!   most [`UNTIMED_HOLD`], since its client may keep a timer the server cannot see.
+//! - never later than `AUTHD_REFUSAL_HOLD` after it was refused, nor than nine
+//!   tenths of the client's time ([`HOLD_SHARE`]); a call with no deadline at most
+//!   [`UNTIMED_HOLD`], since its client may keep a timer the server cannot see.
 //!   That longest hold is rounded down to the same grid, and a refusal it leaves no
 //!   step of the grid to wait is answered at once.
 //!
 //! Every held answer is thus sent on a step of the grid, and a crowd's answers go
 //! out together: one wake-up of the runtime, one write per connection for all the
 //! answers it carries, rather than one each. A crowd refused for its deadlines
-//! (each held until its own deadline is near) is answered that way too.
+//! (each held until a tenth of its time is left) is answered that way too.
 //!
-//! Held that long, a client that re-asks at once costs one refusal per deadline,
-//! less the margin. Held any shorter, it costs one a fraction of its deadline sooner:
-//! 1 s deadlines and 5,000 in flight on one core (bench/seed-table.sh) kept about 0.7
-//! of the uncongested rate held half the time left, about 0.8 held four fifths of it.
+//! Held that long, a client that re-asks at once costs one refusal per nine tenths of
+//! its deadline; held any shorter, one a fraction of its deadline sooner.
 //!
 //! A client that re-asks at once is then answered no faster than the budget, so
 //! the refusals it can cost the server are bounded, whatever its concurrency: it is
@@ -60,6 +57,16 @@ use std::{
 };
 use tokio::{sync::watch, time::Instant};
 use tower::Service;
+
+/// A held refusal is answered before this share of the client's time (its
+/// `grpc-timeout`, from the request's arrival) has passed (numerator, denominator).
+/// The rest is the client's margin: its timer started before ours, a client with
+/// thousands of calls open is late to send them and to read their answers, and a
+/// client that times out by itself sees no status and no hint. 5,000 authbench
+/// clients with 1 s deadlines on one core (bench/refusal-cost.sh) timed out on
+/// 0.2 to 5 % of the refusals held to 20 ms before their deadline (an admitted
+/// request's margin), and on none held a tenth of their time before it.
+const HOLD_SHARE: (u32, u32) = (9, 10);
 
 /// The longest a refusal of a call with no deadline (no `grpc-timeout`) is held. Its
 /// client may still keep a timer of its own that the server cannot see (tonic's
@@ -231,9 +238,10 @@ impl Middleware for Pushback {
         }
         // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let arrived = Instant::now();
-        // Answered by when an admitted request would be: a little before its deadline.
+        // Answered by HOLD_SHARE of the client's time (sooner than an admitted
+        // request's margin, rpc::answer_margin, would have it).
         let answer_by = rpc::grpc_timeout(req.headers())
-            .and_then(|t| arrived.checked_add(t - rpc::answer_margin(t)));
+            .and_then(|t| arrived.checked_add(t * HOLD_SHARE.0 / HOLD_SHARE.1));
         let client = rpc::request_client(&req);
         Box::pin(async move {
             // The time the layers below spend on the request, polled on this runtime:
@@ -404,8 +412,8 @@ mod tests {
         assert_eq!(grpc_status(&response), Some("8"));
         assert_eq!(hint_of(&response), Some(Duration::from_secs(2)));
         assert_eq!(response.headers().get("retry-after").unwrap(), "2");
-        // Never past the time an admitted call would be answered by: 15 ms (a
-        // twentieth) before its deadline, 1.285 s, on the grid 1.28 s.
+        // Never past nine tenths of the client's time: 270 ms after it was sent, at
+        // 1.27 s, on the grid 1.26 s.
         // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let start = Instant::now();
         let response = svc
@@ -413,15 +421,15 @@ mod tests {
             .oneshot(from("10.0.0.1", Some("300m")))
             .await
             .unwrap();
-        assert_eq!(start.elapsed(), Duration::from_millis(280));
-        assert_eq!(hint_of(&response), Some(Duration::from_millis(2720)));
+        assert_eq!(start.elapsed(), Duration::from_millis(260));
+        assert_eq!(hint_of(&response), Some(Duration::from_millis(2740)));
         assert_eq!(metrics.overload.held_total.get(), 2);
         assert_eq!(metrics.overload.at_once.get(), 0);
         assert_eq!(state.held(), 0);
         assert_eq!(metrics.overload.held.get(), 0);
         // A refusal with a hint shorter than the hold waits only its hint, rounded up
-        // to the grid of answers (here refused 1.28 s from the start, its hint ends at
-        // 1.33 s, answered at 1.34 s).
+        // to the grid of answers (here refused 1.26 s from the start, its hint ends at
+        // 1.31 s, answered at 1.32 s).
         let svc = layer(state.clone()).layer(refusing(|| Error::Overloaded {
             what: "full",
             retry_after: Duration::from_millis(50),
@@ -488,10 +496,9 @@ mod tests {
             metrics.overload.clone(),
         );
         let svc = layer(state.clone()).layer(refusing(overloaded));
-        // Refused 7 ms past a step of the grid, their longest holds end 290, 300 and
-        // 308.75 ms later (a twentieth of 305, 315 and 325 ms, at most 20 ms, before
-        // their deadlines): at 297, 307 and 315.75 ms, rounded down to the grid: 280,
-        // 300 and 300.
+        // Refused 7 ms past a step of the grid, their longest holds end 274.5, 283.5
+        // and 292.5 ms later (nine tenths of 305, 315 and 325 ms): at 281.5, 290.5 and
+        // 299.5 ms, rounded down to the grid: 280, 280 and 280.
         tokio::time::advance(Duration::from_millis(7)).await;
         let answered = answers(&svc, ["305m", "315m", "325m"]).await;
         let ms = |ms| Duration::from_millis(ms);
@@ -499,14 +506,14 @@ mod tests {
             answered,
             [
                 (ms(273), ms(3000 - 273)),
-                (ms(293), ms(3000 - 293)),
-                (ms(293), ms(3000 - 293)),
+                (ms(273), ms(3000 - 273)),
+                (ms(273), ms(3000 - 273)),
             ]
         );
         assert_eq!(metrics.overload.held_total.get(), 3);
         // A deadline that leaves no step of the grid to wait for: answered at once,
-        // with its hint whole (refused at 300 ms on the grid, 15 ms less 0.75 ends at
-        // 314.25, before the next step).
+        // with its hint whole (refused at 280 ms on the grid, nine tenths of 15 ms
+        // end at 293.5, before the next step).
         // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let start = Instant::now();
         let response = svc.oneshot(from("10.0.0.1", Some("15m"))).await.unwrap();
@@ -532,11 +539,11 @@ mod tests {
         let response = svc.clone().oneshot(from("10.0.0.1", None)).await.unwrap();
         assert_eq!(start.elapsed(), UNTIMED_HOLD);
         assert_eq!(hint_of(&response), Some(Duration::from_secs(29)));
-        // With a deadline, the hold may be longer: until 20 ms before it.
+        // With a deadline, the hold may be longer: nine tenths of its time.
         // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let start = Instant::now();
         svc.oneshot(from("10.0.0.1", Some("10S"))).await.unwrap();
-        assert_eq!(start.elapsed(), Duration::from_millis(9980));
+        assert_eq!(start.elapsed(), Duration::from_secs(9));
         assert_eq!(metrics.overload.held_total.get(), 2);
     }
 
