@@ -10,7 +10,6 @@ use super::{
 use crate::{
     config::Config,
     handlers::admin::{AdminApi, AdminSettings},
-    layers::trace,
     pb,
     rpc::MAX_ADMIN_MESSAGE_BYTES,
     transport::{self, Limits, Listener, Protocol},
@@ -79,11 +78,7 @@ impl AdminPort {
             .add_service(reflection().build_v1alpha()?)
             .add_service(api.server());
         let service = tower::ServiceBuilder::new()
-            .layer(trace::layer(
-                core.metrics.clone(),
-                core.traces.clone(),
-                core.refusal_log.clone(),
-            ))
+            .layer(core.trace_layer())
             .service(routes);
         // gRPC-Web and the admin API's JSON form, translated to gRPC in front of the
         // same layers and credentials.

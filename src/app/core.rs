@@ -11,8 +11,14 @@ use crate::{
     config::Config,
     events::{Events, webhooks::Webhooks},
     handlers::extauthz::Authorizer,
-    layers::{admission::Admission, pushback::Pushback, refusal_log::RefusalLog},
+    layers::{
+        admission::Admission,
+        pushback::Pushback,
+        refusal_log::RefusalLog,
+        trace::{self, Trace},
+    },
     metrics::Metrics,
+    middleware::MiddlewareLayer,
     otel::Traces,
     ratelimit::{self, RateLimiter},
     redis::SharedRedis,
@@ -59,6 +65,16 @@ pub(super) struct Core {
 }
 
 impl Core {
+    /// The outermost layer of every port: ids, metrics, traces and the request
+    /// lines, the refusals' within the budget all ports share.
+    pub(crate) fn trace_layer(&self) -> MiddlewareLayer<Trace> {
+        trace::layer(
+            self.metrics.clone(),
+            self.traces.clone(),
+            self.refusal_log.clone(),
+        )
+    }
+
     pub(super) async fn build(config: &Config) -> anyhow::Result<Self> {
         let keys = config.tokens.keys()?;
         let metrics = Arc::new(Metrics::new());

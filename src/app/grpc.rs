@@ -11,7 +11,7 @@ use super::{
 use crate::{
     config::Config,
     handlers::{extauthz::AuthorizationApi, grpc::AuthApi},
-    layers::{access, admission, pushback, ratelimit as rate_limit, trace},
+    layers::{access, admission, pushback, ratelimit as rate_limit},
     oidc,
     pb::{self, auth_service_server::AuthServiceServer},
     ratelimit,
@@ -85,11 +85,7 @@ impl GrpcPort {
         };
         let service = tower::ServiceBuilder::new()
             // Outermost: every request, refused or not, gets an id, a log line and metrics.
-            .layer(trace::layer(
-                core.metrics.clone(),
-                core.traces.clone(),
-                core.refusal_log.clone(),
-            ))
+            .layer(core.trace_layer())
             // A refusal with a retry hint, from any layer below, is held before its answer.
             .layer(pushback::layer(core.pushback.clone()))
             // Mutual TLS: an identity not allowed for the method costs nothing further.

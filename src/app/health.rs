@@ -9,7 +9,6 @@ use super::{
 use crate::{
     config::Config,
     health,
-    layers::trace,
     transport::{Limits, Listener, Protocol},
 };
 use anyhow::Context as _;
@@ -97,14 +96,7 @@ impl HealthPort {
             .map_request(|request: http::Request<hyper::body::Incoming>| {
                 request.map(tonic::body::Body::new)
             })
-            .service(
-                trace::layer(
-                    core.metrics.clone(),
-                    core.traces.clone(),
-                    core.refusal_log.clone(),
-                )
-                .layer(readiness.service()),
-            );
+            .service(core.trace_layer().layer(readiness.service()));
         let (socket, limits) = (self.socket, Limits::auxiliary(&core.limits));
         let (callers, metrics) = (core.callers.clone(), core.metrics.listener("health"));
         let served = tasks.tracked(Stage::Auxiliary, "health", |stop| async move {

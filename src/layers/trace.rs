@@ -245,10 +245,9 @@ impl Pending {
             otel::end_server_span(&cx, code, CODE_NAMES[code]);
         }
         // tokio's time: the budget's windows, driven by tests (start_paused).
-        let now = tokio::time::Instant::now();
         if code == CODE_RESOURCE_EXHAUSTED
             && !self.rpc.is_exempt()
-            && !self.refusals.admits(self.rpc, now)
+            && !self.refusals.admits(self.rpc, tokio::time::Instant::now())
         {
             return;
         }
