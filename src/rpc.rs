@@ -617,15 +617,6 @@ fn trusted_network(entry: &str) -> Option<ipnet::IpNet> {
     Some(net)
 }
 
-/// How long before its deadline an admitted request of `timeout` is answered at the
-/// latest: a twentieth of its time, at most 20 ms (a held refusal, sooner: see
-/// `layers::pushback`). The client's own timer started
-/// before the server's (the request had to travel), and a client that times out by
-/// itself reports a bare CANCELLED or DEADLINE_EXCEEDED, with no status and no hint.
-pub(crate) fn answer_margin(timeout: Duration) -> Duration {
-    (timeout / 20).min(Duration::from_millis(20))
-}
-
 /// Parses the `grpc-timeout` header: up to 8 digits and a unit (H, M, S, m, u, n).
 pub(crate) fn grpc_timeout(headers: &http::HeaderMap) -> Option<Duration> {
     let value = headers.get("grpc-timeout")?.to_str().ok()?;

@@ -382,8 +382,10 @@ impl Middleware for Admission {
             None => self.settings.max_wait,
         };
         let deadline = arrived + timeout;
-        // Answer a little before the deadline (rpc::answer_margin).
-        let answer_by = deadline - rpc::answer_margin(timeout);
+        // Answer a little before the deadline: the client's own timer started before
+        // ours (the request had to travel), and a client that times out by itself
+        // reports a bare CANCELLED or DEADLINE_EXCEEDED with no server status.
+        let answer_by = deadline - (timeout / 20).min(Duration::from_millis(20));
         let client = rpc::request_client(&req);
         // The share covers the request from its headers to its answer, receiving included.
         let Some(share) = self.open(client, Kind::of(rpc)) else {

@@ -238,8 +238,8 @@ impl Middleware for Pushback {
         }
         // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let arrived = Instant::now();
-        // Answered by HOLD_SHARE of the client's time (sooner than an admitted
-        // request's margin, rpc::answer_margin, would have it).
+        // Answered by HOLD_SHARE of the client's time: sooner than admission's
+        // margin for an admitted request (a twentieth, at most 20 ms).
         let answer_by = rpc::grpc_timeout(req.headers())
             .and_then(|t| arrived.checked_add(t * HOLD_SHARE.0 / HOLD_SHARE.1));
         let client = rpc::request_client(&req);
