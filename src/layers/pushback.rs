@@ -316,6 +316,13 @@ mod tests {
     use tonic_types::StatusExt as _;
     use tower::{Layer as _, ServiceExt as _};
 
+    /// Pushback with `settings`, and the metrics it counts in.
+    fn pushback(settings: PushbackSettings) -> (Metrics, Arc<Pushback>) {
+        let metrics = Metrics::new();
+        let state = Pushback::new(settings, metrics.overload.clone());
+        (metrics, state)
+    }
+
     fn settings(max_hold: Duration, max_held: u32, per_client: u32) -> PushbackSettings {
         PushbackSettings {
             max_hold,
@@ -399,11 +406,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_refusal_is_held_for_its_hint_at_most_the_hold_and_says_what_is_left() {
-        let metrics = Metrics::new();
-        let state = Pushback::new(
-            settings(Duration::from_secs(1), 10, 10),
-            metrics.overload.clone(),
-        );
+        let (metrics, state) = pushback(settings(Duration::from_secs(1), 10, 10));
         let svc = layer(state.clone()).layer(refusing(overloaded));
         // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let start = Instant::now();
@@ -443,11 +446,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_layers_unsent_refusal_is_encoded_once_with_what_is_left_and_what_was_added() {
-        let metrics = Metrics::new();
-        let state = Pushback::new(
-            settings(Duration::from_secs(1), 10, 10),
-            metrics.overload.clone(),
-        );
+        let (metrics, state) = pushback(settings(Duration::from_secs(1), 10, 10));
         // A rate limit's refusal left unsent, and a header a layer between added.
         let below = tower::service_fn(|_req: Request| async {
             let mut response = error::layer_answer(Error::RateLimited {
@@ -490,11 +489,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn refusals_held_to_their_deadlines_are_answered_together_on_the_grid() {
-        let metrics = Metrics::new();
-        let state = Pushback::new(
-            settings(Duration::from_secs(10), 100, 100),
-            metrics.overload.clone(),
-        );
+        let (metrics, state) = pushback(settings(Duration::from_secs(10), 100, 100));
         let svc = layer(state.clone()).layer(refusing(overloaded));
         // Refused 7 ms past a step of the grid, their longest holds end 274.5, 283.5
         // and 292.5 ms later (nine tenths of 305, 315 and 325 ms): at 281.5, 290.5 and
@@ -525,11 +520,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_call_without_a_deadline_is_held_at_most_the_untimed_hold() {
-        let metrics = Metrics::new();
-        let state = Pushback::new(
-            settings(Duration::from_secs(60), 10, 10),
-            metrics.overload.clone(),
-        );
+        let (metrics, state) = pushback(settings(Duration::from_secs(60), 10, 10));
         let svc = layer(state).layer(refusing(|| Error::Overloaded {
             what: "full",
             retry_after: Duration::from_secs(30),
@@ -549,10 +540,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn refusals_are_answered_at_the_budgeted_pace_within_the_longest_hold() {
-        let metrics = Metrics::new();
         let mut settings = settings(Duration::from_secs(2), 100, 100);
         settings.rate = 10; // one answer every 100 ms
-        let state = Pushback::new(settings, metrics.overload.clone());
+        let (metrics, state) = pushback(settings);
         let svc = layer(state.clone()).layer(refusing(|| Error::Overloaded {
             what: "full",
             retry_after: Duration::from_millis(150),
@@ -579,11 +569,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn what_is_not_a_refusal_with_a_hint_is_answered_at_once() {
-        let metrics = Metrics::new();
-        let state = Pushback::new(
-            settings(Duration::from_secs(1), 10, 10),
-            metrics.overload.clone(),
-        );
+        let (metrics, state) = pushback(settings(Duration::from_secs(1), 10, 10));
         // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let start = Instant::now();
         for error in [
@@ -605,11 +591,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn held_refusals_are_bounded_per_client_and_in_all() {
-        let metrics = Metrics::new();
-        let state = Pushback::new(
-            settings(Duration::from_secs(60), 5, 3),
-            metrics.overload.clone(),
-        );
+        let (metrics, state) = pushback(settings(Duration::from_secs(60), 5, 3));
         let svc = layer(state.clone()).layer(refusing(overloaded));
         let mut pending = Vec::new();
         let mut at_once = 0;
@@ -652,11 +634,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_client_that_goes_away_frees_its_held_place() {
-        let metrics = Metrics::new();
-        let state = Pushback::new(
-            settings(Duration::from_secs(60), 1, 1),
-            metrics.overload.clone(),
-        );
+        let (metrics, state) = pushback(settings(Duration::from_secs(60), 1, 1));
         let svc = layer(state.clone()).layer(refusing(overloaded));
         let held = tokio::spawn(svc.clone().oneshot(from("10.0.0.1", None)));
         tokio::task::yield_now().await;
@@ -669,8 +647,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_zero_hold_answers_every_refusal_at_once() {
-        let metrics = Metrics::new();
-        let state = Pushback::new(settings(Duration::ZERO, 10, 10), metrics.overload.clone());
+        let (metrics, state) = pushback(settings(Duration::ZERO, 10, 10));
         let svc = layer(state).layer(refusing(overloaded));
         // tokio's time: the runtime's timers, paused and driven by tests (start_paused).
         let start = Instant::now();
