@@ -521,23 +521,89 @@ impl Unsent {
         headers: http::HeaderMap,
     ) -> http::Response<tonic::body::Body> {
         let wait = wait.unwrap_or(self.hint());
-        let err = match self {
-            Unsent::Overloaded { what, .. } => Error::Overloaded {
-                what,
-                retry_after: wait,
-            },
+        let mut response = match self {
+            Unsent::Overloaded { what, .. } => overloaded_answer(what, wait),
             Unsent::RateLimited {
                 violations, limit, ..
             } => Error::RateLimited {
                 violations,
                 limit,
                 retry_after: wait,
-            },
+            }
+            .to_status()
+            .into_http(),
         };
-        let mut response = err.to_status().into_http();
         response.headers_mut().extend(headers);
         response
     }
+}
+
+/// The answer of [`Error::Overloaded`] with the hint `wait`: the headers that its
+/// [`Error::to_status`] makes through `Status::into_http` (a test holds them equal,
+/// byte for byte), built directly. A refusal for load is the answer a crowd gets
+/// most, and the way through a `Status` (its details, its metadata map, a header map
+/// filled from both) costs about a sixth of what refusing does on the runtime.
+fn overloaded_answer(what: &'static str, wait: Duration) -> http::Response<tonic::body::Body> {
+    use base64::Engine as _;
+    use prost::Message as _;
+    use tonic_types::{RetryInfo, pb};
+    let code = Code::ResourceExhausted;
+    let message = format!(
+        "{}; retry later",
+        Error::Overloaded {
+            what,
+            retry_after: wait
+        }
+    );
+    let retry_info = pb::RetryInfo::from(RetryInfo::new(Some(wait)));
+    let details = pb::Status {
+        code: code as i32,
+        message,
+        details: vec![prost_types::Any {
+            type_url: RetryInfo::TYPE_URL.to_owned(),
+            value: retry_info.encode_to_vec(),
+        }],
+    };
+    let encoded = base64::engine::general_purpose::STANDARD_NO_PAD.encode(details.encode_to_vec());
+    let mut response = http::Response::new(tonic::body::Body::empty());
+    let headers = response.headers_mut();
+    headers.reserve(5);
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    headers.insert(
+        "retry-after",
+        http::HeaderValue::from(whole_seconds(wait).max(1)),
+    );
+    headers.insert("grpc-status", http::HeaderValue::from(code as i32));
+    for (name, value) in [
+        ("grpc-message", grpc_message(&details.message)),
+        ("grpc-status-details-bin", encoded),
+    ] {
+        // Percent-encoded and base64: visible ASCII, always a valid value.
+        if let Ok(value) = http::HeaderValue::try_from(value) {
+            headers.insert(name, value);
+        }
+    }
+    response
+}
+
+/// `message` as `grpc-message` carries it: percent-encoded, as tonic encodes it
+/// (controls, bytes past ASCII and ` "#%<>?`{}`).
+fn grpc_message(message: &str) -> String {
+    let mut encoded = String::with_capacity(message.len() + message.len() / 4);
+    for &byte in message.as_bytes() {
+        if byte.is_ascii_graphic() && !b"\"#%<>?`{}".contains(&byte) {
+            encoded.push(char::from(byte));
+        } else {
+            const HEX: &[u8; 16] = b"0123456789ABCDEF";
+            encoded.push('%');
+            encoded.push(char::from(HEX[usize::from(byte >> 4)]));
+            encoded.push(char::from(HEX[usize::from(byte & 0xF)]));
+        }
+    }
+    encoded
 }
 
 /// The answer of a layer below pushback (admission, the rate limit): a refusal with a
@@ -647,6 +713,49 @@ impl Denial {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refusal_for_load_is_answered_as_its_status_would_be() {
+        let whats = [
+            "the request would not be answered before its deadline",
+            "too many requests in flight",
+            // Every byte tonic percent-encodes, and one past ASCII.
+            "\"#%<>?`{} \u{7f}\t é",
+        ];
+        let waits =
+            [0, 1, 10, 999, 1_000, 1_001, 2_500, 60_000, u64::MAX].map(Duration::from_millis);
+        for what in whats {
+            for wait in waits {
+                let unsent = Unsent::Overloaded {
+                    what,
+                    retry_after: Duration::from_secs(1),
+                };
+                let direct = unsent.encode(Some(wait), http::HeaderMap::new());
+                let err = Error::Overloaded {
+                    what,
+                    retry_after: wait,
+                };
+                let through_status: http::Response<tonic::body::Body> = err.to_status().into_http();
+                assert_eq!(direct.status(), through_status.status());
+                assert_eq!(
+                    direct.headers(),
+                    through_status.headers(),
+                    "{what:?}, {wait:?}"
+                );
+                // And what the client reads of it.
+                let read = Status::from_header_map(direct.headers()).unwrap();
+                assert_eq!(read.code(), Code::ResourceExhausted);
+                assert_eq!(
+                    read.message(),
+                    format!("server overloaded: {what}; retry later")
+                );
+                assert_eq!(
+                    retry_hint(&read),
+                    Some(wait.min(tonic_types::RetryInfo::MAX_RETRY_DELAY))
+                );
+            }
+        }
+    }
 
     #[test]
     fn a_held_refusal_keeps_everything_but_its_hint() {

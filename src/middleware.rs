@@ -166,6 +166,11 @@ pub(crate) mod testing {
         }
     }
 
+    /// The status a client reads from a trailers-only response (an error's), if it is one.
+    pub(crate) fn status(response: &Response) -> Option<tonic::Status> {
+        tonic::Status::from_header_map(response.headers())
+    }
+
     /// The `grpc-status` of a response, if it has one.
     pub(crate) fn grpc_status(response: &Response) -> Option<&str> {
         response

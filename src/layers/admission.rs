@@ -466,7 +466,7 @@ pub(crate) mod tests {
     use crate::metrics::OverloadMetrics;
     use crate::middleware::{
         MiddlewareService,
-        testing::{Counting, SERVED, counting_service, grpc_status, sent, served},
+        testing::{Counting, SERVED, counting_service, grpc_status, sent, served, status},
     };
     use bytes::Bytes;
     use std::{convert::Infallible, sync::atomic::AtomicUsize};
@@ -724,8 +724,8 @@ pub(crate) mod tests {
     }
 
     fn hint(response: &Response) -> Duration {
-        let status = response.extensions().get::<tonic::Status>().unwrap();
-        crate::error::retry_hint(status).expect("a retry hint")
+        let status = status(response).expect("a status");
+        crate::error::retry_hint(&status).expect("a retry hint")
     }
 
     #[tokio::test(start_paused = true)]

@@ -310,7 +310,7 @@ mod tests {
     use crate::{
         error::Error,
         metrics::Metrics,
-        middleware::testing::{grpc_status, served},
+        middleware::testing::{grpc_status, served, status},
     };
     use std::{convert::Infallible, task::Poll};
     use tonic_types::StatusExt as _;
@@ -372,7 +372,7 @@ mod tests {
     }
 
     fn hint_of(response: &Response) -> Option<Duration> {
-        error::retry_hint(response.extensions().get::<tonic::Status>()?)
+        error::retry_hint(&status(response)?)
     }
 
     /// Calls from one client at once, one per deadline, and the time each was
@@ -476,8 +476,10 @@ mod tests {
         assert_eq!(headers["x-between"], "kept");
         assert_eq!(headers.get_all("grpc-status").iter().count(), 1);
         assert!(response.extensions().get::<error::Unsent>().is_none());
-        let status = response.extensions().get::<tonic::Status>().unwrap();
-        let quota = status.get_details_quota_failure().unwrap();
+        let quota = status(&response)
+            .unwrap()
+            .get_details_quota_failure()
+            .unwrap();
         assert_eq!(quota.violations[0].subject, "client:10.0.0.1");
         // Past the bound on held refusals it is answered at once, encoded with its hint.
         let zero = Pushback::new(settings(Duration::ZERO, 10, 10), metrics.overload.clone());
