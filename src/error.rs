@@ -99,8 +99,27 @@ pub(crate) fn whole_seconds(wait: Duration) -> u64 {
 
 /// The `retry-after` of a refusal: whole seconds, rounded up, at least 1.
 fn retry_after(wait: Duration) -> MetadataValue<tonic::metadata::Ascii> {
-    MetadataValue::from(whole_seconds(wait).max(1))
+    MetadataValue::from(retry_after_seconds(wait))
 }
+
+/// The seconds [`retry_after`] says.
+fn retry_after_seconds(wait: Duration) -> u64 {
+    whole_seconds(wait).max(1)
+}
+
+/// What `grpc-message` percent-encodes: tonic's set (private to it), besides every
+/// byte past ASCII.
+const GRPC_MESSAGE_ENCODED: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS
+    .add(b' ')
+    .add(b'"')
+    .add(b'#')
+    .add(b'%')
+    .add(b'<')
+    .add(b'>')
+    .add(b'`')
+    .add(b'?')
+    .add(b'{')
+    .add(b'}');
 
 /// One field of a request that failed to parse.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -574,11 +593,13 @@ fn overloaded_answer(what: &'static str, wait: Duration) -> http::Response<tonic
     );
     headers.insert(
         "retry-after",
-        http::HeaderValue::from(whole_seconds(wait).max(1)),
+        http::HeaderValue::from(retry_after_seconds(wait)),
     );
     headers.insert("grpc-status", http::HeaderValue::from(code as i32));
+    let message =
+        percent_encoding::utf8_percent_encode(&details.message, GRPC_MESSAGE_ENCODED).to_string();
     for (name, value) in [
-        ("grpc-message", grpc_message(&details.message)),
+        ("grpc-message", message),
         ("grpc-status-details-bin", encoded),
     ] {
         // Percent-encoded and base64: visible ASCII, always a valid value.
@@ -587,23 +608,6 @@ fn overloaded_answer(what: &'static str, wait: Duration) -> http::Response<tonic
         }
     }
     response
-}
-
-/// `message` as `grpc-message` carries it: percent-encoded, as tonic encodes it
-/// (controls, bytes past ASCII and ` "#%<>?`{}`).
-fn grpc_message(message: &str) -> String {
-    let mut encoded = String::with_capacity(message.len() + message.len() / 4);
-    for &byte in message.as_bytes() {
-        if byte.is_ascii_graphic() && !b"\"#%<>?`{}".contains(&byte) {
-            encoded.push(char::from(byte));
-        } else {
-            const HEX: &[u8; 16] = b"0123456789ABCDEF";
-            encoded.push('%');
-            encoded.push(char::from(HEX[usize::from(byte >> 4)]));
-            encoded.push(char::from(HEX[usize::from(byte & 0xF)]));
-        }
-    }
-    encoded
 }
 
 /// The answer of a layer below pushback (admission, the rate limit): a refusal with a
